@@ -1,0 +1,485 @@
+//! `mesh-cli`: a thin gRPC client for agentmesh nodes.
+//!
+//! Flags are defined in the clap types below (their doc comments are the `--help`); every
+//! command returns a `Result`, and errors are printed in one place, `main`. Exit codes: 0 ok,
+//! 1 the operation failed, 2 bad usage.
+
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, anyhow};
+use clap::{Args, Parser, Subcommand};
+use mesh_node::{
+    config::default_data_dir,
+    server::CLI_CERT_NAME,
+    tls::{self, Dialer, MeshTls, TlsFiles},
+};
+use mesh_proto::v1 as pb;
+use serde_json::{Value, json};
+
+/// Talk to an agentmesh node: see the fleet, manage the mesh CA.
+///
+/// Connects to the node at --node (default 127.0.0.1:7700) with mTLS. Certificates come from
+/// --ca/--cert/--key (or MESH_CA, MESH_CERT, MESH_KEY); without them, the `mesh-cli` certificate
+/// a zero-config node creates in its data dir (`<data dir>/tls`) is used.
+#[derive(Debug, Parser)]
+#[command(name = "mesh-cli", version, about, long_about)]
+struct Cli {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args)]
+struct ConnArgs {
+    /// Node to talk to, HOST:PORT.
+    #[arg(
+        long,
+        global = true,
+        env = "MESH_NODE",
+        default_value = "127.0.0.1:7700"
+    )]
+    node: String,
+    /// Mesh CA certificate (PEM).
+    #[arg(long, global = true, env = "MESH_CA", requires_all = ["cert", "key"])]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM), issued by the mesh CA.
+    #[arg(long, global = true, env = "MESH_CERT", requires_all = ["ca", "key"])]
+    cert: Option<PathBuf>,
+    /// Client private key (PEM).
+    #[arg(long, global = true, env = "MESH_KEY", requires_all = ["ca", "cert"])]
+    key: Option<PathBuf>,
+    /// Plain TCP, for a node started with --insecure.
+    #[arg(long, global = true, conflicts_with_all = ["ca", "cert", "key"])]
+    insecure: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show every node this node knows: name, id, address, state, roles, models, GPUs, load.
+    Status {
+        /// Print JSON (`{"nodes": [...]}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect nodes.
+    #[command(subcommand)]
+    Nodes(NodesCommand),
+    /// Manage the mesh certificate authority.
+    #[command(subcommand)]
+    Ca(CaCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum NodesCommand {
+    /// Show everything one node advertises.
+    Show {
+        /// The node's name (as `status` lists it).
+        name: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CaCommand {
+    /// Create a new mesh CA: writes DIR/ca.pem (give to every node) and DIR/ca.key (keep private).
+    Init {
+        /// Directory to write into (created if missing).
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Issue a certificate for a node or client: writes DIR/NAME.pem and DIR/NAME.key.
+    ///
+    /// The certificate works as server and client certificate. It always covers NAME, localhost,
+    /// 127.0.0.1 and ::1; add the node's other addresses with --san.
+    Issue {
+        /// Directory holding ca.pem and ca.key.
+        #[arg(long)]
+        dir: PathBuf,
+        /// Node (or client) name.
+        #[arg(long)]
+        name: String,
+        /// Extra subject alternative name, IP address or DNS name; repeatable.
+        #[arg(long = "san", value_name = "IP_OR_DNS")]
+        sans: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    mesh_node::install_crypto_provider();
+    let cli = Cli::parse();
+    let result = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run(cli)),
+        Err(e) => Err(anyhow!("cannot start the async runtime: {e}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Status { json } => status(&cli.conn, json).await,
+        Command::Nodes(NodesCommand::Show { name, json }) => show(&cli.conn, &name, json).await,
+        Command::Ca(CaCommand::Init { dir }) => {
+            let (cert, key) = tls::ca_init(&dir)?;
+            println!(
+                "created mesh CA\n  certificate: {}\n  private key: {}",
+                cert.display(),
+                key.display()
+            );
+            println!(
+                "next: mesh-cli ca issue --dir {} --name <node>",
+                dir.display()
+            );
+            Ok(())
+        }
+        Command::Ca(CaCommand::Issue { dir, name, sans }) => {
+            let (cert, key) = tls::issue(&dir, &name, &sans)?;
+            println!(
+                "issued certificate for {name}\n  certificate: {}\n  private key: {}",
+                cert.display(),
+                key.display()
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Every node the asked node knows, itself first.
+async fn fleet(conn: &ConnArgs) -> anyhow::Result<Vec<Value>> {
+    let dialer = dialer(conn)?;
+    let connection = dialer.connect(&conn.node).await.with_context(|| {
+        format!(
+            "cannot reach a node at {} (is mesh-node running? set --node or MESH_NODE)",
+            conn.node
+        )
+    })?;
+    let mut client = pb::node_client::NodeClient::new(connection.channel);
+    let response = client
+        .list_peers(pb::ListPeersRequest {})
+        .await
+        .map_err(|s| anyhow!("ListPeers on {}: {}: {}", conn.node, s.code(), s.message()))?
+        .into_inner();
+    let now = unix_ms();
+    let mut nodes = Vec::new();
+    if let Some(own) = response.node {
+        nodes.push(node_json(&own, &conn.node, "up", now, "self"));
+    }
+    for peer in response.peers {
+        if let Some(info) = &peer.info {
+            let state = match pb::PeerState::try_from(peer.state) {
+                Ok(pb::PeerState::Up) => "up",
+                Ok(pb::PeerState::Suspect) => "suspect",
+                _ => "down",
+            };
+            nodes.push(node_json(
+                info,
+                &peer.addr,
+                state,
+                peer.last_seen_ms,
+                &peer.source,
+            ));
+        }
+    }
+    Ok(nodes)
+}
+
+async fn status(conn: &ConnArgs, json: bool) -> anyhow::Result<()> {
+    let nodes = fleet(conn).await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "nodes": nodes }))?
+        );
+        return Ok(());
+    }
+    let header = [
+        "NAME",
+        "ID",
+        "ADDRESS",
+        "STATE",
+        "ROLES",
+        "MODELS",
+        "GPUS",
+        "LOAD",
+        "LAST SEEN",
+    ];
+    let now = unix_ms();
+    let rows: Vec<[String; 9]> = nodes
+        .iter()
+        .map(|n| {
+            [
+                n["name"].as_str().unwrap_or_default().to_owned(),
+                n["id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(12)
+                    .collect(),
+                n["addr"].as_str().unwrap_or_default().to_owned(),
+                n["state"].as_str().unwrap_or_default().to_owned(),
+                join(&n["roles"], |v| v.as_str().map(str::to_owned)),
+                join(&n["models"], |m| m["name"].as_str().map(str::to_owned)),
+                join(&n["gpus"], |g| {
+                    Some(format!(
+                        "{} ({} GiB)",
+                        g["name"].as_str()?,
+                        g["vram_mb"].as_u64()? / 1024
+                    ))
+                }),
+                format!("{}/{}", n["load"]["running"], n["load"]["queued"]),
+                ago(now, n["last_seen_ms"].as_u64().unwrap_or(0)),
+            ]
+        })
+        .collect();
+    print_table(&header, &rows);
+    Ok(())
+}
+
+async fn show(conn: &ConnArgs, name: &str, json: bool) -> anyhow::Result<()> {
+    let nodes = fleet(conn).await?;
+    let Some(node) = nodes.iter().find(|n| n["name"] == name) else {
+        let known: Vec<&str> = nodes.iter().filter_map(|n| n["name"].as_str()).collect();
+        return Err(anyhow!(
+            "no node named `{name}`; known nodes: {}",
+            known.join(", ")
+        ));
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(node)?);
+        return Ok(());
+    }
+    let text = |key: &str| node[key].as_str().unwrap_or_default().to_owned();
+    println!("name:       {}", text("name"));
+    println!("id:         {}", text("id"));
+    println!("address:    {}", text("addr"));
+    println!(
+        "state:      {} (last seen {})",
+        text("state"),
+        ago(unix_ms(), node["last_seen_ms"].as_u64().unwrap_or(0))
+    );
+    println!(
+        "version:    {} (protocol {})",
+        text("version"),
+        node["protocol"]
+    );
+    println!(
+        "health:     {}",
+        node["health"]["status"].as_str().unwrap_or_default()
+    );
+    for reason in node["health"]["reasons"].as_array().into_iter().flatten() {
+        println!("            - {}", reason.as_str().unwrap_or_default());
+    }
+    println!(
+        "roles:      {}",
+        join(&node["roles"], |v| v.as_str().map(str::to_owned))
+    );
+    println!(
+        "labels:     {}",
+        node["labels"]
+            .as_object()
+            .map(|m| m
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(", "))
+            .unwrap_or_default()
+    );
+    println!("models:");
+    for m in node["models"].as_array().into_iter().flatten() {
+        println!(
+            "  - {} ({} {})",
+            m["name"].as_str().unwrap_or_default(),
+            m["backend"].as_str().unwrap_or_default(),
+            m["model"].as_str().unwrap_or_default()
+        );
+    }
+    println!(
+        "personas:   {}",
+        join(&node["personas"], |p| Some(format!(
+            "{} ({})",
+            p["name"].as_str()?,
+            p["role"].as_str()?
+        )))
+    );
+    println!(
+        "cpus:       {} (load {:.2})",
+        node["cpu_count"],
+        node["cpu_load"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "memory:     {} MiB available of {} MiB",
+        node["memory_available_bytes"].as_u64().unwrap_or(0) >> 20,
+        node["memory_total_bytes"].as_u64().unwrap_or(0) >> 20
+    );
+    println!("gpus:");
+    for g in node["gpus"].as_array().into_iter().flatten() {
+        println!(
+            "  - {} {} MiB ({})",
+            g["name"].as_str().unwrap_or_default(),
+            g["vram_mb"],
+            g["source"].as_str().unwrap_or_default()
+        );
+    }
+    println!(
+        "load:       {} running, {} queued",
+        node["load"]["running"], node["load"]["queued"]
+    );
+    println!("remote tier: {}", text("remote_max_tier"));
+    Ok(())
+}
+
+fn node_json(
+    info: &pb::NodeInfo,
+    addr: &str,
+    state: &str,
+    last_seen_ms: u64,
+    source: &str,
+) -> Value {
+    let resources = info.resources.clone().unwrap_or_default();
+    let load = info.load.unwrap_or_default();
+    let health = info.health.clone().unwrap_or_default();
+    json!({
+        "name": info.name,
+        "id": info.id,
+        "addr": addr,
+        "state": state,
+        "source": source,
+        "version": info.version,
+        "protocol": info.protocol,
+        "addrs": info.addrs,
+        "roles": info.roles,
+        "labels": info.labels,
+        "models": info.models.iter().map(|m| json!({
+            "name": m.name, "backend": m.backend, "model": m.model, "base_url": m.base_url,
+        })).collect::<Vec<_>>(),
+        "role_chains": info.role_chains.iter().map(|c| (c.role.clone(), json!(c.models))).collect::<serde_json::Map<_, _>>(),
+        "personas": info.personas.iter().map(|p| json!({"name": p.name, "role": p.role})).collect::<Vec<_>>(),
+        "gpus": resources.gpus.iter().map(|g| json!({
+            "name": g.name, "vram_mb": g.vram_mb, "vram_free_mb": g.vram_free_mb, "source": g.source,
+        })).collect::<Vec<_>>(),
+        "cpu_count": resources.cpu_count,
+        "cpu_load": resources.cpu_load,
+        "memory_total_bytes": resources.memory_total_bytes,
+        "memory_available_bytes": resources.memory_available_bytes,
+        "load": {"running": load.running, "queued": load.queued},
+        "health": {
+            "status": match pb::HealthStatus::try_from(health.status) {
+                Ok(pb::HealthStatus::Healthy) => "healthy",
+                Ok(pb::HealthStatus::Degraded) => "degraded",
+                _ => "unhealthy",
+            },
+            "reasons": health.reasons,
+        },
+        "remote_max_tier": match pb::Tier::try_from(info.remote_max_tier) {
+            Ok(pb::Tier::Shell) => "shell",
+            Ok(pb::Tier::Write) => "write",
+            _ => "read",
+        },
+        "cert_fingerprint": info.cert_fingerprint,
+        "last_seen_ms": last_seen_ms,
+    })
+}
+
+/// The dialer the flags ask for; falls back to the local zero-config node's CLI certificate.
+fn dialer(conn: &ConnArgs) -> anyhow::Result<Dialer> {
+    if conn.insecure {
+        return Ok(Dialer::Plain);
+    }
+    let files = match (&conn.ca, &conn.cert, &conn.key) {
+        (Some(ca), Some(cert), Some(key)) => TlsFiles {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+        },
+        _ => {
+            let dir = default_data_dir()
+                .map(|d| d.join("tls"))
+                .unwrap_or_default();
+            let files = local_files(&dir);
+            if !files.cert.exists() {
+                return Err(anyhow!(
+                    "no client certificate: pass --ca, --cert and --key (or set MESH_CA, MESH_CERT, MESH_KEY), \
+                     or --insecure for a node started with --insecure (looked for {})",
+                    files.cert.display()
+                ));
+            }
+            files
+        }
+    };
+    Ok(MeshTls::load(&files)?.dialer())
+}
+
+fn local_files(dir: &Path) -> TlsFiles {
+    TlsFiles {
+        ca: dir.join(tls::CA_CERT_FILE),
+        cert: dir.join(format!("{CLI_CERT_NAME}.pem")),
+        key: dir.join(format!("{CLI_CERT_NAME}.key")),
+    }
+}
+
+fn join(list: &Value, item: impl Fn(&Value) -> Option<String>) -> String {
+    let items: Vec<String> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(item)
+        .collect();
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.join(",")
+    }
+}
+
+fn ago(now_ms: u64, then_ms: u64) -> String {
+    if then_ms == 0 {
+        return "never".into();
+    }
+    let age = Duration::from_millis(now_ms.saturating_sub(then_ms));
+    match age.as_secs() {
+        0 => "now".into(),
+        s if s < 120 => format!("{s}s ago"),
+        s if s < 7200 => format!("{}m ago", s / 60),
+        s => format!("{}h ago", s / 3600),
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}

@@ -1,0 +1,418 @@
+//! What this node is and can do right now: identity, roles, personas, models, CPU, memory, GPUs
+//! (declared in config plus what `nvidia-smi` reports), load and health.
+//!
+//! [`Capabilities`] owns the probes and hands out [`NodeInfo`] snapshots; it notifies watchers
+//! when something they would want to see changes (health, load). It decides nothing about peers
+//! and does no networking.
+
+use std::{
+    collections::BTreeMap,
+    process::Stdio,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use tokio::{process::Command, sync::watch};
+
+use crate::{
+    config::{Backend, Config, Tier},
+    identity::NodeId,
+};
+
+/// How often nvidia-smi is asked for free VRAM.
+pub const GPU_PROBE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Everything one node says about itself (the domain form of `agentmesh.v1.NodeInfo`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// Node id.
+    pub id: NodeId,
+    /// Software version.
+    pub version: String,
+    /// Protocol major.
+    pub protocol: u32,
+    /// `host:port` addresses it listens on.
+    pub addrs: Vec<String>,
+    /// Roles it serves.
+    pub roles: Vec<String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Personas (name, role).
+    pub personas: Vec<PersonaInfo>,
+    /// Models.
+    pub models: Vec<ModelInfo>,
+    /// Role → model chain.
+    pub role_chains: BTreeMap<String, Vec<String>>,
+    /// CPU, memory, GPUs.
+    pub resources: Resources,
+    /// Running and queued tasks.
+    pub load: Load,
+    /// Health and its reasons.
+    pub health: Health,
+    /// Hex SHA-256 of the certificate, empty in insecure mode.
+    pub cert_fingerprint: String,
+    /// Unix ms when the process started.
+    pub started_at_ms: u64,
+    /// Highest tier run for remote callers.
+    pub remote_max_tier: Tier,
+}
+
+/// A persona as advertised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersonaInfo {
+    /// Name.
+    pub name: String,
+    /// Role.
+    pub role: String,
+}
+
+/// A model as advertised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    /// Name roles refer to.
+    pub name: String,
+    /// `openai` or `embedded`.
+    pub backend: String,
+    /// Backend model name or GGUF path.
+    pub model: String,
+    /// Base URL for `openai`.
+    pub base_url: String,
+}
+
+/// Host resources.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Resources {
+    /// Logical CPUs.
+    pub cpu_count: u32,
+    /// Total memory, bytes.
+    pub memory_total_bytes: u64,
+    /// Available memory, bytes.
+    pub memory_available_bytes: u64,
+    /// One-minute load average.
+    pub cpu_load: f64,
+    /// GPUs: probed, then declared.
+    pub gpus: Vec<Gpu>,
+}
+
+/// One GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// Name.
+    pub name: String,
+    /// Total VRAM, MiB.
+    pub vram_mb: u64,
+    /// Free VRAM, MiB, when measurable.
+    pub vram_free_mb: Option<u64>,
+    /// `declared` or `nvidia-smi`.
+    pub source: String,
+}
+
+/// Task load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Load {
+    /// Tasks executing.
+    pub running: u32,
+    /// Tasks waiting.
+    pub queued: u32,
+}
+
+/// Overall health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum HealthStatus {
+    /// All checks pass.
+    #[default]
+    Healthy,
+    /// Works, with reduced function (e.g. mDNS off, a model unreachable).
+    Degraded,
+    /// Cannot do its job.
+    Unhealthy,
+}
+
+/// Health with reasons.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Health {
+    /// Worst status of any check.
+    pub status: HealthStatus,
+    /// One line per failing check.
+    pub reasons: Vec<String>,
+}
+
+/// Live load counters, shared with whatever runs tasks.
+#[derive(Debug, Default)]
+pub struct LoadGauge {
+    running: AtomicU32,
+    queued: AtomicU32,
+}
+
+impl LoadGauge {
+    /// Current values.
+    pub fn get(&self) -> Load {
+        Load {
+            running: self.running.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sets both counters.
+    pub fn set(&self, load: Load) {
+        self.running.store(load.running, Ordering::Relaxed);
+        self.queued.store(load.queued, Ordering::Relaxed);
+    }
+}
+
+/// The node's self-description: static facts from config plus live probes.
+#[derive(Debug)]
+pub struct Capabilities {
+    base: NodeInfo,
+    declared_gpus: Vec<Gpu>,
+    load: Arc<LoadGauge>,
+    /// Failing checks by component (`tls`, `mdns`, `data_dir`, …) → (status, reason).
+    checks: Mutex<BTreeMap<String, (HealthStatus, String)>>,
+    probed_gpus: Mutex<Vec<Gpu>>,
+    system: Mutex<sysinfo::System>,
+    /// Bumped whenever watchers should get a fresh `NodeInfo` before the next beat.
+    changed: watch::Sender<u64>,
+}
+
+impl Capabilities {
+    /// Builds the static part from config.
+    pub fn new(config: &Config, id: NodeId, cert_fingerprint: String, addrs: Vec<String>) -> Self {
+        let declared_gpus = config
+            .gpus
+            .iter()
+            .map(|gpu| Gpu {
+                name: gpu.name.clone(),
+                vram_mb: gpu.vram_mb,
+                vram_free_mb: None,
+                source: "declared".into(),
+            })
+            .collect();
+        let models = config
+            .models
+            .iter()
+            .map(|m| match &m.backend {
+                Backend::OpenAi { base_url, model } => ModelInfo {
+                    name: m.name.clone(),
+                    backend: "openai".into(),
+                    model: model.clone(),
+                    base_url: base_url.clone(),
+                },
+                Backend::Embedded { path } => ModelInfo {
+                    name: m.name.clone(),
+                    backend: "embedded".into(),
+                    model: path.display().to_string(),
+                    base_url: String::new(),
+                },
+            })
+            .collect();
+        let base = NodeInfo {
+            name: config.name.clone(),
+            id,
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol: mesh_proto::PROTOCOL_MAJOR,
+            addrs,
+            roles: config.roles.clone(),
+            labels: config.labels.clone(),
+            personas: config
+                .personas
+                .iter()
+                .map(|p| PersonaInfo {
+                    name: p.name.clone(),
+                    role: p.role.clone(),
+                })
+                .collect(),
+            models,
+            role_chains: config.role_chains.clone(),
+            resources: Resources::default(),
+            load: Load::default(),
+            health: Health::default(),
+            cert_fingerprint,
+            started_at_ms: unix_ms(SystemTime::now()),
+            remote_max_tier: config.remote_max_tier,
+        };
+        Self {
+            base,
+            declared_gpus,
+            load: Arc::default(),
+            checks: Mutex::default(),
+            probed_gpus: Mutex::default(),
+            system: Mutex::new(sysinfo::System::new()),
+            changed: watch::Sender::new(0),
+        }
+    }
+
+    /// The node id.
+    pub fn id(&self) -> &NodeId {
+        &self.base.id
+    }
+
+    /// The node name.
+    pub fn name(&self) -> &str {
+        &self.base.name
+    }
+
+    /// The load gauge, for the task runner to update.
+    pub fn load_gauge(&self) -> Arc<LoadGauge> {
+        self.load.clone()
+    }
+
+    /// Records the outcome of a health check; `None` clears it.
+    pub fn set_check(&self, component: &str, failure: Option<(HealthStatus, String)>) {
+        let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        let before = checks.get(component).cloned();
+        match failure {
+            Some(failure) => checks.insert(component.to_owned(), failure),
+            None => checks.remove(component),
+        };
+        if checks.get(component) != before.as_ref() {
+            drop(checks);
+            self.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// A receiver that ticks when watchers should get a fresh snapshot.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Tells watchers to send a fresh snapshot now.
+    pub fn notify(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// The current health.
+    pub fn health(&self) -> Health {
+        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        Health {
+            status: checks
+                .values()
+                .map(|(status, _)| *status)
+                .max()
+                .unwrap_or_default(),
+            reasons: checks
+                .iter()
+                .map(|(component, (_, reason))| format!("{component}: {reason}"))
+                .collect(),
+        }
+    }
+
+    /// A snapshot of everything, with fresh memory and load figures.
+    pub fn snapshot(&self) -> NodeInfo {
+        let mut info = self.base.clone();
+        {
+            let mut system = self.system.lock().unwrap_or_else(|p| p.into_inner());
+            system.refresh_memory();
+            info.resources.cpu_count = std::thread::available_parallelism()
+                .map(|n| n.get() as u32)
+                .unwrap_or(1);
+            info.resources.memory_total_bytes = system.total_memory();
+            info.resources.memory_available_bytes = system.available_memory();
+        }
+        info.resources.cpu_load = sysinfo::System::load_average().one;
+        let mut gpus = self
+            .probed_gpus
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        gpus.extend(self.declared_gpus.iter().cloned());
+        info.resources.gpus = gpus;
+        info.load = self.load.get();
+        info.health = self.health();
+        info
+    }
+
+    /// Asks nvidia-smi for GPUs once; a host without it simply has none probed.
+    pub async fn probe_gpus(&self) {
+        let gpus = nvidia_smi().await.unwrap_or_default();
+        let mut probed = self.probed_gpus.lock().unwrap_or_else(|p| p.into_inner());
+        if *probed != gpus {
+            *probed = gpus;
+            drop(probed);
+            self.notify();
+        }
+    }
+}
+
+/// Runs `nvidia-smi` with a timeout; `None` when it is absent or fails.
+async fn nvidia_smi() -> Option<Vec<Gpu>> {
+    let output = tokio::time::timeout(
+        Duration::from_secs(5),
+        Command::new("nvidia-smi")
+            .args([
+                "--query-gpu=name,memory.total,memory.free",
+                "--format=csv,noheader,nounits",
+            ])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    if !output.status.success() {
+        return None;
+    }
+    Some(parse_nvidia_smi(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// Parses `name, total, free` CSV lines; malformed lines are skipped.
+pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split(',').map(str::trim);
+            let name = fields.next().filter(|n| !n.is_empty())?;
+            let total = fields.next()?.parse().ok()?;
+            let free = fields.next().and_then(|f| f.parse().ok());
+            Some(Gpu {
+                name: name.into(),
+                vram_mb: total,
+                vram_free_mb: free,
+                source: "nvidia-smi".into(),
+            })
+        })
+        .collect()
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvidia_smi_output_is_parsed_and_garbage_skipped() {
+        let gpus = parse_nvidia_smi(
+            "NVIDIA GeForce RTX 4090, 24564, 23012\nbroken line\nTesla T4, 15360, [N/A]\n",
+        );
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[0].vram_mb, 24564);
+        assert_eq!(gpus[0].vram_free_mb, Some(23012));
+        assert_eq!(gpus[1].vram_free_mb, None);
+    }
+
+    #[test]
+    fn health_is_the_worst_check_and_lists_every_reason() {
+        let config = crate::config::RawConfig::default()
+            .validate(None, &crate::config::Overrides::default())
+            .expect("defaults are valid");
+        let caps = Capabilities::new(&config, NodeId::from_spki_der(b"k"), String::new(), vec![]);
+        assert_eq!(caps.health().status, HealthStatus::Healthy);
+        caps.set_check("mdns", Some((HealthStatus::Degraded, "off".into())));
+        caps.set_check("tls", Some((HealthStatus::Unhealthy, "expired".into())));
+        let health = caps.health();
+        assert_eq!(health.status, HealthStatus::Unhealthy);
+        assert_eq!(health.reasons, vec!["mdns: off", "tls: expired"]);
+        caps.set_check("tls", None);
+        assert_eq!(caps.health().status, HealthStatus::Degraded);
+    }
+}

@@ -1,0 +1,36 @@
+//! agentmesh node: a gRPC node that finds its fleet, shows what it can do, and (in later parts)
+//! runs and delegates agent tasks.
+//!
+//! # Layout
+//!
+//! One module per concept; `rpc` translates, the others decide.
+//!
+//! - [`config`]: TOML config and flags → validated [`config::Config`]; every error names its key.
+//! - [`identity`]: node ids (hash of the certificate's public key) and certificate fingerprints.
+//! - [`tls`]: the mesh CA (`ca init`, `ca issue`) and mutual TLS for server and client.
+//! - [`discovery`]: where peers might be: mDNS advert/browse and static peers, as events.
+//! - [`peers`]: the peer table (up / suspect / down) and the watch sessions that keep it true.
+//! - [`capabilities`]: what this node is and has: roles, models, CPU, memory, GPUs, load, health.
+//! - [`rpc`]: tonic adapters for the `agentmesh.v1` services, server and client side.
+//! - [`server`]: binds, starts and stops a node, in a documented order.
+//!
+//! # Data flow
+//!
+//! discovery → `DiscoveryEvent` → peers::Membership → dials (tls) → `WatchInfo` stream (rpc)
+//! → `PeerTable` → `ListPeers` (rpc) → `mesh-cli status`.
+
+pub mod capabilities;
+pub mod config;
+pub mod discovery;
+pub mod identity;
+pub mod peers;
+pub mod rpc;
+pub mod server;
+pub mod tls;
+
+/// Installs the `ring` crypto provider as rustls's process default. Call once at the top of
+/// `main`; library code names the provider explicitly and does not depend on it.
+pub fn install_crypto_provider() {
+    // Err means a provider is already installed, which is what we want anyway.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,124 @@
+//! The `mesh-node` daemon: parse flags, load config, start the node, wait for a signal, stop.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, ValueEnum};
+use mesh_node::{
+    config::{Config, Overrides},
+    server::{self, Node},
+};
+
+/// Run an agentmesh node.
+///
+/// With no flags it starts with zero config: name = host name, data in the platform data dir,
+/// gRPC on port 7700 (or the next free one up to 7710), mDNS discovery on, and mTLS with a CA of
+/// its own created in `<data-dir>/tls` on first start.
+#[derive(Debug, Parser)]
+#[command(name = "mesh-node", version, about, long_about)]
+struct Args {
+    /// TOML config file (see docs/operations.md for every key).
+    #[arg(short, long, env = "MESH_NODE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Node name (overrides node.name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Listen address, IP:PORT (overrides node.listen).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Data directory (overrides node.data_dir).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// A peer to dial at start, HOST:PORT; repeatable, added to discovery.static_peers.
+    #[arg(long = "static-peer", value_name = "HOST:PORT")]
+    static_peers: Vec<String>,
+    /// Turn mDNS advertising and browsing off.
+    #[arg(long)]
+    no_mdns: bool,
+    /// Plain TCP without authentication (local experiments only; loopback unless
+    /// --insecure-allow-remote).
+    #[arg(long)]
+    insecure: bool,
+    /// Allow --insecure on a non-loopback address.
+    #[arg(long, requires = "insecure")]
+    insecure_allow_remote: bool,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human, env = "MESH_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+fn main() -> ExitCode {
+    mesh_node::install_crypto_provider();
+    let args = Args::parse();
+    init_tracing(args.log_format);
+
+    let overrides = Overrides {
+        name: args.name,
+        listen: args.listen,
+        data_dir: args.data_dir,
+        static_peers: args.static_peers,
+        no_mdns: args.no_mdns,
+        insecure: args.insecure,
+        insecure_allow_remote: args.insecure_allow_remote,
+    };
+    let config = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    let listener = server::bind(config.listen).await?;
+    let node = Node::start(config, listener).await?;
+    wait_for_signal().await?;
+    node.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::{EnvFilter, fmt};
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,h2=warn,hyper=warn,tower=warn,mdns_sd=warn"));
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,588 @@
+//! The peer table and the liveness sessions that keep it true.
+//!
+//! [`PeerTable`] holds, per node id, the latest [`NodeInfo`] received, the address it is reached
+//! at, its state (`up` / `suspect` / `down`) and when it was last heard from. [`Membership`]
+//! turns discovery events into one watch session per peer: dial, check the presented identity
+//! against what discovery claimed, then read the peer's `WatchInfo` stream. Every message is a
+//! beat; a clean end of stream (the peer is leaving) or a refused connection marks it down at
+//! once; a broken stream marks it suspect; silence marks it suspect after 2.5 s and down after
+//! 5 s. Sessions also run peer exchange: each peer's `ListPeers` answer feeds the peers it knows
+//! back in as candidates, so a few static peers are enough to learn the whole fleet.
+//!
+//! This module decides liveness and membership only; it does not route or run anything.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, RwLock},
+    time::{Duration, Instant, SystemTime},
+};
+
+use tokio::{sync::mpsc, task::JoinSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    capabilities::{NodeInfo, unix_ms},
+    discovery::{Claim, DiscoveryEvent, PeerSource},
+    identity::NodeId,
+    rpc::{Hello, PeerClient, RpcError},
+    tls::{DialError, Dialer},
+};
+
+/// Beat interval asked of peers.
+pub const BEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// Silence after which a peer is suspect.
+pub const SUSPECT_AFTER: Duration = Duration::from_millis(2500);
+/// Silence after which a peer is down.
+pub const DOWN_AFTER: Duration = Duration::from_secs(5);
+/// How often a session asks its peer for the peers it knows.
+pub const EXCHANGE_INTERVAL: Duration = Duration::from_secs(5);
+/// A session for a non-static peer gives up after failing this long; discovery or the peer's
+/// own dial-in brings it back.
+pub const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
+/// How often states are re-evaluated against the clock.
+const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Liveness of a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerState {
+    /// Beating.
+    Up,
+    /// Missed beats or a broken stream; may come back.
+    Suspect,
+    /// Left, refused connections, or silent too long.
+    Down,
+}
+
+impl PeerState {
+    /// `up`, `suspect` or `down`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Up => "up",
+            Self::Suspect => "suspect",
+            Self::Down => "down",
+        }
+    }
+}
+
+/// One row of the peer table.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    /// The latest info the peer sent.
+    pub info: NodeInfo,
+    /// `host:port` it is reached at.
+    pub addr: String,
+    /// Liveness.
+    pub state: PeerState,
+    /// Wall-clock time of the last beat.
+    pub last_seen: SystemTime,
+    /// How it was found.
+    pub source: PeerSource,
+    /// Monotonic time of the last beat, for the sweep.
+    last_beat: Instant,
+}
+
+impl Peer {
+    /// Unix ms of the last beat.
+    pub fn last_seen_ms(&self) -> u64 {
+        unix_ms(self.last_seen)
+    }
+}
+
+/// The node's view of the fleet, keyed by node id.
+#[derive(Debug, Default)]
+pub struct PeerTable {
+    peers: RwLock<HashMap<NodeId, Peer>>,
+}
+
+impl PeerTable {
+    /// Records a beat: the peer is up, with this info.
+    pub fn beat(&self, info: NodeInfo, addr: &str, source: PeerSource) {
+        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let id = info.id.clone();
+        let previous = peers.insert(
+            id.clone(),
+            Peer {
+                info,
+                addr: addr.to_owned(),
+                state: PeerState::Up,
+                last_seen: SystemTime::now(),
+                source,
+                last_beat: now,
+            },
+        );
+        match previous {
+            Some(p) if p.state == PeerState::Up => {}
+            Some(p) => {
+                tracing::info!(peer = %peers[&id].info.name, id = %id.short(), from = p.state.as_str(), "peer up")
+            }
+            None => {
+                tracing::info!(peer = %peers[&id].info.name, id = %id.short(), addr, "peer joined")
+            }
+        }
+    }
+
+    /// Sets a known peer's state (no-op for unknown ids).
+    pub fn mark(&self, id: &NodeId, state: PeerState, why: &str) {
+        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(peer) = peers.get_mut(id)
+            && peer.state != state
+        {
+            tracing::info!(peer = %peer.info.name, id = %id.short(), from = peer.state.as_str(), to = state.as_str(), why, "peer state");
+            peer.state = state;
+        }
+    }
+
+    /// The id of the peer named `name`, if known.
+    pub fn id_by_name(&self, name: &str) -> Option<NodeId> {
+        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        peers
+            .values()
+            .find(|p| p.info.name == name)
+            .map(|p| p.info.id.clone())
+    }
+
+    /// Re-evaluates states against the time since each peer's last beat.
+    pub fn sweep(&self, now: Instant) {
+        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        for peer in peers.values_mut() {
+            let silent = now.saturating_duration_since(peer.last_beat);
+            let state = match peer.state {
+                PeerState::Down => continue,
+                _ if silent >= DOWN_AFTER => PeerState::Down,
+                _ if silent >= SUSPECT_AFTER => PeerState::Suspect,
+                current => current,
+            };
+            if state != peer.state {
+                tracing::info!(peer = %peer.info.name, from = peer.state.as_str(), to = state.as_str(), silent_ms = silent.as_millis() as u64, "peer state");
+                peer.state = state;
+            }
+        }
+    }
+
+    /// All peers, sorted by name.
+    pub fn snapshot(&self) -> Vec<Peer> {
+        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        let mut list: Vec<Peer> = peers.values().cloned().collect();
+        list.sort_by(|a, b| {
+            a.info
+                .name
+                .cmp(&b.info.name)
+                .then(a.info.id.cmp(&b.info.id))
+        });
+        list
+    }
+
+    /// One peer by id.
+    pub fn get(&self, id: &NodeId) -> Option<Peer> {
+        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        peers.get(id).cloned()
+    }
+}
+
+/// What a session needs from the node.
+#[derive(Debug)]
+struct Shared {
+    own_id: NodeId,
+    hello: Hello,
+    dialer: Dialer,
+    table: Arc<PeerTable>,
+    /// Where sessions send peers learned by exchange.
+    events: mpsc::Sender<DiscoveryEvent>,
+    /// Which sessions run, so one peer gets one session.
+    sessions: Mutex<Sessions>,
+}
+
+#[derive(Debug, Default)]
+struct Sessions {
+    /// Addresses some session is dialing or watching.
+    addrs: HashSet<String>,
+    /// Ids some session is watching.
+    ids: HashSet<NodeId>,
+    /// Addresses found to belong to an id (ourselves, or a peer already watched elsewhere).
+    aliases: HashMap<String, NodeId>,
+}
+
+/// Turns discovery events into watch sessions and keeps the table's states current.
+#[derive(Debug)]
+pub struct Membership {
+    shared: Arc<Shared>,
+}
+
+impl Membership {
+    /// `events` is the sender side of the channel `run` reads; sessions feed exchanged peers into it.
+    pub fn new(
+        own_id: NodeId,
+        hello: Hello,
+        dialer: Dialer,
+        table: Arc<PeerTable>,
+        events: mpsc::Sender<DiscoveryEvent>,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                own_id,
+                hello,
+                dialer,
+                table,
+                events,
+                sessions: Mutex::default(),
+            }),
+        }
+    }
+
+    /// Runs until `cancel`: reads discovery events, starts sessions, sweeps states. Returns after
+    /// every session has closed its stream.
+    pub async fn run(self, mut events: mpsc::Receiver<DiscoveryEvent>, cancel: CancellationToken) {
+        let mut sessions = JoinSet::new();
+        let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                _ = sweep.tick() => self.shared.table.sweep(Instant::now()),
+                Some(done) = sessions.join_next(), if !sessions.is_empty() => {
+                    if let Err(e) = done && e.is_panic() {
+                        tracing::error!(error = %e, "peer session panicked");
+                    }
+                }
+                event = events.recv() => match event {
+                    None => break,
+                    Some(DiscoveryEvent::Gone { name }) => self.gone(&name),
+                    Some(DiscoveryEvent::Seen { addrs, name, claim, source }) => {
+                        if self.should_dial(&addrs, claim.as_ref()) {
+                            let shared = self.shared.clone();
+                            let cancel = cancel.child_token();
+                            tracing::debug!(?addrs, ?name, source = source.as_str(), "dialing candidate peer");
+                            sessions.spawn(session(shared, addrs, claim, source, cancel));
+                        }
+                    }
+                },
+            }
+        }
+        cancel.cancel();
+        while sessions.join_next().await.is_some() {}
+    }
+
+    fn gone(&self, name: &str) {
+        let Some(id) = self.shared.table.id_by_name(name) else {
+            return;
+        };
+        // A live stream outranks a goodbye that may be stale; only an idle peer is marked down.
+        let watched = self.shared.lock().ids.contains(&id);
+        if !watched {
+            self.shared.table.mark(&id, PeerState::Down, "mdns goodbye");
+        }
+    }
+
+    fn should_dial(&self, addrs: &[String], claim: Option<&Claim>) -> bool {
+        let sessions = self.shared.lock();
+        if let Some(claim) = claim
+            && (claim.id == self.shared.own_id || sessions.ids.contains(&claim.id))
+        {
+            return false;
+        }
+        !addrs.iter().any(|addr| {
+            sessions.addrs.contains(addr)
+                || sessions
+                    .aliases
+                    .get(addr)
+                    .is_some_and(|id| *id == self.shared.own_id || sessions.ids.contains(id))
+        })
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Why a session stopped for good.
+#[derive(Debug)]
+enum End {
+    /// Node shutting down.
+    Cancelled,
+    /// The address is ourselves, or a peer another session already watches.
+    Alias(NodeId),
+    /// The peer is not who discovery said (wrong id or certificate fingerprint).
+    Rejected,
+    /// The stream ended or failed; try again.
+    Retry { refused: bool },
+}
+
+async fn session(
+    shared: Arc<Shared>,
+    addrs: Vec<String>,
+    claim: Option<Claim>,
+    source: PeerSource,
+    cancel: CancellationToken,
+) {
+    {
+        let mut sessions = shared.lock();
+        sessions.addrs.extend(addrs.iter().cloned());
+    }
+    let mut known: Option<NodeId> = claim.as_ref().map(|c| c.id.clone());
+    let mut backoff = Duration::from_millis(100);
+    let mut last_success = Instant::now();
+    loop {
+        let outcome =
+            watch_once(&shared, &addrs, claim.as_ref(), source, &cancel, &mut known).await;
+        match outcome {
+            End::Cancelled | End::Rejected => break,
+            End::Alias(id) => {
+                let mut sessions = shared.lock();
+                for addr in &addrs {
+                    sessions.aliases.insert(addr.clone(), id.clone());
+                }
+                break;
+            }
+            End::Retry { refused } => {
+                if let Some(id) = &known
+                    && refused
+                {
+                    shared.table.mark(id, PeerState::Down, "connection refused");
+                }
+                // A session that got beats since the last failure starts its backoff afresh.
+                if let Some(beat) = known
+                    .as_ref()
+                    .and_then(|id| shared.table.get(id))
+                    .map(|p| p.last_beat)
+                    .filter(|beat| *beat > last_success)
+                {
+                    last_success = beat;
+                    backoff = Duration::from_millis(100);
+                }
+                // Static peers are re-offered every second by discovery; the others retry here.
+                if source == PeerSource::Static || last_success.elapsed() > GIVE_UP_AFTER {
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+    let mut sessions = shared.lock();
+    for addr in &addrs {
+        sessions.addrs.remove(addr);
+    }
+}
+
+/// One connection: dial, verify, stream beats until the stream ends.
+async fn watch_once(
+    shared: &Shared,
+    addrs: &[String],
+    claim: Option<&Claim>,
+    source: PeerSource,
+    cancel: &CancellationToken,
+    known: &mut Option<NodeId>,
+) -> End {
+    let mut refused = true;
+    let mut connected = None;
+    for addr in addrs {
+        let attempt = tokio::select! {
+            () = cancel.cancelled() => return End::Cancelled,
+            attempt = shared.dialer.connect(addr) => attempt,
+        };
+        match attempt {
+            Ok(conn) => {
+                connected = Some((addr.clone(), conn));
+                break;
+            }
+            Err(DialError::Refused(_)) => {}
+            Err(e) => {
+                refused = false;
+                tracing::debug!(error = %e, "dial peer");
+            }
+        }
+    }
+    let Some((addr, conn)) = connected else {
+        return End::Retry { refused };
+    };
+
+    if let (Some(presented), Some(claim)) = (&conn.peer, claim) {
+        if presented.id != claim.id {
+            tracing::warn!(%addr, advertised = %claim.id.short(), presented = %presented.id.short(), source = source.as_str(), "ignoring peer: its certificate does not match the advertised id");
+            return End::Rejected;
+        }
+        if let Some(fp) = &claim.fingerprint
+            && *fp != presented.fingerprint
+        {
+            tracing::warn!(%addr, id = %claim.id.short(), source = source.as_str(), "ignoring advert: its `fp` does not match the certificate the peer presents");
+            return End::Rejected;
+        }
+    }
+
+    let mut client = PeerClient::new(conn.channel);
+    let mut stream = match client.watch(&shared.hello, BEAT_INTERVAL).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::debug!(%addr, error = %e, "open WatchInfo");
+            return End::Retry { refused: false };
+        }
+    };
+    let first = tokio::select! {
+        () = cancel.cancelled() => return End::Cancelled,
+        first = tokio::time::timeout(DOWN_AFTER, stream.next()) => first,
+    };
+    let info = match first {
+        Ok(Ok(Some(info))) => info,
+        Ok(Ok(None)) => return End::Retry { refused: false },
+        Ok(Err(e)) => {
+            tracing::debug!(%addr, error = %e, "first WatchInfo message");
+            return End::Retry { refused: false };
+        }
+        Err(_) => return End::Retry { refused: false },
+    };
+    if let Some(presented) = &conn.peer
+        && presented.id != info.id
+    {
+        tracing::warn!(%addr, claimed = %info.id.short(), presented = %presented.id.short(), "ignoring peer: NodeInfo id does not match its certificate");
+        return End::Rejected;
+    }
+    if let Some(claim) = claim
+        && claim.id != info.id
+    {
+        tracing::warn!(%addr, advertised = %claim.id.short(), answered = %info.id.short(), "ignoring peer: it is not the node that was advertised");
+        return End::Rejected;
+    }
+    let id = info.id.clone();
+    if id == shared.own_id {
+        return End::Alias(id);
+    }
+    {
+        let mut sessions = shared.lock();
+        if !sessions.ids.insert(id.clone()) {
+            return End::Alias(id);
+        }
+    }
+    *known = Some(id.clone());
+    shared.table.beat(info, &addr, source);
+
+    let end = stream_beats(shared, &mut client, &mut stream, &addr, &id, source, cancel).await;
+    shared.lock().ids.remove(&id);
+    end
+}
+
+async fn stream_beats(
+    shared: &Shared,
+    client: &mut PeerClient,
+    stream: &mut crate::rpc::InfoStream,
+    addr: &str,
+    id: &NodeId,
+    source: PeerSource,
+    cancel: &CancellationToken,
+) -> End {
+    let mut exchange = tokio::time::interval(EXCHANGE_INTERVAL);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return End::Cancelled,
+            _ = exchange.tick() => {
+                if let Err(e) = exchange_peers(shared, client).await {
+                    tracing::debug!(%addr, error = %e, "peer exchange");
+                }
+            }
+            message = tokio::time::timeout(DOWN_AFTER, stream.next()) => match message {
+                Ok(Ok(Some(info))) if info.id == *id => shared.table.beat(info, addr, source),
+                Ok(Ok(Some(_))) => {
+                    tracing::warn!(%addr, "peer changed its id mid-stream; dropping the connection");
+                    shared.table.mark(id, PeerState::Suspect, "id changed");
+                    return End::Retry { refused: false };
+                }
+                Ok(Ok(None)) => {
+                    shared.table.mark(id, PeerState::Down, "left (stream closed)");
+                    return End::Retry { refused: false };
+                }
+                Ok(Err(e)) => {
+                    let why = e.to_string();
+                    let state = if matches!(e, RpcError::Leaving) { PeerState::Down } else { PeerState::Suspect };
+                    shared.table.mark(id, state, &why);
+                    return End::Retry { refused: false };
+                }
+                Err(_) => {
+                    shared.table.mark(id, PeerState::Down, "no beat within 5 s");
+                    return End::Retry { refused: false };
+                }
+            },
+        }
+    }
+}
+
+/// Feeds the peers our peer knows (and considers up) back into discovery.
+async fn exchange_peers(shared: &Shared, client: &mut PeerClient) -> Result<(), RpcError> {
+    let fleet = client.list_peers().await?;
+    for peer in fleet.peers {
+        if peer.state != PeerState::Up || peer.info.id == shared.own_id {
+            continue;
+        }
+        let fingerprint = Some(peer.info.cert_fingerprint.clone()).filter(|fp| !fp.is_empty());
+        let event = DiscoveryEvent::Seen {
+            addrs: vec![peer.addr],
+            name: Some(peer.info.name),
+            claim: Some(Claim {
+                id: peer.info.id,
+                fingerprint,
+            }),
+            source: PeerSource::Exchange,
+        };
+        if shared.events.try_send(event).is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capabilities::{Health, Load, Resources};
+
+    fn info(name: &str) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            id: NodeId::from_spki_der(name.as_bytes()),
+            version: "0".into(),
+            protocol: 1,
+            addrs: vec![],
+            roles: vec![],
+            labels: Default::default(),
+            personas: vec![],
+            models: vec![],
+            role_chains: Default::default(),
+            resources: Resources::default(),
+            load: Load::default(),
+            health: Health::default(),
+            cert_fingerprint: String::new(),
+            started_at_ms: 0,
+            remote_max_tier: crate::config::Tier::Read,
+        }
+    }
+
+    #[test]
+    fn silence_makes_a_peer_suspect_then_down() {
+        let table = PeerTable::default();
+        let alpha = info("alpha");
+        let id = alpha.id.clone();
+        table.beat(alpha, "127.0.0.1:1", PeerSource::Static);
+        let start = table.get(&id).expect("present").last_beat;
+        table.sweep(start + Duration::from_secs(1));
+        assert_eq!(table.get(&id).expect("present").state, PeerState::Up);
+        table.sweep(start + SUSPECT_AFTER);
+        assert_eq!(table.get(&id).expect("present").state, PeerState::Suspect);
+        table.sweep(start + DOWN_AFTER);
+        assert_eq!(table.get(&id).expect("present").state, PeerState::Down);
+        table.beat(info("alpha"), "127.0.0.1:1", PeerSource::Static);
+        assert_eq!(table.get(&id).expect("present").state, PeerState::Up);
+    }
+
+    #[test]
+    fn snapshot_is_sorted_by_name() {
+        let table = PeerTable::default();
+        for name in ["gamma", "alpha", "beta"] {
+            table.beat(info(name), "x:1", PeerSource::Mdns);
+        }
+        let names: Vec<_> = table.snapshot().into_iter().map(|p| p.info.name).collect();
+        assert_eq!(names, ["alpha", "beta", "gamma"]);
+    }
+}

@@ -1,0 +1,408 @@
+//! Starting and stopping a node: wires config, identity, capabilities, discovery, membership
+//! and the gRPC server together, and owns the shutdown order.
+//!
+//! [`bind`] picks the listening socket (7700, else the next free port up to 7710 when the port
+//! was not chosen explicitly); [`Node::start`] takes that bound listener, so tests bind
+//! `127.0.0.1:0` and read the port back. Shutdown runs in a fixed order, documented on
+//! [`Node::shutdown`]. This module holds no behaviour of its own beyond that wiring.
+
+use std::{
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+
+use crate::{
+    capabilities::{Capabilities, HealthStatus},
+    config::{Config, LAST_FALLBACK_PORT, Listen, TlsMode},
+    discovery::{Advert, Discovery, Mdns, StaticPeers},
+    identity::NodeId,
+    peers::{Membership, PeerTable},
+    rpc::{Hello, NodeService},
+    tls::{self, MeshTls, TlsError, TlsFiles},
+};
+
+/// How long in-flight RPCs get to finish once the node stops accepting.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// File in the data dir holding the address the node actually listens on.
+pub const ADDR_FILE: &str = "node.addr";
+/// Certificate a bootstrapped node issues for the local `mesh-cli`.
+pub const CLI_CERT_NAME: &str = "mesh-cli";
+
+/// Errors starting a node.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// No port could be bound.
+    #[error("cannot listen on {addr}: {source}{hint}")]
+    Bind {
+        /// What was tried.
+        addr: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+        /// A hint on how to fix it.
+        hint: &'static str,
+    },
+    /// Certificates could not be loaded or created.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The data dir cannot be created.
+    #[error("cannot create data dir {}: {source}; set node.data_dir or --data-dir to a writable directory", path.display())]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// tonic rejected the server TLS configuration.
+    #[error("gRPC server: {0}")]
+    Server(#[from] tonic::transport::Error),
+}
+
+/// Binds the listener `listen` asks for. When the port was not chosen explicitly and is taken,
+/// tries the following ports up to 7710.
+pub async fn bind(listen: Listen) -> Result<TcpListener, StartError> {
+    let last = if listen.fallback {
+        LAST_FALLBACK_PORT.max(listen.addr.port())
+    } else {
+        listen.addr.port()
+    };
+    let mut addr = listen.addr;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && addr.port() < last => {
+                tracing::info!(port = addr.port(), "port taken; trying the next one");
+                addr.set_port(addr.port() + 1);
+            }
+            Err(source) => {
+                let hint = if source.kind() == io::ErrorKind::AddrInUse {
+                    "; another mesh-node may be running: stop it, or choose another port with --listen"
+                } else {
+                    ""
+                };
+                return Err(StartError::Bind { addr, source, hint });
+            }
+        }
+    }
+}
+
+/// A running node.
+#[derive(Debug)]
+pub struct Node {
+    addr: SocketAddr,
+    id: NodeId,
+    data_dir: PathBuf,
+    caps: Arc<Capabilities>,
+    peers: Arc<PeerTable>,
+    health: tonic_health::server::HealthReporter,
+    /// Ends served `WatchInfo` streams: peers see us leave before anything else stops.
+    leaving: CancellationToken,
+    /// Stops discovery (mDNS goodbye) and membership sessions.
+    background: CancellationToken,
+    /// Stops the gRPC server (graceful drain).
+    serve: CancellationToken,
+    background_tasks: JoinSet<()>,
+    server_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Node {
+    /// Starts a node on an already-bound listener.
+    pub async fn start(config: Config, listener: TcpListener) -> Result<Self, StartError> {
+        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+            addr: config.listen.addr,
+            source,
+            hint: "",
+        })?;
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+
+        let (mesh_tls, id, fingerprint) = match &config.tls {
+            TlsMode::Insecure => {
+                tracing::warn!(
+                    "--insecure: plain TCP, no authentication; anyone who can reach {addr} can use this node"
+                );
+                (
+                    None,
+                    tls::insecure_identity(&config.data_dir)?,
+                    String::new(),
+                )
+            }
+            TlsMode::Mtls(files) => load_tls(files)?,
+            TlsMode::Bootstrap => load_tls(&bootstrap_tls(&config.data_dir, &config.name)?)?,
+        };
+
+        let caps = Arc::new(Capabilities::new(
+            &config,
+            id.clone(),
+            fingerprint.clone(),
+            advertised_addrs(addr),
+        ));
+        check_data_dir(&caps, &config.data_dir);
+        if let Some(tls) = &mesh_tls {
+            check_cert_expiry(&caps, tls.identity().not_after);
+        }
+        {
+            let caps = caps.clone();
+            tokio::spawn(async move { caps.probe_gpus().await });
+        }
+
+        let peers = Arc::new(PeerTable::default());
+        let (events_tx, events_rx) = mpsc::channel(1024);
+        let leaving = CancellationToken::new();
+        let background = CancellationToken::new();
+        let serve = CancellationToken::new();
+        let mut background_tasks = JoinSet::new();
+
+        let dialer = match &mesh_tls {
+            Some(tls) => tls.dialer(),
+            None => tls::Dialer::Plain,
+        };
+        let hello = Hello {
+            name: config.name.clone(),
+            id: id.clone(),
+            port: addr.port(),
+        };
+        let membership =
+            Membership::new(id.clone(), hello, dialer, peers.clone(), events_tx.clone());
+        background_tasks.spawn(membership.run(events_rx, background.child_token()));
+
+        let mut sources: Vec<Box<dyn Discovery>> = Vec::new();
+        if !config.discovery.static_peers.is_empty() {
+            sources.push(Box::new(StaticPeers::new(
+                config.discovery.static_peers.clone(),
+            )));
+        }
+        if config.discovery.mdns {
+            let advert = Advert {
+                name: config.name.clone(),
+                id: id.clone(),
+                port: addr.port(),
+                roles: config.roles.clone(),
+                gpus: caps.snapshot().resources.gpus.len(),
+                fingerprint: fingerprint.clone(),
+            };
+            match Mdns::new(advert, &config.discovery.interfaces) {
+                Ok(mdns) => sources.push(Box::new(mdns)),
+                Err(e) => caps.set_check(
+                    "mdns",
+                    Some((
+                        HealthStatus::Degraded,
+                        format!("cannot start ({e}); only static peers are used"),
+                    )),
+                ),
+            }
+        } else {
+            caps.set_check(
+                "mdns",
+                Some((
+                    HealthStatus::Degraded,
+                    "disabled; peers come from static_peers and exchange".into(),
+                )),
+            );
+        }
+        for source in sources {
+            tracing::info!(source = source.name(), "discovery started");
+            background_tasks.spawn(source.run(events_tx.clone(), background.child_token()));
+        }
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_serving::<mesh_proto::v1::node_server::NodeServer<NodeService>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(mesh_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| StartError::Tls(TlsError::Config(format!("reflection: {e}"))))?;
+        let service = NodeService::new(
+            caps.clone(),
+            peers.clone(),
+            events_tx,
+            leaving.clone(),
+            mesh_tls.is_some(),
+        );
+
+        let mut builder = Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(1)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(2)))
+            .tcp_nodelay(true);
+        if let Some(tls) = &mesh_tls {
+            builder = builder.tls_config(tls.server_config())?;
+        }
+        let router = builder
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(service.into_server());
+        let stop = serve.clone();
+        let server_task = tokio::spawn(
+            router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                stop.cancelled().await
+            }),
+        );
+
+        if let Err(e) = std::fs::write(config.data_dir.join(ADDR_FILE), format!("{addr}\n")) {
+            tracing::warn!(error = %e, "cannot write {ADDR_FILE}");
+        }
+        tracing::info!(name = %config.name, id = %id.short(), %addr, tls = mesh_tls.is_some(), "node started");
+
+        Ok(Self {
+            addr,
+            id,
+            data_dir: config.data_dir,
+            caps,
+            peers,
+            health,
+            leaving,
+            background,
+            serve,
+            background_tasks,
+            server_task,
+        })
+    }
+
+    /// The address the gRPC server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> &NodeId {
+        &self.id
+    }
+
+    /// The peer table.
+    pub fn peers(&self) -> Arc<PeerTable> {
+        self.peers.clone()
+    }
+
+    /// The capabilities (for tests and the task runner).
+    pub fn capabilities(&self) -> Arc<Capabilities> {
+        self.caps.clone()
+    }
+
+    /// Stops the node, in this order:
+    /// 1. end every served `WatchInfo` stream and refuse new ones, so peers mark us down at once;
+    /// 2. stop discovery (mDNS goodbye) and close our own watch sessions;
+    /// 3. stop the gRPC server, letting in-flight calls finish for up to [`SHUTDOWN_GRACE`];
+    /// 4. remove the address file. (State flushing joins here when the node has stores.)
+    pub async fn shutdown(mut self) {
+        tracing::info!("shutting down");
+        self.leaving.cancel();
+        self.health
+            .set_not_serving::<mesh_proto::v1::node_server::NodeServer<NodeService>>()
+            .await;
+
+        self.background.cancel();
+        while let Some(done) = self.background_tasks.join_next().await {
+            if let Err(e) = done {
+                tracing::error!(error = %e, "background task failed during shutdown");
+            }
+        }
+
+        self.serve.cancel();
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.server_task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::error!(error = %e, "gRPC server stopped with an error"),
+            Ok(Err(e)) => tracing::error!(error = %e, "gRPC server task failed"),
+            Err(_) => {
+                tracing::warn!(
+                    "in-flight calls did not finish within the grace period; closing them"
+                );
+                self.server_task.abort();
+            }
+        }
+        let _ = std::fs::remove_file(self.data_dir.join(ADDR_FILE));
+        tracing::info!("stopped");
+    }
+}
+
+fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), StartError> {
+    let tls = MeshTls::load(files)?;
+    let id = tls.identity().id.clone();
+    let fingerprint = tls.identity().fingerprint.clone();
+    Ok((Some(tls), id, fingerprint))
+}
+
+/// Zero-config TLS: a CA of this node's own under `<data_dir>/tls`, created on first start with
+/// a certificate for the node and one for the local `mesh-cli`.
+fn bootstrap_tls(data_dir: &Path, name: &str) -> Result<TlsFiles, StartError> {
+    let dir = data_dir.join("tls");
+    let files = TlsFiles {
+        ca: dir.join(tls::CA_CERT_FILE),
+        cert: dir.join(format!("{name}.pem")),
+        key: dir.join(format!("{name}.key")),
+    };
+    if !files.ca.exists() {
+        tls::ca_init(&dir)?;
+        tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add nodes, issue their certificates with `mesh-cli ca issue --dir {}`", dir.display());
+    }
+    if !files.cert.exists() {
+        tls::issue(&dir, name, &[])?;
+    }
+    if !dir.join(format!("{CLI_CERT_NAME}.pem")).exists() {
+        tls::issue(&dir, CLI_CERT_NAME, &[])?;
+    }
+    Ok(files)
+}
+
+/// `addr`, or one `ip:port` per interface address when listening on a wildcard.
+fn advertised_addrs(addr: SocketAddr) -> Vec<String> {
+    if !addr.ip().is_unspecified() {
+        return vec![addr.to_string()];
+    }
+    let mut addrs: Vec<String> = if_addrs::get_if_addrs()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|iface| iface.ip())
+        .filter(|ip| ip.is_ipv4() == addr.is_ipv4() || addr.is_ipv6())
+        .map(|ip| SocketAddr::new(ip, addr.port()).to_string())
+        .collect();
+    addrs.sort();
+    addrs.truncate(16);
+    addrs
+}
+
+fn check_data_dir(caps: &Capabilities, dir: &Path) {
+    let probe = dir.join(".write-test");
+    let result = std::fs::write(&probe, b"ok").and_then(|()| std::fs::remove_file(&probe));
+    caps.set_check(
+        "data_dir",
+        result.err().map(|e| {
+            (
+                HealthStatus::Degraded,
+                format!("{} is not writable ({e})", dir.display()),
+            )
+        }),
+    );
+}
+
+fn check_cert_expiry(caps: &Capabilities, not_after: i64) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let left = not_after - now;
+    let failure = if left <= 0 {
+        Some((
+            HealthStatus::Unhealthy,
+            "certificate has expired; issue a new one with `mesh-cli ca issue`".to_owned(),
+        ))
+    } else if left < 14 * 24 * 3600 {
+        Some((
+            HealthStatus::Degraded,
+            format!("certificate expires in {} days", left / 86400),
+        ))
+    } else {
+        None
+    };
+    caps.set_check("tls", failure);
+}

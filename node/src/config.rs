@@ -737,8 +737,8 @@ fn is_valid_name(name: &str) -> bool {
 }
 
 fn is_host_port(text: &str) -> bool {
-    if text.parse::<SocketAddr>().is_ok() {
-        return true;
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return addr.port() != 0;
     }
     match text.rsplit_once(':') {
         Some((host, port)) => {
@@ -846,6 +846,10 @@ mod tests {
             ("[node]\nname = \"bad name!\"", "node.name"),
             (
                 "[discovery]\nstatic_peers = [\"no-port\"]",
+                "discovery.static_peers[0]",
+            ),
+            (
+                "[discovery]\nstatic_peers = [\"1.2.3.4:0\"]",
                 "discovery.static_peers[0]",
             ),
             ("[tls]\nca = \"ca.pem\"", "tls.cert"),

@@ -150,10 +150,9 @@ impl Node {
         if let Some(tls) = &mesh_tls {
             check_cert_expiry(&caps, tls.identity().not_after);
         }
-        {
-            let caps = caps.clone();
-            tokio::spawn(async move { caps.probe_gpus().await });
-        }
+        // Before the advert is built, so its `gpu` count includes probed GPUs (bounded by a 5 s
+        // timeout inside; instant on hosts without nvidia-smi).
+        caps.probe_gpus().await;
 
         let peers = Arc::new(PeerTable::default());
         let (events_tx, events_rx) = mpsc::channel(1024);

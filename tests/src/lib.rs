@@ -1,1 +1,532 @@
+//! Test harness: real `mesh-node` processes on real sockets with real TLS, optionally inside
+//! network namespaces for real mDNS, and `mesh-cli` to look at them.
+//!
+//! - [`Harness`] owns a temp dir with a mesh CA and issues certificates.
+//! - [`Harness::spawn`] writes a config and starts a node (as a child process, so tests can
+//!   SIGKILL it), waiting until it has written the address it listens on.
+//! - [`Netns`] and [`Lan`] create network namespaces (loopback only, or several hosts on one
+//!   bridge) and remove them on drop. mDNS never runs outside them.
+//! - [`wait_for`] polls a condition until a deadline; tests never sleep to let things settle.
 
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    sync::atomic::{AtomicUsize, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, anyhow, bail};
+use mesh_node::tls::{self, TlsFiles};
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// Path of a workspace binary (`mesh-node`, `mesh-cli`) next to the test executable.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary knows its path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binaries live in target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not found: build the binaries first (`cargo test --workspace` does, or `cargo build --bins`)",
+        path.display()
+    );
+    path
+}
+
+/// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return Ok(value);
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Requires root (for network namespaces), failing the test with a clear message otherwise.
+pub fn require_root() {
+    let uid = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    assert_eq!(
+        uid, "0",
+        "this test creates network namespaces (`ip netns add`) so mDNS never leaves the machine; \
+         it must run as root (CI does)"
+    );
+}
+
+static UNIQUE: AtomicUsize = AtomicUsize::new(0);
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}{}-{}",
+        std::process::id(),
+        UNIQUE.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let output = Command::new("ip")
+        .args(args)
+        .output()
+        .context("run `ip` (install iproute2)")?;
+    if !output.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// A network namespace with its loopback up; deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates `am<pid>-<n>`.
+    pub fn new() -> anyhow::Result<Self> {
+        require_root();
+        let name = unique("am");
+        ip(&["netns", "add", &name])?;
+        let ns = Self { name };
+        ip(&["-n", &ns.name, "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// The namespace name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `cmd` wrapped in `ip netns exec <name>`.
+    pub fn command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name]).arg(program);
+        cmd
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.name]);
+    }
+}
+
+/// Several hosts (namespaces) on one bridge, which lives in a namespace of its own, so nothing
+/// touches the machine's real interfaces. Host `i` has address `10.77.0.(i+1)/24` on `eth0`.
+#[derive(Debug)]
+pub struct Lan {
+    /// The hosts, in order.
+    pub hosts: Vec<Netns>,
+    hub: Netns,
+}
+
+impl Lan {
+    /// Builds `n` hosts on a bridge.
+    pub fn new(n: usize) -> anyhow::Result<Self> {
+        let hub = Netns::new()?;
+        ip(&["-n", hub.name(), "link", "add", "br0", "type", "bridge"])?;
+        // Without a multicast querier, snooping could starve mDNS; flood instead, like a switch.
+        ip(&[
+            "-n",
+            hub.name(),
+            "link",
+            "set",
+            "br0",
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ])?;
+        ip(&["-n", hub.name(), "link", "set", "br0", "up"])?;
+        let mut hosts = Vec::new();
+        for i in 0..n {
+            let host = Netns::new()?;
+            let port = format!("p{i}");
+            ip(&[
+                "-n",
+                hub.name(),
+                "link",
+                "add",
+                &port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                host.name(),
+            ])?;
+            ip(&[
+                "-n",
+                hub.name(),
+                "link",
+                "set",
+                &port,
+                "master",
+                "br0",
+                "up",
+            ])?;
+            ip(&[
+                "-n",
+                host.name(),
+                "addr",
+                "add",
+                &format!("{}/24", Self::addr(i)),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", host.name(), "link", "set", "eth0", "up"])?;
+            hosts.push(host);
+        }
+        Ok(Self { hosts, hub })
+    }
+
+    /// The IPv4 address of host `i`.
+    pub fn addr(i: usize) -> String {
+        format!("10.77.0.{}", i + 1)
+    }
+
+    /// The hub namespace (holds the bridge).
+    pub fn hub(&self) -> &Netns {
+        &self.hub
+    }
+}
+
+/// How to start one node.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Node name; its certificate is issued under this name.
+    pub name: String,
+    /// `node.listen`.
+    pub listen: String,
+    /// `discovery.mdns`.
+    pub mdns: bool,
+    /// `discovery.static_peers`.
+    pub static_peers: Vec<String>,
+    /// Run inside this namespace.
+    pub netns: Option<String>,
+    /// Certificate files; default: issued by the harness CA.
+    pub tls: Option<TlsFiles>,
+    /// TOML appended to the config (roles, models, GPUs, …).
+    pub extra: String,
+}
+
+impl NodeOptions {
+    /// A node on 127.0.0.1 with an ephemeral port and mDNS off.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            listen: "127.0.0.1:0".into(),
+            mdns: false,
+            static_peers: Vec::new(),
+            netns: None,
+            tls: None,
+            extra: String::new(),
+        }
+    }
+
+    /// Adds a static peer.
+    pub fn peer(mut self, addr: impl Into<String>) -> Self {
+        self.static_peers.push(addr.into());
+        self
+    }
+
+    /// Turns mDNS on and runs in `ns` (mDNS only ever runs inside a namespace).
+    pub fn mdns_in(mut self, ns: &Netns) -> Self {
+        self.mdns = true;
+        self.netns = Some(ns.name().into());
+        self
+    }
+
+    /// Runs in `ns` without mDNS.
+    pub fn in_netns(mut self, ns: &Netns) -> Self {
+        self.netns = Some(ns.name().into());
+        self
+    }
+
+    /// Appends config TOML.
+    pub fn extra(mut self, toml: &str) -> Self {
+        self.extra.push_str(toml);
+        self.extra.push('\n');
+        self
+    }
+}
+
+/// A running `mesh-node` child process.
+#[derive(Debug)]
+pub struct NodeProcess {
+    /// Node name.
+    pub name: String,
+    /// The address it listens on, as it wrote it.
+    pub addr: String,
+    /// Its data dir.
+    pub data_dir: PathBuf,
+    /// Its log file (stderr).
+    pub log: PathBuf,
+    /// Namespace it runs in.
+    pub netns: Option<String>,
+    child: Child,
+}
+
+impl NodeProcess {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. `"TERM"`, `"KILL"`) to the node.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()?;
+        if !status.success() {
+            bail!("kill -{signal} {} failed", self.child.id());
+        }
+        Ok(())
+    }
+
+    /// Waits for the process to exit, returning its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<Option<i32>> {
+        let child = &mut self.child;
+        wait_for("node to exit", timeout, || {
+            child.try_wait().ok().flatten().map(|status| status.code())
+        })
+    }
+
+    /// The node's log so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A temp dir with a mesh CA; starts nodes and runs `mesh-cli` against them.
+#[derive(Debug)]
+pub struct Harness {
+    dir: TempDir,
+    ca_dir: PathBuf,
+    client: TlsFiles,
+}
+
+impl Harness {
+    /// Creates the CA and a client certificate for `mesh-cli`.
+    pub fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("agentmesh-test")
+            .tempdir()?;
+        let ca_dir = dir.path().join("ca");
+        tls::ca_init(&ca_dir)?;
+        let (cert, key) = tls::issue(&ca_dir, "test-client", &[])?;
+        let client = TlsFiles {
+            ca: ca_dir.join(tls::CA_CERT_FILE),
+            cert,
+            key,
+        };
+        Ok(Self {
+            dir,
+            ca_dir,
+            client,
+        })
+    }
+
+    /// The temp dir.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The CA directory (`ca.pem`, `ca.key`, issued certificates).
+    pub fn ca_dir(&self) -> &Path {
+        &self.ca_dir
+    }
+
+    /// Issues (or reuses) a certificate named `name` from the harness CA.
+    pub fn issue(&self, name: &str) -> anyhow::Result<TlsFiles> {
+        let cert = self.ca_dir.join(format!("{name}.pem"));
+        let key = self.ca_dir.join(format!("{name}.key"));
+        if !cert.exists() {
+            tls::issue(&self.ca_dir, name, &[])?;
+        }
+        Ok(TlsFiles {
+            ca: self.ca_dir.join(tls::CA_CERT_FILE),
+            cert,
+            key,
+        })
+    }
+
+    /// The client certificate files for `mesh-cli`.
+    pub fn client_files(&self) -> &TlsFiles {
+        &self.client
+    }
+
+    /// Writes `<name>.toml` and starts the node, returning once it listens.
+    pub fn spawn(&self, options: NodeOptions) -> anyhow::Result<NodeProcess> {
+        let tls = match options.tls.clone() {
+            Some(tls) => tls,
+            None => self.issue(&options.name)?,
+        };
+        let data_dir = self.path().join(format!("data-{}", options.name));
+        let _ = fs::remove_file(data_dir.join("node.addr"));
+        let mut config = String::new();
+        writeln!(
+            config,
+            "[node]\nname = {:?}\nlisten = {:?}\ndata_dir = {:?}\n",
+            options.name, options.listen, data_dir
+        )?;
+        writeln!(
+            config,
+            "[discovery]\nmdns = {}\nstatic_peers = {:?}\n",
+            options.mdns, options.static_peers
+        )?;
+        writeln!(
+            config,
+            "[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            tls.ca, tls.cert, tls.key
+        )?;
+        config.push_str(&options.extra);
+        let config_path = self.path().join(format!("{}.toml", options.name));
+        fs::write(&config_path, config)?;
+        let log = self.path().join(format!("{}.log", options.name));
+
+        let node_bin = bin("mesh-node");
+        let mut cmd = match &options.netns {
+            Some(ns) => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", ns]).arg(&node_bin);
+                cmd
+            }
+            None => Command::new(&node_bin),
+        };
+        cmd.arg("--config")
+            .arg(&config_path)
+            .env(
+                "RUST_LOG",
+                std::env::var("MESH_TEST_LOG").unwrap_or_else(|_| "info,mesh_node=debug".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log)?);
+        let mut child = cmd.spawn().context("start mesh-node")?;
+
+        let addr_file = data_dir.join("node.addr");
+        let addr = wait_for(
+            &format!("{} to listen", options.name),
+            Duration::from_secs(20),
+            || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Some(Err(anyhow!(
+                        "{} exited with {status} before listening:\n{}",
+                        options.name,
+                        fs::read_to_string(&log).unwrap_or_default()
+                    )));
+                }
+                fs::read_to_string(&addr_file)
+                    .ok()
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .map(Ok)
+            },
+        )??;
+        Ok(NodeProcess {
+            name: options.name,
+            addr,
+            data_dir,
+            log,
+            netns: options.netns,
+            child,
+        })
+    }
+
+    /// Runs `mesh-cli` with the harness client certificate against `node`, in its namespace.
+    pub fn cli(&self, node: &NodeProcess, args: &[&str]) -> anyhow::Result<Output> {
+        let cli = bin("mesh-cli");
+        let mut cmd = match &node.netns {
+            Some(ns) => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", ns]).arg(&cli);
+                cmd
+            }
+            None => Command::new(&cli),
+        };
+        cmd.arg("--node")
+            .arg(&node.addr)
+            .arg("--ca")
+            .arg(&self.client.ca)
+            .arg("--cert")
+            .arg(&self.client.cert)
+            .arg("--key")
+            .arg(&self.client.key)
+            .args(args)
+            .env_remove("MESH_NODE")
+            .stdin(Stdio::null());
+        Ok(cmd.output()?)
+    }
+
+    /// `mesh-cli status --json` on `node`.
+    pub fn status(&self, node: &NodeProcess) -> anyhow::Result<Value> {
+        let output = self.cli(node, &["status", "--json"])?;
+        if !output.status.success() {
+            bail!(
+                "mesh-cli status failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(serde_json::from_slice(&output.stdout)?)
+    }
+
+    /// The state `observer` reports for the node named `name` (`None` if unknown or unreachable).
+    pub fn state_of(&self, observer: &NodeProcess, name: &str) -> Option<String> {
+        let status = self.status(observer).ok()?;
+        status["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == name)
+            .and_then(|n| n["state"].as_str().map(str::to_owned))
+    }
+
+    /// Waits until every node in `nodes` lists every other as `up`.
+    pub fn wait_all_up(&self, nodes: &[&NodeProcess], timeout: Duration) -> anyhow::Result<()> {
+        for observer in nodes {
+            for other in nodes {
+                if observer.name == other.name {
+                    continue;
+                }
+                wait_for(
+                    &format!("{} to see {} up", observer.name, other.name),
+                    timeout,
+                    || {
+                        (self.state_of(observer, &other.name).as_deref() == Some("up"))
+                            .then_some(())
+                    },
+                )?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,98 @@
+//! `mesh-cli` as scripts see it: exit codes and the certificate commands.
+
+use std::process::{Command, Output, Stdio};
+
+fn mesh_cli(args: &[&str], home: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mesh-cli"))
+        .args(args)
+        .env_remove("MESH_NODE")
+        .env_remove("MESH_CA")
+        .env_remove("MESH_CERT")
+        .env_remove("MESH_KEY")
+        .env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run mesh-cli")
+}
+
+#[test]
+fn ca_init_and_issue_write_usable_files_and_never_overwrite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("ca");
+    let ca = ca.to_str().expect("utf-8");
+    let init = mesh_cli(&["ca", "init", "--dir", ca], dir.path());
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let issue = mesh_cli(
+        &[
+            "ca",
+            "issue",
+            "--dir",
+            ca,
+            "--name",
+            "gpu-box",
+            "--san",
+            "10.0.0.7",
+            "--san",
+            "gpu-box.lan",
+        ],
+        dir.path(),
+    );
+    assert!(
+        issue.status.success(),
+        "{}",
+        String::from_utf8_lossy(&issue.stderr)
+    );
+    for file in ["ca.pem", "ca.key", "gpu-box.pem", "gpu-box.key"] {
+        assert!(std::path::Path::new(ca).join(file).exists(), "{file}");
+    }
+    let files = mesh_node::tls::TlsFiles {
+        ca: format!("{ca}/ca.pem").into(),
+        cert: format!("{ca}/gpu-box.pem").into(),
+        key: format!("{ca}/gpu-box.key").into(),
+    };
+    let tls = mesh_node::tls::MeshTls::load(&files).expect("issued files load");
+    assert_eq!(tls.identity().common_name.as_deref(), Some("gpu-box"));
+
+    let again = mesh_cli(&["ca", "init", "--dir", ca], dir.path());
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("refusing to overwrite"));
+}
+
+#[test]
+fn bad_usage_exits_2_and_failed_operations_exit_1() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    assert_eq!(mesh_cli(&["frobnicate"], dir.path()).status.code(), Some(2));
+    assert_eq!(
+        mesh_cli(&["status", "--bogus"], dir.path()).status.code(),
+        Some(2)
+    );
+    assert_eq!(
+        mesh_cli(&["--ca", "x.pem", "status"], dir.path())
+            .status
+            .code(),
+        Some(2),
+        "--ca without --cert/--key is a usage error"
+    );
+
+    let no_certs = mesh_cli(&["status"], dir.path());
+    assert_eq!(no_certs.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&no_certs.stderr);
+    assert!(stderr.contains("--ca, --cert and --key"), "{stderr}");
+
+    // Nothing listens on port 1: a clear "cannot reach" error, exit 1.
+    let unreachable = mesh_cli(
+        &["--insecure", "--node", "127.0.0.1:1", "status"],
+        dir.path(),
+    );
+    assert_eq!(unreachable.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(
+        stderr.contains("cannot reach a node at 127.0.0.1:1"),
+        "{stderr}"
+    );
+}

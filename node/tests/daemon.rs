@@ -1,0 +1,105 @@
+//! The `mesh-node` binary's contract with operators: bad config is refused before anything
+//! starts, with the key and the file named and exit code 2; `--insecure` is loopback-only.
+
+use std::{
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+fn mesh_node(args: &[&str], dir: &std::path::Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mesh-node"))
+        .args(args)
+        .env_remove("MESH_NODE_CONFIG")
+        .env("HOME", dir)
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run mesh-node")
+}
+
+#[test]
+fn a_config_error_names_the_key_and_the_file_and_exits_2() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        ("[node]\nlisten = \"everywhere\"\n", "node.listen"),
+        ("[node]\nnmae = \"typo\"\n", "nmae"),
+        (
+            "[security]\nremote_max_tier = \"root\"\n",
+            "security.remote_max_tier",
+        ),
+    ];
+    for (text, key) in cases {
+        let path = dir.path().join("node.toml");
+        std::fs::write(&path, text).expect("write config");
+        let output = mesh_node(
+            &["--config", path.to_str().expect("utf-8 path")],
+            dir.path(),
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{key}: {stderr}");
+        assert!(stderr.contains(key), "{key} not named: {stderr}");
+        assert!(stderr.contains("node.toml"), "file not named: {stderr}");
+    }
+    let output = mesh_node(&["--config", "/nonexistent/node.toml"], dir.path());
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/node.toml"));
+}
+
+#[test]
+fn insecure_is_refused_on_a_non_loopback_address_unless_allowed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("node");
+    let data = data.to_str().expect("utf-8 path");
+    let output = mesh_node(
+        &[
+            "--insecure",
+            "--no-mdns",
+            "--listen",
+            "0.0.0.0:0",
+            "--data-dir",
+            data,
+        ],
+        dir.path(),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--insecure-allow-remote"), "{stderr}");
+
+    // Allowed explicitly, it starts (and warns); SIGTERM stops it cleanly.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-node"))
+        .args([
+            "--insecure",
+            "--insecure-allow-remote",
+            "--no-mdns",
+            "--listen",
+            "0.0.0.0:0",
+        ])
+        .args(["--data-dir", data])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let addr_file = std::path::Path::new(data).join("node.addr");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !addr_file.exists() {
+        assert!(Instant::now() < deadline, "node did not start");
+        assert!(
+            child.try_wait().expect("poll").is_none(),
+            "node exited early"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let output = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("--insecure: plain TCP"),
+        "warning missing: {stderr}"
+    );
+}

@@ -336,10 +336,15 @@ async fn session(
                 break;
             }
             End::Retry { refused } => {
-                if let Some(id) = &known
-                    && refused
-                {
-                    shared.table.mark(id, PeerState::Down, "connection refused");
+                // Another session watching the same id means the peer now lives at another
+                // address (it restarted on a new port); this one is stale and must not mark it.
+                if let Some(id) = &known {
+                    if shared.lock().ids.contains(id) {
+                        break;
+                    }
+                    if refused {
+                        shared.table.mark(id, PeerState::Down, "connection refused");
+                    }
                 }
                 // A session that got beats since the last failure starts its backoff afresh.
                 if let Some(beat) = known

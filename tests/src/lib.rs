@@ -24,18 +24,24 @@ use tempfile::TempDir;
 
 /// Path of a workspace binary (`mesh-node`, `mesh-cli`) next to the test executable.
 pub fn bin(name: &str) -> PathBuf {
+    // Tests run from target/<profile>/deps, bench binaries from target/<profile>.
     let exe = std::env::current_exe().expect("the test binary knows its path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test binaries live in target/<profile>/deps");
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} not found: build the binaries first (`cargo test --workspace` does, or `cargo build --bins`)",
-        path.display()
-    );
-    path
+    let candidates: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|dir| dir.join(name))
+        .collect();
+    candidates
+        .iter()
+        .find(|path| path.exists())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} not found next to {}: build the binaries first (`cargo test --workspace` does, or `cargo build --bins`)",
+                exe.display()
+            )
+        })
 }
 
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
@@ -425,6 +431,7 @@ impl Harness {
         };
         cmd.arg("--config")
             .arg(&config_path)
+            .args(["--log-format", "json"])
             .env(
                 "RUST_LOG",
                 std::env::var("MESH_TEST_LOG").unwrap_or_else(|_| "info,mesh_node=debug".into()),

@@ -146,10 +146,8 @@ impl Node {
             fingerprint.clone(),
             advertised_addrs(addr),
         ));
-        check_data_dir(&caps, &config.data_dir);
-        if let Some(tls) = &mesh_tls {
-            check_cert_expiry(&caps, tls.identity().not_after);
-        }
+        let not_after = mesh_tls.as_ref().map(|tls| tls.identity().not_after);
+        run_health_checks(&caps, &config.data_dir, not_after);
         // Before the advert is built, so its `gpu` count includes probed GPUs (bounded by a 5 s
         // timeout inside; instant on hosts without nvidia-smi).
         caps.probe_gpus().await;
@@ -214,9 +212,14 @@ impl Node {
         }
 
         let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_serving::<mesh_proto::v1::node_server::NodeServer<NodeService>>()
-            .await;
+        report_health(&health, &caps).await;
+        background_tasks.spawn(health_loop(
+            caps.clone(),
+            health.clone(),
+            config.data_dir.clone(),
+            not_after,
+            leaving.clone(),
+        ));
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(mesh_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -368,6 +371,46 @@ fn advertised_addrs(addr: SocketAddr) -> Vec<String> {
     addrs.sort();
     addrs.truncate(16);
     addrs
+}
+
+/// How often the start-up health checks run again (a disk can fill, a certificate can expire).
+pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(30);
+
+fn run_health_checks(caps: &Capabilities, data_dir: &Path, not_after: Option<i64>) {
+    check_data_dir(caps, data_dir);
+    if let Some(not_after) = not_after {
+        check_cert_expiry(caps, not_after);
+    }
+}
+
+/// Re-runs the health checks until the node starts leaving, mirroring the result into
+/// `grpc.health.v1` so `grpc_health_probe` sees an unhealthy node as `NOT_SERVING`.
+async fn health_loop(
+    caps: Arc<Capabilities>,
+    health: tonic_health::server::HealthReporter,
+    data_dir: PathBuf,
+    not_after: Option<i64>,
+    leaving: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(HEALTH_CHECK_INTERVAL);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            () = leaving.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        run_health_checks(&caps, &data_dir, not_after);
+        report_health(&health, &caps).await;
+    }
+}
+
+async fn report_health(health: &tonic_health::server::HealthReporter, caps: &Capabilities) {
+    type Service = mesh_proto::v1::node_server::NodeServer<NodeService>;
+    if caps.health().status == HealthStatus::Unhealthy {
+        health.set_not_serving::<Service>().await;
+    } else {
+        health.set_serving::<Service>().await;
+    }
 }
 
 fn check_data_dir(caps: &Capabilities, dir: &Path) {

@@ -196,7 +196,9 @@ impl Capabilities {
             .models
             .iter()
             .map(|m| match &m.backend {
-                Backend::OpenAi { base_url, model } => ModelInfo {
+                Backend::OpenAi {
+                    base_url, model, ..
+                } => ModelInfo {
                     name: m.name.clone(),
                     backend: "openai".into(),
                     model: model.clone(),

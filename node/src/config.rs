@@ -12,7 +12,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::tls::TlsFiles;
 
@@ -20,6 +20,10 @@ use crate::tls::TlsFiles;
 pub const DEFAULT_PORT: u16 = 7700;
 /// The highest port tried when the default port is taken.
 pub const LAST_FALLBACK_PORT: u16 = 7710;
+/// Names of the tools a node registers (see `agent::tools`); persona `tools` lists are checked
+/// against it.
+pub const KNOWN_TOOLS: &[&str] = &["list_nodes", "file_read", "file_write", "shell_exec"];
+
 /// Longest node name: one DNS label, which is also the mDNS instance name limit.
 pub const MAX_NAME_LEN: usize = 63;
 
@@ -43,6 +47,10 @@ pub struct RawConfig {
     pub personas: Vec<RawPersona>,
     /// `[security]`
     pub security: RawSecurity,
+    /// `[tasks]`
+    pub tasks: RawTasks,
+    /// `[tools]`
+    pub tools: RawTools,
 }
 
 /// `[node]`
@@ -131,6 +139,12 @@ pub struct RawModel {
     pub model: Option<String>,
     /// For `embedded`: the GGUF file.
     pub path: Option<PathBuf>,
+    /// For `openai`: the environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Context window in tokens. Default: 8192.
+    pub context_window: Option<usize>,
+    /// Longest a single model call may take, seconds. Default: 120.
+    pub timeout_s: Option<u64>,
 }
 
 /// One `[[personas]]` entry.
@@ -144,6 +158,35 @@ pub struct RawPersona {
     /// The system prompt.
     #[serde(default)]
     pub system_prompt: String,
+    /// Tools the persona may use (default: every registered tool).
+    pub tools: Option<Vec<String>>,
+    /// Highest tool tier the persona may use (default: `read`).
+    pub max_tier: Option<String>,
+}
+
+/// `[tasks]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTasks {
+    /// Tasks run at once. Default: 2.
+    pub workers: Option<usize>,
+    /// Tasks that may wait for a worker. Default: 16.
+    pub queue: Option<usize>,
+    /// Default model rounds per task. Default: 10.
+    pub max_rounds: Option<u32>,
+    /// Default token budget per task. Default: 200000.
+    pub token_budget: Option<u64>,
+    /// Default deadline per task, seconds. Default: 600.
+    pub timeout_s: Option<u64>,
+}
+
+/// `[tools]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTools {
+    /// Directories `file_read` / `file_write` may touch; the first is `shell_exec`'s default
+    /// working directory. Default: `<data_dir>/workspace`.
+    pub roots: Vec<PathBuf>,
 }
 
 /// `[security]`
@@ -202,6 +245,37 @@ pub struct Config {
     pub personas: Vec<PersonaConfig>,
     /// `security.remote_max_tier`.
     pub remote_max_tier: Tier,
+    /// `[tasks]`.
+    pub tasks: TaskLimits,
+    /// `tools.roots`.
+    pub tool_roots: Vec<PathBuf>,
+}
+
+/// Validated `[tasks]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskLimits {
+    /// Concurrent tasks.
+    pub workers: usize,
+    /// Waiting tasks before `RESOURCE_EXHAUSTED`.
+    pub queue: usize,
+    /// Default max rounds.
+    pub max_rounds: u32,
+    /// Default token budget.
+    pub token_budget: u64,
+    /// Default deadline.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for TaskLimits {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            queue: 16,
+            max_rounds: 10,
+            token_budget: 200_000,
+            timeout: std::time::Duration::from_secs(600),
+        }
+    }
 }
 
 /// Where to listen, and whether a taken default port may fall back to the next one.
@@ -253,6 +327,12 @@ pub enum Backend {
         base_url: String,
         /// Model name on that server.
         model: String,
+        /// Environment variable with the API key.
+        api_key_env: Option<String>,
+        /// Context window in tokens.
+        context_window: usize,
+        /// Longest one call may take.
+        timeout: std::time::Duration,
     },
     /// The in-process GGUF engine.
     Embedded {
@@ -279,10 +359,15 @@ pub struct PersonaConfig {
     pub role: String,
     /// System prompt.
     pub system_prompt: String,
+    /// Allowed tools; `None` = all.
+    pub tools: Option<Vec<String>>,
+    /// Highest tier.
+    pub max_tier: Tier,
 }
 
 /// Permission tiers of tools, lowest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Tier {
     /// Reads only.
     Read,
@@ -582,9 +667,28 @@ impl RawConfig {
                             "set the model name the server knows, e.g. `qwen2.5-coder:7b`",
                         )
                     })?;
+                    let timeout_s = model.timeout_s.unwrap_or(120);
+                    if timeout_s == 0 || timeout_s > 3600 {
+                        return Err(invalid(
+                            &key("timeout_s"),
+                            format!("is {timeout_s}"),
+                            "use 1-3600 seconds",
+                        ));
+                    }
+                    let context_window = model.context_window.unwrap_or(8192);
+                    if context_window < 256 {
+                        return Err(invalid(
+                            &key("context_window"),
+                            format!("is {context_window}"),
+                            "give the model's context window in tokens (at least 256)",
+                        ));
+                    }
                     Backend::OpenAi {
                         base_url,
                         model: model_name,
+                        api_key_env: model.api_key_env,
+                        context_window,
+                        timeout: std::time::Duration::from_secs(timeout_s),
                     }
                 }
                 "embedded" => Backend::Embedded {
@@ -669,10 +773,33 @@ impl RawConfig {
                     "add the role to [roles] (role = [\"model\"]) or to node.roles",
                 ));
             }
+            let max_tier = match persona.max_tier.as_deref() {
+                None => Tier::Read,
+                Some(text) => Tier::parse(text).ok_or_else(|| {
+                    invalid(
+                        &key("max_tier"),
+                        format!("is `{text}`"),
+                        "use `read`, `write` or `shell`",
+                    )
+                })?,
+            };
+            if let Some(tools) = &persona.tools {
+                for (t, tool) in tools.iter().enumerate() {
+                    if !KNOWN_TOOLS.contains(&tool.as_str()) {
+                        return Err(invalid(
+                            &format!("personas[{i}].tools[{t}]"),
+                            format!("names tool `{tool}`, which does not exist"),
+                            &format!("use some of: {}", KNOWN_TOOLS.join(", ")),
+                        ));
+                    }
+                }
+            }
             personas.push(PersonaConfig {
                 name: persona.name,
                 role: persona.role,
                 system_prompt: persona.system_prompt,
+                tools: persona.tools,
+                max_tier,
             });
         }
 
@@ -685,6 +812,63 @@ impl RawConfig {
                     "use `read`, `write` or `shell`",
                 )
             })?,
+        };
+
+        let defaults = TaskLimits::default();
+        let positive = |key: &str, value: Option<u64>, default: u64, max: u64| match value {
+            None => Ok(default),
+            Some(v) if v >= 1 && v <= max => Ok(v),
+            Some(v) => Err(invalid(
+                key,
+                format!("is {v}"),
+                &format!("use a value from 1 to {max}"),
+            )),
+        };
+        let tasks = TaskLimits {
+            workers: positive(
+                "tasks.workers",
+                self.tasks.workers.map(|v| v as u64),
+                defaults.workers as u64,
+                256,
+            )? as usize,
+            queue: positive(
+                "tasks.queue",
+                self.tasks.queue.map(|v| v as u64),
+                defaults.queue as u64,
+                100_000,
+            )? as usize,
+            max_rounds: positive(
+                "tasks.max_rounds",
+                self.tasks.max_rounds.map(u64::from),
+                u64::from(defaults.max_rounds),
+                1000,
+            )? as u32,
+            token_budget: positive(
+                "tasks.token_budget",
+                self.tasks.token_budget,
+                defaults.token_budget,
+                100_000_000,
+            )?,
+            timeout: std::time::Duration::from_secs(positive(
+                "tasks.timeout_s",
+                self.tasks.timeout_s,
+                defaults.timeout.as_secs(),
+                86_400,
+            )?),
+        };
+        let tool_roots = if self.tools.roots.is_empty() {
+            vec![data_dir.join("workspace")]
+        } else {
+            for (i, root) in self.tools.roots.iter().enumerate() {
+                if root.as_os_str().is_empty() {
+                    return Err(invalid(
+                        &format!("tools.roots[{i}]"),
+                        "is empty".into(),
+                        "list directories the file tools may use",
+                    ));
+                }
+            }
+            self.tools.roots
         };
 
         Ok(Config {
@@ -701,6 +885,8 @@ impl RawConfig {
             role_chains: self.roles,
             personas,
             remote_max_tier,
+            tasks,
+            tool_roots,
         })
     }
 }

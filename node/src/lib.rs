@@ -11,6 +11,9 @@
 //! - [`discovery`]: where peers might be: mDNS advert/browse and static peers, as events.
 //! - [`peers`]: the peer table (up / suspect / down) and the watch sessions that keep it true.
 //! - [`capabilities`]: what this node is and has: roles, models, CPU, memory, GPUs, load, health.
+//! - [`llm`]: the model registry (role → model chain) and backends (`openai`).
+//! - [`agent`]: the tools loop, personas, the supervisor (hooks) and the tool table.
+//! - [`tasks`]: admission, the bounded queue and workers, events, cancellation, history in sled.
 //! - [`rpc`]: tonic adapters for the `agentmesh.v1` services, server and client side.
 //! - [`server`]: binds, starts and stops a node, in a documented order.
 //!
@@ -19,13 +22,16 @@
 //! discovery → `DiscoveryEvent` → peers::Membership → dials (tls) → `WatchInfo` stream (rpc)
 //! → `PeerTable` → `ListPeers` (rpc) → `mesh-cli status`.
 
+pub mod agent;
 pub mod capabilities;
 pub mod config;
 pub mod discovery;
 pub mod identity;
+pub mod llm;
 pub mod peers;
 pub mod rpc;
 pub mod server;
+pub mod tasks;
 pub mod tls;
 
 /// Installs the `ring` crypto provider as rustls's process default. Call once at the top of

@@ -20,17 +20,23 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
 use crate::{
+    agent::{AgentRuntime, hooks::Hooks, tools::ToolRegistry},
     capabilities::{Capabilities, HealthStatus},
     config::{Config, LAST_FALLBACK_PORT, Listen, TlsMode},
     discovery::{Advert, Discovery, Mdns, StaticPeers},
     identity::NodeId,
+    llm::ModelRegistry,
     peers::{Membership, PeerTable},
+    rpc::tasks::TasksService,
     rpc::{Hello, NodeService},
+    tasks::TaskManager,
     tls::{self, MeshTls, TlsError, TlsFiles},
 };
 
 /// How long in-flight RPCs get to finish once the node stops accepting.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long running tasks get to finish at shutdown before they are cancelled.
+pub const TASK_GRACE: Duration = Duration::from_secs(10);
 /// File in the data dir holding the address the node actually listens on.
 pub const ADDR_FILE: &str = "node.addr";
 /// Certificate a bootstrapped node issues for the local `mesh-cli`.
@@ -63,6 +69,14 @@ pub enum StartError {
     /// tonic rejected the server TLS configuration.
     #[error("gRPC server: {0}")]
     Server(#[from] tonic::transport::Error),
+    /// The sled database could not be opened.
+    #[error("cannot open the database in {}: {source}; is another mesh-node using this data dir?", path.display())]
+    Storage {
+        /// The database directory.
+        path: PathBuf,
+        /// sled's error.
+        source: sled::Error,
+    },
 }
 
 /// Binds the listener `listen` asks for. When the port was not chosen explicitly and is taken,
@@ -102,6 +116,11 @@ pub struct Node {
     caps: Arc<Capabilities>,
     peers: Arc<PeerTable>,
     health: tonic_health::server::HealthReporter,
+    db: sled::Db,
+    tasks: TaskManager,
+    /// Stops the task workers once running tasks are finished or cancelled.
+    task_stop: CancellationToken,
+    task_workers: JoinSet<()>,
     /// Ends served `WatchInfo` streams: peers see us leave before anything else stops.
     leaving: CancellationToken,
     /// Stops discovery (mDNS goodbye) and membership sessions.
@@ -211,6 +230,50 @@ impl Node {
             background_tasks.spawn(source.run(events_tx.clone(), background.child_token()));
         }
 
+        let db_path = config.data_dir.join("db");
+        let db = sled::open(&db_path).map_err(|source| StartError::Storage {
+            path: db_path.clone(),
+            source,
+        })?;
+        let (models, skipped) = ModelRegistry::from_config(&config);
+        for (name, reason) in skipped {
+            caps.set_check(
+                &format!("model {name}"),
+                Some((HealthStatus::Degraded, reason)),
+            );
+        }
+        let models = Arc::new(models);
+        {
+            let (models, caps) = (models.clone(), caps.clone());
+            background_tasks.spawn(async move { models.probe_all(&caps).await });
+        }
+        let tools = Arc::new(ToolRegistry::new(
+            caps.clone(),
+            peers.clone(),
+            config.tool_roots.clone(),
+        ));
+        let runtime = Arc::new(AgentRuntime::new(
+            models,
+            tools,
+            Hooks::supervisor(),
+            config.personas.clone(),
+            config.tasks,
+        ));
+        let task_stop = CancellationToken::new();
+        let mut task_workers = JoinSet::new();
+        let tasks = TaskManager::start(
+            &db,
+            runtime,
+            config.tasks,
+            caps.clone(),
+            &mut task_workers,
+            task_stop.clone(),
+        )
+        .map_err(|source| StartError::Storage {
+            path: db_path,
+            source,
+        })?;
+
         let (health, health_service) = tonic_health::server::health_reporter();
         report_health(&health, &caps).await;
         background_tasks.spawn(health_loop(
@@ -243,7 +306,8 @@ impl Node {
         let router = builder
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(service.into_server());
+            .add_service(service.into_server())
+            .add_service(TasksService::new(tasks.clone()).into_server());
         let stop = serve.clone();
         let server_task = tokio::spawn(
             router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
@@ -263,6 +327,10 @@ impl Node {
             caps,
             peers,
             health,
+            db,
+            tasks,
+            task_stop,
+            task_workers,
             leaving,
             background,
             serve,
@@ -286,22 +354,34 @@ impl Node {
         self.peers.clone()
     }
 
+    /// The task manager.
+    pub fn tasks(&self) -> TaskManager {
+        self.tasks.clone()
+    }
+
     /// The capabilities (for tests and the task runner).
     pub fn capabilities(&self) -> Arc<Capabilities> {
         self.caps.clone()
     }
 
     /// Stops the node, in this order:
-    /// 1. end every served `WatchInfo` stream and refuse new ones, so peers mark us down at once;
-    /// 2. stop discovery (mDNS goodbye) and close our own watch sessions;
-    /// 3. stop the gRPC server, letting in-flight calls finish for up to [`SHUTDOWN_GRACE`];
-    /// 4. remove the address file. (State flushing joins here when the node has stores.)
+    /// 1. end every served `WatchInfo` stream and refuse new ones, so peers mark us down at once
+    ///    and route nothing new here;
+    /// 2. stop admitting tasks, give running ones [`TASK_GRACE`] to finish, cancel the rest (each
+    ///    ends with a `failed: cancelled` event its caller sees), stop the workers;
+    /// 3. stop discovery (mDNS goodbye) and close our own watch sessions;
+    /// 4. stop the gRPC server, letting in-flight calls finish for up to [`SHUTDOWN_GRACE`];
+    /// 5. flush sled and remove the address file.
     pub async fn shutdown(mut self) {
         tracing::info!("shutting down");
         self.leaving.cancel();
         self.health
             .set_not_serving::<mesh_proto::v1::node_server::NodeServer<NodeService>>()
             .await;
+
+        self.tasks.shutdown(TASK_GRACE).await;
+        self.task_stop.cancel();
+        while self.task_workers.join_next().await.is_some() {}
 
         self.background.cancel();
         while let Some(done) = self.background_tasks.join_next().await {
@@ -321,6 +401,9 @@ impl Node {
                 );
                 self.server_task.abort();
             }
+        }
+        if let Err(e) = self.db.flush_async().await {
+            tracing::error!(error = %e, "flush the database");
         }
         let _ = std::fs::remove_file(self.data_dir.join(ADDR_FILE));
         tracing::info!("stopped");

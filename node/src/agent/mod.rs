@@ -1,0 +1,442 @@
+//! The agent runtime: personas, the orchestrator loop (OpenAI tools loop), the supervisor hooks
+//! and the tool table.
+//!
+//! [`AgentRuntime::run`] calls the task's model chain with the tools the task may use, runs the
+//! tool calls the model makes, appends the results and repeats until the model answers without
+//! tools. It is bounded by max rounds, a token budget (from the server's `usage`, estimated
+//! when absent), and a context budget (the oldest tool results are shortened first when the
+//! conversation nears the model's context window); the deadline and cancellation are enforced
+//! by `tasks` around it. Every step is a typed event; the supervisor ([`hooks`]) decides from
+//! those facts, never from message text. This module does not queue, persist or route tasks.
+
+pub mod hooks;
+pub mod tools;
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::{
+    config::{PersonaConfig, TaskLimits, Tier},
+    llm::{ChatModel, ChatRequest, ChatResponse, Message, ModelRegistry, Role, ToolSpec, Usage},
+    tasks::{Emitter, EventKind, Target, TaskError, TaskSpec},
+};
+use hooks::{CallFacts, HookInput, Hooks, LoopState, Outcome, Stage, Verdict};
+use tools::ToolRegistry;
+
+/// Share of the context window the conversation may fill before old tool results are shortened.
+const CONTEXT_FILL: f64 = 0.75;
+/// What a shortened tool result keeps.
+const SHORTENED_KEEP: usize = 200;
+/// Cap on tool output copied into events (the model still gets up to 64 KiB).
+const EVENT_OUTPUT_CAP: usize = 4096;
+
+/// A finished task's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The final text.
+    pub output: String,
+    /// Tokens used over all rounds.
+    pub usage: Usage,
+    /// Rounds used.
+    pub rounds: u32,
+}
+
+/// What a task resolves to on this node.
+#[derive(Debug)]
+struct Plan {
+    chain: Vec<Arc<dyn ChatModel>>,
+    system: Option<String>,
+    allowed_tools: Option<Vec<String>>,
+    tier: Tier,
+}
+
+/// Runs agent tasks on this node.
+#[derive(Debug)]
+pub struct AgentRuntime {
+    models: Arc<ModelRegistry>,
+    tools: Arc<ToolRegistry>,
+    hooks: Hooks,
+    personas: BTreeMap<String, PersonaConfig>,
+    limits: TaskLimits,
+}
+
+impl AgentRuntime {
+    /// Builds the runtime.
+    pub fn new(
+        models: Arc<ModelRegistry>,
+        tools: Arc<ToolRegistry>,
+        hooks: Hooks,
+        personas: Vec<PersonaConfig>,
+        limits: TaskLimits,
+    ) -> Self {
+        Self {
+            models,
+            tools,
+            hooks,
+            personas: personas.into_iter().map(|p| (p.name.clone(), p)).collect(),
+            limits,
+        }
+    }
+
+    /// Whether `spec` can run here (its role, model or persona exists).
+    pub fn check(&self, spec: &TaskSpec) -> Result<(), TaskError> {
+        self.plan(spec).map(|_| ())
+    }
+
+    fn plan(&self, spec: &TaskSpec) -> Result<Plan, TaskError> {
+        let routing = |message: String| TaskError::Routing { message };
+        match &spec.target {
+            Target::Role(role) => Ok(Plan {
+                chain: self.models.chain(role).ok_or_else(|| {
+                    routing(format!("no model serves role `{role}` on this node"))
+                })?,
+                system: None,
+                allowed_tools: None,
+                tier: spec.tier,
+            }),
+            Target::Model(name) => Ok(Plan {
+                chain: vec![
+                    self.models
+                        .model(name)
+                        .ok_or_else(|| routing(format!("no model named `{name}` on this node")))?,
+                ],
+                system: None,
+                allowed_tools: None,
+                tier: spec.tier,
+            }),
+            Target::Persona(name) => {
+                let persona = self
+                    .personas
+                    .get(name)
+                    .ok_or_else(|| routing(format!("no persona named `{name}` on this node")))?;
+                Ok(Plan {
+                    chain: self.models.chain(&persona.role).ok_or_else(|| {
+                        routing(format!(
+                            "persona `{name}` uses role `{}`, which no model serves on this node",
+                            persona.role
+                        ))
+                    })?,
+                    system: Some(persona.system_prompt.clone()).filter(|s| !s.is_empty()),
+                    allowed_tools: persona.tools.clone(),
+                    tier: spec.tier.min(persona.max_tier),
+                })
+            }
+        }
+    }
+
+    /// Runs the tools loop to an answer or a typed error.
+    pub async fn run(&self, spec: &TaskSpec, events: &Emitter) -> Result<Answer, TaskError> {
+        let plan = self.plan(spec)?;
+        let max_rounds = spec.max_rounds.unwrap_or(self.limits.max_rounds);
+        let budget = spec.token_budget.unwrap_or(self.limits.token_budget);
+        let tools = self.tools.specs(plan.tier, plan.allowed_tools.as_deref());
+        let window = plan
+            .chain
+            .iter()
+            .map(|m| m.context_window())
+            .min()
+            .unwrap_or(8192);
+
+        let mut messages = Vec::new();
+        if let Some(system) = &plan.system {
+            messages.push(Message::text(Role::System, system.clone()));
+        }
+        messages.push(Message::text(Role::User, spec.prompt.clone()));
+        let mut state = LoopState {
+            tier: Some(plan.tier),
+            ..LoopState::default()
+        };
+        let mut usage = Usage::default();
+
+        for round in 1..=max_rounds {
+            let shortened = compact(&mut messages, &tools, window);
+            if shortened > 0 {
+                tracing::debug!(
+                    shortened,
+                    "shortened old tool results to fit the context window"
+                );
+            }
+            let request = ChatRequest {
+                messages: messages.clone(),
+                tools: tools.clone(),
+            };
+            let response = call_chain(&plan.chain, &request, round, events).await?;
+            usage.add(
+                response
+                    .usage
+                    .unwrap_or_else(|| estimate_usage(&request, &response)),
+            );
+            if usage.total() > budget {
+                return Err(TaskError::Budget {
+                    what: "tokens".into(),
+                    limit: budget,
+                    used: usage.total(),
+                });
+            }
+            if response.tool_calls.is_empty() {
+                return Ok(Answer {
+                    output: response.content,
+                    usage,
+                    rounds: round,
+                });
+            }
+            messages.push(Message {
+                role: Role::Assistant,
+                content: response.content.clone(),
+                tool_calls: response.tool_calls.clone(),
+                tool_call_id: None,
+            });
+            let mut interventions = Vec::new();
+            for call in &response.tool_calls {
+                let result = self
+                    .tool_call(call, &mut state, events, &mut interventions)
+                    .await?;
+                messages.push(Message::tool_result(&call.id, result));
+            }
+            for message in interventions {
+                messages.push(Message::text(Role::User, message));
+            }
+        }
+        Err(TaskError::Budget {
+            what: "rounds".into(),
+            limit: u64::from(max_rounds),
+            used: u64::from(max_rounds),
+        })
+    }
+
+    /// Runs one tool call through the supervisor; returns what the model sees.
+    async fn tool_call(
+        &self,
+        call: &crate::llm::ToolCall,
+        state: &mut LoopState,
+        events: &Emitter,
+        interventions: &mut Vec<String>,
+    ) -> Result<String, TaskError> {
+        events.emit(EventKind::ToolCalled {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        });
+        // A tool without parameters is sometimes called with "" instead of "{}".
+        let parsed: Option<Value> = if call.arguments.trim().is_empty() {
+            Some(Value::Object(Default::default()))
+        } else {
+            serde_json::from_str(&call.arguments)
+                .ok()
+                .filter(Value::is_object)
+        };
+        let tool = self.tools.get(&call.name);
+        let facts = CallFacts {
+            name: &call.name,
+            raw_arguments: &call.arguments,
+            arguments: parsed.as_ref(),
+            tool_tier: tool.as_ref().map(|t| t.tier()),
+        };
+        let before = self.hooks.run(
+            Stage::BeforeTool,
+            &HookInput {
+                call: Some(&facts),
+                outcome: None,
+            },
+            state,
+        );
+        let run = match before {
+            Verdict::Fail(error) => return Err(error),
+            Verdict::Refuse { rule, message } => {
+                events.emit(EventKind::Intervention {
+                    rule: rule.into(),
+                    message: message.clone(),
+                });
+                Err(message)
+            }
+            Verdict::Intervene { rule, message } => {
+                events.emit(EventKind::Intervention {
+                    rule: rule.into(),
+                    message: message.clone(),
+                });
+                interventions.push(message);
+                Ok(())
+            }
+            Verdict::Continue => Ok(()),
+        };
+        let (ok, ran, output) = match (run, tool, parsed.as_ref()) {
+            (Ok(()), Some(tool), Some(args)) => match tool.call(args).await {
+                Ok(output) => (true, true, output),
+                Err(error) => (false, true, format!("error: {error}")),
+            },
+            (Err(refusal), ..) => (false, false, refusal),
+            // The gate refuses unknown tools and the guard malformed arguments before this.
+            (Ok(()), ..) => (
+                false,
+                false,
+                format!("Refused: cannot run `{}`.", call.name),
+            ),
+        };
+        if let Verdict::Fail(error) = self.hooks.run(
+            Stage::AfterTool,
+            &HookInput {
+                call: Some(&facts),
+                outcome: Some(Outcome { ok, ran }),
+            },
+            state,
+        ) {
+            return Err(error);
+        }
+        events.emit(EventKind::ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            ok,
+            output: truncate(&output, EVENT_OUTPUT_CAP),
+            consecutive_failures: state.failures.get(&call.name).copied().unwrap_or(0),
+        });
+        Ok(output)
+    }
+}
+
+/// Calls the chain in order until one model answers; transient failures fall through.
+async fn call_chain(
+    chain: &[Arc<dyn ChatModel>],
+    request: &ChatRequest,
+    round: u32,
+    events: &Emitter,
+) -> Result<ChatResponse, TaskError> {
+    let mut attempts = Vec::new();
+    for (i, model) in chain.iter().enumerate() {
+        events.emit(EventKind::ModelCall {
+            model: model.name().to_owned(),
+            round,
+            attempt: i as u32 + 1,
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let call = model.chat(request, &tx);
+        tokio::pin!(call);
+        let result = loop {
+            tokio::select! {
+                result = &mut call => break result,
+                Some(text) = rx.recv() => events.emit(EventKind::OutputDelta { text }),
+            }
+        };
+        while let Ok(text) = rx.try_recv() {
+            events.emit(EventKind::OutputDelta { text });
+        }
+        match result {
+            Ok(response) => return Ok(response),
+            Err(error) => {
+                let last = i + 1 == chain.len();
+                let falling_through = error.falls_through() && !last;
+                events.emit(EventKind::ModelFailed {
+                    model: model.name().to_owned(),
+                    error: error.to_string(),
+                    falling_through,
+                });
+                attempts.push(format!("{}: {error}", model.name()));
+                if !falling_through {
+                    return Err(TaskError::Model {
+                        name: model.name().to_owned(),
+                        attempts,
+                        message: error.to_string(),
+                    });
+                }
+            }
+        }
+    }
+    Err(TaskError::Routing {
+        message: "the model chain is empty".into(),
+    })
+}
+
+/// Rough token count: four characters a token, plus a little per message.
+fn estimate_tokens(messages: &[Message], tools: &[ToolSpec]) -> usize {
+    let text: usize = messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.len())
+                    .sum::<usize>()
+                + 16
+        })
+        .sum();
+    let schema: usize = tools
+        .iter()
+        .map(|t| t.description.len() + t.parameters.to_string().len())
+        .sum();
+    (text + schema) / 4
+}
+
+fn estimate_usage(request: &ChatRequest, response: &ChatResponse) -> Usage {
+    Usage {
+        prompt_tokens: estimate_tokens(&request.messages, &request.tools) as u64,
+        completion_tokens: ((response.content.len()
+            + response
+                .tool_calls
+                .iter()
+                .map(|c| c.arguments.len())
+                .sum::<usize>())
+            / 4) as u64,
+    }
+}
+
+/// Shortens the oldest tool results until the conversation fits in `CONTEXT_FILL` of the
+/// window; returns how many were shortened. Pure, so it is tested directly.
+fn compact(messages: &mut [Message], tools: &[ToolSpec], window: usize) -> usize {
+    let limit = (window as f64 * CONTEXT_FILL) as usize;
+    let mut shortened = 0;
+    for i in 0..messages.len() {
+        if estimate_tokens(messages, tools) <= limit {
+            break;
+        }
+        let message = &mut messages[i];
+        if message.role == Role::Tool && message.content.len() > SHORTENED_KEEP + 64 {
+            let kept = truncate(&message.content, SHORTENED_KEEP);
+            message.content =
+                format!("{kept}\n[older tool output shortened to fit the context window]");
+            shortened += 1;
+        }
+    }
+    shortened
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text[..cut].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compaction_shortens_the_oldest_tool_results_first_and_only_as_needed() {
+        let big = "x".repeat(4000);
+        let mut messages = vec![
+            Message::text(Role::User, "task"),
+            Message::tool_result("1", big.clone()),
+            Message::tool_result("2", big.clone()),
+            Message::tool_result("3", big.clone()),
+        ];
+        // 3 × 4000 chars ≈ 3000 tokens; a 3000-token window fits 2250, so one result must go.
+        let shortened = compact(&mut messages, &[], 3000);
+        assert_eq!(shortened, 1);
+        assert!(messages[1].content.contains("shortened"));
+        assert_eq!(messages[2].content, big);
+        assert_eq!(messages[3].content, big);
+        // Nothing to do when it fits.
+        assert_eq!(compact(&mut messages, &[], 100_000), 0);
+    }
+
+    #[test]
+    fn truncation_respects_character_boundaries() {
+        assert_eq!(truncate("héllo", 2), "h");
+        assert_eq!(truncate("abc", 10), "abc");
+    }
+}

@@ -1,0 +1,525 @@
+//! The tool table: every tool an agent can call, registered once with its permission tier.
+//!
+//! Only tools that really work are registered. File tools are confined to the configured roots
+//! (`tools.roots`): a path is resolved and canonicalised before use, so `..` and symlinks cannot
+//! leave them. Tools return text for the model; `Err` means the call failed (the model sees the
+//! message, and the supervisor counts the failure). Tier checks happen before a call, in the
+//! supervisor's hooks, not here.
+
+use std::{
+    collections::BTreeMap,
+    path::{Component, Path, PathBuf},
+    process::Stdio,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
+
+use crate::{
+    capabilities::Capabilities,
+    config::Tier,
+    llm::{BoxFuture, ToolSpec},
+    peers::PeerTable,
+};
+
+/// Cap on what one tool returns to the model (and on `shell_exec` output).
+pub const MAX_TOOL_OUTPUT: usize = 64 * 1024;
+
+/// A tool.
+pub trait Tool: Send + Sync + std::fmt::Debug {
+    /// Name, description and argument schema.
+    fn spec(&self) -> ToolSpec;
+    /// Permission tier.
+    fn tier(&self) -> Tier;
+    /// Runs the tool with already-parsed JSON arguments.
+    fn call<'a>(&'a self, args: &'a Value) -> BoxFuture<'a, Result<String, String>>;
+}
+
+/// The one table of tools.
+#[derive(Debug, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+}
+
+impl ToolRegistry {
+    /// Registers every tool this node has.
+    pub fn new(caps: Arc<Capabilities>, peers: Arc<PeerTable>, roots: Vec<PathBuf>) -> Self {
+        let roots = Arc::new(Roots::new(roots));
+        let tools: Vec<Arc<dyn Tool>> = vec![
+            Arc::new(ListNodes { caps, peers }),
+            Arc::new(FileRead {
+                roots: roots.clone(),
+            }),
+            Arc::new(FileWrite {
+                roots: roots.clone(),
+            }),
+            Arc::new(ShellExec { roots }),
+        ];
+        Self {
+            tools: tools
+                .into_iter()
+                .map(|tool| (tool.spec().name, tool))
+                .collect(),
+        }
+    }
+
+    /// The tool named `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.tools.get(name).cloned()
+    }
+
+    /// Specs of the tools with tier ≤ `tier` and, when `allowed` is given, named in it.
+    pub fn specs(&self, tier: Tier, allowed: Option<&[String]>) -> Vec<ToolSpec> {
+        self.tools
+            .values()
+            .filter(|tool| tool.tier() <= tier)
+            .map(|tool| tool.spec())
+            .filter(|spec| allowed.is_none_or(|names| names.contains(&spec.name)))
+            .collect()
+    }
+
+    /// Names of all tools.
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+}
+
+/// Directories file tools may use.
+#[derive(Debug)]
+struct Roots {
+    roots: Vec<PathBuf>,
+}
+
+impl Roots {
+    fn new(roots: Vec<PathBuf>) -> Self {
+        for root in &roots {
+            if let Err(e) = std::fs::create_dir_all(root) {
+                tracing::warn!(root = %root.display(), error = %e, "cannot create tool root");
+            }
+        }
+        Self { roots }
+    }
+
+    fn default_dir(&self) -> Result<PathBuf, String> {
+        self.roots
+            .first()
+            .cloned()
+            .ok_or_else(|| "no tool roots configured".to_owned())
+    }
+
+    /// Resolves `path` (relative to the first root, or absolute) to a location inside a root.
+    /// The longest existing ancestor is canonicalised, so symlinks and `..` are followed before
+    /// the check; the rest must be plain names.
+    fn resolve(&self, path: &str) -> Result<PathBuf, String> {
+        if path.is_empty() {
+            return Err("`path` is empty".into());
+        }
+        let requested = Path::new(path);
+        let joined = if requested.is_absolute() {
+            requested.to_path_buf()
+        } else {
+            self.default_dir()?.join(requested)
+        };
+        let mut existing = joined.as_path();
+        let mut rest = Vec::new();
+        while !existing.exists() {
+            let name = existing
+                .file_name()
+                .ok_or_else(|| format!("`{path}` has no existing parent directory"))?;
+            rest.push(name.to_owned());
+            existing = existing
+                .parent()
+                .ok_or_else(|| format!("`{path}` has no existing parent directory"))?;
+        }
+        let mut resolved = existing
+            .canonicalize()
+            .map_err(|e| format!("cannot resolve `{path}`: {e}"))?;
+        for name in rest.into_iter().rev() {
+            if Path::new(&name)
+                .components()
+                .any(|c| !matches!(c, Component::Normal(_)))
+            {
+                return Err(format!("`{path}` is not a plain path"));
+            }
+            resolved.push(name);
+        }
+        let inside = self.roots.iter().any(|root| {
+            root.canonicalize()
+                .map(|root| resolved.starts_with(root))
+                .unwrap_or(false)
+        });
+        if inside {
+            Ok(resolved)
+        } else {
+            Err(format!(
+                "`{path}` is outside the directories this node allows ({})",
+                self.roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+    }
+}
+
+fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, String> {
+    args.get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("missing string argument `{name}`"))
+}
+
+fn cap(mut text: String) -> String {
+    if text.len() > MAX_TOOL_OUTPUT {
+        let mut cut = MAX_TOOL_OUTPUT;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str("\n[truncated]");
+    }
+    text
+}
+
+/// `list_nodes`: the peer table.
+#[derive(Debug)]
+struct ListNodes {
+    caps: Arc<Capabilities>,
+    peers: Arc<PeerTable>,
+}
+
+impl Tool for ListNodes {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "list_nodes".into(),
+            description:
+                "List the nodes of the mesh with their state, roles, models, GPUs and load.".into(),
+            parameters: json!({"type": "object", "properties": {}}),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Read
+    }
+
+    fn call<'a>(&'a self, _args: &'a Value) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let own = self.caps.snapshot();
+            let row = |info: &crate::capabilities::NodeInfo, state: &str| {
+                json!({
+                    "name": info.name,
+                    "state": state,
+                    "roles": info.roles,
+                    "models": info.models.iter().map(|m| &m.name).collect::<Vec<_>>(),
+                    "gpus": info.resources.gpus.iter().map(|g| json!({"name": g.name, "vram_mb": g.vram_mb})).collect::<Vec<_>>(),
+                    "load": {"running": info.load.running, "queued": info.load.queued},
+                })
+            };
+            let mut nodes = vec![row(&own, "up")];
+            nodes.extend(
+                self.peers
+                    .snapshot()
+                    .iter()
+                    .map(|peer| row(&peer.info, peer.state.as_str())),
+            );
+            Ok(Value::Array(nodes).to_string())
+        })
+    }
+}
+
+/// `file_read`: a file's text.
+#[derive(Debug)]
+struct FileRead {
+    roots: Arc<Roots>,
+}
+
+impl Tool for FileRead {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "file_read".into(),
+            description: "Read a text file (at most 64 KiB are returned).".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {"path": {"type": "string", "description": "File path, relative to the workspace"}},
+                "required": ["path"],
+            }),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Read
+    }
+
+    fn call<'a>(&'a self, args: &'a Value) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let path = self.roots.resolve(str_arg(args, "path")?)?;
+            let bytes = tokio::fs::read(&path)
+                .await
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            Ok(cap(String::from_utf8_lossy(&bytes).into_owned()))
+        })
+    }
+}
+
+/// `file_write`: writes a file, keeping a backup of the one it replaces.
+#[derive(Debug)]
+struct FileWrite {
+    roots: Arc<Roots>,
+}
+
+impl Tool for FileWrite {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "file_write".into(),
+            description: "Write a text file; an existing file is kept as <name>.<time>.bak first."
+                .into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "File path, relative to the workspace"},
+                    "content": {"type": "string"},
+                },
+                "required": ["path", "content"],
+            }),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Write
+    }
+
+    fn call<'a>(&'a self, args: &'a Value) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let path = self.roots.resolve(str_arg(args, "path")?)?;
+            let content = str_arg(args, "content")?;
+            if let Some(parent) = path.parent() {
+                tokio::fs::create_dir_all(parent)
+                    .await
+                    .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+            }
+            let mut note = String::new();
+            if path.exists() {
+                let stamp = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0);
+                let mut backup = path.clone().into_os_string();
+                backup.push(format!(".{stamp}.bak"));
+                let backup = PathBuf::from(backup);
+                tokio::fs::copy(&path, &backup)
+                    .await
+                    .map_err(|e| format!("cannot back up {}: {e}", path.display()))?;
+                note = format!(" (previous version kept as {})", backup.display());
+            }
+            // Write beside the target and rename, so a crash never leaves half a file.
+            let mut temp = path.clone().into_os_string();
+            temp.push(".agentmesh-tmp");
+            let temp = PathBuf::from(temp);
+            tokio::fs::write(&temp, content.as_bytes())
+                .await
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            tokio::fs::rename(&temp, &path)
+                .await
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            Ok(format!(
+                "wrote {} bytes to {}{note}",
+                content.len(),
+                path.display()
+            ))
+        })
+    }
+}
+
+/// `shell_exec`: runs a shell command with a timeout.
+#[derive(Debug)]
+struct ShellExec {
+    roots: Arc<Roots>,
+}
+
+impl Tool for ShellExec {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "shell_exec".into(),
+            description: "Run a shell command (sh -c). Returns the exit code and the combined stdout and stderr (at most 64 KiB).".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "command": {"type": "string"},
+                    "timeout_s": {"type": "integer", "minimum": 1, "maximum": 120, "description": "default 30"},
+                    "cwd": {"type": "string", "description": "working directory, default the workspace"},
+                },
+                "required": ["command"],
+            }),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Shell
+    }
+
+    fn call<'a>(&'a self, args: &'a Value) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let command = str_arg(args, "command")?;
+            let timeout_s = match args.get("timeout_s") {
+                None | Some(Value::Null) => 30,
+                Some(v) => v
+                    .as_u64()
+                    .filter(|t| (1..=120).contains(t))
+                    .ok_or("`timeout_s` must be an integer from 1 to 120")?,
+            };
+            let cwd = match args.get("cwd").and_then(Value::as_str) {
+                Some(dir) => self.roots.resolve(dir)?,
+                None => self.roots.default_dir()?,
+            };
+            let mut child = tokio::process::Command::new("sh")
+                .arg("-c")
+                // Route stderr into stdout inside the shell so the output keeps its order.
+                .arg(format!("exec 2>&1\n{command}"))
+                .current_dir(&cwd)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("cannot start sh: {e}"))?;
+            let mut stdout = child.stdout.take().ok_or("no stdout pipe")?;
+            let run = async {
+                let mut output = Vec::new();
+                let mut buf = [0u8; 8192];
+                let mut truncated = false;
+                loop {
+                    let n = stdout.read(&mut buf).await.map_err(|e| e.to_string())?;
+                    if n == 0 {
+                        break;
+                    }
+                    let room = MAX_TOOL_OUTPUT.saturating_sub(output.len());
+                    truncated |= n > room;
+                    output.extend_from_slice(&buf[..n.min(room)]);
+                }
+                let status = child.wait().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>((status, output, truncated))
+            };
+            match tokio::time::timeout(Duration::from_secs(timeout_s), run).await {
+                Err(_) => Err(format!(
+                    "timed out after {timeout_s} s (the command was killed)"
+                )),
+                Ok(Err(e)) => Err(e),
+                Ok(Ok((status, output, truncated))) => {
+                    let result = json!({
+                        "exit_code": status.code(),
+                        "output": String::from_utf8_lossy(&output),
+                        "truncated": truncated,
+                    });
+                    if status.success() {
+                        Ok(result.to_string())
+                    } else {
+                        Err(result.to_string())
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roots() -> (tempfile::TempDir, Arc<Roots>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let roots = Arc::new(Roots::new(vec![dir.path().join("ws")]));
+        (dir, roots)
+    }
+
+    #[test]
+    fn paths_outside_the_roots_are_refused() {
+        let (dir, roots) = roots();
+        assert!(roots.resolve("notes/a.txt").is_ok());
+        assert!(roots.resolve("../escape.txt").is_err());
+        assert!(roots.resolve("a/../../escape.txt").is_err());
+        assert!(roots.resolve("/etc/passwd").is_err());
+        std::os::unix::fs::symlink("/etc", dir.path().join("ws/etc-link")).expect("symlink");
+        assert!(
+            roots.resolve("etc-link/passwd").is_err(),
+            "symlinks are followed before the check"
+        );
+    }
+
+    #[tokio::test]
+    async fn file_write_keeps_a_backup_and_file_read_reads_back() {
+        let (_dir, roots) = roots();
+        let write = FileWrite {
+            roots: roots.clone(),
+        };
+        let read = FileRead {
+            roots: roots.clone(),
+        };
+        write
+            .call(&json!({"path": "a.txt", "content": "one"}))
+            .await
+            .expect("first write");
+        let note = write
+            .call(&json!({"path": "a.txt", "content": "two"}))
+            .await
+            .expect("second write");
+        assert!(note.contains(".bak"), "{note}");
+        assert_eq!(
+            read.call(&json!({"path": "a.txt"})).await.expect("read"),
+            "two"
+        );
+        let backups: Vec<_> = std::fs::read_dir(roots.default_dir().expect("dir"))
+            .expect("list")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bak"))
+            .collect();
+        assert_eq!(backups.len(), 1);
+        assert_eq!(
+            std::fs::read_to_string(backups[0].path()).expect("backup"),
+            "one"
+        );
+    }
+
+    #[tokio::test]
+    async fn shell_exec_reports_exit_code_output_and_timeouts() {
+        let (_dir, roots) = roots();
+        let shell = ShellExec { roots };
+        let ok = shell
+            .call(&json!({"command": "echo out; echo err >&2"}))
+            .await
+            .expect("success");
+        let ok: Value = serde_json::from_str(&ok).expect("json");
+        assert_eq!(ok["exit_code"], 0);
+        assert_eq!(ok["output"], "out\nerr\n");
+        let failed = shell
+            .call(&json!({"command": "exit 3"}))
+            .await
+            .expect_err("exit 3");
+        assert!(failed.contains("\"exit_code\":3"), "{failed}");
+        let slow = shell
+            .call(&json!({"command": "sleep 5", "timeout_s": 1}))
+            .await
+            .expect_err("timeout");
+        assert!(slow.contains("timed out after 1 s"), "{slow}");
+        assert!(
+            shell
+                .call(&json!({"command": "true", "timeout_s": 0}))
+                .await
+                .is_err()
+        );
+        assert!(
+            shell
+                .call(&json!({"command": "true", "timeout_s": 121}))
+                .await
+                .is_err()
+        );
+        let big = shell
+            .call(&json!({"command": "head -c 200000 /dev/zero | tr '\\0' x"}))
+            .await
+            .expect("big output");
+        let big: Value = serde_json::from_str(&big).expect("json");
+        assert_eq!(big["truncated"], true);
+        assert_eq!(big["output"].as_str().expect("text").len(), MAX_TOOL_OUTPUT);
+    }
+}

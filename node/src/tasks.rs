@@ -1,0 +1,895 @@
+//! Tasks: admission, a bounded queue with a fixed number of workers, events, cancellation,
+//! deadlines, and their history in sled.
+//!
+//! [`TaskManager::submit`] admits a task or answers at once that the queue is full. Each task's
+//! events are numbered from 0, persisted (tree `task_events`, key = task id + sequence), and
+//! broadcast to whoever watches; a watcher replays the stored events first, so joining late or
+//! lagging loses nothing. A task's summary lives in tree `tasks` (keyed by its UUIDv7 id, so
+//! newest last). Tasks that were queued or running when the node died are marked failed on the
+//! next start. This module runs tasks but decides nothing about how: that is `agent`.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
+
+use serde::{Deserialize, Serialize};
+use tokio::{
+    sync::{broadcast, mpsc},
+    task::JoinSet,
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    agent::AgentRuntime,
+    capabilities::{Capabilities, Load, unix_ms},
+    config::{TaskLimits, Tier},
+    llm::Usage,
+};
+
+/// Longest prompt accepted.
+pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
+/// Most tasks `List` returns.
+pub const MAX_LIST: usize = 1000;
+
+/// What runs a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Target {
+    /// A role's model chain.
+    Role(String),
+    /// One model.
+    Model(String),
+    /// A persona (its role's chain, prompt, tools and tier).
+    Persona(String),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Role(r) => write!(f, "role:{r}"),
+            Self::Model(m) => write!(f, "model:{m}"),
+            Self::Persona(p) => write!(f, "persona:{p}"),
+        }
+    }
+}
+
+/// A task as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// What to do.
+    pub prompt: String,
+    /// What runs it.
+    pub target: Target,
+    /// Highest tool tier.
+    pub tier: Tier,
+    /// Deadline from admission; `None` = the node's default.
+    pub timeout: Option<Duration>,
+    /// Max rounds; `None` = default.
+    pub max_rounds: Option<u32>,
+    /// Token budget; `None` = default.
+    pub token_budget: Option<u64>,
+}
+
+/// Why a task failed: one hierarchy, with the fields of each kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TaskError {
+    /// Every model tried failed.
+    #[error("model {name} failed: {message} (attempts: {})", attempts.join("; "))]
+    Model {
+        /// The last model tried.
+        name: String,
+        /// One line per attempt: `model: error`.
+        attempts: Vec<String>,
+        /// The last error.
+        message: String,
+    },
+    /// A supervisor rule stopped the task.
+    #[error("{message}")]
+    Gate {
+        /// The rule, e.g. `repeat`.
+        rule: String,
+        /// The action it stopped.
+        action: String,
+        /// What happened.
+        message: String,
+    },
+    /// A budget ran out.
+    #[error("budget exhausted: {used} {what} used of {limit}")]
+    Budget {
+        /// `tokens` or `rounds`.
+        what: String,
+        /// The limit.
+        limit: u64,
+        /// What was used.
+        used: u64,
+    },
+    /// Something on the wire or from the model was malformed.
+    #[error("{message}")]
+    Protocol {
+        /// What.
+        message: String,
+    },
+    /// Nothing can run the task.
+    #[error("{message}")]
+    Routing {
+        /// Why.
+        message: String,
+    },
+    /// Cancelled by a caller or by shutdown.
+    #[error("cancelled: {reason}")]
+    Cancelled {
+        /// By whom.
+        reason: String,
+    },
+    /// The deadline passed.
+    #[error("deadline of {seconds} s exceeded")]
+    Deadline {
+        /// The deadline.
+        seconds: u64,
+    },
+    /// A bug or a local failure (disk).
+    #[error("internal error: {message}")]
+    Internal {
+        /// What.
+        message: String,
+    },
+}
+
+impl TaskError {
+    /// The kind name, as on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Model { .. } => "model",
+            Self::Gate { .. } => "gate",
+            Self::Budget { .. } => "budget",
+            Self::Protocol { .. } => "protocol",
+            Self::Routing { .. } => "routing",
+            Self::Cancelled { .. } => "cancelled",
+            Self::Deadline { .. } => "deadline",
+            Self::Internal { .. } => "internal",
+        }
+    }
+
+    /// The kind's fields as strings (for the wire and for display).
+    pub fn fields(&self) -> BTreeMap<String, String> {
+        let value = serde_json::to_value(self).unwrap_or_default();
+        value
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| *k != "kind")
+            .map(|(k, v)| {
+                let text = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (k.clone(), text)
+            })
+            .collect()
+    }
+}
+
+/// Lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Waiting for a worker.
+    Queued,
+    /// Running.
+    Running,
+    /// Finished with an answer.
+    Completed,
+    /// Finished with an error.
+    Failed,
+}
+
+impl TaskStatus {
+    /// `queued`, `running`, `completed`, `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+        }
+    }
+
+    fn finished(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed)
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// Admitted.
+    Accepted {
+        /// Node that admitted it.
+        node: String,
+        /// Tasks ahead of it.
+        queue_position: u32,
+    },
+    /// A worker picked it up.
+    Started {
+        /// Node running it.
+        node: String,
+    },
+    /// A model call begins.
+    ModelCall {
+        /// Model.
+        model: String,
+        /// Loop round (1-based).
+        round: u32,
+        /// Attempt in the chain (1-based).
+        attempt: u32,
+    },
+    /// A model call failed.
+    ModelFailed {
+        /// Model.
+        model: String,
+        /// Error.
+        error: String,
+        /// Whether the next model is tried.
+        falling_through: bool,
+    },
+    /// The model called a tool.
+    ToolCalled {
+        /// Call id.
+        call_id: String,
+        /// Tool.
+        name: String,
+        /// Raw arguments.
+        arguments: String,
+    },
+    /// A tool call's result.
+    ToolResult {
+        /// Call id.
+        call_id: String,
+        /// Tool.
+        name: String,
+        /// Success.
+        ok: bool,
+        /// What the model sees.
+        output: String,
+        /// Consecutive failures of the tool.
+        consecutive_failures: u32,
+    },
+    /// The supervisor spoke.
+    Intervention {
+        /// Rule.
+        rule: String,
+        /// Message added to the conversation.
+        message: String,
+    },
+    /// Streamed output.
+    OutputDelta {
+        /// Text.
+        text: String,
+    },
+    /// Done.
+    Completed {
+        /// Final answer.
+        output: String,
+        /// Tokens used.
+        usage: Usage,
+        /// Node that ran it.
+        executed_on: String,
+        /// Rounds used.
+        rounds: u32,
+    },
+    /// Failed.
+    Failed {
+        /// Why.
+        error: TaskError,
+    },
+}
+
+impl EventKind {
+    fn is_terminal(&self) -> bool {
+        matches!(self, Self::Completed { .. } | Self::Failed { .. })
+    }
+}
+
+/// One event of one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    /// Task id.
+    pub task_id: String,
+    /// Sequence, from 0.
+    pub seq: u64,
+    /// Unix ms.
+    pub at_ms: u64,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// A task's summary as stored and listed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// Id (UUIDv7).
+    pub id: String,
+    /// State.
+    pub status: TaskStatus,
+    /// What it asked for.
+    pub spec: TaskSpec,
+    /// Unix ms.
+    pub created_at_ms: u64,
+    /// Unix ms, when finished.
+    pub finished_at_ms: Option<u64>,
+    /// Node that runs / ran it.
+    pub executed_on: String,
+    /// Final answer.
+    pub output: Option<String>,
+    /// Why it failed.
+    pub error: Option<TaskError>,
+}
+
+/// Admission errors.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// Queue full.
+    #[error("queue full: {queued} tasks waiting for {workers} workers; try another node or later")]
+    QueueFull {
+        /// Waiting tasks.
+        queued: usize,
+        /// Workers.
+        workers: usize,
+    },
+    /// The node is shutting down.
+    #[error("node is shutting down")]
+    ShuttingDown,
+    /// The task cannot run here.
+    #[error(transparent)]
+    Rejected(TaskError),
+    /// Storage failed.
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+/// Lookup errors.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// No such task.
+    #[error("no task with id `{0}`")]
+    NotFound(String),
+    /// Storage failed.
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+/// Records and broadcasts one task's events.
+#[derive(Debug)]
+pub struct Emitter {
+    task: Arc<LiveTask>,
+    store: Store,
+}
+
+impl Emitter {
+    /// Records an event. Storage errors are logged; the event still reaches live watchers.
+    pub fn emit(&self, kind: EventKind) {
+        let event = TaskEvent {
+            task_id: self.task.id.clone(),
+            seq: self.task.seq.fetch_add(1, Ordering::SeqCst),
+            at_ms: unix_ms(SystemTime::now()),
+            kind,
+        };
+        if let Err(e) = self.store.put_event(&event) {
+            tracing::error!(task = %event.task_id, error = %e, "record task event");
+        }
+        let _ = self.task.events.send(event);
+    }
+
+    /// The task id.
+    pub fn task_id(&self) -> &str {
+        &self.task.id
+    }
+}
+
+#[derive(Debug)]
+struct LiveTask {
+    id: String,
+    spec: TaskSpec,
+    deadline: Instant,
+    cancel: CancellationToken,
+    seq: AtomicU64,
+    events: broadcast::Sender<TaskEvent>,
+    record: Mutex<TaskRecord>,
+}
+
+#[derive(Debug, Clone)]
+struct Store {
+    records: sled::Tree,
+    events: sled::Tree,
+}
+
+impl Store {
+    fn put_record(&self, record: &TaskRecord) -> Result<(), String> {
+        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
+        self.records
+            .insert(record.id.as_bytes(), value)
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn put_event(&self, event: &TaskEvent) -> Result<(), String> {
+        let value = serde_json::to_vec(event).map_err(|e| e.to_string())?;
+        self.events
+            .insert(event_key(&event.task_id, event.seq), value)
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn record(&self, id: &str) -> Result<Option<TaskRecord>, String> {
+        match self.records.get(id.as_bytes()).map_err(|e| e.to_string())? {
+            None => Ok(None),
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| format!("task {id}: undecodable record: {e}")),
+        }
+    }
+
+    fn events_from(&self, id: &str, from: u64) -> Vec<TaskEvent> {
+        let start = event_key(id, from);
+        let end = event_key(id, u64::MAX);
+        self.events
+            .range(start..=end)
+            .filter_map(|entry| entry.ok())
+            .filter_map(|(_, value)| serde_json::from_slice(&value).ok())
+            .collect()
+    }
+
+    async fn flush(&self) {
+        for tree in [&self.records, &self.events] {
+            if let Err(e) = tree.flush_async().await {
+                tracing::error!(error = %e, "flush task history");
+            }
+        }
+    }
+}
+
+fn event_key(id: &str, seq: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(id.len() + 9);
+    key.extend_from_slice(id.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+#[derive(Debug)]
+struct Inner {
+    node: String,
+    runtime: Arc<AgentRuntime>,
+    limits: TaskLimits,
+    store: Store,
+    live: Mutex<HashMap<String, Arc<LiveTask>>>,
+    queue: Mutex<Option<mpsc::Sender<Arc<LiveTask>>>>,
+    caps: Arc<Capabilities>,
+    /// Tasks executing; a watch so shutdown can wait for zero instead of polling.
+    running: tokio::sync::watch::Sender<u32>,
+    queued: AtomicU32,
+}
+
+/// Admits, queues, runs, watches and cancels tasks.
+#[derive(Debug, Clone)]
+pub struct TaskManager {
+    inner: Arc<Inner>,
+}
+
+impl TaskManager {
+    /// Opens the task trees, marks tasks interrupted by a previous crash as failed, and starts
+    /// the workers in `workers` (stopped by `stop`).
+    pub fn start(
+        db: &sled::Db,
+        runtime: Arc<AgentRuntime>,
+        limits: TaskLimits,
+        caps: Arc<Capabilities>,
+        workers: &mut JoinSet<()>,
+        stop: CancellationToken,
+    ) -> Result<Self, sled::Error> {
+        let store = Store {
+            records: db.open_tree("tasks")?,
+            events: db.open_tree("task_events")?,
+        };
+        recover(&store);
+        let (tx, rx) = mpsc::channel(limits.queue);
+        let inner = Arc::new(Inner {
+            node: caps.name().to_owned(),
+            runtime,
+            limits,
+            store,
+            live: Mutex::default(),
+            queue: Mutex::new(Some(tx)),
+            caps,
+            running: tokio::sync::watch::Sender::new(0),
+            queued: AtomicU32::new(0),
+        });
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        for _ in 0..limits.workers {
+            workers.spawn(worker(inner.clone(), rx.clone(), stop.clone()));
+        }
+        Ok(Self { inner })
+    }
+
+    /// Admits a task: checks it can run here, reserves a queue slot (or refuses), records it
+    /// and emits `Accepted`. Returns the task id.
+    pub fn submit(&self, spec: TaskSpec) -> Result<String, SubmitError> {
+        self.inner
+            .runtime
+            .check(&spec)
+            .map_err(SubmitError::Rejected)?;
+        let sender = self
+            .inner
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or(SubmitError::ShuttingDown)?;
+        let permit = sender.try_reserve().map_err(|e| match e {
+            mpsc::error::TrySendError::Full(()) => SubmitError::QueueFull {
+                queued: self.inner.limits.queue,
+                workers: self.inner.limits.workers,
+            },
+            mpsc::error::TrySendError::Closed(()) => SubmitError::ShuttingDown,
+        })?;
+
+        let id = uuid::Uuid::now_v7().to_string();
+        let timeout = spec.timeout.unwrap_or(self.inner.limits.timeout);
+        let record = TaskRecord {
+            id: id.clone(),
+            status: TaskStatus::Queued,
+            spec: spec.clone(),
+            created_at_ms: unix_ms(SystemTime::now()),
+            finished_at_ms: None,
+            executed_on: self.inner.node.clone(),
+            output: None,
+            error: None,
+        };
+        self.inner
+            .store
+            .put_record(&record)
+            .map_err(SubmitError::Storage)?;
+        let (events, _) = broadcast::channel(1024);
+        let task = Arc::new(LiveTask {
+            id: id.clone(),
+            spec,
+            deadline: Instant::now() + timeout,
+            cancel: CancellationToken::new(),
+            seq: AtomicU64::new(0),
+            events,
+            record: Mutex::new(record),
+        });
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), task.clone());
+        let position = self.inner.queued.fetch_add(1, Ordering::SeqCst);
+        self.inner.publish_load();
+        self.inner.emitter(&task).emit(EventKind::Accepted {
+            node: self.inner.node.clone(),
+            queue_position: position,
+        });
+        permit.send(task);
+        Ok(id)
+    }
+
+    /// Streams a task's events: everything recorded from the start, then (with `follow`) new
+    /// ones until it ends.
+    pub fn watch(&self, id: &str, follow: bool) -> Result<mpsc::Receiver<TaskEvent>, LookupError> {
+        let live = self.inner.live(id);
+        if live.is_none() && self.record(id)?.is_none() {
+            return Err(LookupError::NotFound(id.to_owned()));
+        }
+        let mut receiver = live.as_ref().map(|task| task.events.subscribe());
+        let store = self.inner.store.clone();
+        let id = id.to_owned();
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            let mut next = 0;
+            // Replay from the store; on lag, replay again from where the live stream broke.
+            loop {
+                for event in store.events_from(&id, next) {
+                    next = event.seq + 1;
+                    let terminal = event.kind.is_terminal();
+                    if tx.send(event).await.is_err() || terminal {
+                        return;
+                    }
+                }
+                let Some(live) = receiver.as_mut().filter(|_| follow) else {
+                    return;
+                };
+                loop {
+                    match live.recv().await {
+                        Ok(event) if event.seq < next => {}
+                        Ok(event) => {
+                            next = event.seq + 1;
+                            let terminal = event.kind.is_terminal();
+                            if tx.send(event).await.is_err() || terminal {
+                                return;
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => {
+                            receiver = None;
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    /// Cancels a task; a finished task is left as it is. Returns its status.
+    pub fn cancel(&self, id: &str, reason: &str) -> Result<TaskStatus, LookupError> {
+        if let Some(task) = self.inner.live(id) {
+            let status = task.record.lock().unwrap_or_else(|p| p.into_inner()).status;
+            if status == TaskStatus::Queued {
+                // Not started: finish it now instead of waiting for a worker.
+                self.inner.finish(
+                    &task,
+                    Err(TaskError::Cancelled {
+                        reason: reason.into(),
+                    }),
+                );
+            }
+            task.cancel.cancel();
+            let record = task.record.lock().unwrap_or_else(|p| p.into_inner());
+            return Ok(record.status);
+        }
+        self.record(id)?
+            .map(|r| r.status)
+            .ok_or_else(|| LookupError::NotFound(id.to_owned()))
+    }
+
+    /// A task's record.
+    pub fn record(&self, id: &str) -> Result<Option<TaskRecord>, LookupError> {
+        if let Some(task) = self.inner.live(id) {
+            return Ok(Some(
+                task.record
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone(),
+            ));
+        }
+        self.inner.store.record(id).map_err(LookupError::Storage)
+    }
+
+    /// The newest `limit` tasks, newest first.
+    pub fn list(&self, limit: usize) -> Vec<TaskRecord> {
+        self.inner
+            .store
+            .records
+            .iter()
+            .rev()
+            .filter_map(|entry| entry.ok())
+            .filter_map(|(_, value)| serde_json::from_slice::<TaskRecord>(&value).ok())
+            .take(limit.min(MAX_LIST))
+            .map(|record| self.record(&record.id).ok().flatten().unwrap_or(record))
+            .collect()
+    }
+
+    /// Stops admitting tasks, gives running ones `grace` to finish, cancels the rest, and
+    /// flushes the history. Workers exit once the queue is drained.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let mut running = self.inner.running.subscribe();
+        let _ = tokio::time::timeout(grace, running.wait_for(|n| *n == 0)).await;
+        let live: Vec<_> = self
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for task in live {
+            self.cancel(&task.id, "the node is shutting down").ok();
+        }
+        let _ = running.wait_for(|n| *n == 0).await;
+        self.inner.store.flush().await;
+    }
+}
+
+impl Inner {
+    fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn emitter(&self, task: &Arc<LiveTask>) -> Emitter {
+        Emitter {
+            task: task.clone(),
+            store: self.store.clone(),
+        }
+    }
+
+    fn publish_load(&self) {
+        self.caps.load_gauge().set(Load {
+            running: *self.running.borrow(),
+            queued: self.queued.load(Ordering::SeqCst),
+        });
+        self.caps.notify();
+    }
+
+    /// Records the end of a task (once), emits the terminal event and forgets it.
+    fn finish(&self, task: &Arc<LiveTask>, result: Result<crate::agent::Answer, TaskError>) {
+        let mut record = task.record.lock().unwrap_or_else(|p| p.into_inner());
+        if record.status.finished() {
+            return;
+        }
+        if record.status == TaskStatus::Queued {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        record.finished_at_ms = Some(unix_ms(SystemTime::now()));
+        let event = match result {
+            Ok(answer) => {
+                record.status = TaskStatus::Completed;
+                record.output = Some(answer.output.clone());
+                EventKind::Completed {
+                    output: answer.output,
+                    usage: answer.usage,
+                    executed_on: self.node.clone(),
+                    rounds: answer.rounds,
+                }
+            }
+            Err(error) => {
+                record.status = TaskStatus::Failed;
+                record.error = Some(error.clone());
+                EventKind::Failed { error }
+            }
+        };
+        if let Err(e) = self.store.put_record(&record) {
+            tracing::error!(task = %task.id, error = %e, "record task result");
+        }
+        drop(record);
+        self.emitter(task).emit(event);
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&task.id);
+        self.publish_load();
+    }
+}
+
+async fn worker(
+    inner: Arc<Inner>,
+    queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Arc<LiveTask>>>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            () = stop.cancelled() => return,
+            next = async { queue.lock().await.recv().await } => next,
+        };
+        let Some(task) = next else { return };
+        {
+            let mut record = task.record.lock().unwrap_or_else(|p| p.into_inner());
+            if record.status != TaskStatus::Queued {
+                continue; // cancelled while queued
+            }
+            record.status = TaskStatus::Running;
+            if let Err(e) = inner.store.put_record(&record) {
+                tracing::error!(task = %task.id, error = %e, "record task start");
+            }
+        }
+        inner.queued.fetch_sub(1, Ordering::SeqCst);
+        inner.running.send_modify(|n| *n += 1);
+        inner.publish_load();
+
+        let emitter = inner.emitter(&task);
+        emitter.emit(EventKind::Started {
+            node: inner.node.clone(),
+        });
+        let span = tracing::info_span!("task", task_id = %task.id, target = %task.spec.target);
+        let run = inner.runtime.run(&task.spec, &emitter);
+        let result = tracing::Instrument::instrument(
+            async {
+                tokio::select! {
+                    () = task.cancel.cancelled() => Err(TaskError::Cancelled { reason: "cancelled by a caller".into() }),
+                    () = tokio::time::sleep_until(task.deadline) => Err(TaskError::Deadline {
+                        seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
+                    }),
+                    result = run => result,
+                }
+            },
+            span,
+        )
+        .await;
+        let result = match result {
+            Err(TaskError::Cancelled { .. }) if stop.is_cancelled() => Err(TaskError::Cancelled {
+                reason: "the node is shutting down".into(),
+            }),
+            other => other,
+        };
+        // `finish` before the running count drops, so shutdown waits for the record.
+        inner.finish(&task, result);
+        inner.running.send_modify(|n| *n -= 1);
+        inner.publish_load();
+    }
+}
+
+/// Marks tasks left queued or running by a previous process as failed.
+fn recover(store: &Store) {
+    for (_, value) in store.records.iter().filter_map(|entry| entry.ok()) {
+        let Ok(mut record) = serde_json::from_slice::<TaskRecord>(&value) else {
+            continue;
+        };
+        if record.status.finished() {
+            continue;
+        }
+        let error = TaskError::Internal {
+            message: "the node stopped while the task was running; submit it again".into(),
+        };
+        record.status = TaskStatus::Failed;
+        record.error = Some(error.clone());
+        record.finished_at_ms = Some(unix_ms(SystemTime::now()));
+        let next = store
+            .events_from(&record.id, 0)
+            .last()
+            .map_or(0, |e| e.seq + 1);
+        let event = TaskEvent {
+            task_id: record.id.clone(),
+            seq: next,
+            at_ms: unix_ms(SystemTime::now()),
+            kind: EventKind::Failed { error },
+        };
+        if store
+            .put_event(&event)
+            .and_then(|()| store.put_record(&record))
+            .is_err()
+        {
+            tracing::error!(task = %record.id, "cannot mark interrupted task as failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_errors_expose_their_kind_and_fields() {
+        let error = TaskError::Budget {
+            what: "tokens".into(),
+            limit: 100,
+            used: 150,
+        };
+        assert_eq!(error.kind(), "budget");
+        let fields = error.fields();
+        assert_eq!(fields["limit"], "100");
+        assert_eq!(fields["used"], "150");
+        assert_eq!(fields["what"], "tokens");
+        let model = TaskError::Model {
+            name: "b".into(),
+            attempts: vec!["a: down".into(), "b: down".into()],
+            message: "down".into(),
+        };
+        assert!(model.to_string().contains("a: down; b: down"));
+        assert_eq!(model.fields()["attempts"], r#"["a: down","b: down"]"#);
+    }
+
+    #[test]
+    fn event_keys_sort_by_task_then_sequence() {
+        let a = event_key("task", 2);
+        let b = event_key("task", 10);
+        assert!(a < b);
+        assert!(event_key("task", u64::MAX) < event_key("task0", 0));
+    }
+}

@@ -20,6 +20,8 @@ use mesh_node::{
 use mesh_proto::v1 as pb;
 use serde_json::{Value, json};
 
+mod tasks;
+
 /// Talk to an agentmesh node: see the fleet, manage the mesh CA.
 ///
 /// Connects to the node at --node (default 127.0.0.1:7700) with mTLS. Certificates come from
@@ -35,7 +37,7 @@ struct Cli {
 }
 
 #[derive(Debug, Args)]
-struct ConnArgs {
+pub(crate) struct ConnArgs {
     /// Node to talk to, HOST:PORT.
     #[arg(
         long,
@@ -43,7 +45,7 @@ struct ConnArgs {
         env = "MESH_NODE",
         default_value = "127.0.0.1:7700"
     )]
-    node: String,
+    pub(crate) node: String,
     /// Mesh CA certificate (PEM).
     #[arg(long, global = true, env = "MESH_CA", requires_all = ["cert", "key"])]
     ca: Option<PathBuf>,
@@ -69,6 +71,14 @@ enum Command {
     /// Inspect nodes.
     #[command(subcommand)]
     Nodes(NodesCommand),
+    /// Run an agent task and stream its output.
+    ///
+    /// Name what runs it with --role, --model or --persona. Output streams to stdout as it is
+    /// generated; tool calls and model fall-throughs are reported on stderr. Exit code 0 when
+    /// the task completes, 1 when it fails.
+    Run(tasks::RunArgs),
+    /// List recent tasks (newest first), or show / cancel one.
+    Tasks(tasks::TasksArgs),
     /// Manage the mesh certificate authority.
     #[command(subcommand)]
     Ca(CaCommand),
@@ -120,6 +130,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Already reported on stdout (`run --json`).
+        Err(e) if e.downcast_ref::<tasks::Reported>().is_some() => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -131,6 +143,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Status { json } => status(&cli.conn, json).await,
         Command::Nodes(NodesCommand::Show { name, json }) => show(&cli.conn, &name, json).await,
+        Command::Run(args) => tasks::run(&cli.conn, args).await,
+        Command::Tasks(args) => tasks::tasks(&cli.conn, args).await,
         Command::Ca(CaCommand::Init { dir }) => {
             let (cert, key) = tls::ca_init(&dir)?;
             println!(
@@ -156,8 +170,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Every node the asked node knows, itself first.
-async fn fleet(conn: &ConnArgs) -> anyhow::Result<Vec<Value>> {
+/// A channel to the node `conn` names.
+pub(crate) async fn channel(conn: &ConnArgs) -> anyhow::Result<tonic::transport::Channel> {
     let dialer = dialer(conn)?;
     let connection = dialer.connect(&conn.node).await.with_context(|| {
         format!(
@@ -165,7 +179,12 @@ async fn fleet(conn: &ConnArgs) -> anyhow::Result<Vec<Value>> {
             conn.node
         )
     })?;
-    let mut client = pb::node_client::NodeClient::new(connection.channel);
+    Ok(connection.channel)
+}
+
+/// Every node the asked node knows, itself first.
+async fn fleet(conn: &ConnArgs) -> anyhow::Result<Vec<Value>> {
+    let mut client = pb::node_client::NodeClient::new(channel(conn).await?);
     let response = client
         .list_peers(pb::ListPeersRequest {})
         .await
@@ -443,7 +462,7 @@ fn join(list: &Value, item: impl Fn(&Value) -> Option<String>) -> String {
     }
 }
 
-fn ago(now_ms: u64, then_ms: u64) -> String {
+pub(crate) fn ago(now_ms: u64, then_ms: u64) -> String {
     if then_ms == 0 {
         return "never".into();
     }
@@ -456,14 +475,14 @@ fn ago(now_ms: u64, then_ms: u64) -> String {
     }
 }
 
-fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
 
-fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+pub(crate) fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
     let mut widths = header.map(str::len);
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

@@ -17,6 +17,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+pub mod fake_openai;
+
 use anyhow::{Context, anyhow, bail};
 use mesh_node::tls::{self, TlsFiles};
 use serde_json::Value;
@@ -472,6 +474,29 @@ impl Harness {
 
     /// Runs `mesh-cli` with the harness client certificate against `node`, in its namespace.
     pub fn cli(&self, node: &NodeProcess, args: &[&str]) -> anyhow::Result<Output> {
+        Ok(self.cli_command(node, args).output()?)
+    }
+
+    /// `mesh-cli run --json ARGS` on `node`: the exit code and the printed object.
+    pub fn run_json(
+        &self,
+        node: &NodeProcess,
+        args: &[&str],
+    ) -> anyhow::Result<(Option<i32>, Value)> {
+        let mut full = vec!["run", "--json"];
+        full.extend_from_slice(args);
+        let output = self.cli(node, &full)?;
+        let value = serde_json::from_slice(&output.stdout).with_context(|| {
+            format!(
+                "mesh-cli run printed no JSON; stderr: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })?;
+        Ok((output.status.code(), value))
+    }
+
+    /// The `mesh-cli` command for `node` (in its namespace, with the client certificate).
+    pub fn cli_command(&self, node: &NodeProcess, args: &[&str]) -> Command {
         let cli = bin("mesh-cli");
         let mut cmd = match &node.netns {
             Some(ns) => {
@@ -492,7 +517,7 @@ impl Harness {
             .args(args)
             .env_remove("MESH_NODE")
             .stdin(Stdio::null());
-        Ok(cmd.output()?)
+        cmd
     }
 
     /// `mesh-cli status --json` on `node`.

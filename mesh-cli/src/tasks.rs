@@ -1,0 +1,374 @@
+//! `mesh-cli run` and `mesh-cli tasks`: submit, stream, list, show and cancel tasks.
+
+use anyhow::anyhow;
+use clap::{Args, Subcommand};
+use mesh_proto::v1 as pb;
+use pb::task_event::Kind;
+use serde_json::{Value, json};
+
+use crate::{ConnArgs, ago, channel, print_table, unix_ms};
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["role", "model", "persona"])))]
+pub(crate) struct RunArgs {
+    /// Run on the model chain of this role (e.g. chat, coder).
+    #[arg(long)]
+    role: Option<String>,
+    /// Run on this model.
+    #[arg(long)]
+    model: Option<String>,
+    /// Run as this persona (its role, system prompt, tools and tier cap).
+    #[arg(long)]
+    persona: Option<String>,
+    /// Highest tool tier the task may use.
+    #[arg(long, value_parser = ["read", "write", "shell"], default_value = "read")]
+    tier: String,
+    /// Deadline in seconds (default: the node's, 600).
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<u32>,
+    /// Maximum model rounds (default: the node's, 10).
+    #[arg(long)]
+    max_rounds: Option<u32>,
+    /// Token budget over all rounds (default: the node's).
+    #[arg(long)]
+    token_budget: Option<u64>,
+    /// Print one JSON object when the task ends instead of streaming:
+    /// {"task_id", "status", "output", "executed_on", "error"}.
+    #[arg(long)]
+    json: bool,
+    /// What the agent should do.
+    #[arg(required = true)]
+    prompt: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TasksArgs {
+    #[command(subcommand)]
+    command: Option<TasksCommand>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// How many tasks to list.
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+}
+
+#[derive(Debug, Subcommand)]
+enum TasksCommand {
+    /// Show a task's events: model calls, tool calls and results, output, outcome.
+    Show {
+        /// Task id (from `run` or `tasks`).
+        id: String,
+        /// Print the events as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a queued or running task.
+    Cancel {
+        /// Task id.
+        id: String,
+    },
+}
+
+/// A failure already reported on stdout (`run --json`): exit 1 without printing it again.
+#[derive(Debug)]
+pub(crate) struct Reported;
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the task failed")
+    }
+}
+
+impl std::error::Error for Reported {}
+
+pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
+    use pb::submit_request::Target;
+    let target = match (args.role, args.model, args.persona) {
+        (Some(role), _, _) => Target::Role(role),
+        (_, Some(model), _) => Target::Model(model),
+        (_, _, Some(persona)) => Target::Persona(persona),
+        (None, None, None) => return Err(anyhow!("name a --role, --model or --persona")),
+    };
+    let tier = match args.tier.as_str() {
+        "shell" => pb::Tier::Shell,
+        "write" => pb::Tier::Write,
+        _ => pb::Tier::Read,
+    };
+    let request = pb::SubmitRequest {
+        prompt: args.prompt.join(" "),
+        target: Some(target),
+        tier: tier as i32,
+        timeout_s: args.timeout.unwrap_or(0),
+        max_rounds: args.max_rounds.unwrap_or(0),
+        token_budget: args.token_budget.unwrap_or(0),
+    };
+    let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
+    let mut stream = client
+        .submit(request)
+        .await
+        .map_err(|s| anyhow!("{} refused the task: {}", conn.node, s.message()))?
+        .into_inner();
+
+    let mut task_id = String::new();
+    let mut completed: Option<pb::Completed> = None;
+    let mut error: Option<pb::TaskError> = None;
+    let mut streamed = false;
+    while let Some(event) = stream
+        .message()
+        .await
+        .map_err(|s| anyhow!("the task stream from {} broke: {}", conn.node, s.message()))?
+    {
+        task_id = event.task_id;
+        match event.kind {
+            Some(Kind::OutputDelta(delta)) if !args.json => {
+                use std::io::Write;
+                let mut stdout = std::io::stdout();
+                stdout.write_all(delta.text.as_bytes()).ok();
+                stdout.flush().ok();
+                streamed = true;
+            }
+            Some(Kind::Completed(done)) => completed = Some(done),
+            Some(Kind::Failed(failed)) => error = failed.error,
+            Some(kind) if !args.json => {
+                if let Some(line) = describe(&kind) {
+                    eprintln!("{line}");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    if args.json {
+        let mut object = json!({
+            "task_id": task_id,
+            "status": if completed.is_some() { "completed" } else { "failed" },
+            "output": completed.as_ref().map(|c| c.output.clone()).unwrap_or_default(),
+            "executed_on": completed.as_ref().map(|c| c.executed_on.clone()).unwrap_or_default(),
+        });
+        if let Some(error) = &error {
+            object["error"] = json!(error.message);
+            object["error_kind"] = json!(error.kind);
+            object["error_fields"] = json!(error.fields);
+        }
+        println!("{}", serde_json::to_string_pretty(&object)?);
+    } else if streamed {
+        println!();
+    } else if let Some(done) = &completed {
+        println!("{}", done.output);
+    }
+    match (completed, error) {
+        (Some(_), _) => Ok(()),
+        (None, _) if args.json => Err(Reported.into()),
+        (None, Some(error)) => Err(anyhow!("task {task_id} failed: {}", error.message)),
+        (None, None) => Err(anyhow!("task {task_id} ended without an outcome")),
+    }
+}
+
+pub(crate) async fn tasks(conn: &ConnArgs, args: TasksArgs) -> anyhow::Result<()> {
+    let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
+    match args.command {
+        None => list(&mut client, args.json, args.limit).await,
+        Some(TasksCommand::Show { id, json }) => show(&mut client, &id, json).await,
+        Some(TasksCommand::Cancel { id }) => {
+            let status = client
+                .cancel(pb::CancelRequest {
+                    task_id: id.clone(),
+                })
+                .await
+                .map_err(|s| anyhow!("cancel {id}: {}", s.message()))?
+                .into_inner()
+                .status;
+            println!("{id}: {}", status_name(status));
+            Ok(())
+        }
+    }
+}
+
+type Client = pb::tasks_client::TasksClient<tonic::transport::Channel>;
+
+async fn list(client: &mut Client, json: bool, limit: u32) -> anyhow::Result<()> {
+    let tasks = client
+        .list(pb::ListTasksRequest { limit })
+        .await
+        .map_err(|s| anyhow!("list tasks: {}", s.message()))?
+        .into_inner()
+        .tasks;
+    let rows: Vec<Value> = tasks
+        .iter()
+        .map(|t| {
+            json!({
+                "task_id": t.task_id,
+                "status": status_name(t.status),
+                "target": t.target,
+                "prompt": t.prompt,
+                "created_at_ms": t.created_at_ms,
+                "finished_at_ms": (t.finished_at_ms > 0).then_some(t.finished_at_ms),
+                "executed_on": t.executed_on,
+                "error": t.error.as_ref().map(|e| e.message.clone()),
+            })
+        })
+        .collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "tasks": rows }))?
+        );
+        return Ok(());
+    }
+    let now = unix_ms();
+    let table: Vec<[String; 6]> = rows
+        .iter()
+        .map(|t| {
+            let text = |key: &str| t[key].as_str().unwrap_or_default().to_owned();
+            let prompt: String = text("prompt").chars().take(40).collect();
+            [
+                text("task_id"),
+                text("status"),
+                text("target"),
+                text("executed_on"),
+                ago(now, t["created_at_ms"].as_u64().unwrap_or(0)),
+                prompt.replace('\n', " "),
+            ]
+        })
+        .collect();
+    print_table(
+        &["ID", "STATUS", "TARGET", "NODE", "CREATED", "PROMPT"],
+        &table,
+    );
+    Ok(())
+}
+
+async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
+    let mut stream = client
+        .watch(pb::WatchRequest {
+            task_id: id.to_owned(),
+            follow: false,
+        })
+        .await
+        .map_err(|s| anyhow!("{}", s.message()))?
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(event) = stream
+        .message()
+        .await
+        .map_err(|s| anyhow!("{}", s.message()))?
+    {
+        events.push(event);
+    }
+    if json {
+        let list: Vec<Value> = events
+            .iter()
+            .filter_map(|e| {
+                let kind = e.kind.as_ref()?;
+                Some(json!({"seq": e.seq, "at_ms": e.at_ms, "type": kind_name(kind), "text": describe(kind)}))
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"task_id": id, "events": list}))?
+        );
+        return Ok(());
+    }
+    println!("task {id}");
+    let mut output = String::new();
+    for kind in events.iter().filter_map(|e| e.kind.as_ref()) {
+        match kind {
+            Kind::OutputDelta(d) => output.push_str(&d.text),
+            kind => {
+                if let Some(line) = describe(kind) {
+                    println!("  {line}");
+                }
+            }
+        }
+    }
+    if !output.is_empty() {
+        println!("output:\n{output}");
+    }
+    Ok(())
+}
+
+fn kind_name(kind: &Kind) -> &'static str {
+    match kind {
+        Kind::Accepted(_) => "accepted",
+        Kind::Started(_) => "started",
+        Kind::ModelCall(_) => "model_call",
+        Kind::ModelFailed(_) => "model_failed",
+        Kind::ToolCalled(_) => "tool_called",
+        Kind::ToolResult(_) => "tool_result",
+        Kind::Intervention(_) => "intervention",
+        Kind::OutputDelta(_) => "output_delta",
+        Kind::Completed(_) => "completed",
+        Kind::Failed(_) => "failed",
+    }
+}
+
+/// One line for a task event on stderr (`None` for events not worth a line).
+fn describe(kind: &Kind) -> Option<String> {
+    Some(match kind {
+        Kind::Accepted(a) if a.queue_position > 0 => {
+            format!("· queued on {} ({} ahead)", a.node, a.queue_position)
+        }
+        Kind::Accepted(a) => format!("· accepted by {}", a.node),
+        Kind::Started(s) => format!("· running on {}", s.node),
+        Kind::ModelCall(m) => format!("· round {}: {} (attempt {})", m.round, m.model, m.attempt),
+        Kind::ModelFailed(m) => format!(
+            "! model {} failed: {}{}",
+            m.model,
+            m.error,
+            if m.falling_through {
+                "; trying the next model"
+            } else {
+                ""
+            }
+        ),
+        Kind::ToolCalled(t) => format!("→ {} {}", t.name, t.arguments),
+        Kind::ToolResult(t) => {
+            let first: String = t
+                .output
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(120)
+                .collect();
+            let failures = if t.consecutive_failures > 0 {
+                format!(" ({} failures in a row)", t.consecutive_failures)
+            } else {
+                String::new()
+            };
+            format!(
+                "← {} {}{failures}: {first}",
+                t.name,
+                if t.ok { "ok" } else { "failed" }
+            )
+        }
+        Kind::Intervention(i) => format!("! supervisor ({}): {}", i.rule, i.message),
+        Kind::OutputDelta(_) => return None,
+        Kind::Completed(c) => format!(
+            "✓ completed on {} in {} rounds ({} tokens)",
+            c.executed_on,
+            c.rounds,
+            c.usage
+                .map(|u| u.prompt_tokens + u.completion_tokens)
+                .unwrap_or(0)
+        ),
+        Kind::Failed(f) => format!(
+            "✗ failed: {}",
+            f.error
+                .as_ref()
+                .map(|e| e.message.as_str())
+                .unwrap_or("unknown error")
+        ),
+    })
+}
+
+fn status_name(status: i32) -> &'static str {
+    match pb::TaskStatus::try_from(status) {
+        Ok(pb::TaskStatus::Queued) => "queued",
+        Ok(pb::TaskStatus::Running) => "running",
+        Ok(pb::TaskStatus::Completed) => "completed",
+        Ok(pb::TaskStatus::Failed) => "failed",
+        _ => "unknown",
+    }
+}

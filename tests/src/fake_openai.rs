@@ -1,0 +1,249 @@
+//! A scripted fake OpenAI-compatible server: `/v1/models` and `/v1/chat/completions` (plain and
+//! streaming), answering from a queue of canned replies, tool calls included, and recording every
+//! request it received. It runs on its own thread and runtime, so tests stay synchronous.
+
+use std::{
+    collections::VecDeque,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Json, Router,
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde_json::{Value, json};
+
+/// What the fake answers one chat request with.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// A text answer.
+    Text(String),
+    /// Tool calls: (name, raw arguments).
+    Tools(Vec<(String, String)>),
+    /// An HTTP error status.
+    Status(u16),
+    /// Never answer (until the client hangs up).
+    Stall,
+}
+
+/// A reply and the usage it reports.
+#[derive(Debug, Clone)]
+pub struct Scripted {
+    reply: Reply,
+    usage: (u64, u64),
+}
+
+impl Scripted {
+    /// A text answer.
+    pub fn text(text: &str) -> Self {
+        Self {
+            reply: Reply::Text(text.into()),
+            usage: (10, 5),
+        }
+    }
+
+    /// One tool call.
+    pub fn tool(name: &str, arguments: &str) -> Self {
+        Self {
+            reply: Reply::Tools(vec![(name.into(), arguments.into())]),
+            usage: (10, 5),
+        }
+    }
+
+    /// An HTTP error.
+    pub fn status(code: u16) -> Self {
+        Self {
+            reply: Reply::Status(code),
+            usage: (0, 0),
+        }
+    }
+
+    /// No answer at all.
+    pub fn stall() -> Self {
+        Self {
+            reply: Reply::Stall,
+            usage: (0, 0),
+        }
+    }
+
+    /// Reports this usage.
+    pub fn usage(mut self, prompt: u64, completion: u64) -> Self {
+        self.usage = (prompt, completion);
+        self
+    }
+}
+
+#[derive(Debug, Default)]
+struct Script {
+    replies: VecDeque<Scripted>,
+    requests: Vec<Value>,
+}
+
+/// The running fake server.
+#[derive(Debug)]
+pub struct FakeOpenAi {
+    addr: SocketAddr,
+    script: Arc<Mutex<Script>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakeOpenAi {
+    /// Starts on 127.0.0.1 with an ephemeral port.
+    pub fn start() -> Self {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let state = script.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("fake server runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind fake server");
+                addr_tx
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("report addr");
+                let app = Router::new()
+                    .route("/v1/models", get(models))
+                    .route("/v1/chat/completions", post(chat))
+                    .with_state(state);
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await
+                    .expect("fake server");
+            });
+        });
+        let addr = addr_rx.recv().expect("fake server started");
+        Self {
+            addr,
+            script,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Queues replies, answered in order.
+    pub fn push(&self, replies: impl IntoIterator<Item = Scripted>) {
+        self.script
+            .lock()
+            .expect("script lock")
+            .replies
+            .extend(replies);
+    }
+
+    /// Every chat request received so far (the JSON bodies).
+    pub fn requests(&self) -> Vec<Value> {
+        self.script.lock().expect("script lock").requests.clone()
+    }
+}
+
+impl Drop for FakeOpenAi {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // Stalled requests keep the server busy until their clients go away; do not join.
+        drop(self.thread.take());
+    }
+}
+
+async fn models() -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{"id": "fake", "object": "model", "created": 0, "owned_by": "agentmesh-tests"}],
+    }))
+}
+
+async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
+    let next = {
+        let mut script = script.lock().expect("script lock");
+        script.requests.push(body.clone());
+        script
+            .replies
+            .pop_front()
+            .unwrap_or_else(|| Scripted::text("(the fake model has no more scripted replies)"))
+    };
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let model = body["model"].as_str().unwrap_or("fake").to_owned();
+    let (prompt, completion) = next.usage;
+    let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+    match next.reply {
+        Reply::Stall => std::future::pending().await,
+        Reply::Status(code) => (
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            Json(json!({"error": {"message": format!("scripted status {code}"), "type": "server_error", "param": null, "code": null}})),
+        )
+            .into_response(),
+        Reply::Text(text) if stream => {
+            let mid = text.char_indices().nth(text.chars().count() / 2).map_or(0, |(i, _)| i);
+            let chunks = vec![
+                chunk(&model, json!({"role": "assistant", "content": &text[..mid]}), None),
+                chunk(&model, json!({"content": &text[mid..]}), None),
+                chunk(&model, json!({}), Some("stop")),
+                json!({"id": "fake", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [], "usage": usage}),
+            ];
+            sse(chunks)
+        }
+        Reply::Text(text) => Json(json!({
+            "id": "fake", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            "usage": usage,
+        }))
+        .into_response(),
+        Reply::Tools(calls) => {
+            let calls: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, arguments))| {
+                    json!({"index": i, "id": format!("call_{i}"), "type": "function",
+                           "function": {"name": name, "arguments": arguments}})
+                })
+                .collect();
+            if stream {
+                sse(vec![
+                    chunk(&model, json!({"role": "assistant", "tool_calls": calls}), None),
+                    chunk(&model, json!({}), Some("tool_calls")),
+                    json!({"id": "fake", "object": "chat.completion.chunk", "created": 0, "model": model, "choices": [], "usage": usage}),
+                ])
+            } else {
+                Json(json!({
+                    "id": "fake", "object": "chat.completion", "created": 0, "model": model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": calls}, "finish_reason": "tool_calls"}],
+                    "usage": usage,
+                }))
+                .into_response()
+            }
+        }
+    }
+}
+
+fn chunk(model: &str, delta: Value, finish: Option<&str>) -> Value {
+    json!({
+        "id": "fake", "object": "chat.completion.chunk", "created": 0, "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    })
+}
+
+fn sse(chunks: Vec<Value>) -> Response {
+    let mut body = String::new();
+    for chunk in chunks {
+        body.push_str(&format!("data: {chunk}\n\n"));
+    }
+    body.push_str("data: [DONE]\n\n");
+    ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+}

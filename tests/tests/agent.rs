@@ -1,0 +1,417 @@
+//! The agent runtime end to end: a real node process, real gRPC and `mesh-cli`, and a scripted
+//! fake OpenAI server standing in for the model so every round of the tools loop is exact.
+
+use std::{
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use mesh_tests::{
+    Harness, NodeOptions, NodeProcess,
+    fake_openai::{FakeOpenAi, Scripted},
+    wait_for,
+};
+use serde_json::Value;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn model_config(fake: &FakeOpenAi, extra: &str) -> String {
+    format!(
+        r#"
+[[models]]
+name = "fake"
+backend = "openai"
+base_url = "{}"
+model = "scripted"
+
+[roles]
+chat = ["fake"]
+{extra}
+"#,
+        fake.base_url()
+    )
+}
+
+fn start(harness: &Harness, name: &str, config: &str) -> NodeProcess {
+    harness
+        .spawn(NodeOptions::new(name).extra(config))
+        .expect("node starts")
+}
+
+/// All messages of the chat request `n` the fake received, as one string.
+fn request_text(fake: &FakeOpenAi, n: usize) -> String {
+    fake.requests()
+        .get(n)
+        .map(|r| r["messages"].to_string())
+        .unwrap_or_default()
+}
+
+fn task_events(harness: &Harness, node: &NodeProcess, id: &str) -> Vec<Value> {
+    let output = harness
+        .cli(node, &["tasks", "show", id, "--json"])
+        .expect("tasks show");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
+    shown["events"].as_array().cloned().unwrap_or_default()
+}
+
+fn count(events: &[Value], kind: &str) -> usize {
+    events.iter().filter(|e| e["type"] == kind).count()
+}
+
+#[test]
+fn a_three_round_tool_loop_reads_a_file_lists_nodes_and_answers() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    std::fs::write(
+        node.data_dir.join("workspace/notes.txt"),
+        "the build is green",
+    )
+    .expect("notes");
+    fake.push([
+        Scripted::tool("file_read", r#"{"path": "notes.txt"}"#),
+        Scripted::tool("list_nodes", "{}"),
+        Scripted::text("The build is green and alpha is up."),
+    ]);
+
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "summarise the notes"])
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert_eq!(result["status"], "completed");
+    assert_eq!(result["output"], "The build is green and alpha is up.");
+    assert_eq!(result["executed_on"], "alpha");
+    assert!(result.get("error").is_none());
+
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 3, "three model rounds");
+    assert!(requests[0]["tools"].to_string().contains("file_read"));
+    assert!(
+        !requests[0]["tools"].to_string().contains("shell_exec"),
+        "a read-tier task is not offered shell_exec"
+    );
+    assert!(
+        request_text(&fake, 1).contains("the build is green"),
+        "round 2 sees the file"
+    );
+    assert!(
+        request_text(&fake, 2).contains("alpha"),
+        "round 3 sees the node list"
+    );
+
+    let events = task_events(&harness, &node, result["task_id"].as_str().expect("id"));
+    assert_eq!(count(&events, "tool_called"), 2);
+    assert_eq!(count(&events, "tool_result"), 2);
+    assert_eq!(count(&events, "model_call"), 3);
+    assert_eq!(events.first().expect("first")["type"], "accepted");
+    assert_eq!(events.last().expect("last")["type"], "completed");
+
+    // The plain (streaming) form prints the answer on stdout and the tool steps on stderr.
+    fake.push([Scripted::text("streamed answer")]);
+    let output = harness
+        .cli(&node, &["run", "--role", "chat", "again"])
+        .expect("run");
+    assert!(output.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "streamed answer"
+    );
+}
+
+#[test]
+fn a_dead_primary_falls_through_to_the_backup_and_the_node_reports_it() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let config = format!(
+        r#"
+[[models]]
+name = "dead"
+backend = "openai"
+base_url = "http://127.0.0.1:1/v1"
+model = "nothing-listens-here"
+
+[[models]]
+name = "backup"
+backend = "openai"
+base_url = "{}"
+model = "scripted"
+
+[roles]
+chat = ["dead", "backup"]
+"#,
+        fake.base_url()
+    );
+    let node = start(&harness, "alpha", &config);
+    fake.push([Scripted::text("answered by the backup")]);
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "hello"])
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert_eq!(result["output"], "answered by the backup");
+    let events = task_events(&harness, &node, result["task_id"].as_str().expect("id"));
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "model_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events:#?}");
+    assert!(failed[0]["text"].as_str().expect("text").contains("dead"));
+    assert!(
+        failed[0]["text"]
+            .as_str()
+            .expect("text")
+            .contains("trying the next model")
+    );
+
+    // The startup probe found the dead endpoint: the node is degraded, and says why.
+    wait_for("degraded health", DEADLINE, || {
+        let status = harness.status(&node).ok()?;
+        let health = &status["nodes"][0]["health"];
+        (health["status"] == "degraded" && health["reasons"].to_string().contains("model dead"))
+            .then_some(())
+    })
+    .expect("model probe reported");
+}
+
+#[test]
+fn the_same_call_four_times_is_a_detected_loop() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    fake.push((0..4).map(|_| Scripted::tool("list_nodes", "{}")));
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "loop"])
+        .expect("run");
+    assert_eq!(code, Some(1));
+    assert_eq!(result["status"], "failed");
+    assert!(
+        result["error"]
+            .as_str()
+            .expect("error")
+            .contains("loop detected"),
+        "{result:#}"
+    );
+    assert_eq!(result["error_kind"], "gate");
+    assert!(
+        request_text(&fake, 3).contains("same arguments 3 times"),
+        "the intervention reached the model before the 4th call"
+    );
+}
+
+#[test]
+fn malformed_arguments_get_one_correction_then_fail() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    fake.push([
+        Scripted::tool("file_read", "{not json"),
+        Scripted::tool("file_read", "{still: not json"),
+    ]);
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "read"])
+        .expect("run");
+    assert_eq!(code, Some(1));
+    assert!(
+        result["error"]
+            .as_str()
+            .expect("error")
+            .contains("malformed tool call"),
+        "{result:#}"
+    );
+    assert!(
+        request_text(&fake, 1).contains("not a valid JSON object"),
+        "one correction"
+    );
+    assert_eq!(fake.requests().len(), 2);
+}
+
+#[test]
+fn shell_is_refused_below_the_shell_tier_and_runs_at_it() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    let marker = harness.path().join("shell-ran");
+    let call = format!(r#"{{"command": "touch {}"}}"#, marker.display());
+
+    fake.push([
+        Scripted::tool("shell_exec", &call),
+        Scripted::text("could not"),
+    ]);
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "touch it"])
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert!(
+        !marker.exists(),
+        "the command must not run at the read tier"
+    );
+    assert!(
+        request_text(&fake, 1).contains("Refused"),
+        "the model sees the refusal"
+    );
+
+    fake.push([Scripted::tool("shell_exec", &call), Scripted::text("done")]);
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "--tier", "shell", "touch it"])
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert!(marker.exists(), "at the shell tier the command runs");
+    assert!(request_text(&fake, 3).contains("exit_code"));
+}
+
+#[test]
+fn a_task_over_its_token_budget_fails_with_the_figures() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    fake.push([Scripted::text("expensive").usage(900, 600)]);
+    let (code, result) = harness
+        .run_json(
+            &node,
+            &["--role", "chat", "--token-budget", "1000", "spend"],
+        )
+        .expect("run");
+    assert_eq!(code, Some(1));
+    assert_eq!(result["error_kind"], "budget");
+    assert_eq!(result["error_fields"]["limit"], "1000");
+    assert_eq!(result["error_fields"]["used"], "1500");
+}
+
+#[test]
+fn a_deadline_ends_a_task_whose_model_never_answers() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    fake.push([Scripted::stall()]);
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "--timeout", "1", "wait"])
+        .expect("run");
+    assert_eq!(code, Some(1));
+    assert_eq!(result["error_kind"], "deadline", "{result:#}");
+}
+
+/// Starts `mesh-cli run --json` in the background.
+fn run_in_background(harness: &Harness, node: &NodeProcess, prompt: &str) -> std::process::Child {
+    harness
+        .cli_command(node, &["run", "--json", "--role", "chat", prompt])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mesh-cli run")
+}
+
+fn tasks_with_status(harness: &Harness, node: &NodeProcess, status: &str) -> Vec<String> {
+    let output = harness.cli(node, &["tasks", "--json"]).expect("tasks");
+    let list: Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+    list["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["status"] == status)
+        .filter_map(|t| t["task_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn cancelling_a_running_task_ends_it_for_its_caller() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    fake.push([Scripted::stall()]);
+    let caller = run_in_background(&harness, &node, "wait forever");
+    let id = wait_for("the task to run", DEADLINE, || {
+        tasks_with_status(&harness, &node, "running").pop()
+    })
+    .expect("running");
+    let output = harness
+        .cli(&node, &["tasks", "cancel", &id])
+        .expect("cancel");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let output = caller.wait_with_output().expect("caller ends");
+    assert_eq!(output.status.code(), Some(1));
+    let result: Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(result["error_kind"], "cancelled", "{result:#}");
+}
+
+#[test]
+fn a_full_queue_answers_resource_exhausted_at_once() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(
+        &harness,
+        "alpha",
+        &model_config(&fake, "[tasks]\nworkers = 1\nqueue = 1\n"),
+    );
+    fake.push([Scripted::stall(), Scripted::stall()]);
+    let running = run_in_background(&harness, &node, "first");
+    wait_for("first task running", DEADLINE, || {
+        tasks_with_status(&harness, &node, "running").pop()
+    })
+    .expect("running");
+    let queued = run_in_background(&harness, &node, "second");
+    wait_for("second task queued", DEADLINE, || {
+        tasks_with_status(&harness, &node, "queued").pop()
+    })
+    .expect("queued");
+
+    let started = Instant::now();
+    let output = harness
+        .cli(&node, &["run", "--role", "chat", "third"])
+        .expect("third");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("queue full"), "{stderr}");
+    assert!(
+        started.elapsed() < DEADLINE,
+        "refused at once, not after a wait"
+    );
+
+    // The load the node advertises is real.
+    let status = harness.status(&node).expect("status");
+    assert_eq!(status["nodes"][0]["load"]["running"], 1);
+    assert_eq!(status["nodes"][0]["load"]["queued"], 1);
+
+    for id in tasks_with_status(&harness, &node, "running")
+        .into_iter()
+        .chain(tasks_with_status(&harness, &node, "queued"))
+    {
+        harness
+            .cli(&node, &["tasks", "cancel", &id])
+            .expect("cancel");
+    }
+    for child in [running, queued] {
+        let output = child.wait_with_output().expect("caller ends");
+        assert_eq!(output.status.code(), Some(1));
+    }
+}
+
+#[test]
+fn task_history_survives_a_restart() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let config = model_config(&fake, "");
+    let mut node = start(&harness, "alpha", &config);
+    fake.push([Scripted::text("remember me")]);
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "first"])
+        .expect("run");
+    assert_eq!(code, Some(0));
+    let id = result["task_id"].as_str().expect("id").to_owned();
+
+    node.signal("TERM").expect("stop");
+    assert_eq!(node.wait_exit(DEADLINE).expect("exit"), Some(0));
+    let node = start(&harness, "alpha", &config);
+    let completed = tasks_with_status(&harness, &node, "completed");
+    assert_eq!(completed, std::slice::from_ref(&id));
+    let events = task_events(&harness, &node, &id);
+    assert_eq!(events.last().expect("events")["type"], "completed");
+}

@@ -104,11 +104,30 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
         token_budget: args.token_budget.unwrap_or(0),
     };
     let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
-    let mut stream = client
-        .submit(request)
-        .await
-        .map_err(|s| anyhow!("{} refused the task: {}", conn.node, s.message()))?
-        .into_inner();
+    let mut stream = match client.submit(request).await {
+        Ok(response) => response.into_inner(),
+        // Scripts get the one JSON object even when the task was never admitted.
+        Err(status) if args.json => {
+            let object = json!({
+                "task_id": "",
+                "status": "failed",
+                "output": "",
+                "executed_on": "",
+                "error": status.message(),
+                "error_kind": "rejected",
+                "error_fields": {"code": format!("{:?}", status.code())},
+            });
+            println!("{}", serde_json::to_string_pretty(&object)?);
+            return Err(Reported.into());
+        }
+        Err(status) => {
+            return Err(anyhow!(
+                "{} refused the task: {}",
+                conn.node,
+                status.message()
+            ));
+        }
+    };
 
     let mut task_id = String::new();
     let mut completed: Option<pb::Completed> = None;

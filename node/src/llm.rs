@@ -286,7 +286,7 @@ impl ModelRegistry {
     }
 
     /// Probes every model concurrently and records each unreachable one as a `degraded`
-    /// health reason; a model that answers later clears its reason on the next probe.
+    /// health reason; a model that answers on a later probe has its reason cleared.
     pub async fn probe_all(&self, caps: &Capabilities) {
         let mut probes = tokio::task::JoinSet::new();
         for model in self.models.values() {
@@ -345,10 +345,14 @@ impl OpenAiModel {
         let config = OpenAIConfig::new()
             .with_api_base(base_url.trim_end_matches('/'))
             .with_api_key(api_key);
+        // async-openai retries 429/5xx/connect errors itself by default (with Retry-After
+        // honoured unbounded); the chain's fall-through is our retry, so send each call once.
+        let client = Client::with_config(config)
+            .with_http_service(async_openai::middleware::ReqwestService::default());
         Self {
             name: name.to_owned(),
             model: model.to_owned(),
-            client: Client::with_config(config),
+            client,
             context_window,
             timeout,
         }
@@ -455,7 +459,9 @@ fn message_json(message: &Message) -> Value {
 
 fn classify(error: OpenAIError) -> ModelError {
     match error {
-        OpenAIError::Reqwest(e) if e.is_timeout() => ModelError::Timeout(Duration::ZERO),
+        OpenAIError::Reqwest(e) if e.is_timeout() => {
+            ModelError::Unreachable(format!("timed out: {}", error_chain(&e)))
+        }
         OpenAIError::Reqwest(e) => match e.status() {
             Some(status) => status_error(status.as_u16(), e.to_string()),
             None => ModelError::Unreachable(error_chain(&e)),

@@ -69,6 +69,9 @@ pub enum StartError {
     /// tonic rejected the server TLS configuration.
     #[error("gRPC server: {0}")]
     Server(#[from] tonic::transport::Error),
+    /// Two hooks claim the same stage and order.
+    #[error("hooks: {0}")]
+    Hooks(String),
     /// The sled database could not be opened.
     #[error("cannot open the database in {}: {source}; is another mesh-node using this data dir?", path.display())]
     Storage {
@@ -244,8 +247,18 @@ impl Node {
         }
         let models = Arc::new(models);
         {
-            let (models, caps) = (models.clone(), caps.clone());
-            background_tasks.spawn(async move { models.probe_all(&caps).await });
+            // Probed at start and then with the other health checks, so a model server that
+            // comes up later clears the node's `degraded` reason.
+            let (models, caps, stop) = (models.clone(), caps.clone(), leaving.clone());
+            background_tasks.spawn(async move {
+                loop {
+                    models.probe_all(&caps).await;
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(HEALTH_CHECK_INTERVAL) => {}
+                    }
+                }
+            });
         }
         let tools = Arc::new(ToolRegistry::new(
             caps.clone(),
@@ -255,7 +268,7 @@ impl Node {
         let runtime = Arc::new(AgentRuntime::new(
             models,
             tools,
-            Hooks::supervisor(),
+            Hooks::supervisor().map_err(|e| StartError::Hooks(e.to_string()))?,
             config.personas.clone(),
             config.tasks,
         ));

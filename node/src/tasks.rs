@@ -400,6 +400,8 @@ struct LiveTask {
     spec: TaskSpec,
     deadline: Instant,
     cancel: CancellationToken,
+    /// Why it was cancelled, for the `failed: cancelled` event.
+    cancel_reason: Mutex<Option<String>>,
     seq: AtomicU64,
     events: broadcast::Sender<TaskEvent>,
     record: Mutex<TaskRecord>,
@@ -563,6 +565,7 @@ impl TaskManager {
             spec,
             deadline: Instant::now() + timeout,
             cancel: CancellationToken::new(),
+            cancel_reason: Mutex::default(),
             seq: AtomicU64::new(0),
             events,
             record: Mutex::new(record),
@@ -642,6 +645,10 @@ impl TaskManager {
                     }),
                 );
             }
+            task.cancel_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| reason.to_owned());
             task.cancel.cancel();
             let record = task.record.lock().unwrap_or_else(|p| p.into_inner());
             return Ok(record.status);
@@ -686,6 +693,24 @@ impl TaskManager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        // Queued tasks are handed back at once: their callers can submit them elsewhere.
+        let queued: Vec<_> = self
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|t| {
+                t.record
+                    .lock()
+                    .map(|r| r.status == TaskStatus::Queued)
+                    .unwrap_or(false)
+            })
+            .cloned()
+            .collect();
+        for task in queued {
+            self.cancel(&task.id, "the node is shutting down").ok();
+        }
         let mut running = self.inner.running.subscribe();
         let _ = tokio::time::timeout(grace, running.wait_for(|n| *n == 0)).await;
         let live: Vec<_> = self
@@ -802,7 +827,14 @@ async fn worker(
         let result = tracing::Instrument::instrument(
             async {
                 tokio::select! {
-                    () = task.cancel.cancelled() => Err(TaskError::Cancelled { reason: "cancelled by a caller".into() }),
+                    () = task.cancel.cancelled() => Err(TaskError::Cancelled {
+                        reason: task
+                            .cancel_reason
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .clone()
+                            .unwrap_or_else(|| "cancelled by a caller".into()),
+                    }),
                     () = tokio::time::sleep_until(task.deadline) => Err(TaskError::Deadline {
                         seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
                     }),
@@ -812,12 +844,6 @@ async fn worker(
             span,
         )
         .await;
-        let result = match result {
-            Err(TaskError::Cancelled { .. }) if stop.is_cancelled() => Err(TaskError::Cancelled {
-                reason: "the node is shutting down".into(),
-            }),
-            other => other,
-        };
         // `finish` before the running count drops, so shutdown waits for the record.
         inner.finish(&task, result);
         inner.running.send_modify(|n| *n -= 1);

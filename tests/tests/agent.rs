@@ -415,3 +415,109 @@ fn task_history_survives_a_restart() {
     let events = task_events(&harness, &node, &id);
     assert_eq!(events.last().expect("events")["type"], "completed");
 }
+
+#[test]
+fn a_persona_brings_its_prompt_its_tools_and_its_tier_cap() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let personas = r#"
+[[personas]]
+name = "reader"
+role = "chat"
+system_prompt = "You only read files."
+tools = ["file_read"]
+max_tier = "read"
+"#;
+    let node = start(&harness, "alpha", &model_config(&fake, personas));
+    let marker = harness.path().join("persona-shell");
+    let call = format!(r#"{{"command": "touch {}"}}"#, marker.display());
+    fake.push([
+        Scripted::tool("shell_exec", &call),
+        Scripted::text("no shell for me"),
+    ]);
+    let (code, result) = harness
+        .run_json(
+            &node,
+            &["--persona", "reader", "--tier", "shell", "try the shell"],
+        )
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert!(
+        !marker.exists(),
+        "the persona's read cap wins over the caller's shell tier"
+    );
+    let first = &fake.requests()[0];
+    assert_eq!(first["messages"][0]["role"], "system");
+    assert_eq!(first["messages"][0]["content"], "You only read files.");
+    let tools: Vec<_> = first["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| t["function"]["name"].clone())
+        .collect();
+    assert_eq!(tools, ["file_read"]);
+
+    let (code, result) = harness
+        .run_json(&node, &["--persona", "nobody", "hello"])
+        .expect("run");
+    assert_eq!(code, Some(1));
+    assert_eq!(result["status"], "failed");
+    assert_eq!(result["error_kind"], "rejected");
+    assert!(
+        result["error"]
+            .as_str()
+            .expect("error")
+            .contains("no persona named `nobody`")
+    );
+}
+
+#[test]
+fn sigterm_hands_back_queued_tasks_and_cancels_running_ones_after_the_grace_period() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let mut node = start(
+        &harness,
+        "alpha",
+        &model_config(&fake, "[tasks]\nworkers = 1\nqueue = 4\n"),
+    );
+    fake.push([Scripted::stall(), Scripted::stall()]);
+    let running = run_in_background(&harness, &node, "first");
+    wait_for("first task running", DEADLINE, || {
+        tasks_with_status(&harness, &node, "running").pop()
+    })
+    .expect("running");
+    let queued = run_in_background(&harness, &node, "second");
+    wait_for("second task queued", DEADLINE, || {
+        tasks_with_status(&harness, &node, "queued").pop()
+    })
+    .expect("queued");
+
+    node.signal("TERM").expect("sigterm");
+    let result = |child: std::process::Child| -> Value {
+        let output = child.wait_with_output().expect("caller ends");
+        assert_eq!(output.status.code(), Some(1));
+        serde_json::from_slice(&output.stdout).expect("json")
+    };
+    let queued = result(queued);
+    assert_eq!(queued["error_kind"], "cancelled");
+    assert!(
+        queued["error"]
+            .as_str()
+            .expect("error")
+            .contains("shutting down"),
+        "{queued:#}"
+    );
+    let running = result(running);
+    assert_eq!(running["error_kind"], "cancelled");
+    assert!(
+        running["error"]
+            .as_str()
+            .expect("error")
+            .contains("shutting down"),
+        "{running:#}"
+    );
+    assert_eq!(
+        node.wait_exit(Duration::from_secs(30)).expect("exit"),
+        Some(0)
+    );
+}

@@ -60,6 +60,8 @@ pub struct Outcome {
 pub struct LoopState {
     /// The task's maximum tier.
     pub tier: Option<Tier>,
+    /// Tools the task may call (a persona's list); `None` = any registered tool.
+    pub allowed_tools: Option<Vec<String>>,
     /// Malformed-argument calls so far.
     pub malformed: u32,
     /// The last call, as (name, canonical arguments), and how many times in a row it came.
@@ -160,14 +162,13 @@ impl Hooks {
     }
 
     /// The supervisor's hooks.
-    pub fn supervisor() -> Self {
+    pub fn supervisor() -> Result<Self, HookError> {
         Self::new(vec![
             Box::new(ArgumentsGuard),
             Box::new(TierGate),
             Box::new(RepeatGuard),
             Box::new(FailureCounter),
         ])
-        .expect("the supervisor's hooks have distinct orders")
     }
 
     /// Runs the hooks of `stage`; the first non-`Continue` verdict wins.
@@ -246,6 +247,20 @@ impl Hook for TierGate {
                 rule: "unknown_tool",
                 message: format!("Refused: there is no tool named `{}`.", call.name),
             },
+            Some(_)
+                if state
+                    .allowed_tools
+                    .as_ref()
+                    .is_some_and(|names| !names.iter().any(|n| n == call.name)) =>
+            {
+                Verdict::Refuse {
+                    rule: "not_allowed",
+                    message: format!(
+                        "Refused: `{}` is not among the tools this task may use.",
+                        call.name
+                    ),
+                }
+            }
             Some(tier) if tier > allowed => Verdict::Refuse {
                 rule: "tier",
                 message: format!(
@@ -367,7 +382,7 @@ mod tests {
 
     #[test]
     fn the_same_call_three_times_intervenes_and_the_fourth_fails() {
-        let hooks = Hooks::supervisor();
+        let hooks = Hooks::supervisor().expect("distinct orders");
         let mut state = LoopState::default();
         let args = r#"{"path": "a", "n": 1}"#;
         assert_eq!(
@@ -391,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_different_call_resets_the_repeat_count() {
-        let hooks = Hooks::supervisor();
+        let hooks = Hooks::supervisor().expect("distinct orders");
         let mut state = LoopState::default();
         for _ in 0..2 {
             before(&hooks, &mut state, "file_read", r#"{"path": "a"}"#);
@@ -405,7 +420,7 @@ mod tests {
 
     #[test]
     fn malformed_arguments_get_one_correction_then_fail() {
-        let hooks = Hooks::supervisor();
+        let hooks = Hooks::supervisor().expect("distinct orders");
         let mut state = LoopState::default();
         assert!(matches!(
             before(&hooks, &mut state, "file_read", "{not json"),
@@ -422,7 +437,7 @@ mod tests {
 
     #[test]
     fn tools_above_the_tier_and_unknown_tools_are_refused() {
-        let hooks = Hooks::supervisor();
+        let hooks = Hooks::supervisor().expect("distinct orders");
         let mut state = LoopState {
             tier: Some(Tier::Read),
             ..LoopState::default()
@@ -443,11 +458,19 @@ mod tests {
             before(&hooks, &mut state, "shell_exec", r#"{"command": "id"}"#),
             Verdict::Continue
         );
+        state.allowed_tools = Some(vec!["file_read".into()]);
+        assert!(matches!(
+            before(&hooks, &mut state, "shell_exec", r#"{"command": "id"}"#),
+            Verdict::Refuse {
+                rule: "not_allowed",
+                ..
+            }
+        ));
     }
 
     #[test]
     fn failures_are_counted_per_tool_and_reset_on_success() {
-        let hooks = Hooks::supervisor();
+        let hooks = Hooks::supervisor().expect("distinct orders");
         let mut state = LoopState::default();
         let args = json!({});
         let call = CallFacts {

@@ -146,6 +146,7 @@ impl AgentRuntime {
         messages.push(Message::text(Role::User, spec.prompt.clone()));
         let mut state = LoopState {
             tier: Some(plan.tier),
+            allowed_tools: plan.allowed_tools.clone(),
             ..LoopState::default()
         };
         let mut usage = Usage::default();

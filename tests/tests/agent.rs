@@ -521,3 +521,22 @@ fn sigterm_hands_back_queued_tasks_and_cancels_running_ones_after_the_grace_peri
         Some(0)
     );
 }
+
+#[test]
+fn a_task_that_keeps_calling_tools_stops_at_max_rounds() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    fake.push((0..3).map(|i| Scripted::tool("list_nodes", &format!("{{\"page\": {i}}}"))));
+    let (code, result) = harness
+        .run_json(
+            &node,
+            &["--role", "chat", "--max-rounds", "2", "keep going"],
+        )
+        .expect("run");
+    assert_eq!(code, Some(1));
+    assert_eq!(result["error_kind"], "budget", "{result:#}");
+    assert_eq!(result["error_fields"]["what"], "rounds");
+    assert_eq!(result["error_fields"]["limit"], "2");
+    assert_eq!(fake.requests().len(), 2);
+}

@@ -1,12 +1,13 @@
 //! Measures the agent loop's overhead per round against the scripted fake OpenAI server: the
-//! wall time of a task with 21 rounds (20 `list_nodes` calls, then an answer) minus that of a
-//! one-round task, divided by 20. Both are full `mesh-cli run` invocations against a release
-//! node, so process start-up and TLS cancel out; what remains per round is one streamed model
-//! call over HTTP, one tool call, the supervisor hooks and the persisted events.
+//! run time of a task with 21 rounds (20 `list_nodes` calls, then an answer) minus that of a
+//! one-round task, divided by 20. Run time is taken from the task's own events (`started` to
+//! `completed`, stamped by the node), so the CLI's start-up and TLS handshake are not in it;
+//! what remains per round is one streamed model call over HTTP, one tool call, the supervisor
+//! hooks and the persisted events.
 //!
 //! Run: `cargo build --release --bins && target/release/loop-bench [RUNS]` (default 10).
 
-use std::{process::ExitCode, time::Instant};
+use std::process::ExitCode;
 
 use mesh_tests::{
     Harness, NodeOptions,
@@ -40,14 +41,26 @@ fn bench(runs: usize) -> anyhow::Result<()> {
     let time_task = |rounds: usize| -> anyhow::Result<f64> {
         fake.push((1..rounds).map(|i| Scripted::tool("list_nodes", &format!("{{\"i\": {i}}}"))));
         fake.push([Scripted::text("done")]);
-        let started = Instant::now();
         let (code, result) = harness.run_json(
             &node,
             &["--role", "chat", "--max-rounds", "50", "benchmark"],
         )?;
-        let elapsed = started.elapsed().as_secs_f64() * 1000.0;
         anyhow::ensure!(code == Some(0), "task failed: {result}");
-        Ok(elapsed)
+        let id = result["task_id"].as_str().unwrap_or_default();
+        let output = harness.cli(&node, &["tasks", "show", id, "--json"])?;
+        let shown: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+        let at = |kind: &str| {
+            shown["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["type"] == kind)
+                .and_then(|e| e["at_ms"].as_u64())
+        };
+        match (at("started"), at("completed")) {
+            (Some(start), Some(end)) => Ok((end - start) as f64),
+            _ => anyhow::bail!("task {id} has no started/completed events"),
+        }
     };
     time_task(1)?; // warm-up
     let mut one = Vec::new();
@@ -62,8 +75,8 @@ fn bench(runs: usize) -> anyhow::Result<()> {
     };
     let (t1, tn) = (median(&mut one), median(&mut many));
     println!("runs: {runs}");
-    println!("1-round task (median):   {t1:8.1} ms");
-    println!("{ROUNDS}-round task (median): {tn:8.1} ms");
+    println!("1-round task, started→completed (median):  {t1:8.1} ms");
+    println!("{ROUNDS}-round task, started→completed (median): {tn:8.1} ms");
     println!(
         "overhead per round:      {:8.2} ms",
         (tn - t1) / (ROUNDS - 1) as f64

@@ -32,6 +32,22 @@ pub(crate) struct RunArgs {
     /// Token budget over all rounds (default: the node's).
     #[arg(long)]
     token_budget: Option<u64>,
+    /// Require the node to have this: `gpu`.
+    #[arg(long, value_parser = ["gpu"])]
+    require: Vec<String>,
+    /// Require a GPU with at least this much (free) VRAM, MiB.
+    #[arg(long, value_name = "MB")]
+    min_vram: Option<u64>,
+    /// Require a node label, KEY=VALUE; repeatable.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Run only on the node with this name.
+    #[arg(long, value_name = "NODE")]
+    on: Option<String>,
+    /// Print how the node would route the task (every candidate with its score or why it is
+    /// excluded) and run nothing.
+    #[arg(long)]
+    explain: bool,
     /// Print one JSON object when the task ends instead of streaming:
     /// {"task_id", "status", "output", "executed_on", "error"}.
     #[arg(long)]
@@ -102,8 +118,18 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
         timeout_s: args.timeout.unwrap_or(0),
         max_rounds: args.max_rounds.unwrap_or(0),
         token_budget: args.token_budget.unwrap_or(0),
+        require: Some(pb::Requirements {
+            gpu: args.require.iter().any(|r| r == "gpu"),
+            min_vram_mb: args.min_vram.unwrap_or(0),
+            labels: args.labels.into_iter().collect(),
+        }),
+        on: args.on.unwrap_or_default(),
+        lineage: None,
     };
     let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
+    if args.explain {
+        return explain(&mut client, request, args.json).await;
+    }
     let mut stream = match client.submit(request).await {
         Ok(response) => response.into_inner(),
         // Scripts get the one JSON object even when the task was never admitted.
@@ -184,6 +210,70 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
     }
 }
 
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}
+
+async fn explain(
+    client: &mut Client,
+    request: pb::SubmitRequest,
+    json: bool,
+) -> anyhow::Result<()> {
+    let candidates = client
+        .explain(request)
+        .await
+        .map_err(|s| anyhow!("explain: {}", s.message()))?
+        .into_inner()
+        .candidates;
+    if json {
+        let list: Vec<Value> = candidates
+            .iter()
+            .map(|c| json!({"node": c.node, "node_id": c.node_id, "local": c.local, "eligible": c.eligible,
+                            "score": c.eligible.then_some(c.score), "reason": c.reason}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "candidates": list }))?
+        );
+        return Ok(());
+    }
+    let rows: Vec<[String; 4]> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let name = if c.local {
+                format!("{} (this node)", c.node)
+            } else {
+                c.node.clone()
+            };
+            if c.eligible {
+                [
+                    format!("{}", i + 1),
+                    name,
+                    format!("{:.2}", c.score),
+                    if i == 0 {
+                        "chosen".into()
+                    } else {
+                        "eligible".into()
+                    },
+                ]
+            } else {
+                [
+                    "-".into(),
+                    name,
+                    "-".into(),
+                    format!("excluded: {}", c.reason),
+                ]
+            }
+        })
+        .collect();
+    print_table(&["RANK", "NODE", "SCORE", "VERDICT"], &rows);
+    Ok(())
+}
+
 pub(crate) async fn tasks(conn: &ConnArgs, args: TasksArgs) -> anyhow::Result<()> {
     let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
     match args.command {
@@ -225,6 +315,10 @@ async fn list(client: &mut Client, json: bool, limit: u32) -> anyhow::Result<()>
                 "finished_at_ms": (t.finished_at_ms > 0).then_some(t.finished_at_ms),
                 "executed_on": t.executed_on,
                 "error": t.error.as_ref().map(|e| e.message.clone()),
+                "parent_id": t.parent_id,
+                "origin_node": t.origin_node,
+                "hops": t.hops,
+                "route": t.route,
             })
         })
         .collect();
@@ -290,6 +384,41 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("task {id}");
+    let summary = client
+        .list(pb::ListTasksRequest { limit: 1000 })
+        .await
+        .ok()
+        .and_then(|r| r.into_inner().tasks.into_iter().find(|t| t.task_id == id));
+    if let Some(t) = summary {
+        println!("  status:   {}", status_name(t.status));
+        println!(
+            "  target:   {} (tier {})",
+            t.target,
+            match pb::Tier::try_from(t.tier) {
+                Ok(pb::Tier::Shell) => "shell",
+                Ok(pb::Tier::Write) => "write",
+                _ => "read",
+            }
+        );
+        let origin = if t.origin_node.is_empty() {
+            "this node".to_owned()
+        } else {
+            t.origin_node.clone()
+        };
+        println!(
+            "  lineage:  origin {origin}, hops {}{}",
+            t.hops,
+            if t.parent_id.is_empty() {
+                String::new()
+            } else {
+                format!(", parent {}", t.parent_id)
+            }
+        );
+        if !t.route.is_empty() {
+            println!("  route:    {}", t.route.join(" → "));
+        }
+        println!("  executed on: {}", t.executed_on);
+    }
     let mut output = String::new();
     for kind in events.iter().filter_map(|e| e.kind.as_ref()) {
         match kind {
@@ -319,6 +448,7 @@ fn kind_name(kind: &Kind) -> &'static str {
         Kind::OutputDelta(_) => "output_delta",
         Kind::Completed(_) => "completed",
         Kind::Failed(_) => "failed",
+        Kind::Delegated(_) => "delegated",
     }
 }
 
@@ -379,6 +509,13 @@ fn describe(kind: &Kind) -> Option<String> {
                 .map(|e| e.message.as_str())
                 .unwrap_or("unknown error")
         ),
+        Kind::Delegated(d) if d.attempt > 1 => {
+            format!(
+                "↪ re-routed to {} (attempt {}): {}",
+                d.node, d.attempt, d.reason
+            )
+        }
+        Kind::Delegated(d) => format!("↪ delegated to {}", d.node),
     })
 }
 

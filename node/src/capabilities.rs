@@ -119,6 +119,10 @@ pub struct Load {
     pub running: u32,
     /// Tasks waiting.
     pub queued: u32,
+    /// Workers (tasks that can run at once).
+    pub workers: u32,
+    /// Tasks that may wait before the node refuses more.
+    pub queue_capacity: u32,
 }
 
 /// Overall health.
@@ -147,6 +151,8 @@ pub struct Health {
 pub struct LoadGauge {
     running: AtomicU32,
     queued: AtomicU32,
+    workers: AtomicU32,
+    queue_capacity: AtomicU32,
 }
 
 impl LoadGauge {
@@ -155,6 +161,8 @@ impl LoadGauge {
         Load {
             running: self.running.load(Ordering::Relaxed),
             queued: self.queued.load(Ordering::Relaxed),
+            workers: self.workers.load(Ordering::Relaxed),
+            queue_capacity: self.queue_capacity.load(Ordering::Relaxed),
         }
     }
 
@@ -162,6 +170,9 @@ impl LoadGauge {
     pub fn set(&self, load: Load) {
         self.running.store(load.running, Ordering::Relaxed);
         self.queued.store(load.queued, Ordering::Relaxed);
+        self.workers.store(load.workers, Ordering::Relaxed);
+        self.queue_capacity
+            .store(load.queue_capacity, Ordering::Relaxed);
     }
 }
 

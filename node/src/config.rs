@@ -22,7 +22,13 @@ pub const DEFAULT_PORT: u16 = 7700;
 pub const LAST_FALLBACK_PORT: u16 = 7710;
 /// Names of the tools a node registers (see `agent::tools`); persona `tools` lists are checked
 /// against it.
-pub const KNOWN_TOOLS: &[&str] = &["list_nodes", "file_read", "file_write", "shell_exec"];
+pub const KNOWN_TOOLS: &[&str] = &[
+    "list_nodes",
+    "file_read",
+    "file_write",
+    "shell_exec",
+    "delegate",
+];
 
 /// Longest node name: one DNS label, which is also the mDNS instance name limit.
 pub const MAX_NAME_LEN: usize = 63;

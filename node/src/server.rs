@@ -190,8 +190,13 @@ impl Node {
             id: id.clone(),
             port: addr.port(),
         };
-        let membership =
-            Membership::new(id.clone(), hello, dialer, peers.clone(), events_tx.clone());
+        let membership = Membership::new(
+            id.clone(),
+            hello,
+            dialer.clone(),
+            peers.clone(),
+            events_tx.clone(),
+        );
         background_tasks.spawn(membership.run(events_rx, background.child_token()));
 
         let mut sources: Vec<Box<dyn Discovery>> = Vec::new();
@@ -260,10 +265,12 @@ impl Node {
                 }
             });
         }
+        let mesh = crate::agent::tools::MeshSlot::default();
         let tools = Arc::new(ToolRegistry::new(
             caps.clone(),
             peers.clone(),
             config.tool_roots.clone(),
+            mesh.clone(),
         ));
         let runtime = Arc::new(AgentRuntime::new(
             models,
@@ -309,6 +316,16 @@ impl Node {
             mesh_tls.is_some(),
         );
 
+        let tasks_service = TasksService::new(
+            tasks.clone(),
+            caps.clone(),
+            peers.clone(),
+            dialer.clone(),
+            mesh_tls.is_some(),
+        );
+        // The `delegate` tool routes sub-tasks through the same service as any caller.
+        let _ = mesh.set(Arc::new(tasks_service.clone()));
+
         let mut builder = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(1)))
             .http2_keepalive_timeout(Some(Duration::from_secs(2)))
@@ -320,7 +337,7 @@ impl Node {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(service.into_server())
-            .add_service(TasksService::new(tasks.clone()).into_server());
+            .add_service(tasks_service.into_server());
         let stop = serve.clone();
         let server_task = tokio::spawn(
             router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {

@@ -31,6 +31,7 @@ use crate::{
     capabilities::{Capabilities, Load, unix_ms},
     config::{TaskLimits, Tier},
     llm::Usage,
+    router::Requirements,
 };
 
 /// Longest prompt accepted.
@@ -75,6 +76,70 @@ pub struct TaskSpec {
     pub max_rounds: Option<u32>,
     /// Token budget; `None` = default.
     pub token_budget: Option<u64>,
+    /// What the executing node must have (and `on`).
+    #[serde(default)]
+    pub require: Requirements,
+    /// Where the task comes from.
+    #[serde(default)]
+    pub lineage: Lineage,
+}
+
+/// Where a task comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Lineage {
+    /// Set when another node forwarded this very task: keep its id.
+    pub task_id: Option<String>,
+    /// The task that started this one as a sub-task.
+    pub parent_id: Option<String>,
+    /// The node the task (or its root) was first submitted to; empty = this node.
+    pub origin: String,
+    /// Forwards and sub-task levels so far.
+    pub hops: u32,
+}
+
+/// Most forwards and sub-task levels a task may go through.
+pub const MAX_HOPS: u32 = 4;
+
+/// Where an admitted task runs.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    /// On this node's workers.
+    Local,
+    /// On other nodes, tried in order (the first, then failover to the next).
+    Remote {
+        /// `(name, address)` of the candidates, best first.
+        candidates: Vec<(String, String)>,
+        /// How to reach them.
+        forwarder: Arc<dyn Forwarder>,
+    },
+}
+
+/// Why forwarding a task to one node did not produce an outcome.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ForwardError {
+    /// The node's queue is full (`RESOURCE_EXHAUSTED`): try the next.
+    #[error("queue full: {0}")]
+    Exhausted(String),
+    /// The node refused the task or could not be reached: try the next.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The node refused the task for good (tier, hop limit, bad request).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// Sends a task to another node and streams back its events.
+pub trait Forwarder: Send + Sync + fmt::Debug {
+    /// Submits `spec` to the node at `addr`; the stream ends with its terminal event, or with an
+    /// error when the connection breaks.
+    fn forward(
+        &self,
+        addr: String,
+        spec: TaskSpec,
+    ) -> crate::llm::BoxFuture<
+        'static,
+        Result<mpsc::Receiver<Result<TaskEvent, ForwardError>>, ForwardError>,
+    >;
 }
 
 /// Why a task failed: one hierarchy, with the fields of each kind.
@@ -291,6 +356,15 @@ pub enum EventKind {
         /// Why.
         error: TaskError,
     },
+    /// Sent to another node.
+    Delegated {
+        /// The node.
+        node: String,
+        /// 1-based; more than 1 is a failover.
+        attempt: u32,
+        /// Why the previous attempt ended.
+        reason: String,
+    },
 }
 
 impl EventKind {
@@ -331,6 +405,9 @@ pub struct TaskRecord {
     pub output: Option<String>,
     /// Why it failed.
     pub error: Option<TaskError>,
+    /// Nodes it was sent to, in order (empty when it ran here).
+    #[serde(default)]
+    pub route: Vec<String>,
 }
 
 /// Admission errors.
@@ -514,6 +591,7 @@ impl TaskManager {
             running: tokio::sync::watch::Sender::new(0),
             queued: AtomicU32::new(0),
         });
+        inner.publish_load();
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         for _ in 0..limits.workers {
             workers.spawn(worker(inner.clone(), rx.clone(), stop.clone()));
@@ -523,7 +601,14 @@ impl TaskManager {
 
     /// Admits a task: checks it can run here, reserves a queue slot (or refuses), records it
     /// and emits `Accepted`. Returns the task id.
-    pub fn submit(&self, spec: TaskSpec) -> Result<String, SubmitError> {
+    pub fn submit(&self, spec: TaskSpec, placement: Placement) -> Result<String, SubmitError> {
+        if let Placement::Remote {
+            candidates,
+            forwarder,
+        } = placement
+        {
+            return self.submit_remote(spec, candidates, forwarder);
+        }
         self.inner
             .runtime
             .check(&spec)
@@ -543,38 +628,8 @@ impl TaskManager {
             mpsc::error::TrySendError::Closed(()) => SubmitError::ShuttingDown,
         })?;
 
-        let id = uuid::Uuid::now_v7().to_string();
-        let timeout = spec.timeout.unwrap_or(self.inner.limits.timeout);
-        let record = TaskRecord {
-            id: id.clone(),
-            status: TaskStatus::Queued,
-            spec: spec.clone(),
-            created_at_ms: unix_ms(SystemTime::now()),
-            finished_at_ms: None,
-            executed_on: self.inner.node.clone(),
-            output: None,
-            error: None,
-        };
-        self.inner
-            .store
-            .put_record(&record)
-            .map_err(SubmitError::Storage)?;
-        let (events, _) = broadcast::channel(1024);
-        let task = Arc::new(LiveTask {
-            id: id.clone(),
-            spec,
-            deadline: Instant::now() + timeout,
-            cancel: CancellationToken::new(),
-            cancel_reason: Mutex::default(),
-            seq: AtomicU64::new(0),
-            events,
-            record: Mutex::new(record),
-        });
-        self.inner
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), task.clone());
+        let task = self.inner.admit(spec, TaskStatus::Queued, Vec::new())?;
+        let id = task.id.clone();
         let position = self.inner.queued.fetch_add(1, Ordering::SeqCst);
         self.inner.publish_load();
         self.inner.emitter(&task).emit(EventKind::Accepted {
@@ -582,6 +637,54 @@ impl TaskManager {
             queue_position: position,
         });
         permit.send(task);
+        Ok(id)
+    }
+
+    fn submit_remote(
+        &self,
+        spec: TaskSpec,
+        candidates: Vec<(String, String)>,
+        forwarder: Arc<dyn Forwarder>,
+    ) -> Result<String, SubmitError> {
+        if self
+            .inner
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+        {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let route = candidates
+            .first()
+            .map(|(name, _)| vec![name.clone()])
+            .unwrap_or_default();
+        let task = self.inner.admit(spec, TaskStatus::Running, route)?;
+        let id = task.id.clone();
+        self.inner.emitter(&task).emit(EventKind::Accepted {
+            node: self.inner.node.clone(),
+            queue_position: 0,
+        });
+        self.inner.running.send_modify(|n| *n += 1);
+        self.inner.publish_load();
+        let inner = self.inner.clone();
+        tokio::spawn(async move {
+            let emitter = inner.emitter(&task);
+            let run = forward(&inner, &task, &emitter, candidates, forwarder);
+            let result = tokio::select! {
+                () = task.cancel.cancelled() => Err(TaskError::Cancelled {
+                    reason: task.cancel_reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+                        .unwrap_or_else(|| "cancelled by a caller".into()),
+                }),
+                () = tokio::time::sleep_until(task.deadline) => Err(TaskError::Deadline {
+                    seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
+                }),
+                result = run => result,
+            };
+            inner.finish(&task, result);
+            inner.running.send_modify(|n| *n -= 1);
+            inner.publish_load();
+        });
         Ok(id)
     }
 
@@ -730,6 +833,60 @@ impl TaskManager {
 }
 
 impl Inner {
+    /// Records a new task and makes it live.
+    fn admit(
+        &self,
+        spec: TaskSpec,
+        status: TaskStatus,
+        route: Vec<String>,
+    ) -> Result<Arc<LiveTask>, SubmitError> {
+        let id = match &spec.lineage.task_id {
+            Some(id) => {
+                if self.live(id).is_some() || self.store.record(id).ok().flatten().is_some() {
+                    return Err(SubmitError::Rejected(TaskError::Routing {
+                        message: format!(
+                            "task `{id}` already exists on this node (a delegation loop?)"
+                        ),
+                    }));
+                }
+                id.clone()
+            }
+            None => uuid::Uuid::now_v7().to_string(),
+        };
+        let timeout = spec.timeout.unwrap_or(self.limits.timeout);
+        let executed_on = route.first().cloned().unwrap_or_else(|| self.node.clone());
+        let record = TaskRecord {
+            id: id.clone(),
+            status,
+            spec: spec.clone(),
+            created_at_ms: unix_ms(SystemTime::now()),
+            finished_at_ms: None,
+            executed_on,
+            output: None,
+            error: None,
+            route,
+        };
+        self.store
+            .put_record(&record)
+            .map_err(SubmitError::Storage)?;
+        let (events, _) = broadcast::channel(1024);
+        let task = Arc::new(LiveTask {
+            id: id.clone(),
+            spec,
+            deadline: Instant::now() + timeout,
+            cancel: CancellationToken::new(),
+            cancel_reason: Mutex::default(),
+            seq: AtomicU64::new(0),
+            events,
+            record: Mutex::new(record),
+        });
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, task.clone());
+        Ok(task)
+    }
+
     fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
         self.live
             .lock()
@@ -749,6 +906,8 @@ impl Inner {
         self.caps.load_gauge().set(Load {
             running: *self.running.borrow(),
             queued: self.queued.load(Ordering::SeqCst),
+            workers: self.limits.workers as u32,
+            queue_capacity: self.limits.queue as u32,
         });
         self.caps.notify();
     }
@@ -767,10 +926,12 @@ impl Inner {
             Ok(answer) => {
                 record.status = TaskStatus::Completed;
                 record.output = Some(answer.output.clone());
+                let executed_on = answer.executed_on.unwrap_or_else(|| self.node.clone());
+                record.executed_on = executed_on.clone();
                 EventKind::Completed {
                     output: answer.output,
                     usage: answer.usage,
-                    executed_on: self.node.clone(),
+                    executed_on,
                     rounds: answer.rounds,
                 }
             }
@@ -850,6 +1011,112 @@ async fn worker(
         inner.publish_load();
     }
 }
+
+/// Tool names whose tier is `write` or `shell`: once one ran on a node, the task is not re-run
+/// elsewhere (its side effects may have happened).
+fn has_side_effects(tool: &str) -> bool {
+    matches!(tool, "file_write" | "shell_exec" | "memory_put")
+}
+
+/// Runs a task on other nodes: forwards it to each candidate in turn, relaying its events,
+/// until one gives an outcome. A broken stream or a full queue moves on to the next candidate
+/// (at most [`MAX_FAILOVERS`] times after the first), unless a side-effecting tool already ran.
+async fn forward(
+    inner: &Inner,
+    task: &LiveTask,
+    events: &Emitter,
+    candidates: Vec<(String, String)>,
+    forwarder: Arc<dyn Forwarder>,
+) -> Result<crate::agent::Answer, TaskError> {
+    let mut spec = task.spec.clone();
+    spec.lineage.task_id = Some(task.id.clone());
+    spec.lineage.hops += 1;
+    if spec.lineage.origin.is_empty() {
+        spec.lineage.origin = inner.node.clone();
+    }
+    let mut failures: Vec<String> = Vec::new();
+    for (index, (name, addr)) in candidates.into_iter().enumerate() {
+        let attempt = index as u32 + 1;
+        if attempt > MAX_FAILOVERS + 1 {
+            break;
+        }
+        let remaining = task.deadline.saturating_duration_since(Instant::now());
+        spec.timeout = Some(remaining.max(Duration::from_secs(1)));
+        events.emit(EventKind::Delegated {
+            node: name.clone(),
+            attempt,
+            reason: failures.last().cloned().unwrap_or_default(),
+        });
+        {
+            let mut record = task.record.lock().unwrap_or_else(|p| p.into_inner());
+            if record.route.last() != Some(&name) {
+                record.route.push(name.clone());
+            }
+            record.executed_on = name.clone();
+            let _ = inner.store.put_record(&record);
+        }
+        let mut stream = match forwarder.forward(addr.clone(), spec.clone()).await {
+            Ok(stream) => stream,
+            Err(ForwardError::Refused(why)) => {
+                return Err(TaskError::Routing {
+                    message: format!("{name} refused the task: {why}"),
+                });
+            }
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let mut side_effect: Option<String> = None;
+        let lost = loop {
+            let event = match stream.recv().await {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => break e,
+                None => break ForwardError::Unavailable("stream ended without an outcome".into()),
+            };
+            match event.kind {
+                EventKind::Completed {
+                    output,
+                    usage,
+                    executed_on,
+                    rounds,
+                } => {
+                    return Ok(crate::agent::Answer {
+                        output,
+                        usage,
+                        rounds,
+                        executed_on: Some(executed_on),
+                    });
+                }
+                EventKind::Failed { error } => return Err(error),
+                // The executing node's own admission is not news to our caller.
+                EventKind::Accepted { .. } => {}
+                kind => {
+                    if let EventKind::ToolCalled { name: tool, .. } = &kind
+                        && has_side_effects(tool)
+                    {
+                        side_effect = Some(tool.clone());
+                    }
+                    events.emit(kind);
+                }
+            }
+        };
+        if let Some(tool) = side_effect {
+            return Err(TaskError::Routing {
+                message: format!(
+                    "node {name} was lost after running `{tool}` (its side effects may have happened), so the task is not re-run elsewhere: {lost}"
+                ),
+            });
+        }
+        failures.push(format!("{name}: {lost}"));
+    }
+    Err(TaskError::Routing {
+        message: format!("no node completed the task: {}", failures.join("; ")),
+    })
+}
+
+/// Re-routes after the first node at most this many times.
+pub const MAX_FAILOVERS: u32 = 2;
 
 /// Marks tasks left queued or running by a previous process as failed.
 fn recover(store: &Store) {

@@ -467,7 +467,7 @@ max_tier = "read"
         result["error"]
             .as_str()
             .expect("error")
-            .contains("no persona named `nobody`")
+            .contains("has no persona `nobody`")
     );
 }
 
@@ -539,4 +539,55 @@ fn a_task_that_keeps_calling_tools_stops_at_max_rounds() {
     assert_eq!(result["error_fields"]["what"], "rounds");
     assert_eq!(result["error_fields"]["limit"], "2");
     assert_eq!(fake.requests().len(), 2);
+}
+
+#[test]
+fn a_persona_that_always_delegates_is_stopped_by_the_hop_limit() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    // Each nesting level holds a worker while its sub-task runs, so give it enough of them.
+    let config = r#"
+[[personas]]
+name = "relay"
+role = "chat"
+system_prompt = "Always delegate."
+tools = ["delegate"]
+
+[tasks]
+workers = 8
+"#;
+    let node = start(&harness, "alpha", &model_config(&fake, config));
+    let call = r#"{"persona": "relay", "prompt": "go deeper"}"#;
+    fake.push((0..5).map(|_| Scripted::tool("delegate", call)));
+    fake.push((0..5).map(|_| Scripted::text("stopped")));
+    let (code, result) = harness
+        .run_json(&node, &["--persona", "relay", "start"])
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    // Levels 0..=4 ran; the fifth nesting (hops 5) was refused and the model saw why.
+    let refused = fake
+        .requests()
+        .iter()
+        .any(|r| r["messages"].to_string().contains("hop limit"));
+    assert!(
+        refused,
+        "the innermost delegate call was refused by the hop limit"
+    );
+    let output = harness.cli(&node, &["tasks", "--json"]).expect("tasks");
+    let list: Value = serde_json::from_slice(&output.stdout).expect("json");
+    let mut hops: Vec<u64> = list["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .map(|t| t["hops"].as_u64().expect("hops"))
+        .collect();
+    hops.sort_unstable();
+    assert_eq!(hops, [0, 1, 2, 3, 4]);
+    let with_parent = list["tasks"]
+        .as_array()
+        .expect("tasks")
+        .iter()
+        .filter(|t| !t["parent_id"].as_str().unwrap_or_default().is_empty())
+        .count();
+    assert_eq!(with_parent, 4, "every sub-task names its parent");
 }

@@ -41,6 +41,8 @@ pub struct Answer {
     pub usage: Usage,
     /// Rounds used.
     pub rounds: u32,
+    /// The node that ran it, when not this one (delegated tasks).
+    pub executed_on: Option<String>,
 }
 
 /// What a task resolves to on this node.
@@ -150,6 +152,10 @@ impl AgentRuntime {
             ..LoopState::default()
         };
         let mut usage = Usage::default();
+        let ctx = tools::ToolContext {
+            task_id: events.task_id().to_owned(),
+            spec: spec.clone(),
+        };
 
         for round in 1..=max_rounds {
             let shortened = compact(&mut messages, &tools, window);
@@ -181,6 +187,7 @@ impl AgentRuntime {
                     output: response.content,
                     usage,
                     rounds: round,
+                    executed_on: None,
                 });
             }
             messages.push(Message {
@@ -192,7 +199,7 @@ impl AgentRuntime {
             let mut interventions = Vec::new();
             for call in &response.tool_calls {
                 let result = self
-                    .tool_call(call, &mut state, events, &mut interventions)
+                    .tool_call(&ctx, call, &mut state, events, &mut interventions)
                     .await?;
                 messages.push(Message::tool_result(&call.id, result));
             }
@@ -210,6 +217,7 @@ impl AgentRuntime {
     /// Runs one tool call through the supervisor; returns what the model sees.
     async fn tool_call(
         &self,
+        ctx: &tools::ToolContext,
         call: &crate::llm::ToolCall,
         state: &mut LoopState,
         events: &Emitter,
@@ -233,7 +241,11 @@ impl AgentRuntime {
             name: &call.name,
             raw_arguments: &call.arguments,
             arguments: parsed.as_ref(),
-            tool_tier: tool.as_ref().map(|t| t.tier()),
+            tool_tier: tool.as_ref().map(|t| {
+                parsed
+                    .as_ref()
+                    .map_or(t.tier(), |args| t.effective_tier(args))
+            }),
         };
         let before = self.hooks.run(
             Stage::BeforeTool,
@@ -263,7 +275,7 @@ impl AgentRuntime {
             Verdict::Continue => Ok(()),
         };
         let (ok, ran, output) = match (run, tool, parsed.as_ref()) {
-            (Ok(()), Some(tool), Some(args)) => match tool.call(args).await {
+            (Ok(()), Some(tool), Some(args)) => match tool.call(args, ctx).await {
                 Ok(output) => (true, true, output),
                 Err(error) => (false, true, format!("error: {error}")),
             },

@@ -22,6 +22,7 @@ use crate::{
     config::Tier,
     llm::{BoxFuture, ToolSpec},
     peers::PeerTable,
+    tasks::{Lineage, Target, TaskSpec},
 };
 
 /// Cap on what one tool returns to the model (and on `shell_exec` output).
@@ -34,8 +35,36 @@ pub trait Tool: Send + Sync + std::fmt::Debug {
     /// Permission tier.
     fn tier(&self) -> Tier;
     /// Runs the tool with already-parsed JSON arguments.
-    fn call<'a>(&'a self, args: &'a Value) -> BoxFuture<'a, Result<String, String>>;
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>>;
+    /// The tier this call counts as (default: the tool's tier). `delegate` counts as the tier
+    /// of the sub-task it asks for.
+    fn effective_tier(&self, _args: &Value) -> Tier {
+        self.tier()
+    }
 }
+
+/// What a tool call knows about the task that makes it.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The task's id.
+    pub task_id: String,
+    /// The task's spec (tier, lineage, deadline).
+    pub spec: TaskSpec,
+}
+
+/// Runs sub-tasks on the mesh for the `delegate` tool: routes them like any submitted task and
+/// waits for the outcome. Set once the Tasks service exists (it needs the tool table first).
+pub trait Mesh: Send + Sync + std::fmt::Debug {
+    /// Runs `spec` to an outcome: its output, or why it failed.
+    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, String>>;
+}
+
+/// Where the `delegate` tool finds the mesh.
+pub type MeshSlot = Arc<std::sync::OnceLock<Arc<dyn Mesh>>>;
 
 /// The one table of tools.
 #[derive(Debug, Default)]
@@ -45,9 +74,15 @@ pub struct ToolRegistry {
 
 impl ToolRegistry {
     /// Registers every tool this node has.
-    pub fn new(caps: Arc<Capabilities>, peers: Arc<PeerTable>, roots: Vec<PathBuf>) -> Self {
+    pub fn new(
+        caps: Arc<Capabilities>,
+        peers: Arc<PeerTable>,
+        roots: Vec<PathBuf>,
+        mesh: MeshSlot,
+    ) -> Self {
         let roots = Arc::new(Roots::new(roots));
         let tools: Vec<Arc<dyn Tool>> = vec![
+            Arc::new(Delegate { mesh }),
             Arc::new(ListNodes { caps, peers }),
             Arc::new(FileRead {
                 roots: roots.clone(),
@@ -204,7 +239,11 @@ impl Tool for ListNodes {
         Tier::Read
     }
 
-    fn call<'a>(&'a self, _args: &'a Value) -> BoxFuture<'a, Result<String, String>> {
+    fn call<'a>(
+        &'a self,
+        _args: &'a Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             let own = self.caps.snapshot();
             let row = |info: &crate::capabilities::NodeInfo, state: &str| {
@@ -252,7 +291,11 @@ impl Tool for FileRead {
         Tier::Read
     }
 
-    fn call<'a>(&'a self, args: &'a Value) -> BoxFuture<'a, Result<String, String>> {
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             let path = self.roots.resolve(str_arg(args, "path")?)?;
             let bytes = tokio::fs::read(&path)
@@ -290,7 +333,11 @@ impl Tool for FileWrite {
         Tier::Write
     }
 
-    fn call<'a>(&'a self, args: &'a Value) -> BoxFuture<'a, Result<String, String>> {
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             let path = self.roots.resolve(str_arg(args, "path")?)?;
             let content = str_arg(args, "content")?;
@@ -359,7 +406,11 @@ impl Tool for ShellExec {
         Tier::Shell
     }
 
-    fn call<'a>(&'a self, args: &'a Value) -> BoxFuture<'a, Result<String, String>> {
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             let command = str_arg(args, "command")?;
             let timeout_s = match args.get("timeout_s") {
@@ -423,9 +474,117 @@ impl Tool for ShellExec {
     }
 }
 
+/// `delegate`: runs a sub-task on the mesh and returns its output.
+#[derive(Debug)]
+struct Delegate {
+    mesh: MeshSlot,
+}
+
+fn tier_arg(args: &Value) -> Result<Tier, String> {
+    match args.get("tier").and_then(Value::as_str) {
+        None => Ok(Tier::Read),
+        Some(text) => {
+            Tier::parse(text).ok_or_else(|| format!("`tier` is `{text}`: use read, write or shell"))
+        }
+    }
+}
+
+impl Tool for Delegate {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "delegate".into(),
+            description: "Run a sub-task on the mesh (wherever it fits best) and get its answer. Name exactly one of role, model or persona.".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "prompt": {"type": "string"},
+                    "role": {"type": "string"},
+                    "model": {"type": "string"},
+                    "persona": {"type": "string"},
+                    "tier": {"type": "string", "enum": ["read", "write", "shell"], "description": "default read; at most this task's tier"},
+                    "on": {"type": "string", "description": "a node name"},
+                },
+                "required": ["prompt"],
+            }),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Read
+    }
+
+    fn effective_tier(&self, args: &Value) -> Tier {
+        tier_arg(args).unwrap_or(Tier::Shell)
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let mesh = self
+                .mesh
+                .get()
+                .cloned()
+                .ok_or("the mesh is not ready yet")?;
+            let prompt = str_arg(args, "prompt")?.to_owned();
+            let pick = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_owned);
+            let target = match (pick("role"), pick("model"), pick("persona")) {
+                (Some(r), None, None) => Target::Role(r),
+                (None, Some(m), None) => Target::Model(m),
+                (None, None, Some(p)) => Target::Persona(p),
+                _ => return Err("name exactly one of `role`, `model` or `persona`".into()),
+            };
+            let tier = tier_arg(args)?;
+            if tier > ctx.spec.tier {
+                return Err(format!(
+                    "a sub-task may not ask for tier `{tier}`: this task runs at `{}`",
+                    ctx.spec.tier
+                ));
+            }
+            let spec = TaskSpec {
+                prompt,
+                target,
+                tier,
+                timeout: ctx.spec.timeout,
+                max_rounds: None,
+                token_budget: ctx.spec.token_budget,
+                require: crate::router::Requirements {
+                    on: pick("on"),
+                    ..Default::default()
+                },
+                lineage: Lineage {
+                    task_id: None,
+                    parent_id: Some(ctx.task_id.clone()),
+                    origin: ctx.spec.lineage.origin.clone(),
+                    hops: ctx.spec.lineage.hops + 1,
+                },
+            };
+            mesh.run_subtask(spec).await
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ctx() -> ToolContext {
+        ToolContext {
+            task_id: "t".into(),
+            spec: TaskSpec {
+                prompt: String::new(),
+                target: Target::Role("chat".into()),
+                tier: Tier::Read,
+                timeout: None,
+                max_rounds: None,
+                token_budget: None,
+                require: Default::default(),
+                lineage: Default::default(),
+            },
+        }
+    }
 
     fn roots() -> (tempfile::TempDir, Arc<Roots>) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -457,16 +616,18 @@ mod tests {
             roots: roots.clone(),
         };
         write
-            .call(&json!({"path": "a.txt", "content": "one"}))
+            .call(&json!({"path": "a.txt", "content": "one"}), &ctx())
             .await
             .expect("first write");
         let note = write
-            .call(&json!({"path": "a.txt", "content": "two"}))
+            .call(&json!({"path": "a.txt", "content": "two"}), &ctx())
             .await
             .expect("second write");
         assert!(note.contains(".bak"), "{note}");
         assert_eq!(
-            read.call(&json!({"path": "a.txt"})).await.expect("read"),
+            read.call(&json!({"path": "a.txt"}), &ctx())
+                .await
+                .expect("read"),
             "two"
         );
         let backups: Vec<_> = std::fs::read_dir(roots.default_dir().expect("dir"))
@@ -486,36 +647,39 @@ mod tests {
         let (_dir, roots) = roots();
         let shell = ShellExec { roots };
         let ok = shell
-            .call(&json!({"command": "echo out; echo err >&2"}))
+            .call(&json!({"command": "echo out; echo err >&2"}), &ctx())
             .await
             .expect("success");
         let ok: Value = serde_json::from_str(&ok).expect("json");
         assert_eq!(ok["exit_code"], 0);
         assert_eq!(ok["output"], "out\nerr\n");
         let failed = shell
-            .call(&json!({"command": "exit 3"}))
+            .call(&json!({"command": "exit 3"}), &ctx())
             .await
             .expect_err("exit 3");
         assert!(failed.contains("\"exit_code\":3"), "{failed}");
         let slow = shell
-            .call(&json!({"command": "sleep 5", "timeout_s": 1}))
+            .call(&json!({"command": "sleep 5", "timeout_s": 1}), &ctx())
             .await
             .expect_err("timeout");
         assert!(slow.contains("timed out after 1 s"), "{slow}");
         assert!(
             shell
-                .call(&json!({"command": "true", "timeout_s": 0}))
+                .call(&json!({"command": "true", "timeout_s": 0}), &ctx())
                 .await
                 .is_err()
         );
         assert!(
             shell
-                .call(&json!({"command": "true", "timeout_s": 121}))
+                .call(&json!({"command": "true", "timeout_s": 121}), &ctx())
                 .await
                 .is_err()
         );
         let big = shell
-            .call(&json!({"command": "head -c 200000 /dev/zero | tr '\\0' x"}))
+            .call(
+                &json!({"command": "head -c 200000 /dev/zero | tr '\\0' x"}),
+                &ctx(),
+            )
             .await
             .expect("big output");
         let big: Value = serde_json::from_str(&big).expect("json");

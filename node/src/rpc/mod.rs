@@ -420,6 +420,8 @@ impl From<&NodeInfo> for pb::NodeInfo {
             load: Some(pb::Load {
                 running: info.load.running,
                 queued: info.load.queued,
+                workers: info.load.workers,
+                queue_capacity: info.load.queue_capacity,
             }),
             health: Some(pb::Health {
                 status: match info.health.status {
@@ -531,6 +533,8 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
             load: Load {
                 running: load.running,
                 queued: load.queued,
+                workers: load.workers,
+                queue_capacity: load.queue_capacity,
             },
             health: Health {
                 status: match pb::HealthStatus::try_from(health.status) {
@@ -618,6 +622,8 @@ mod tests {
             load: Load {
                 running: 1,
                 queued: 2,
+                workers: 2,
+                queue_capacity: 16,
             },
             health: Health {
                 status: HealthStatus::Degraded,

@@ -1,6 +1,6 @@
 //! The `agentmesh.v1.Tasks` service: protobuf ↔ task types, and task errors → gRPC status.
 
-use std::pin::Pin;
+use std::{pin::Pin, sync::Arc};
 
 use mesh_proto::v1 as pb;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
@@ -8,26 +8,110 @@ use tonic::{Request, Response, Status};
 
 use super::check_len;
 use crate::{
+    capabilities::Capabilities,
     config::Tier,
+    llm::{BoxFuture, Usage},
+    peers::{PeerState, PeerTable},
+    router::{self, Candidate, Choice, Requirements},
     tasks::{
-        EventKind, LookupError, MAX_PROMPT_BYTES, SubmitError, Target, TaskError, TaskEvent,
-        TaskManager, TaskRecord, TaskSpec, TaskStatus,
+        EventKind, ForwardError, Forwarder, Lineage, LookupError, MAX_HOPS, MAX_PROMPT_BYTES,
+        Placement, SubmitError, Target, TaskError, TaskEvent, TaskManager, TaskRecord, TaskSpec,
+        TaskStatus,
     },
+    tls::Dialer,
 };
 
 /// Longest deadline a caller may ask for.
 const MAX_TIMEOUT_S: u32 = 86_400;
 
-/// The Tasks service.
+/// The Tasks service: validates, routes (here or to a peer) and hands tasks to `TaskManager`.
 #[derive(Debug, Clone)]
 pub struct TasksService {
     tasks: TaskManager,
+    caps: Arc<Capabilities>,
+    peers: Arc<PeerTable>,
+    forwarder: Arc<RemoteTasks>,
+    /// Whether callers present certificates (false in insecure mode).
+    tls: bool,
 }
 
 impl TasksService {
-    /// Wraps the task manager.
-    pub fn new(tasks: TaskManager) -> Self {
-        Self { tasks }
+    /// Wraps the task manager with what routing needs.
+    pub fn new(
+        tasks: TaskManager,
+        caps: Arc<Capabilities>,
+        peers: Arc<PeerTable>,
+        dialer: Dialer,
+        tls: bool,
+    ) -> Self {
+        Self {
+            tasks,
+            caps,
+            peers,
+            forwarder: Arc::new(RemoteTasks { dialer }),
+            tls,
+        }
+    }
+
+    /// Whether the caller is another node (its certificate belongs to a peer), or says it
+    /// forwards on a node's behalf: then `security.remote_max_tier` applies.
+    fn remote_caller<T>(&self, request: &Request<T>, spec: &TaskSpec) -> bool {
+        if spec.lineage.hops > 0 {
+            return true;
+        }
+        self.tls
+            && super::caller_identity(request)
+                .is_ok_and(|caller| self.peers.get(&caller.id).is_some())
+    }
+
+    fn rank(&self, spec: &TaskSpec) -> Vec<router::Ranked> {
+        let own = self.caps.snapshot();
+        let peers = self.peers.snapshot();
+        let mut candidates = vec![Candidate {
+            info: &own,
+            state: PeerState::Up,
+            local: true,
+            rtt_ms: None,
+        }];
+        candidates.extend(peers.iter().map(|p| Candidate {
+            info: &p.info,
+            state: p.state,
+            local: false,
+            rtt_ms: None,
+        }));
+        router::rank(&spec.target, spec.tier, &spec.require, &candidates)
+    }
+
+    /// Checks caps and hops, then decides where the task runs.
+    fn place(&self, spec: &TaskSpec, remote: bool) -> Result<Placement, Status> {
+        if spec.lineage.hops > MAX_HOPS {
+            return Err(Status::failed_precondition(format!(
+                "hop limit: this task has been forwarded or nested {} times (at most {MAX_HOPS}); a delegation loop?",
+                spec.lineage.hops
+            )));
+        }
+        let cap = self.caps.snapshot().remote_max_tier;
+        if remote && spec.tier > cap {
+            return Err(Status::permission_denied(format!(
+                "this node runs remote tasks up to tier `{cap}` and this one asks for `{}` (security.remote_max_tier)",
+                spec.tier
+            )));
+        }
+        match router::choose(&self.rank(spec), spec.lineage.hops > 0) {
+            Choice::Local => Ok(Placement::Local),
+            Choice::Nowhere(message) => Err(Status::failed_precondition(message)),
+            Choice::Remote(ids) => {
+                let candidates = ids
+                    .iter()
+                    .filter_map(|id| self.peers.get(id))
+                    .map(|peer| (peer.info.name, peer.addr))
+                    .collect();
+                Ok(Placement::Remote {
+                    candidates,
+                    forwarder: self.forwarder.clone(),
+                })
+            }
+        }
     }
 
     /// The tonic server, with message size limits.
@@ -60,8 +144,13 @@ impl pb::tasks_server::Tasks for TasksService {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<Self::SubmitStream>, Status> {
+        let remote = {
+            let spec = TaskSpec::try_from(request.get_ref().clone())?;
+            self.remote_caller(&request, &spec)
+        };
         let spec = TaskSpec::try_from(request.into_inner())?;
-        let id = self.tasks.submit(spec).map_err(submit_status)?;
+        let placement = self.place(&spec, remote)?;
+        let id = self.tasks.submit(spec, placement).map_err(submit_status)?;
         let events = self.tasks.watch(&id, true).map_err(lookup_status)?;
         Ok(Response::new(event_stream(events)))
     }
@@ -92,6 +181,26 @@ impl pb::tasks_server::Tasks for TasksService {
         Ok(Response::new(pb::CancelResponse {
             status: pb_status(status) as i32,
         }))
+    }
+
+    async fn explain(
+        &self,
+        request: Request<pb::SubmitRequest>,
+    ) -> Result<Response<pb::Explanation>, Status> {
+        let spec = TaskSpec::try_from(request.into_inner())?;
+        let candidates = self
+            .rank(&spec)
+            .into_iter()
+            .map(|r| pb::Candidate {
+                node: r.node,
+                node_id: r.id.to_string(),
+                local: r.local,
+                eligible: r.verdict.is_ok(),
+                score: *r.verdict.as_ref().unwrap_or(&0.0),
+                reason: r.verdict.err().unwrap_or_default(),
+            })
+            .collect();
+        Ok(Response::new(pb::Explanation { candidates }))
     }
 
     async fn list(
@@ -154,6 +263,19 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
         if request.max_rounds > 1000 {
             return Err(Status::invalid_argument("max_rounds: at most 1000"));
         }
+        let require = request.require.unwrap_or_default();
+        if require.labels.len() > 32 {
+            return Err(Status::invalid_argument("require.labels: at most 32"));
+        }
+        for (k, v) in &require.labels {
+            check_len("require.labels", k, 63)?;
+            check_len("require.labels", v, 253)?;
+        }
+        check_len("on", &request.on, 63)?;
+        let lineage = request.lineage.unwrap_or_default();
+        check_len("lineage.task_id", &lineage.task_id, 64)?;
+        check_len("lineage.parent_id", &lineage.parent_id, 64)?;
+        check_len("lineage.origin_node", &lineage.origin_node, 63)?;
         Ok(TaskSpec {
             prompt: request.prompt,
             target,
@@ -162,6 +284,18 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
                 .then(|| std::time::Duration::from_secs(u64::from(request.timeout_s))),
             max_rounds: (request.max_rounds > 0).then_some(request.max_rounds),
             token_budget: (request.token_budget > 0).then_some(request.token_budget),
+            require: Requirements {
+                gpu: require.gpu,
+                min_vram_mb: (require.min_vram_mb > 0).then_some(require.min_vram_mb),
+                labels: require.labels.into_iter().collect(),
+                on: Some(request.on).filter(|on| !on.is_empty()),
+            },
+            lineage: Lineage {
+                task_id: Some(lineage.task_id).filter(|id| !id.is_empty()),
+                parent_id: Some(lineage.parent_id).filter(|id| !id.is_empty()),
+                origin: lineage.origin_node,
+                hops: lineage.hops,
+            },
         })
     }
 }
@@ -234,6 +368,10 @@ impl From<&TaskRecord> for pb::TaskSummary {
             executed_on: record.executed_on.clone(),
             error: record.error.as_ref().map(pb_error),
             tier: pb_tier(record.spec.tier) as i32,
+            parent_id: record.spec.lineage.parent_id.clone().unwrap_or_default(),
+            origin_node: record.spec.lineage.origin.clone(),
+            hops: record.spec.lineage.hops,
+            route: record.route.clone(),
         }
     }
 }
@@ -314,6 +452,15 @@ impl From<&TaskEvent> for pb::TaskEvent {
             EventKind::Failed { error } => Kind::Failed(pb::Failed {
                 error: Some(pb_error(error)),
             }),
+            EventKind::Delegated {
+                node,
+                attempt,
+                reason,
+            } => Kind::Delegated(pb::Delegated {
+                node: node.clone(),
+                attempt: *attempt,
+                reason: reason.clone(),
+            }),
         };
         Self {
             task_id: event.task_id.clone(),
@@ -321,6 +468,221 @@ impl From<&TaskEvent> for pb::TaskEvent {
             at_ms: event.at_ms,
             kind: Some(kind),
         }
+    }
+}
+
+impl From<&TaskSpec> for pb::SubmitRequest {
+    fn from(spec: &TaskSpec) -> Self {
+        use pb::submit_request::Target as T;
+        Self {
+            prompt: spec.prompt.clone(),
+            target: Some(match &spec.target {
+                Target::Role(r) => T::Role(r.clone()),
+                Target::Model(m) => T::Model(m.clone()),
+                Target::Persona(p) => T::Persona(p.clone()),
+            }),
+            tier: pb_tier(spec.tier) as i32,
+            timeout_s: spec
+                .timeout
+                .map(|t| t.as_secs().clamp(1, u64::from(MAX_TIMEOUT_S)) as u32)
+                .unwrap_or(0),
+            max_rounds: spec.max_rounds.unwrap_or(0),
+            token_budget: spec.token_budget.unwrap_or(0),
+            require: Some(pb::Requirements {
+                gpu: spec.require.gpu,
+                min_vram_mb: spec.require.min_vram_mb.unwrap_or(0),
+                labels: spec.require.labels.clone().into_iter().collect(),
+            }),
+            on: spec.require.on.clone().unwrap_or_default(),
+            lineage: Some(pb::Lineage {
+                task_id: spec.lineage.task_id.clone().unwrap_or_default(),
+                parent_id: spec.lineage.parent_id.clone().unwrap_or_default(),
+                origin_node: spec.lineage.origin.clone(),
+                hops: spec.lineage.hops,
+            }),
+        }
+    }
+}
+
+/// A task event from another node, checked like any network input.
+impl TryFrom<pb::TaskEvent> for TaskEvent {
+    type Error = Status;
+
+    fn try_from(event: pb::TaskEvent) -> Result<Self, Status> {
+        use pb::task_event::Kind;
+        const TEXT: usize = 256 * 1024;
+        let text = |field: &str, value: String| check_len(field, &value, TEXT).map(|()| value);
+        let kind = match event
+            .kind
+            .ok_or_else(|| Status::invalid_argument("kind: missing"))?
+        {
+            Kind::Accepted(a) => EventKind::Accepted {
+                node: text("accepted.node", a.node)?,
+                queue_position: a.queue_position,
+            },
+            Kind::Started(s) => EventKind::Started {
+                node: text("started.node", s.node)?,
+            },
+            Kind::ModelCall(m) => EventKind::ModelCall {
+                model: text("model_call.model", m.model)?,
+                round: m.round,
+                attempt: m.attempt,
+            },
+            Kind::ModelFailed(m) => EventKind::ModelFailed {
+                model: text("model_failed.model", m.model)?,
+                error: text("model_failed.error", m.error)?,
+                falling_through: m.falling_through,
+            },
+            Kind::ToolCalled(t) => EventKind::ToolCalled {
+                call_id: text("tool_called.call_id", t.call_id)?,
+                name: text("tool_called.name", t.name)?,
+                arguments: text("tool_called.arguments", t.arguments)?,
+            },
+            Kind::ToolResult(t) => EventKind::ToolResult {
+                call_id: text("tool_result.call_id", t.call_id)?,
+                name: text("tool_result.name", t.name)?,
+                ok: t.ok,
+                output: text("tool_result.output", t.output)?,
+                consecutive_failures: t.consecutive_failures,
+            },
+            Kind::Intervention(i) => EventKind::Intervention {
+                rule: text("intervention.rule", i.rule)?,
+                message: text("intervention.message", i.message)?,
+            },
+            Kind::OutputDelta(d) => EventKind::OutputDelta {
+                text: text("output_delta.text", d.text)?,
+            },
+            Kind::Completed(c) => EventKind::Completed {
+                output: text("completed.output", c.output)?,
+                usage: c
+                    .usage
+                    .map(|u| Usage {
+                        prompt_tokens: u.prompt_tokens,
+                        completion_tokens: u.completion_tokens,
+                    })
+                    .unwrap_or_default(),
+                executed_on: text("completed.executed_on", c.executed_on)?,
+                rounds: c.rounds,
+            },
+            Kind::Failed(f) => EventKind::Failed {
+                error: task_error_from_wire(f.error.unwrap_or_default()),
+            },
+            Kind::Delegated(d) => EventKind::Delegated {
+                node: text("delegated.node", d.node)?,
+                attempt: d.attempt,
+                reason: text("delegated.reason", d.reason)?,
+            },
+        };
+        Ok(Self {
+            task_id: event.task_id,
+            seq: event.seq,
+            at_ms: event.at_ms,
+            kind,
+        })
+    }
+}
+
+/// Rebuilds a task error from its wire form (kind + fields); unknown kinds become `internal`.
+fn task_error_from_wire(error: pb::TaskError) -> TaskError {
+    let mut fields: serde_json::Map<String, serde_json::Value> = error
+        .fields
+        .into_iter()
+        .map(|(k, v)| {
+            let value = serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v));
+            (k, value)
+        })
+        .collect();
+    fields.insert("kind".into(), serde_json::Value::String(error.kind));
+    serde_json::from_value(serde_json::Value::Object(fields)).unwrap_or(TaskError::Internal {
+        message: error.message,
+    })
+}
+
+impl crate::agent::tools::Mesh for TasksService {
+    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, String>> {
+        let service = self.clone();
+        Box::pin(async move {
+            let placement = service
+                .place(&spec, false)
+                .map_err(|s| s.message().to_owned())?;
+            let id = service
+                .tasks
+                .submit(spec, placement)
+                .map_err(|e| e.to_string())?;
+            let mut events = service.tasks.watch(&id, true).map_err(|e| e.to_string())?;
+            while let Some(event) = events.recv().await {
+                match event.kind {
+                    EventKind::Completed { output, .. } => return Ok(output),
+                    EventKind::Failed { error } => {
+                        return Err(format!("sub-task {id} failed: {error}"));
+                    }
+                    _ => {}
+                }
+            }
+            Err(format!("sub-task {id} ended without an outcome"))
+        })
+    }
+}
+
+/// Forwards tasks to other nodes' `Tasks.Submit` over mTLS.
+#[derive(Debug)]
+pub struct RemoteTasks {
+    dialer: Dialer,
+}
+
+impl Forwarder for RemoteTasks {
+    fn forward(
+        &self,
+        addr: String,
+        spec: TaskSpec,
+    ) -> BoxFuture<
+        'static,
+        Result<tokio::sync::mpsc::Receiver<Result<TaskEvent, ForwardError>>, ForwardError>,
+    > {
+        let dialer = self.dialer.clone();
+        Box::pin(async move {
+            let connection = dialer
+                .connect(&addr)
+                .await
+                .map_err(|e| ForwardError::Unavailable(e.to_string()))?;
+            let mut client = pb::tasks_client::TasksClient::new(connection.channel)
+                .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES);
+            let mut stream = match client.submit(pb::SubmitRequest::from(&spec)).await {
+                Ok(response) => response.into_inner(),
+                Err(status) => {
+                    let message = status.message().to_owned();
+                    return Err(match status.code() {
+                        tonic::Code::ResourceExhausted => ForwardError::Exhausted(message),
+                        tonic::Code::PermissionDenied
+                        | tonic::Code::InvalidArgument
+                        | tonic::Code::FailedPrecondition
+                        | tonic::Code::AlreadyExists => ForwardError::Refused(message),
+                        _ => ForwardError::Unavailable(format!("{}: {message}", status.code())),
+                    });
+                }
+            };
+            let (tx, rx) = tokio::sync::mpsc::channel(256);
+            tokio::spawn(async move {
+                loop {
+                    let item = match stream.message().await {
+                        Ok(Some(event)) => TaskEvent::try_from(event).map_err(|s| {
+                            ForwardError::Unavailable(format!("invalid event: {}", s.message()))
+                        }),
+                        Ok(None) => return,
+                        Err(status) => Err(ForwardError::Unavailable(format!(
+                            "stream broke: {}: {}",
+                            status.code(),
+                            status.message()
+                        ))),
+                    };
+                    let end = item.is_err();
+                    if tx.send(item).await.is_err() || end {
+                        return;
+                    }
+                }
+            });
+            Ok(rx)
+        })
     }
 }
 

@@ -1,0 +1,447 @@
+//! Routing: which node should run a task. A pure function of the task's requirements and a
+//! snapshot of the fleet, with no I/O, so it is tested table-driven and benchmarked directly.
+//!
+//! Hard filters, in order (the first that fails is the reason a node is excluded): the node is
+//! up; it is the node asked for (`on`); it serves the role, model or persona; it has a GPU and
+//! enough VRAM when required; it carries the required labels; it accepts the task's tier (for
+//! remote nodes, their `security.remote_max_tier`); its queue is not full.
+//!
+//! Ranking of the eligible, best first: lower load (running + queued per worker), then more
+//! VRAM (free where known), then a faster model (tokens/s, once nodes measure it), then lower
+//! round-trip time; the local node wins when everything else is equal. The score shown by
+//! `--explain` is that order folded into one number.
+
+use std::collections::BTreeMap;
+
+use crate::{
+    capabilities::NodeInfo, config::Tier, identity::NodeId, peers::PeerState, tasks::Target,
+};
+
+/// What a task needs from the node that runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Requirements {
+    /// At least one GPU.
+    pub gpu: bool,
+    /// A GPU with at least this much VRAM, MiB.
+    pub min_vram_mb: Option<u64>,
+    /// Labels that must match.
+    pub labels: BTreeMap<String, String>,
+    /// Only this node (by name).
+    pub on: Option<String>,
+}
+
+/// One node as the router sees it.
+#[derive(Debug, Clone)]
+pub struct Candidate<'a> {
+    /// Its latest info.
+    pub info: &'a NodeInfo,
+    /// Its liveness (the local node is always up).
+    pub state: PeerState,
+    /// Whether it is this node.
+    pub local: bool,
+    /// Round-trip time, when measured.
+    pub rtt_ms: Option<f64>,
+}
+
+/// The router's verdict on one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranked {
+    /// Node name.
+    pub node: String,
+    /// Node id.
+    pub id: NodeId,
+    /// Whether it is this node.
+    pub local: bool,
+    /// `Ok(score)` when eligible (higher is better), `Err(reason)` when excluded.
+    pub verdict: Result<f64, String>,
+}
+
+/// Ranks `candidates` for a task: eligible ones best first, then the excluded ones by name.
+pub fn rank(
+    target: &Target,
+    tier: Tier,
+    require: &Requirements,
+    candidates: &[Candidate<'_>],
+) -> Vec<Ranked> {
+    let mut ranked: Vec<(Ranked, Key)> = candidates
+        .iter()
+        .map(|c| {
+            let verdict = exclusion(target, tier, require, c);
+            let key = Key::of(c);
+            let ranked = Ranked {
+                node: c.info.name.clone(),
+                id: c.info.id.clone(),
+                local: c.local,
+                verdict: match verdict {
+                    Some(reason) => Err(reason),
+                    None => Ok(key.score()),
+                },
+            };
+            (ranked, key)
+        })
+        .collect();
+    ranked.sort_by(|(a, ka), (b, kb)| match (&a.verdict, &b.verdict) {
+        (Ok(_), Err(_)) => std::cmp::Ordering::Less,
+        (Err(_), Ok(_)) => std::cmp::Ordering::Greater,
+        (Err(_), Err(_)) => a.node.cmp(&b.node),
+        (Ok(_), Ok(_)) => ka.cmp(kb).then_with(|| a.node.cmp(&b.node)),
+    });
+    ranked.into_iter().map(|(r, _)| r).collect()
+}
+
+/// Why `c` cannot run the task, or `None` when it can.
+fn exclusion(
+    target: &Target,
+    tier: Tier,
+    require: &Requirements,
+    c: &Candidate<'_>,
+) -> Option<String> {
+    let info = c.info;
+    if c.state != PeerState::Up {
+        return Some(c.state.as_str().to_owned());
+    }
+    if let Some(on) = &require.on
+        && *on != info.name
+    {
+        return Some(format!("not the requested node `{on}`"));
+    }
+    match target {
+        Target::Role(role) => {
+            if info.role_chains.get(role).is_none_or(Vec::is_empty) {
+                return Some(format!("serves no model for role `{role}`"));
+            }
+        }
+        Target::Model(model) => {
+            if !info.models.iter().any(|m| m.name == *model) {
+                return Some(format!("has no model `{model}`"));
+            }
+        }
+        Target::Persona(persona) => {
+            if !info.personas.iter().any(|p| p.name == *persona) {
+                return Some(format!("has no persona `{persona}`"));
+            }
+        }
+    }
+    let gpus = &info.resources.gpus;
+    if require.gpu && gpus.is_empty() {
+        return Some("has no GPU".into());
+    }
+    if let Some(min) = require.min_vram_mb {
+        let best = gpus
+            .iter()
+            .map(|g| g.vram_free_mb.unwrap_or(g.vram_mb))
+            .max()
+            .unwrap_or(0);
+        if best < min {
+            return Some(format!("has {best} MiB of VRAM, needs {min}"));
+        }
+    }
+    for (key, value) in &require.labels {
+        if info.labels.get(key) != Some(value) {
+            return Some(format!("lacks label {key}={value}"));
+        }
+    }
+    if !c.local && tier > info.remote_max_tier {
+        return Some(format!(
+            "accepts remote tasks up to tier `{}`, this one asks for `{tier}`",
+            info.remote_max_tier
+        ));
+    }
+    if info.load.queue_capacity > 0 && info.load.queued >= info.load.queue_capacity {
+        return Some(format!("queue full ({} waiting)", info.load.queued));
+    }
+    None
+}
+
+/// The ranking order as a sortable key (smaller is better).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Key {
+    load: f64,
+    vram_mb: u64,
+    tokens_per_s: f64,
+    rtt_ms: f64,
+    local: bool,
+}
+
+impl Key {
+    fn of(c: &Candidate<'_>) -> Self {
+        let load = c.info.load;
+        let workers = f64::from(load.workers.max(1));
+        Self {
+            load: f64::from(load.running + load.queued) / workers,
+            vram_mb: c
+                .info
+                .resources
+                .gpus
+                .iter()
+                .map(|g| g.vram_free_mb.unwrap_or(g.vram_mb))
+                .sum(),
+            tokens_per_s: 0.0,
+            rtt_ms: c.rtt_ms.unwrap_or(0.0),
+            local: c.local,
+        }
+    }
+
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.load
+            .total_cmp(&other.load)
+            .then(other.vram_mb.cmp(&self.vram_mb))
+            .then(other.tokens_per_s.total_cmp(&self.tokens_per_s))
+            .then(self.rtt_ms.total_cmp(&other.rtt_ms))
+            .then(other.local.cmp(&self.local))
+    }
+
+    /// A display score that orders like `cmp` for realistic values (higher is better).
+    fn score(&self) -> f64 {
+        let vram_gib = self.vram_mb as f64 / 1024.0;
+        1000.0 - 100.0 * self.load + vram_gib.min(99.0) + self.tokens_per_s.min(999.0) / 1000.0
+            - self.rtt_ms.min(999.0) / 10_000.0
+            + if self.local { 0.00001 } else { 0.0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capabilities::{Gpu, Health, Load, ModelInfo, PersonaInfo, Resources};
+
+    fn node(name: &str, roles: &[&str], gpus: &[u64], load: (u32, u32)) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            id: NodeId::from_spki_der(name.as_bytes()),
+            version: "0".into(),
+            protocol: 1,
+            addrs: vec![],
+            roles: roles.iter().map(|r| (*r).into()).collect(),
+            labels: BTreeMap::new(),
+            personas: vec![PersonaInfo {
+                name: "reviewer".into(),
+                role: "coder".into(),
+            }],
+            models: vec![ModelInfo {
+                name: "m".into(),
+                backend: "openai".into(),
+                model: "m".into(),
+                base_url: String::new(),
+            }],
+            role_chains: roles
+                .iter()
+                .map(|r| ((*r).into(), vec!["m".into()]))
+                .collect(),
+            resources: Resources {
+                gpus: gpus
+                    .iter()
+                    .map(|v| Gpu {
+                        name: "gpu".into(),
+                        vram_mb: *v,
+                        vram_free_mb: None,
+                        source: "declared".into(),
+                    })
+                    .collect(),
+                ..Resources::default()
+            },
+            load: Load {
+                running: load.0,
+                queued: load.1,
+                workers: 2,
+                queue_capacity: 4,
+            },
+            health: Health::default(),
+            cert_fingerprint: String::new(),
+            started_at_ms: 0,
+            remote_max_tier: Tier::Read,
+        }
+    }
+
+    fn up(info: &NodeInfo, local: bool) -> Candidate<'_> {
+        Candidate {
+            info,
+            state: PeerState::Up,
+            local,
+            rtt_ms: None,
+        }
+    }
+
+    fn names(ranked: &[Ranked]) -> Vec<&str> {
+        ranked
+            .iter()
+            .filter(|r| r.verdict.is_ok())
+            .map(|r| r.node.as_str())
+            .collect()
+    }
+
+    fn reason<'a>(ranked: &'a [Ranked], node: &str) -> &'a str {
+        ranked
+            .iter()
+            .find(|r| r.node == node)
+            .and_then(|r| r.verdict.as_ref().err())
+            .map(String::as_str)
+            .unwrap_or("")
+    }
+
+    #[test]
+    fn filters_name_the_reason_for_every_excluded_node() {
+        let laptop = node("laptop", &[], &[], (0, 0));
+        let gpu = node("gpu", &["coder"], &[24576], (0, 0));
+        let small = node("small", &["coder"], &[4096], (0, 0));
+        let mut full = node("full", &["coder"], &[24576], (2, 4));
+        full.labels.insert("site".into(), "home".into());
+        let down = node("down", &["coder"], &[24576], (0, 0));
+        let candidates = vec![
+            up(&laptop, true),
+            up(&gpu, false),
+            up(&small, false),
+            up(&full, false),
+            Candidate {
+                state: PeerState::Down,
+                ..up(&down, false)
+            },
+        ];
+        let require = Requirements {
+            gpu: true,
+            min_vram_mb: Some(8192),
+            ..Requirements::default()
+        };
+        let ranked = rank(
+            &Target::Role("coder".into()),
+            Tier::Read,
+            &require,
+            &candidates,
+        );
+        assert_eq!(names(&ranked), ["gpu"]);
+        assert_eq!(
+            reason(&ranked, "laptop"),
+            "serves no model for role `coder`"
+        );
+        assert_eq!(reason(&ranked, "small"), "has 4096 MiB of VRAM, needs 8192");
+        assert_eq!(reason(&ranked, "full"), "queue full (4 waiting)");
+        assert_eq!(reason(&ranked, "down"), "down");
+        assert_eq!(ranked.len(), 5, "every node is listed");
+    }
+
+    #[test]
+    fn on_labels_tier_model_and_persona_filters() {
+        let mut a = node("a", &["coder"], &[], (0, 0));
+        a.labels.insert("site".into(), "home".into());
+        let b = node("b", &["coder"], &[], (0, 0));
+        let candidates = vec![up(&a, false), up(&b, false)];
+        let coder = Target::Role("coder".into());
+        let on_b = Requirements {
+            on: Some("b".into()),
+            ..Requirements::default()
+        };
+        assert_eq!(names(&rank(&coder, Tier::Read, &on_b, &candidates)), ["b"]);
+        let home = Requirements {
+            labels: [("site".to_owned(), "home".to_owned())].into(),
+            ..Requirements::default()
+        };
+        let ranked = rank(&coder, Tier::Read, &home, &candidates);
+        assert_eq!(names(&ranked), ["a"]);
+        assert_eq!(reason(&ranked, "b"), "lacks label site=home");
+        let ranked = rank(&coder, Tier::Shell, &Requirements::default(), &candidates);
+        assert!(names(&ranked).is_empty());
+        assert!(reason(&ranked, "a").contains("up to tier `read`"));
+        // The local node runs any tier it is asked for: the caller is its own operator.
+        let local = vec![up(&a, true)];
+        assert_eq!(
+            names(&rank(&coder, Tier::Shell, &Requirements::default(), &local)),
+            ["a"]
+        );
+        let model = rank(
+            &Target::Model("m".into()),
+            Tier::Read,
+            &Requirements::default(),
+            &candidates,
+        );
+        assert_eq!(names(&model).len(), 2);
+        let ghost = rank(
+            &Target::Model("ghost".into()),
+            Tier::Read,
+            &Requirements::default(),
+            &candidates,
+        );
+        assert_eq!(reason(&ghost, "a"), "has no model `ghost`");
+        let persona = rank(
+            &Target::Persona("reviewer".into()),
+            Tier::Read,
+            &Requirements::default(),
+            &candidates,
+        );
+        assert_eq!(names(&persona).len(), 2);
+    }
+
+    #[test]
+    fn ranking_prefers_lower_load_then_more_vram_then_local() {
+        let busy = node("busy", &["coder"], &[81920], (2, 1));
+        let idle_small = node("idle-small", &["coder"], &[8192], (0, 0));
+        let idle_big = node("idle-big", &["coder"], &[24576], (0, 0));
+        let local_big = node("local-big", &["coder"], &[24576], (0, 0));
+        let candidates = vec![
+            up(&busy, false),
+            up(&idle_small, false),
+            up(&idle_big, false),
+            up(&local_big, true),
+        ];
+        let ranked = rank(
+            &Target::Role("coder".into()),
+            Tier::Read,
+            &Requirements::default(),
+            &candidates,
+        );
+        assert_eq!(
+            names(&ranked),
+            ["local-big", "idle-big", "idle-small", "busy"]
+        );
+        let scores: Vec<f64> = ranked
+            .iter()
+            .map(|r| *r.verdict.as_ref().expect("eligible"))
+            .collect();
+        assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    }
+}
+
+/// Where a task should go, decided from a ranking.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Choice {
+    /// Run it here.
+    Local,
+    /// Send it to these nodes, best first (failover goes down the list).
+    Remote(Vec<NodeId>),
+    /// Nobody can: every node and why, as one message.
+    Nowhere(String),
+}
+
+/// Picks from a ranking. A task another node forwarded here runs here whenever this node is
+/// eligible, so delegation does not bounce around the fleet.
+pub fn choose(ranked: &[Ranked], forwarded: bool) -> Choice {
+    let eligible: Vec<&Ranked> = ranked.iter().filter(|r| r.verdict.is_ok()).collect();
+    if eligible.is_empty() {
+        let reasons: Vec<String> = ranked
+            .iter()
+            .map(|r| {
+                let why = r
+                    .verdict
+                    .as_ref()
+                    .err()
+                    .map(String::as_str)
+                    .unwrap_or("eligible");
+                format!(
+                    "{}{}: {why}",
+                    r.node,
+                    if r.local { " (this node)" } else { "" }
+                )
+            })
+            .collect();
+        return Choice::Nowhere(format!("no node can run this task: {}", reasons.join("; ")));
+    }
+    if eligible[0].local || (forwarded && eligible.iter().any(|r| r.local)) {
+        return Choice::Local;
+    }
+    Choice::Remote(
+        eligible
+            .iter()
+            .filter(|r| !r.local)
+            .map(|r| r.id.clone())
+            .collect(),
+    )
+}

@@ -15,7 +15,6 @@ use std::{
 };
 
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
@@ -339,10 +338,13 @@ impl Node {
             .add_service(service.into_server())
             .add_service(tasks_service.into_server());
         let stop = serve.clone();
+        // `serve_with_incoming` ignores the builder's TCP options, so set them on the incoming
+        // side; without TCP_NODELAY a streamed event can wait out a delayed ACK (~40 ms).
+        let incoming = tonic::transport::server::TcpIncoming::from(listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(Duration::from_secs(10)));
         let server_task = tokio::spawn(
-            router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                stop.cancelled().await
-            }),
+            router.serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
         );
 
         if let Err(e) = std::fs::write(config.data_dir.join(ADDR_FILE), format!("{addr}\n")) {

@@ -427,6 +427,9 @@ pub enum SubmitError {
     /// The task cannot run here.
     #[error(transparent)]
     Rejected(TaskError),
+    /// A task with this id already exists here: a forwarding loop.
+    #[error("task `{0}` already exists on this node (a delegation loop?)")]
+    Duplicate(String),
     /// Storage failed.
     #[error("storage: {0}")]
     Storage(String),
@@ -843,11 +846,7 @@ impl Inner {
         let id = match &spec.lineage.task_id {
             Some(id) => {
                 if self.live(id).is_some() || self.store.record(id).ok().flatten().is_some() {
-                    return Err(SubmitError::Rejected(TaskError::Routing {
-                        message: format!(
-                            "task `{id}` already exists on this node (a delegation loop?)"
-                        ),
-                    }));
+                    return Err(SubmitError::Duplicate(id.clone()));
                 }
                 id.clone()
             }
@@ -1012,10 +1011,17 @@ async fn worker(
     }
 }
 
-/// Tool names whose tier is `write` or `shell`: once one ran on a node, the task is not re-run
-/// elsewhere (its side effects may have happened).
-fn has_side_effects(tool: &str) -> bool {
-    matches!(tool, "file_write" | "shell_exec" | "memory_put")
+/// Whether a tool call may have changed something (tier `write` or `shell`): once one ran on a
+/// node, the task is not re-run elsewhere. `delegate` counts as the tier it asked for.
+fn has_side_effects(tool: &str, arguments: &str) -> bool {
+    match tool {
+        "file_write" | "shell_exec" => true,
+        "delegate" => serde_json::from_str::<serde_json::Value>(arguments)
+            .ok()
+            .and_then(|args| args.get("tier").and_then(|t| t.as_str().map(str::to_owned)))
+            .is_some_and(|tier| tier != "read"),
+        _ => false,
+    }
 }
 
 /// Runs a task on other nodes: forwards it to each candidate in turn, relaying its events,
@@ -1092,8 +1098,12 @@ async fn forward(
                 // The executing node's own admission is not news to our caller.
                 EventKind::Accepted { .. } => {}
                 kind => {
-                    if let EventKind::ToolCalled { name: tool, .. } = &kind
-                        && has_side_effects(tool)
+                    if let EventKind::ToolCalled {
+                        name: tool,
+                        arguments,
+                        ..
+                    } = &kind
+                        && has_side_effects(tool, arguments)
                     {
                         side_effect = Some(tool.clone());
                     }
@@ -1176,6 +1186,21 @@ mod tests {
         };
         assert!(model.to_string().contains("a: down; b: down"));
         assert_eq!(model.fields()["attempts"], r#"["a: down","b: down"]"#);
+    }
+
+    #[test]
+    fn side_effects_are_write_and_shell_tools_and_delegations_above_read() {
+        assert!(has_side_effects("shell_exec", "{}"));
+        assert!(has_side_effects("file_write", "{}"));
+        assert!(!has_side_effects("file_read", "{}"));
+        assert!(!has_side_effects(
+            "delegate",
+            r#"{"role": "coder", "prompt": "x"}"#
+        ));
+        assert!(has_side_effects(
+            "delegate",
+            r#"{"role": "coder", "prompt": "x", "tier": "shell"}"#
+        ));
     }
 
     #[test]

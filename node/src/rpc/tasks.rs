@@ -48,7 +48,10 @@ impl TasksService {
             tasks,
             caps,
             peers,
-            forwarder: Arc::new(RemoteTasks { dialer }),
+            forwarder: Arc::new(RemoteTasks {
+                dialer,
+                channels: Default::default(),
+            }),
             tls,
         }
     }
@@ -319,6 +322,7 @@ fn submit_status(error: SubmitError) -> Status {
     match error {
         SubmitError::QueueFull { .. } => Status::resource_exhausted(error.to_string()),
         SubmitError::ShuttingDown => Status::unavailable(error.to_string()),
+        SubmitError::Duplicate(_) => Status::already_exists(error.to_string()),
         SubmitError::Rejected(task_error) => task_error_status(&task_error),
         SubmitError::Storage(_) => Status::internal(error.to_string()),
     }
@@ -624,10 +628,44 @@ impl crate::agent::tools::Mesh for TasksService {
     }
 }
 
-/// Forwards tasks to other nodes' `Tasks.Submit` over mTLS.
-#[derive(Debug)]
+/// Forwards tasks to other nodes' `Tasks.Submit` over mTLS, keeping one channel per node so a
+/// delegated task does not pay a TCP and TLS handshake.
+#[derive(Debug, Clone)]
 pub struct RemoteTasks {
     dialer: Dialer,
+    channels: Arc<std::sync::Mutex<std::collections::HashMap<String, tonic::transport::Channel>>>,
+}
+
+impl RemoteTasks {
+    async fn channel(&self, addr: &str) -> Result<tonic::transport::Channel, ForwardError> {
+        let cached = self
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(addr)
+            .cloned();
+        if let Some(channel) = cached {
+            return Ok(channel);
+        }
+        let channel = self
+            .dialer
+            .connect(addr)
+            .await
+            .map_err(|e| ForwardError::Unavailable(e.to_string()))?
+            .channel;
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr.to_owned(), channel.clone());
+        Ok(channel)
+    }
+
+    fn forget(&self, addr: &str) {
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(addr);
+    }
 }
 
 impl Forwarder for RemoteTasks {
@@ -639,17 +677,17 @@ impl Forwarder for RemoteTasks {
         'static,
         Result<tokio::sync::mpsc::Receiver<Result<TaskEvent, ForwardError>>, ForwardError>,
     > {
-        let dialer = self.dialer.clone();
+        let this = self.clone();
         Box::pin(async move {
-            let connection = dialer
-                .connect(&addr)
-                .await
-                .map_err(|e| ForwardError::Unavailable(e.to_string()))?;
-            let mut client = pb::tasks_client::TasksClient::new(connection.channel)
+            let channel = this.channel(&addr).await?;
+            let mut client = pb::tasks_client::TasksClient::new(channel)
                 .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES);
             let mut stream = match client.submit(pb::SubmitRequest::from(&spec)).await {
                 Ok(response) => response.into_inner(),
                 Err(status) => {
+                    if status.code() == tonic::Code::Unavailable {
+                        this.forget(&addr);
+                    }
                     let message = status.message().to_owned();
                     return Err(match status.code() {
                         tonic::Code::ResourceExhausted => ForwardError::Exhausted(message),

@@ -140,6 +140,8 @@ pub trait Forwarder: Send + Sync + fmt::Debug {
         'static,
         Result<mpsc::Receiver<Result<TaskEvent, ForwardError>>, ForwardError>,
     >;
+    /// Asks the node at `addr` to cancel task `task_id` (best effort).
+    fn cancel(&self, addr: String, task_id: String) -> crate::llm::BoxFuture<'static, ()>;
 }
 
 /// Why a task failed: one hierarchy, with the fields of each kind.
@@ -673,7 +675,16 @@ impl TaskManager {
         let inner = self.inner.clone();
         tokio::spawn(async move {
             let emitter = inner.emitter(&task);
-            let run = forward(&inner, &task, &emitter, candidates, forwarder);
+            // The node currently running it, so a cancel or deadline here stops it there too.
+            let current: Arc<Mutex<Option<String>>> = Arc::default();
+            let run = forward(
+                &inner,
+                &task,
+                &emitter,
+                candidates,
+                forwarder.clone(),
+                current.clone(),
+            );
             let result = tokio::select! {
                 () = task.cancel.cancelled() => Err(TaskError::Cancelled {
                     reason: task.cancel_reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -684,6 +695,13 @@ impl TaskManager {
                 }),
                 result = run => result,
             };
+            if matches!(
+                result,
+                Err(TaskError::Cancelled { .. } | TaskError::Deadline { .. })
+            ) && let Some(addr) = current.lock().unwrap_or_else(|p| p.into_inner()).take()
+            {
+                tokio::spawn(forwarder.cancel(addr, task.id.clone()));
+            }
             inner.finish(&task, result);
             inner.running.send_modify(|n| *n -= 1);
             inner.publish_load();
@@ -1033,6 +1051,7 @@ async fn forward(
     events: &Emitter,
     candidates: Vec<(String, String)>,
     forwarder: Arc<dyn Forwarder>,
+    current: Arc<Mutex<Option<String>>>,
 ) -> Result<crate::agent::Answer, TaskError> {
     let mut spec = task.spec.clone();
     spec.lineage.task_id = Some(task.id.clone());
@@ -1061,6 +1080,7 @@ async fn forward(
             record.executed_on = name.clone();
             let _ = inner.store.put_record(&record);
         }
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr.clone());
         let mut stream = match forwarder.forward(addr.clone(), spec.clone()).await {
             Ok(stream) => stream,
             Err(ForwardError::Refused(why)) => {

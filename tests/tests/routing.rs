@@ -341,3 +341,32 @@ fn a_full_queue_spills_to_the_next_node() {
         let _ = child.wait_with_output();
     }
 }
+
+#[test]
+fn cancelling_a_delegated_task_on_the_origin_cancels_it_on_the_executing_node() {
+    let f = fleet("");
+    f.fake1.push([Scripted::stall()]);
+    let caller = background(&f.harness, &f.laptop, &["--role", "coder", "wait"]);
+    let id = wait_for("the task running on gpu1", DEADLINE, || {
+        running_on(&f.harness, &f.gpu1)
+    })
+    .expect("running on gpu1");
+    let output = f
+        .harness
+        .cli(&f.laptop, &["tasks", "cancel", &id])
+        .expect("cancel");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let output = caller.wait_with_output().expect("caller");
+    assert_eq!(output.status.code(), Some(1));
+    wait_for("gpu1 to cancel its copy", DEADLINE, || {
+        tasks(&f.harness, &f.gpu1)
+            .iter()
+            .any(|t| t["task_id"] == id.as_str() && t["status"] == "failed")
+            .then_some(())
+    })
+    .expect("cancelled on gpu1 too");
+}

@@ -669,6 +669,22 @@ impl RemoteTasks {
 }
 
 impl Forwarder for RemoteTasks {
+    fn cancel(&self, addr: String, task_id: String) -> BoxFuture<'static, ()> {
+        let this = self.clone();
+        Box::pin(async move {
+            let Ok(channel) = this.channel(&addr).await else {
+                return;
+            };
+            let request = pb::CancelRequest { task_id };
+            if let Err(status) = pb::tasks_client::TasksClient::new(channel)
+                .cancel(request)
+                .await
+            {
+                tracing::warn!(%addr, error = %status.message(), "cancel the delegated task");
+            }
+        })
+    }
+
     fn forward(
         &self,
         addr: String,

@@ -100,7 +100,7 @@ impl TasksService {
                 spec.tier
             )));
         }
-        match router::choose(&self.rank(spec), spec.lineage.hops > 0) {
+        match router::choose(&self.rank(spec), spec.lineage.task_id.is_some()) {
             Choice::Local => Ok(Placement::Local),
             Choice::Nowhere(message) => Err(Status::failed_precondition(message)),
             Choice::Remote(ids) => {

@@ -356,7 +356,7 @@ fn pb_state(state: PeerState) -> pb::PeerState {
     }
 }
 
-fn pb_tier(tier: Tier) -> pb::Tier {
+pub(crate) fn pb_tier(tier: Tier) -> pb::Tier {
     match tier {
         Tier::Read => pb::Tier::Read,
         Tier::Write => pb::Tier::Write,

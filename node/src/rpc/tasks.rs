@@ -6,7 +6,7 @@ use mesh_proto::v1 as pb;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
-use super::check_len;
+use super::{check_len, pb_tier};
 use crate::{
     capabilities::Capabilities,
     config::Tier,
@@ -349,14 +349,6 @@ fn pb_error(error: &TaskError) -> pb::TaskError {
         kind: error.kind().into(),
         message: error.to_string(),
         fields: error.fields().into_iter().collect(),
-    }
-}
-
-fn pb_tier(tier: Tier) -> pb::Tier {
-    match tier {
-        Tier::Read => pb::Tier::Read,
-        Tier::Write => pb::Tier::Write,
-        Tier::Shell => pb::Tier::Shell,
     }
 }
 

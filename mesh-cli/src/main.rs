@@ -20,6 +20,7 @@ use mesh_node::{
 use mesh_proto::v1 as pb;
 use serde_json::{Value, json};
 
+mod memory;
 mod tasks;
 
 /// Talk to an agentmesh node: see the fleet, manage the mesh CA.
@@ -79,6 +80,9 @@ enum Command {
     Run(tasks::RunArgs),
     /// List recent tasks (newest first), or show / cancel one.
     Tasks(tasks::TasksArgs),
+    /// Read and write the fleet's shared memory.
+    #[command(subcommand)]
+    Memory(memory::MemoryCommand),
     /// Manage the mesh certificate authority.
     #[command(subcommand)]
     Ca(CaCommand),
@@ -145,6 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Nodes(NodesCommand::Show { name, json }) => show(&cli.conn, &name, json).await,
         Command::Run(args) => tasks::run(&cli.conn, args).await,
         Command::Tasks(args) => tasks::tasks(&cli.conn, args).await,
+        Command::Memory(command) => memory::run(&cli.conn, command).await,
         Command::Ca(CaCommand::Init { dir }) => {
             let (cert, key) = tls::ca_init(&dir)?;
             println!(

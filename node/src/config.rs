@@ -57,6 +57,18 @@ pub struct RawConfig {
     pub tasks: RawTasks,
     /// `[tools]`
     pub tools: RawTools,
+    /// `[memory]`
+    pub memory: RawMemory,
+}
+
+/// `[memory]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawMemory {
+    /// Namespaces kept on this node only (not replicated).
+    pub local_namespaces: Vec<String>,
+    /// How far ahead of this node's clock a replicated record may be stamped. Default: 500.
+    pub max_clock_skew_ms: Option<u64>,
 }
 
 /// `[node]`
@@ -255,6 +267,10 @@ pub struct Config {
     pub tasks: TaskLimits,
     /// `tools.roots`.
     pub tool_roots: Vec<PathBuf>,
+    /// `memory.local_namespaces`.
+    pub local_namespaces: Vec<String>,
+    /// `memory.max_clock_skew_ms`.
+    pub max_clock_skew: std::time::Duration,
 }
 
 /// Validated `[tasks]`.
@@ -877,6 +893,24 @@ impl RawConfig {
             self.tools.roots
         };
 
+        for (i, ns) in self.memory.local_namespaces.iter().enumerate() {
+            if crate::memory::check_namespace(ns).is_err() {
+                return Err(invalid(
+                    &format!("memory.local_namespaces[{i}]"),
+                    format!("is `{ns}`"),
+                    "use 1-64 letters, digits, `-`, `_`, `.`",
+                ));
+            }
+        }
+        let skew = self.memory.max_clock_skew_ms.unwrap_or(500);
+        if !(10..=3_600_000).contains(&skew) {
+            return Err(invalid(
+                "memory.max_clock_skew_ms",
+                format!("is {skew}"),
+                "use 10-3600000 milliseconds (default 500)",
+            ));
+        }
+
         Ok(Config {
             source: path.map(Path::to_owned),
             name,
@@ -893,6 +927,8 @@ impl RawConfig {
             remote_max_tier,
             tasks,
             tool_roots,
+            local_namespaces: self.memory.local_namespaces,
+            max_clock_skew: std::time::Duration::from_millis(skew),
         })
     }
 }

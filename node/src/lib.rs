@@ -14,6 +14,7 @@
 //! - [`llm`]: the model registry (role → model chain) and backends (`openai`).
 //! - [`agent`]: the tools loop, personas, the supervisor (hooks) and the tool table.
 //! - [`tasks`]: admission, the bounded queue and workers, events, cancellation, history in sled.
+//! - [`memory`]: replicated key-value records in sled (HLC, last-writer-wins, sync and push).
 //! - [`router`]: pure ranking of candidate nodes for a task, with exclusion reasons.
 //! - [`rpc`]: tonic adapters for the `agentmesh.v1` services, server and client side.
 //! - [`server`]: binds, starts and stops a node, in a documented order.
@@ -29,6 +30,7 @@ pub mod config;
 pub mod discovery;
 pub mod identity;
 pub mod llm;
+pub mod memory;
 pub mod peers;
 pub mod router;
 pub mod rpc;

@@ -242,6 +242,23 @@ impl Node {
             path: db_path.clone(),
             source,
         })?;
+        let (memory, memory_writes) = crate::memory::Memory::open(
+            &db,
+            id.clone(),
+            config.local_namespaces.clone(),
+            config.max_clock_skew,
+        )
+        .map_err(|e| StartError::Storage {
+            path: db_path.clone(),
+            source: sled::Error::Unsupported(e.to_string()),
+        })?;
+        background_tasks.spawn(crate::memory::replicate(
+            memory.clone(),
+            peers.clone(),
+            Arc::new(crate::rpc::memory::RemoteMemory::new(dialer.clone())),
+            memory_writes,
+            background.child_token(),
+        ));
         let (models, skipped) = ModelRegistry::from_config(&config);
         for (name, reason) in skipped {
             caps.set_check(
@@ -270,6 +287,7 @@ impl Node {
             peers.clone(),
             config.tool_roots.clone(),
             mesh.clone(),
+            memory.clone(),
         ));
         let runtime = Arc::new(AgentRuntime::new(
             models,
@@ -336,7 +354,8 @@ impl Node {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(service.into_server())
-            .add_service(tasks_service.into_server());
+            .add_service(tasks_service.into_server())
+            .add_service(crate::rpc::memory::MemoryService::new(memory).into_server());
         let stop = serve.clone();
         // `serve_with_incoming` ignores the builder's TCP options, so set them on the incoming
         // side; without TCP_NODELAY a streamed event can wait out a delayed ACK (~40 ms).

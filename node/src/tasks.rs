@@ -1033,7 +1033,7 @@ async fn worker(
 /// node, the task is not re-run elsewhere. `delegate` counts as the tier it asked for.
 fn has_side_effects(tool: &str, arguments: &str) -> bool {
     match tool {
-        "file_write" | "shell_exec" => true,
+        "file_write" | "shell_exec" | "memory_put" => true,
         "delegate" => serde_json::from_str::<serde_json::Value>(arguments)
             .ok()
             .and_then(|args| args.get("tier").and_then(|t| t.as_str().map(str::to_owned)))

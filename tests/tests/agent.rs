@@ -591,3 +591,45 @@ workers = 8
         .count();
     assert_eq!(with_parent, 4, "every sub-task names its parent");
 }
+
+#[test]
+fn agents_read_search_and_write_the_shared_memory() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = start(&harness, "alpha", &model_config(&fake, ""));
+    let output = harness
+        .cli(&node, &["memory", "put", "notes", "release", "friday"])
+        .expect("put");
+    assert!(output.status.success());
+    fake.push([
+        Scripted::tool("memory_get", r#"{"namespace": "notes", "key": "release"}"#),
+        Scripted::tool(
+            "memory_search",
+            r#"{"namespace": "notes", "contains": "fri"}"#,
+        ),
+        Scripted::tool(
+            "memory_put",
+            r#"{"namespace": "notes", "key": "answer", "value": "ship on friday"}"#,
+        ),
+        Scripted::text("noted"),
+    ]);
+    let (code, result) = harness
+        .run_json(
+            &node,
+            &["--role", "chat", "--tier", "write", "when do we ship?"],
+        )
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert!(
+        request_text(&fake, 1).contains("friday"),
+        "memory_get result reached the model"
+    );
+    assert!(
+        request_text(&fake, 2).contains("release"),
+        "memory_search found the key"
+    );
+    let output = harness
+        .cli(&node, &["memory", "get", "notes", "answer"])
+        .expect("get");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "ship on friday");
+}

@@ -21,6 +21,7 @@ use crate::{
     capabilities::Capabilities,
     config::Tier,
     llm::{BoxFuture, ToolSpec},
+    memory::Memory,
     peers::PeerTable,
     tasks::{Lineage, Target, TaskSpec},
 };
@@ -79,10 +80,18 @@ impl ToolRegistry {
         peers: Arc<PeerTable>,
         roots: Vec<PathBuf>,
         mesh: MeshSlot,
+        memory: Arc<Memory>,
     ) -> Self {
         let roots = Arc::new(Roots::new(roots));
         let tools: Vec<Arc<dyn Tool>> = vec![
             Arc::new(Delegate { mesh }),
+            Arc::new(MemoryGet {
+                memory: memory.clone(),
+            }),
+            Arc::new(MemorySearch {
+                memory: memory.clone(),
+            }),
+            Arc::new(MemoryPut { memory }),
             Arc::new(ListNodes { caps, peers }),
             Arc::new(FileRead {
                 roots: roots.clone(),
@@ -470,6 +479,152 @@ impl Tool for ShellExec {
                     }
                 }
             }
+        })
+    }
+}
+
+/// `memory_get`: one value from the shared memory.
+#[derive(Debug)]
+struct MemoryGet {
+    memory: Arc<Memory>,
+}
+
+impl Tool for MemoryGet {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "memory_get".into(),
+            description: "Read one value from the fleet's shared memory.".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {"namespace": {"type": "string"}, "key": {"type": "string"}},
+                "required": ["namespace", "key"],
+            }),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Read
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
+            match self.memory.get(ns, key).map_err(|e| e.to_string())? {
+                Some(record) if !record.tombstone => {
+                    Ok(cap(String::from_utf8_lossy(&record.value).into_owned()))
+                }
+                _ => Err(format!("no key `{key}` in namespace `{ns}`")),
+            }
+        })
+    }
+}
+
+/// `memory_search`: keys of a namespace by prefix and/or substring.
+#[derive(Debug)]
+struct MemorySearch {
+    memory: Arc<Memory>,
+}
+
+impl Tool for MemorySearch {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "memory_search".into(),
+            description: "Search the fleet's shared memory: entries of a namespace whose key starts with `prefix` and whose key or value contains `contains` (both optional).".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "namespace": {"type": "string"},
+                    "prefix": {"type": "string"},
+                    "contains": {"type": "string"},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                },
+                "required": ["namespace"],
+            }),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Read
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let ns = str_arg(args, "namespace")?;
+            let prefix = args.get("prefix").and_then(Value::as_str).unwrap_or("");
+            let contains = args.get("contains").and_then(Value::as_str).unwrap_or("");
+            let limit = args
+                .get("limit")
+                .and_then(Value::as_u64)
+                .unwrap_or(20)
+                .min(100) as usize;
+            let entries = self
+                .memory
+                .list(ns, prefix, 10_000)
+                .map_err(|e| e.to_string())?;
+            let hits: Vec<Value> = entries
+                .into_iter()
+                .filter(|e| {
+                    contains.is_empty()
+                        || e.key.contains(contains)
+                        || String::from_utf8_lossy(&e.record.value).contains(contains)
+                })
+                .take(limit)
+                .map(|e| json!({"key": e.key, "value": String::from_utf8_lossy(&e.record.value)}))
+                .collect();
+            Ok(cap(Value::Array(hits).to_string()))
+        })
+    }
+}
+
+/// `memory_put`: writes a value to the shared memory.
+#[derive(Debug)]
+struct MemoryPut {
+    memory: Arc<Memory>,
+}
+
+impl Tool for MemoryPut {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "memory_put".into(),
+            description: "Store a value in the fleet's shared memory (every node will know it)."
+                .into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "namespace": {"type": "string"},
+                    "key": {"type": "string"},
+                    "value": {"type": "string"},
+                },
+                "required": ["namespace", "key", "value"],
+            }),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Write
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        _ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
+            let value = str_arg(args, "value")?;
+            self.memory
+                .put(ns, key, Some(value.as_bytes().to_vec()))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(format!("stored {ns}/{key} ({} bytes)", value.len()))
         })
     }
 }

@@ -1,0 +1,175 @@
+//! `mesh-cli memory`: read and write the fleet's shared memory.
+
+use std::io::Write;
+
+use anyhow::{Context, anyhow};
+use clap::Subcommand;
+use mesh_proto::v1 as pb;
+use serde_json::json;
+
+use crate::{ConnArgs, channel, print_table};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum MemoryCommand {
+    /// Store a value (durable on the node before this returns; replicated to the fleet).
+    Put {
+        /// Namespace, e.g. `notes`.
+        namespace: String,
+        /// Key.
+        #[arg(id = "memory_key", value_name = "KEY")]
+        key: String,
+        /// The value (or use --file).
+        #[arg(required_unless_present = "file", conflicts_with = "file")]
+        value: Option<String>,
+        /// Read the value from this file.
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+    },
+    /// Print a value alone (exit 1 when the key is absent or deleted).
+    Get {
+        /// Namespace.
+        namespace: String,
+        /// Key.
+        #[arg(id = "memory_key", value_name = "KEY")]
+        key: String,
+        /// Print the whole record (timestamp, origin, sequence) as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a key (a tombstone, replicated like any write).
+    Rm {
+        /// Namespace.
+        namespace: String,
+        /// Key.
+        #[arg(id = "memory_key", value_name = "KEY")]
+        key: String,
+    },
+    /// List keys of a namespace.
+    Ls {
+        /// Namespace.
+        namespace: String,
+        /// Only keys starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn record_json(r: &pb::MemoryRecord) -> serde_json::Value {
+    json!({
+        "namespace": r.namespace,
+        "key": r.key,
+        "value": String::from_utf8_lossy(&r.value),
+        "hlc": r.hlc,
+        "origin": r.origin,
+        "seq": r.seq,
+        "tombstone": r.tombstone,
+    })
+}
+
+pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Result<()> {
+    let mut client = pb::memory_client::MemoryClient::new(channel(conn).await?)
+        .max_decoding_message_size(64 * 1024 * 1024)
+        .max_encoding_message_size(8 * 1024 * 1024);
+    let fail = |s: tonic::Status| anyhow!("{}", s.message());
+    match command {
+        MemoryCommand::Put {
+            namespace,
+            key,
+            value,
+            file,
+        } => {
+            let value = match (value, file) {
+                (Some(v), _) => v.into_bytes(),
+                (None, Some(path)) => {
+                    std::fs::read(&path).with_context(|| format!("read {}", path.display()))?
+                }
+                (None, None) => return Err(anyhow!("give a VALUE or --file")),
+            };
+            client
+                .put(pb::MemoryPutRequest {
+                    namespace,
+                    key,
+                    value,
+                })
+                .await
+                .map_err(fail)?;
+        }
+        MemoryCommand::Get {
+            namespace,
+            key,
+            json,
+        } => {
+            let record = client
+                .get(pb::MemoryGetRequest {
+                    namespace: namespace.clone(),
+                    key: key.clone(),
+                })
+                .await
+                .map_err(fail)?
+                .into_inner()
+                .record;
+            match record {
+                Some(r) if json => println!("{}", serde_json::to_string_pretty(&record_json(&r))?),
+                Some(r) if !r.tombstone => {
+                    let mut out = std::io::stdout();
+                    out.write_all(&r.value)?;
+                    if !r.value.ends_with(b"\n") && std::io::IsTerminal::is_terminal(&out) {
+                        out.write_all(b"\n")?;
+                    }
+                }
+                _ => return Err(anyhow!("no key `{key}` in namespace `{namespace}`")),
+            }
+        }
+        MemoryCommand::Rm { namespace, key } => {
+            client
+                .delete(pb::MemoryDeleteRequest { namespace, key })
+                .await
+                .map_err(fail)?;
+        }
+        MemoryCommand::Ls {
+            namespace,
+            prefix,
+            limit,
+            json,
+        } => {
+            let records = client
+                .list(pb::MemoryListRequest {
+                    namespace,
+                    prefix,
+                    limit,
+                })
+                .await
+                .map_err(fail)?
+                .into_inner()
+                .records;
+            if json {
+                let list: Vec<_> = records.iter().map(record_json).collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({ "records": list }))?
+                );
+            } else {
+                let rows: Vec<[String; 3]> = records
+                    .iter()
+                    .map(|r| {
+                        let value: String =
+                            String::from_utf8_lossy(&r.value).chars().take(60).collect();
+                        [
+                            r.key.clone(),
+                            value.replace('\n', " "),
+                            r.origin.chars().take(12).collect(),
+                        ]
+                    })
+                    .collect();
+                print_table(&["KEY", "VALUE", "WRITTEN BY"], &rows);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! Shared memory across real nodes: replication, last-writer-wins convergence, catch-up after a
+//! restart, a partition that heals, durability under SIGKILL, and clock-skew refusal.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use mesh_node::tls::MeshTls;
+use mesh_proto::v1 as pb;
+use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
+use serde_json::Value;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn put(h: &Harness, node: &NodeProcess, ns: &str, key: &str, value: &str) {
+    let output = h
+        .cli(node, &["memory", "put", ns, key, value])
+        .expect("put");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn get(h: &Harness, node: &NodeProcess, ns: &str, key: &str) -> Option<String> {
+    let output = h.cli(node, &["memory", "get", ns, key]).ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn record(h: &Harness, node: &NodeProcess, ns: &str, key: &str) -> Option<Value> {
+    let output = h.cli(node, &["memory", "get", ns, key, "--json"]).ok()?;
+    output
+        .status
+        .success()
+        .then(|| serde_json::from_slice(&output.stdout).ok())
+        .flatten()
+}
+
+fn wait_value(h: &Harness, node: &NodeProcess, ns: &str, key: &str, want: Option<&str>) {
+    wait_for(
+        &format!("{} to read {ns}/{key} = {want:?}", node.name),
+        DEADLINE,
+        || (get(h, node, ns, key).as_deref() == want).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn fleet(h: &Harness, n: usize) -> Vec<NodeProcess> {
+    let first = h.spawn(NodeOptions::new("m0")).expect("m0");
+    let mut nodes = vec![first];
+    for i in 1..n {
+        let node = h
+            .spawn(NodeOptions::new(&format!("m{i}")).peer(&nodes[0].addr))
+            .expect("node");
+        nodes.push(node);
+    }
+    let refs: Vec<_> = nodes.iter().collect();
+    h.wait_all_up(&refs, DEADLINE).expect("mesh");
+    nodes
+}
+
+#[test]
+fn a_write_on_one_node_is_read_on_all_five_and_concurrent_writes_converge() {
+    let h = Harness::new().expect("harness");
+    let nodes = fleet(&h, 5);
+    put(&h, &nodes[0], "notes", "build", "green");
+    for node in &nodes {
+        wait_value(&h, node, "notes", "build", Some("green"));
+    }
+
+    // Two nodes write the same key at once: every node ends with the same winner.
+    let (a, b) = (&nodes[1], &nodes[2]);
+    std::thread::scope(|s| {
+        s.spawn(|| put(&h, a, "notes", "owner", "from-m1"));
+        s.spawn(|| put(&h, b, "notes", "owner", "from-m2"));
+    });
+    let agreed = wait_for("every node to agree on notes/owner", DEADLINE, || {
+        let records: Vec<Value> = nodes
+            .iter()
+            .map(|n| record(&h, n, "notes", "owner"))
+            .collect::<Option<_>>()?;
+        let first = (
+            &records[0]["hlc"],
+            &records[0]["origin"],
+            &records[0]["value"],
+        );
+        records
+            .iter()
+            .all(|r| (&r["hlc"], &r["origin"], &r["value"]) == first)
+            .then(|| records[0].clone())
+    })
+    .expect("convergence");
+    assert!(["from-m1", "from-m2"].contains(&agreed["value"].as_str().expect("value")));
+}
+
+#[test]
+fn a_stopped_node_catches_up_after_restart() {
+    let h = Harness::new().expect("harness");
+    let mut nodes = fleet(&h, 3);
+    let mut stopped = nodes.pop().expect("m2");
+    stopped.signal("TERM").expect("stop");
+    stopped.wait_exit(DEADLINE).expect("exit");
+    for i in 0..20 {
+        put(
+            &h,
+            &nodes[0],
+            "notes",
+            &format!("k{i:02}"),
+            &format!("v{i}"),
+        );
+    }
+    let back = h
+        .spawn(NodeOptions::new("m2").peer(&nodes[0].addr))
+        .expect("m2 again");
+    for i in 0..20 {
+        wait_value(
+            &h,
+            &back,
+            "notes",
+            &format!("k{i:02}"),
+            Some(&format!("v{i}")),
+        );
+    }
+}
+
+#[test]
+fn a_partition_with_writes_and_a_delete_on_both_sides_converges_after_it_heals() {
+    let h = Harness::new().expect("harness");
+    let mut nodes = fleet(&h, 5);
+    put(&h, &nodes[0], "notes", "gone", "delete me");
+    put(&h, &nodes[0], "notes", "shared", "first");
+    for node in &nodes {
+        wait_value(&h, node, "notes", "gone", Some("delete me"));
+        wait_value(&h, node, "notes", "shared", Some("first"));
+    }
+
+    // Partition: m3 and m4 restart knowing only each other.
+    let mut side_b: Vec<NodeProcess> = nodes.drain(3..).collect();
+    for node in &mut side_b {
+        node.signal("TERM").expect("stop");
+        node.wait_exit(DEADLINE).expect("exit");
+    }
+    drop(side_b);
+    let m3 = h.spawn(NodeOptions::new("m3")).expect("m3");
+    let m4 = h.spawn(NodeOptions::new("m4").peer(&m3.addr)).expect("m4");
+    h.wait_all_up(&[&m3, &m4], DEADLINE).expect("side b");
+
+    put(&h, &nodes[1], "notes", "a-side", "written on a");
+    put(&h, &nodes[0], "notes", "shared", "a's version");
+    put(&h, &m4, "notes", "b-side", "written on b");
+    let output = h.cli(&m3, &["memory", "rm", "notes", "gone"]).expect("rm");
+    assert!(output.status.success());
+    // Written after a's version, so it wins everywhere once the sides meet.
+    put(&h, &m3, "notes", "shared", "b's version");
+
+    // Heal: a node that knows both sides brings them together.
+    let bridge = h
+        .spawn(
+            NodeOptions::new("bridge")
+                .peer(&nodes[0].addr)
+                .peer(&m3.addr),
+        )
+        .expect("bridge");
+    let everyone: Vec<&NodeProcess> = nodes.iter().chain([&m3, &m4, &bridge]).collect();
+    for node in everyone {
+        wait_value(&h, node, "notes", "a-side", Some("written on a"));
+        wait_value(&h, node, "notes", "b-side", Some("written on b"));
+        wait_value(&h, node, "notes", "shared", Some("b's version"));
+        wait_value(&h, node, "notes", "gone", None);
+    }
+}
+
+#[test]
+fn every_acknowledged_put_survives_sigkill() {
+    let h = Harness::new().expect("harness");
+    let mut node = h.spawn(NodeOptions::new("solo")).expect("node");
+    let acked = Arc::new(AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        let writer = {
+            let (h, node, acked) = (&h, &node, acked.clone());
+            s.spawn(move || {
+                for i in 0..10_000 {
+                    let output = h
+                        .cli(node, &["memory", "put", "log", &format!("k{i:05}"), "x"])
+                        .expect("cli");
+                    if !output.status.success() {
+                        return;
+                    }
+                    acked.store(i + 1, Ordering::SeqCst);
+                }
+            })
+        };
+        wait_for("20 acknowledged puts", DEADLINE, || {
+            (acked.load(Ordering::SeqCst) >= 20).then_some(())
+        })
+        .expect("puts");
+        node.signal("KILL").expect("sigkill");
+        writer.join().expect("writer");
+    });
+    node.wait_exit(DEADLINE).expect("killed");
+    let acked = acked.load(Ordering::SeqCst);
+    let node = h.spawn(NodeOptions::new("solo")).expect("restart");
+    let output = h
+        .cli(
+            &node,
+            &["memory", "ls", "log", "--limit", "10000", "--json"],
+        )
+        .expect("ls");
+    let list: Value = serde_json::from_slice(&output.stdout).expect("json");
+    let stored = list["records"].as_array().expect("records").len();
+    assert!(
+        stored >= acked,
+        "{acked} puts were acknowledged, {stored} survived"
+    );
+}
+
+#[tokio::test]
+async fn a_record_stamped_far_in_the_future_is_refused() {
+    let h = Harness::new().expect("harness");
+    let node = h.spawn(NodeOptions::new("solo")).expect("node");
+    let member = h.issue("member").expect("cert");
+    let channel = MeshTls::load(&member)
+        .expect("tls")
+        .dialer()
+        .connect(&node.addr)
+        .await
+        .expect("connect")
+        .channel;
+    let mut client = pb::memory_client::MemoryClient::new(channel);
+    let now_ntp = {
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock");
+        // NTP64: seconds since 1900 in the high 32 bits, fraction in the low 32.
+        ((since_epoch.as_secs() + 2_208_988_800) << 32)
+            + ((u64::from(since_epoch.subsec_nanos()) << 32) / 1_000_000_000)
+    };
+    let future = now_ntp + (60u64 << 32);
+    let response = client
+        .push(pb::MemoryPushRequest {
+            records: vec![pb::MemoryRecord {
+                namespace: "notes".into(),
+                key: "time-travel".into(),
+                value: b"from the future".to_vec(),
+                hlc: future,
+                origin: "a".repeat(64),
+                seq: 1,
+                tombstone: false,
+            }],
+        })
+        .await
+        .expect("push answered")
+        .into_inner();
+    assert_eq!(response.applied, 0);
+    assert_eq!(response.refused.len(), 1);
+    assert!(
+        response.refused[0].contains("ahead"),
+        "{:?}",
+        response.refused
+    );
+    assert_eq!(get(&h, &node, "notes", "time-travel"), None);
+}

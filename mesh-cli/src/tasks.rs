@@ -44,6 +44,10 @@ pub(crate) struct RunArgs {
     /// Run only on the node with this name.
     #[arg(long, value_name = "NODE")]
     on: Option<String>,
+    /// Continue (or start) a conversation session: earlier turns are sent along, and this one
+    /// is kept, so the next turn can run on any node.
+    #[arg(long, value_name = "NAME")]
+    session: Option<String>,
     /// Print how the node would route the task (every candidate with its score or why it is
     /// excluded) and run nothing.
     #[arg(long)]
@@ -125,6 +129,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
         }),
         on: args.on.unwrap_or_default(),
         lineage: None,
+        session: args.session.unwrap_or_default(),
     };
     let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
     if args.explain {

@@ -290,6 +290,7 @@ impl Node {
             memory.clone(),
         ));
         let runtime = Arc::new(AgentRuntime::new(
+            memory.clone(),
             models,
             tools,
             Hooks::supervisor().map_err(|e| StartError::Hooks(e.to_string()))?,

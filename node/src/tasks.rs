@@ -82,6 +82,9 @@ pub struct TaskSpec {
     /// Where the task comes from.
     #[serde(default)]
     pub lineage: Lineage,
+    /// Conversation session name.
+    #[serde(default)]
+    pub session: Option<String>,
 }
 
 /// Where a task comes from.

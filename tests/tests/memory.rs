@@ -268,3 +268,75 @@ async fn a_record_stamped_far_in_the_future_is_refused() {
     );
     assert_eq!(get(&h, &node, "notes", "time-travel"), None);
 }
+
+#[test]
+fn a_conversation_session_continues_on_another_node() {
+    use mesh_tests::fake_openai::{FakeOpenAi, Scripted};
+    let h = Harness::new().expect("harness");
+    let chat = |fake: &FakeOpenAi| {
+        format!(
+            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\nchat = [\"m\"]\n",
+            fake.base_url()
+        )
+    };
+    let (fake_a, fake_b) = (FakeOpenAi::start(), FakeOpenAi::start());
+    let a = h
+        .spawn(NodeOptions::new("a").extra(&chat(&fake_a)))
+        .expect("a");
+    let b = h
+        .spawn(NodeOptions::new("b").peer(&a.addr).extra(&chat(&fake_b)))
+        .expect("b");
+    h.wait_all_up(&[&a, &b], DEADLINE).expect("pair");
+
+    fake_a.push([Scripted::text("Hello Ada.")]);
+    let (code, result) = h
+        .run_json(
+            &a,
+            &[
+                "--role",
+                "chat",
+                "--on",
+                "a",
+                "--session",
+                "ada",
+                "My name is Ada.",
+            ],
+        )
+        .expect("turn 1");
+    assert_eq!(code, Some(0), "{result:#}");
+    wait_for("the session to reach b", DEADLINE, || {
+        get(&h, &b, "sessions", "ada")
+            .filter(|s| s.contains("Hello Ada"))
+            .map(|_| ())
+    })
+    .expect("replicated");
+
+    fake_b.push([Scripted::text("Your name is Ada.")]);
+    let (code, result) = h
+        .run_json(
+            &b,
+            &[
+                "--role",
+                "chat",
+                "--on",
+                "b",
+                "--session",
+                "ada",
+                "What is my name?",
+            ],
+        )
+        .expect("turn 2");
+    assert_eq!(code, Some(0), "{result:#}");
+    let sent = fake_b.requests()[0]["messages"].to_string();
+    assert!(
+        sent.contains("My name is Ada.") && sent.contains("Hello Ada."),
+        "{sent}"
+    );
+    let session = get(&h, &a, "sessions", "ada");
+    wait_for("turn 2 back on a", DEADLINE, || {
+        get(&h, &a, "sessions", "ada")
+            .filter(|s| s.contains("Your name is Ada."))
+            .map(|_| ())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {session:?}"));
+}

@@ -25,6 +25,9 @@ use crate::{
 use hooks::{CallFacts, HookInput, Hooks, LoopState, Outcome, Stage, Verdict};
 use tools::ToolRegistry;
 
+/// The replicated memory namespace holding conversation sessions.
+pub const SESSIONS: &str = "sessions";
+
 /// Share of the context window the conversation may fill before old tool results are shortened.
 const CONTEXT_FILL: f64 = 0.75;
 /// What a shortened tool result keeps.
@@ -57,6 +60,8 @@ struct Plan {
 /// Runs agent tasks on this node.
 #[derive(Debug)]
 pub struct AgentRuntime {
+    /// Conversation sessions live in the replicated `sessions` namespace.
+    memory: Arc<crate::memory::Memory>,
     models: Arc<ModelRegistry>,
     tools: Arc<ToolRegistry>,
     hooks: Hooks,
@@ -67,6 +72,7 @@ pub struct AgentRuntime {
 impl AgentRuntime {
     /// Builds the runtime.
     pub fn new(
+        memory: Arc<crate::memory::Memory>,
         models: Arc<ModelRegistry>,
         tools: Arc<ToolRegistry>,
         hooks: Hooks,
@@ -74,6 +80,7 @@ impl AgentRuntime {
         limits: TaskLimits,
     ) -> Self {
         Self {
+            memory,
             models,
             tools,
             hooks,
@@ -145,6 +152,11 @@ impl AgentRuntime {
         if let Some(system) = &plan.system {
             messages.push(Message::text(Role::System, system.clone()));
         }
+        let history = match &spec.session {
+            Some(session) => self.session_history(session)?,
+            None => Vec::new(),
+        };
+        messages.extend(history.iter().cloned());
         messages.push(Message::text(Role::User, spec.prompt.clone()));
         let mut state = LoopState {
             tier: Some(plan.tier),
@@ -183,6 +195,12 @@ impl AgentRuntime {
                 });
             }
             if response.tool_calls.is_empty() {
+                if let Some(session) = &spec.session {
+                    let mut turns = history;
+                    turns.push(Message::text(Role::User, spec.prompt.clone()));
+                    turns.push(Message::text(Role::Assistant, response.content.clone()));
+                    self.save_session(session, &turns).await?;
+                }
                 return Ok(Answer {
                     output: response.content,
                     usage,
@@ -212,6 +230,37 @@ impl AgentRuntime {
             limit: u64::from(max_rounds),
             used: u64::from(max_rounds),
         })
+    }
+
+    /// The earlier turns of a session (user prompts and final answers).
+    fn session_history(&self, session: &str) -> Result<Vec<Message>, TaskError> {
+        let record = self
+            .memory
+            .get(SESSIONS, session)
+            .map_err(|e| TaskError::Internal {
+                message: format!("read session `{session}`: {e}"),
+            })?;
+        match record {
+            Some(record) if !record.tombstone => {
+                serde_json::from_slice(&record.value).map_err(|e| TaskError::Internal {
+                    message: format!("session `{session}` is not readable: {e}"),
+                })
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    async fn save_session(&self, session: &str, turns: &[Message]) -> Result<(), TaskError> {
+        let value = serde_json::to_vec(turns).map_err(|e| TaskError::Internal {
+            message: format!("encode session: {e}"),
+        })?;
+        self.memory
+            .put(SESSIONS, session, Some(value))
+            .await
+            .map(|_| ())
+            .map_err(|e| TaskError::Internal {
+                message: format!("save session `{session}`: {e}"),
+            })
     }
 
     /// Runs one tool call through the supervisor; returns what the model sees.

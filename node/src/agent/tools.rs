@@ -715,6 +715,7 @@ impl Tool for Delegate {
                     origin: ctx.spec.lineage.origin.clone(),
                     hops: ctx.spec.lineage.hops + 1,
                 },
+                session: None,
             };
             mesh.run_subtask(spec).await
         })
@@ -737,6 +738,7 @@ mod tests {
                 token_budget: None,
                 require: Default::default(),
                 lineage: Default::default(),
+                session: None,
             },
         }
     }

@@ -279,6 +279,10 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
         check_len("lineage.task_id", &lineage.task_id, 64)?;
         check_len("lineage.parent_id", &lineage.parent_id, 64)?;
         check_len("lineage.origin_node", &lineage.origin_node, 63)?;
+        if !request.session.is_empty() {
+            crate::memory::check_key(&request.session)
+                .map_err(|e| Status::invalid_argument(format!("session: {e}")))?;
+        }
         Ok(TaskSpec {
             prompt: request.prompt,
             target,
@@ -299,6 +303,7 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
                 origin: lineage.origin_node,
                 hops: lineage.hops,
             },
+            session: Some(request.session).filter(|s| !s.is_empty()),
         })
     }
 }
@@ -496,6 +501,7 @@ impl From<&TaskSpec> for pb::SubmitRequest {
                 origin_node: spec.lineage.origin.clone(),
                 hops: spec.lineage.hops,
             }),
+            session: spec.session.clone().unwrap_or_default(),
         }
     }
 }

@@ -199,6 +199,7 @@ async fn fleet(conn: &ConnArgs) -> anyhow::Result<Vec<Value>> {
     let mut nodes = Vec::new();
     if let Some(own) = response.node {
         nodes.push(node_json(&own, &conn.node, "up", now, "self"));
+        nodes[0]["replication_lag"] = json!({"records": 0, "seconds": 0.0});
     }
     for peer in response.peers {
         if let Some(info) = &peer.info {
@@ -207,13 +208,12 @@ async fn fleet(conn: &ConnArgs) -> anyhow::Result<Vec<Value>> {
                 Ok(pb::PeerState::Suspect) => "suspect",
                 _ => "down",
             };
-            nodes.push(node_json(
-                info,
-                &peer.addr,
-                state,
-                peer.last_seen_ms,
-                &peer.source,
-            ));
+            let mut node = node_json(info, &peer.addr, state, peer.last_seen_ms, &peer.source);
+            node["replication_lag"] = json!({
+                "records": peer.lag_records,
+                "seconds": peer.lag_ms as f64 / 1000.0,
+            });
+            nodes.push(node);
         }
     }
     Ok(nodes)
@@ -238,9 +238,10 @@ async fn status(conn: &ConnArgs, json: bool) -> anyhow::Result<()> {
         "GPUS",
         "LOAD",
         "LAST SEEN",
+        "MEM LAG",
     ];
     let now = unix_ms();
-    let rows: Vec<[String; 9]> = nodes
+    let rows: Vec<[String; 10]> = nodes
         .iter()
         .map(|n| {
             [
@@ -264,6 +265,13 @@ async fn status(conn: &ConnArgs, json: bool) -> anyhow::Result<()> {
                 }),
                 format!("{}/{}", n["load"]["running"], n["load"]["queued"]),
                 ago(now, n["last_seen_ms"].as_u64().unwrap_or(0)),
+                match n["replication_lag"]["records"].as_u64().unwrap_or(0) {
+                    0 => "-".to_owned(),
+                    records => format!(
+                        "{records} rec, {:.0}s",
+                        n["replication_lag"]["seconds"].as_f64().unwrap_or(0.0)
+                    ),
+                },
             ]
         })
         .collect();

@@ -60,6 +60,8 @@ pub struct NodeInfo {
     pub started_at_ms: u64,
     /// Highest tier run for remote callers.
     pub remote_max_tier: Tier,
+    /// Sequence number of this node's latest shared-memory write.
+    pub memory_seq: u64,
 }
 
 /// A persona as advertised.
@@ -188,6 +190,8 @@ pub struct Capabilities {
     system: Mutex<sysinfo::System>,
     /// Bumped whenever watchers should get a fresh `NodeInfo` before the next beat.
     changed: watch::Sender<u64>,
+    /// The node's memory, once opened, for `memory_seq`.
+    memory: std::sync::OnceLock<Arc<crate::memory::Memory>>,
 }
 
 impl Capabilities {
@@ -247,6 +251,7 @@ impl Capabilities {
             cert_fingerprint,
             started_at_ms: unix_ms(SystemTime::now()),
             remote_max_tier: config.remote_max_tier,
+            memory_seq: 0,
         };
         Self {
             base,
@@ -256,7 +261,13 @@ impl Capabilities {
             probed_gpus: Mutex::default(),
             system: Mutex::new(sysinfo::System::new()),
             changed: watch::Sender::new(0),
+            memory: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Attaches the memory whose write sequence `NodeInfo.memory_seq` reports.
+    pub fn attach_memory(&self, memory: Arc<crate::memory::Memory>) {
+        let _ = self.memory.set(memory);
     }
 
     /// The node id.
@@ -336,6 +347,7 @@ impl Capabilities {
         info.resources.gpus = gpus;
         info.load = self.load.get();
         info.health = self.health();
+        info.memory_seq = self.memory.get().map_or(0, |m| m.own_seq());
         info
     }
 

@@ -28,6 +28,9 @@ pub const KNOWN_TOOLS: &[&str] = &[
     "file_write",
     "shell_exec",
     "delegate",
+    "memory_get",
+    "memory_search",
+    "memory_put",
 ];
 
 /// Longest node name: one DNS label, which is also the mDNS instance name limit.

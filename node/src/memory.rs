@@ -183,6 +183,8 @@ pub struct Memory {
     local_namespaces: HashSet<String>,
     /// New local writes, for the replicator to push.
     pushes: mpsc::UnboundedSender<Entry>,
+    /// When each peer was last synced successfully (for lag reporting).
+    synced_at: std::sync::Mutex<BTreeMap<NodeId, std::time::Instant>>,
 }
 
 impl fmt::Debug for Memory {
@@ -235,6 +237,7 @@ impl Memory {
             max_skew,
             local_namespaces: local_namespaces.into_iter().collect(),
             pushes,
+            synced_at: std::sync::Mutex::default(),
         };
         Ok((Arc::new(memory), rx))
     }
@@ -495,6 +498,49 @@ impl Memory {
             .collect()
     }
 
+    /// The highest sequence number of `origin` this node holds a record of.
+    pub fn highest_from(&self, origin: &NodeId) -> u64 {
+        self.index
+            .range(index_key(origin, 0)..=index_key(origin, u64::MAX))
+            .next_back()
+            .and_then(|item| item.ok())
+            .and_then(|(key, _)| {
+                key.get(NodeId::HEX_LEN..)?
+                    .try_into()
+                    .ok()
+                    .map(u64::from_be_bytes)
+            })
+            .unwrap_or(0)
+    }
+
+    /// How far behind this node is on `peer`'s writes: records it lacks (the peer's latest
+    /// sequence minus what it holds) and, while behind, milliseconds since it last synced
+    /// with the peer.
+    pub fn lag(&self, peer: &NodeId, peer_seq: u64) -> (u64, u64) {
+        let have = self.watermark(peer, peer).max(self.highest_from(peer));
+        let records = peer_seq.saturating_sub(have);
+        if records == 0 {
+            return (0, 0);
+        }
+        let since = self
+            .synced_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(peer)
+            .map(|at| at.elapsed().as_millis() as u64)
+            .unwrap_or(0);
+        (records, since)
+    }
+
+    /// Time since the last complete sync with `peer` (`MAX` when never).
+    pub fn since_sync(&self, peer: &NodeId) -> Duration {
+        self.synced_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(peer)
+            .map_or(Duration::MAX, |at| at.elapsed())
+    }
+
     /// Flushes to disk.
     pub async fn flush(&self) -> Result<(), MemoryError> {
         self.db.flush_async().await?;
@@ -536,6 +582,9 @@ pub struct SyncBatch {
     pub entries: Vec<Entry>,
     /// Whether the peer has more.
     pub more: bool,
+    /// With the last batch: the highest sequence per origin the peer has seen (its own writes
+    /// included), so overwritten writes still count as held.
+    pub heads: BTreeMap<NodeId, u64>,
 }
 
 /// How the replicator reaches peers (implemented over gRPC in `rpc::memory`).
@@ -567,6 +616,11 @@ pub fn answer_sync(
         }
         batch.entries.extend(entries);
     }
+    batch.heads = memory.origins()?;
+    let own = memory.own_seq();
+    if own > 0 {
+        batch.heads.insert(memory.own_id().clone(), own);
+    }
     Ok(batch)
 }
 
@@ -582,12 +636,20 @@ pub async fn sync_from(
         let after = memory.watermarks(peer);
         let batch = peers.sync(addr.to_owned(), after.clone()).await?;
         let mut highest: BTreeMap<NodeId, u64> = BTreeMap::new();
+        let mut refused: HashSet<NodeId> = HashSet::new();
         for entry in &batch.entries {
             match memory.apply(entry) {
                 Ok(true) => applied += 1,
                 Ok(false) => {}
-                // A refused record is logged by `apply`; the rest of the batch still counts.
-                Err(_) => {}
+                // Refused (logged by `apply`): keep the watermark below it so it is fetched
+                // again once the clocks agree.
+                Err(_) => {
+                    refused.insert(entry.record.origin.clone());
+                    continue;
+                }
+            }
+            if refused.contains(&entry.record.origin) {
+                continue;
             }
             let seen = highest.entry(entry.record.origin.clone()).or_default();
             *seen = (*seen).max(entry.record.seq);
@@ -601,6 +663,18 @@ pub async fn sync_from(
         }
         memory.flush().await.map_err(|e| e.to_string())?;
         if !batch.more || batch.entries.is_empty() {
+            for (origin, head) in &batch.heads {
+                if !refused.contains(origin) && *head > memory.watermark(peer, origin) {
+                    memory
+                        .set_watermark(peer, origin, *head)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            memory
+                .synced_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(peer.clone(), std::time::Instant::now());
             return Ok(applied);
         }
     }
@@ -644,7 +718,11 @@ pub async fn replicate(
                 let up: Vec<_> = peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up).collect();
                 let now_up: HashSet<NodeId> = up.iter().map(|p| p.info.id.clone()).collect();
                 for peer in up {
-                    if full || !was_up.contains(&peer.info.id) {
+                    // A peer that advertises writes we lack gets synced too (pushes can be lost),
+                    // at most every couple of seconds.
+                    let lagging = memory.lag(&peer.info.id, peer.info.memory_seq).0 > 0
+                        && memory.since_sync(&peer.info.id) > Duration::from_secs(2);
+                    if full || lagging || !was_up.contains(&peer.info.id) {
                         let (memory, link) = (memory.clone(), link.clone());
                         tokio::spawn(async move {
                             match sync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
@@ -743,6 +821,28 @@ mod tests {
                 .expect("tombstone")
                 .tombstone
         );
+    }
+
+    #[tokio::test]
+    async fn lag_is_what_a_peer_wrote_that_we_do_not_hold() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("db");
+        let (memory, _writes) =
+            Memory::open(&db, id("me"), Vec::new(), Duration::from_millis(500)).expect("open");
+        let peer = id("peer");
+        assert_eq!(memory.lag(&peer, 0), (0, 0));
+        assert_eq!(memory.lag(&peer, 5).0, 5);
+        let entry = Entry {
+            namespace: "notes".into(),
+            key: "k".into(),
+            record: Record {
+                seq: 3,
+                ..record(uhlc::system_time_clock().as_u64(), &peer, false)
+            },
+        };
+        assert!(memory.apply(&entry).expect("apply"));
+        assert_eq!(memory.lag(&peer, 5).0, 2);
+        assert_eq!(memory.lag(&peer, 3), (0, 0));
     }
 
     #[tokio::test]

@@ -561,6 +561,7 @@ mod tests {
             cert_fingerprint: String::new(),
             started_at_ms: 0,
             remote_max_tier: crate::config::Tier::Read,
+            memory_seq: 0,
         }
     }
 

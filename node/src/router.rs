@@ -250,6 +250,7 @@ mod tests {
             cert_fingerprint: String::new(),
             started_at_ms: 0,
             remote_max_tier: Tier::Read,
+            memory_seq: 0,
         }
     }
 

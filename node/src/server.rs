@@ -259,6 +259,7 @@ impl Node {
             memory_writes,
             background.child_token(),
         ));
+        caps.attach_memory(memory.clone());
         let (models, skipped) = ModelRegistry::from_config(&config);
         for (name, reason) in skipped {
             caps.set_check(
@@ -332,7 +333,8 @@ impl Node {
             events_tx,
             leaving.clone(),
             mesh_tls.is_some(),
-        );
+        )
+        .with_memory(memory.clone());
 
         let tasks_service = TasksService::new(
             tasks.clone(),

@@ -99,6 +99,17 @@ fn a_write_on_one_node_is_read_on_all_five_and_concurrent_writes_converge() {
     })
     .expect("convergence");
     assert!(["from-m1", "from-m2"].contains(&agreed["value"].as_str().expect("value")));
+
+    // Once converged, nobody lags behind anybody, and status says so.
+    wait_for("no replication lag", DEADLINE, || {
+        let status = h.status(&nodes[0]).ok()?;
+        status["nodes"]
+            .as_array()?
+            .iter()
+            .all(|n| n["replication_lag"]["records"] == 0)
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:#}", h.status(&nodes[0]).expect("status")["nodes"]));
 }
 
 #[test]
@@ -239,8 +250,8 @@ async fn a_record_stamped_far_in_the_future_is_refused() {
         let since_epoch = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .expect("clock");
-        // NTP64: seconds since 1900 in the high 32 bits, fraction in the low 32.
-        ((since_epoch.as_secs() + 2_208_988_800) << 32)
+        // uhlc's NTP64 over the Unix epoch: seconds in the high 32 bits, fraction in the low 32.
+        (since_epoch.as_secs() << 32)
             + ((u64::from(since_epoch.subsec_nanos()) << 32) / 1_000_000_000)
     };
     let future = now_ntp + (60u64 << 32);

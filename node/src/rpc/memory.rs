@@ -167,6 +167,11 @@ impl pb::memory_server::Memory for MemoryService {
         Ok(Response::new(pb::MemorySyncResponse {
             records: batch.entries.iter().map(to_pb).collect(),
             more: batch.more,
+            heads: batch
+                .heads
+                .iter()
+                .map(|(origin, seq)| (origin.to_string(), *seq))
+                .collect(),
         }))
     }
 
@@ -275,9 +280,18 @@ impl MemoryPeers for RemoteMemory {
             for record in response.records {
                 entries.push(Entry::try_from(record).map_err(|s| s.message().to_owned())?);
             }
+            if response.heads.len() > 10_000 {
+                return Err("sync answer: too many heads".into());
+            }
+            let mut heads = BTreeMap::new();
+            for (origin, seq) in response.heads {
+                let origin = NodeId::parse(&origin).map_err(|e| format!("heads: {e}"))?;
+                heads.insert(origin, seq);
+            }
             Ok(SyncBatch {
                 entries,
                 more: response.more,
+                heads,
             })
         })
     }

@@ -106,6 +106,8 @@ pub struct NodeService {
     leaving: CancellationToken,
     /// Whether callers present certificates (false in insecure mode).
     tls: bool,
+    /// For replication lag in `ListPeers`.
+    memory: Option<Arc<crate::memory::Memory>>,
 }
 
 impl NodeService {
@@ -123,7 +125,14 @@ impl NodeService {
             introductions,
             leaving,
             tls,
+            memory: None,
         }
+    }
+
+    /// Reports replication lag from `memory` in `ListPeers`.
+    pub fn with_memory(mut self, memory: Arc<crate::memory::Memory>) -> Self {
+        self.memory = Some(memory);
+        self
     }
 
     /// The tonic server for this service, with message size limits.
@@ -224,12 +233,21 @@ impl pb::node_server::Node for NodeService {
             .peers
             .snapshot()
             .into_iter()
-            .map(|peer| pb::Peer {
-                info: Some((&peer.info).into()),
-                addr: peer.addr.clone(),
-                state: pb_state(peer.state) as i32,
-                last_seen_ms: peer.last_seen_ms(),
-                source: peer.source.as_str().into(),
+            .map(|peer| {
+                let (lag_records, lag_ms) = self
+                    .memory
+                    .as_ref()
+                    .map(|m| m.lag(&peer.info.id, peer.info.memory_seq))
+                    .unwrap_or_default();
+                pb::Peer {
+                    info: Some((&peer.info).into()),
+                    addr: peer.addr.clone(),
+                    state: pb_state(peer.state) as i32,
+                    last_seen_ms: peer.last_seen_ms(),
+                    source: peer.source.as_str().into(),
+                    lag_records,
+                    lag_ms,
+                }
             })
             .collect();
         Ok(Response::new(pb::ListPeersResponse {
@@ -435,6 +453,7 @@ impl From<&NodeInfo> for pb::NodeInfo {
             cert_fingerprint: info.cert_fingerprint.clone(),
             started_at_ms: info.started_at_ms,
             remote_max_tier: pb_tier(info.remote_max_tier) as i32,
+            memory_seq: info.memory_seq,
         }
     }
 }
@@ -552,6 +571,7 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
                 Ok(pb::Tier::Write) => Tier::Write,
                 _ => Tier::Read,
             },
+            memory_seq: info.memory_seq,
         })
     }
 }
@@ -633,6 +653,7 @@ mod tests {
             cert_fingerprint: "ab".repeat(32),
             started_at_ms: 42,
             remote_max_tier: Tier::Write,
+            memory_seq: 9,
         }
     }
 

@@ -35,8 +35,10 @@ pub const MAX_NAMESPACE: usize = 64;
 pub const MAX_KEY: usize = 512;
 /// Largest value.
 pub const MAX_VALUE: usize = 1024 * 1024;
-/// Most records one `Sync` answer carries; the caller asks again for the rest.
+/// Most records one `Sync` answer or `Push` carries; the rest follows in the next one.
 pub const SYNC_BATCH: usize = 512;
+/// Most value bytes one `Sync` answer or `Push` carries (well under the 16 MiB message limit).
+pub const BATCH_BYTES: usize = 8 * 1024 * 1024;
 /// How often every up peer is synced even without news.
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -251,6 +253,21 @@ impl Memory {
         Ok(self.db.open_tree(format!("mem/{ns}"))?)
     }
 
+    /// The tree of `ns` if anything was ever written there; reads never create trees.
+    fn existing_tree(&self, ns: &str) -> Result<Option<sled::Tree>, MemoryError> {
+        let name = format!("mem/{ns}");
+        if self
+            .db
+            .tree_names()
+            .iter()
+            .any(|n| n.as_ref() == name.as_bytes())
+        {
+            Ok(Some(self.db.open_tree(name)?))
+        } else {
+            Ok(None)
+        }
+    }
+
     fn replicated(&self, ns: &str) -> bool {
         !self.local_namespaces.contains(ns)
     }
@@ -323,7 +340,10 @@ impl Memory {
     pub fn get(&self, ns: &str, key: &str) -> Result<Option<Record>, MemoryError> {
         check_namespace(ns)?;
         check_key(key)?;
-        match self.tree(ns)?.get(key.as_bytes())? {
+        let Some(tree) = self.existing_tree(ns)? else {
+            return Ok(None);
+        };
+        match tree.get(key.as_bytes())? {
             None => Ok(None),
             Some(bytes) => Record::decode(&bytes).map(Some),
         }
@@ -333,7 +353,10 @@ impl Memory {
     pub fn list(&self, ns: &str, prefix: &str, limit: usize) -> Result<Vec<Entry>, MemoryError> {
         check_namespace(ns)?;
         let mut out = Vec::new();
-        for item in self.tree(ns)?.scan_prefix(prefix.as_bytes()) {
+        let Some(tree) = self.existing_tree(ns)? else {
+            return Ok(out);
+        };
+        for item in tree.scan_prefix(prefix.as_bytes()) {
             let (key, bytes) = item?;
             let record = Record::decode(&bytes)?;
             if record.tombstone {
@@ -605,16 +628,26 @@ pub fn answer_sync(
     after: &BTreeMap<NodeId, u64>,
 ) -> Result<SyncBatch, MemoryError> {
     let mut batch = SyncBatch::default();
+    let mut bytes = 0;
     for (origin, _) in memory.origins()? {
         let from = after.get(&origin).copied().unwrap_or(0);
         let room = SYNC_BATCH - batch.entries.len();
         let entries = memory.since(&origin, from, room + 1)?;
-        if entries.len() > room {
-            batch.entries.extend(entries.into_iter().take(room));
+        let complete = entries.len() <= room;
+        for entry in entries.into_iter().take(room) {
+            // Per origin the records go oldest first, so stopping anywhere keeps the
+            // caller's watermark honest: it resumes right after the last record it got.
+            if bytes + entry.record.value.len() > BATCH_BYTES && !batch.entries.is_empty() {
+                batch.more = true;
+                return Ok(batch);
+            }
+            bytes += entry.record.value.len() + entry.key.len();
+            batch.entries.push(entry);
+        }
+        if !complete {
             batch.more = true;
             return Ok(batch);
         }
-        batch.entries.extend(entries);
     }
     batch.heads = memory.origins()?;
     let own = memory.own_seq();
@@ -680,6 +713,27 @@ pub async fn sync_from(
     }
 }
 
+/// Splits pending writes into pushes of at most [`SYNC_BATCH`] records and [`BATCH_BYTES`].
+fn push_batches(entries: Vec<Entry>) -> Vec<Vec<Entry>> {
+    let mut batches: Vec<Vec<Entry>> = Vec::new();
+    let mut bytes = 0;
+    for entry in entries {
+        let size = entry.record.value.len() + entry.key.len();
+        let full = batches
+            .last()
+            .is_none_or(|b| b.len() >= SYNC_BATCH || bytes + size > BATCH_BYTES);
+        if full {
+            batches.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += size;
+        if let Some(batch) = batches.last_mut() {
+            batch.push(entry);
+        }
+    }
+    batches
+}
+
 /// Keeps every up peer in sync: pushes local writes at once, pulls from a peer when it comes
 /// up and every [`SYNC_INTERVAL`].
 pub async fn replicate(
@@ -696,18 +750,20 @@ pub async fn replicate(
         tokio::select! {
             () = cancel.cancelled() => return,
             Some(entry) = writes.recv() => {
-                let mut batch = vec![entry];
+                let mut pending = vec![entry];
                 while let Ok(more) = writes.try_recv() {
-                    batch.push(more);
+                    pending.push(more);
                 }
-                for peer in peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up) {
-                    let push = link.push(peer.addr.clone(), batch.clone());
-                    let name = peer.info.name.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = push.await {
-                            tracing::debug!(peer = %name, error = %e, "push memory (the next sync catches up)");
-                        }
-                    });
+                for batch in push_batches(pending) {
+                    for peer in peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up) {
+                        let push = link.push(peer.addr.clone(), batch.clone());
+                        let name = peer.info.name.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = push.await {
+                                tracing::debug!(peer = %name, error = %e, "push memory (the next sync catches up)");
+                            }
+                        });
+                    }
                 }
             }
             _ = tick.tick() => {
@@ -820,6 +876,29 @@ mod tests {
                 .expect("get")
                 .expect("tombstone")
                 .tombstone
+        );
+    }
+
+    #[test]
+    fn pushes_are_split_by_count_and_by_bytes() {
+        let entry = |size: usize| Entry {
+            namespace: "n".into(),
+            key: "k".into(),
+            record: Record {
+                value: vec![0; size],
+                ..record(1, &id("o"), false)
+            },
+        };
+        let many: Vec<Entry> = (0..SYNC_BATCH + 1).map(|_| entry(1)).collect();
+        let sizes: Vec<usize> = push_batches(many).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [SYNC_BATCH, 1]);
+        let big: Vec<Entry> = (0..10).map(|_| entry(MAX_VALUE)).collect();
+        let batches = push_batches(big);
+        assert!(batches.len() >= 2, "{} batches", batches.len());
+        assert!(
+            batches
+                .iter()
+                .all(|b| b.iter().map(|e| e.record.value.len()).sum::<usize>() <= BATCH_BYTES)
         );
     }
 

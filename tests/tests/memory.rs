@@ -351,3 +351,22 @@ fn a_conversation_session_continues_on_another_node() {
     })
     .unwrap_or_else(|e| panic!("{e}: {session:?}"));
 }
+
+#[test]
+fn a_local_namespace_stays_on_its_node() {
+    let h = Harness::new().expect("harness");
+    let a = h
+        .spawn(NodeOptions::new("a").extra("[memory]\nlocal_namespaces = [\"scratch\"]\n"))
+        .expect("a");
+    let b = h.spawn(NodeOptions::new("b").peer(&a.addr)).expect("b");
+    h.wait_all_up(&[&a, &b], DEADLINE).expect("pair");
+    put(&h, &a, "scratch", "draft", "only here");
+    put(&h, &a, "notes", "shared", "everywhere");
+    // Once the replicated write has arrived, the local one would have too, had it been sent.
+    wait_value(&h, &b, "notes", "shared", Some("everywhere"));
+    assert_eq!(
+        get(&h, &a, "scratch", "draft").as_deref(),
+        Some("only here")
+    );
+    assert_eq!(get(&h, &b, "scratch", "draft"), None);
+}

@@ -242,6 +242,7 @@ impl Node {
             path: db_path.clone(),
             source,
         })?;
+        let channels = crate::rpc::PeerChannels::new(dialer.clone());
         let (memory, memory_writes) = crate::memory::Memory::open(
             &db,
             id.clone(),
@@ -255,7 +256,7 @@ impl Node {
         background_tasks.spawn(crate::memory::replicate(
             memory.clone(),
             peers.clone(),
-            Arc::new(crate::rpc::memory::RemoteMemory::new(dialer.clone())),
+            Arc::new(crate::rpc::memory::RemoteMemory::new(channels.clone())),
             memory_writes,
             background.child_token(),
         ));
@@ -340,7 +341,7 @@ impl Node {
             tasks.clone(),
             caps.clone(),
             peers.clone(),
-            dialer.clone(),
+            channels,
             mesh_tls.is_some(),
         );
         // The `delegate` tool routes sub-tasks through the same service as any caller.

@@ -88,7 +88,7 @@ fn insecure_is_refused_on_a_non_loopback_address_unless_allowed() {
             child.try_wait().expect("poll").is_none(),
             "node exited early"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50)); // poll until the deadline
     }
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

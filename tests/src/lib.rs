@@ -46,6 +46,9 @@ pub fn bin(name: &str) -> PathBuf {
         })
 }
 
+/// How often [`wait_for`] polls.
+const POLL_EVERY: Duration = Duration::from_millis(50);
+
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(
     what: &str,
@@ -60,7 +63,7 @@ pub fn wait_for<T>(
         if Instant::now() >= deadline {
             bail!("timed out after {timeout:?} waiting for {what}");
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(POLL_EVERY); // poll again until the deadline
     }
 }
 
@@ -386,6 +389,16 @@ impl Harness {
             cert,
             key,
         })
+    }
+
+    /// An mTLS channel to `node` with a member certificate of the harness CA.
+    pub async fn member_channel(
+        &self,
+        node: &NodeProcess,
+    ) -> anyhow::Result<tonic::transport::Channel> {
+        let member = self.issue("member")?;
+        let dialer = mesh_node::tls::MeshTls::load(&member)?.dialer();
+        Ok(dialer.connect(&node.addr).await?.channel)
     }
 
     /// The client certificate files for `mesh-cli`.

@@ -1,7 +1,6 @@
 //! Standard gRPC tooling works against a node: `grpc.health.v1` (grpc_health_probe) and server
 //! reflection v1 (grpcurl), on the same mTLS port as the agentmesh services.
 
-use mesh_node::tls::MeshTls;
 use mesh_tests::{Harness, NodeOptions};
 use tokio_stream::StreamExt;
 use tonic_health::pb::{
@@ -16,14 +15,7 @@ use tonic_reflection::pb::v1::{
 async fn health_and_reflection_answer_over_mtls() {
     let harness = Harness::new().expect("harness");
     let node = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
-    let member = harness.issue("member").expect("cert");
-    let channel = MeshTls::load(&member)
-        .expect("tls")
-        .dialer()
-        .connect(&node.addr)
-        .await
-        .expect("connect")
-        .channel;
+    let channel = harness.member_channel(&node).await.expect("connect");
 
     let mut health = HealthClient::new(channel.clone());
     for service in ["", "agentmesh.v1.Node"] {

@@ -32,7 +32,7 @@ class Listener(ServiceListener):
 ServiceBrowser(zc, "_agentmesh._tcp.local.", Listener())
 deadline = time.time() + 15
 while time.time() < deadline and len(found) < want:
-    time.sleep(0.05)
+    time.sleep(0.05)  # poll until found or the deadline
 zc.close()
 print(json.dumps(found))
 "#;

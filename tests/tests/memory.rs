@@ -9,7 +9,6 @@ use std::{
     time::Duration,
 };
 
-use mesh_node::tls::MeshTls;
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
 use serde_json::Value;
@@ -237,14 +236,7 @@ fn every_acknowledged_put_survives_sigkill() {
 async fn a_record_stamped_far_in_the_future_is_refused() {
     let h = Harness::new().expect("harness");
     let node = h.spawn(NodeOptions::new("solo")).expect("node");
-    let member = h.issue("member").expect("cert");
-    let channel = MeshTls::load(&member)
-        .expect("tls")
-        .dialer()
-        .connect(&node.addr)
-        .await
-        .expect("connect")
-        .channel;
+    let channel = h.member_channel(&node).await.expect("connect");
     let mut client = pb::memory_client::MemoryClient::new(channel);
     let now_ntp = {
         let since_epoch = std::time::SystemTime::now()

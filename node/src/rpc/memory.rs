@@ -9,7 +9,6 @@ use crate::{
     identity::NodeId,
     llm::BoxFuture,
     memory::{self, Entry, Memory, MemoryError, MemoryPeers, Record, SyncBatch},
-    tls::Dialer,
 };
 
 /// Most records one `Push` may carry.
@@ -202,58 +201,30 @@ impl pb::memory_server::Memory for MemoryService {
     }
 }
 
-/// Replication over gRPC: one kept channel per peer.
+/// Replication over gRPC, on the node's shared peer channels.
 #[derive(Debug, Clone)]
 pub struct RemoteMemory {
-    dialer: Dialer,
-    channels: Arc<std::sync::Mutex<std::collections::HashMap<String, tonic::transport::Channel>>>,
+    channels: super::PeerChannels,
 }
 
 impl RemoteMemory {
-    /// Uses `dialer` to reach peers.
-    pub fn new(dialer: Dialer) -> Self {
-        Self {
-            dialer,
-            channels: Arc::default(),
-        }
+    /// Uses `channels` to reach peers.
+    pub fn new(channels: super::PeerChannels) -> Self {
+        Self { channels }
     }
 
     async fn client(
         &self,
         addr: &str,
     ) -> Result<pb::memory_client::MemoryClient<tonic::transport::Channel>, String> {
-        let cached = self
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(addr)
-            .cloned();
-        let channel = match cached {
-            Some(channel) => channel,
-            None => {
-                let channel = self
-                    .dialer
-                    .connect(addr)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .channel;
-                self.channels
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(addr.to_owned(), channel.clone());
-                channel
-            }
-        };
+        let channel = self.channels.get(addr).await.map_err(|e| e.to_string())?;
         Ok(pb::memory_client::MemoryClient::new(channel)
             .max_decoding_message_size(16 * super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(8 * super::MAX_MESSAGE_BYTES))
     }
 
     fn forget(&self, addr: &str) {
-        self.channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(addr);
+        self.channels.forget(addr);
     }
 }
 

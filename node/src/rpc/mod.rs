@@ -279,6 +279,51 @@ pub fn caller_identity<T>(request: &Request<T>) -> Result<CertIdentity, Status> 
     CertIdentity::from_der(first).map_err(|e| Status::unauthenticated(e.to_string()))
 }
 
+/// One kept-open channel per peer address, shared by the delegation and replication clients, so
+/// a forwarded task or a push does not pay a TCP and TLS handshake.
+#[derive(Debug, Clone)]
+pub struct PeerChannels {
+    dialer: crate::tls::Dialer,
+    channels: Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>,
+}
+
+impl PeerChannels {
+    /// Dials with `dialer` on first use of an address.
+    pub fn new(dialer: crate::tls::Dialer) -> Self {
+        Self {
+            dialer,
+            channels: Arc::default(),
+        }
+    }
+
+    /// The channel to `addr`, dialing it the first time.
+    pub async fn get(&self, addr: &str) -> Result<Channel, crate::tls::DialError> {
+        let cached = self
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(addr)
+            .cloned();
+        if let Some(channel) = cached {
+            return Ok(channel);
+        }
+        let channel = self.dialer.connect(addr).await?.channel;
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(addr.to_owned(), channel.clone());
+        Ok(channel)
+    }
+
+    /// Drops the channel to `addr` after a failure, so the next use dials afresh.
+    pub fn forget(&self, addr: &str) {
+        self.channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(addr);
+    }
+}
+
 /// A client for another node's `Node` service.
 #[derive(Debug, Clone)]
 pub struct PeerClient {

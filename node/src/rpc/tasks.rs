@@ -18,7 +18,6 @@ use crate::{
         Placement, SubmitError, Target, TaskError, TaskEvent, TaskManager, TaskRecord, TaskSpec,
         TaskStatus,
     },
-    tls::Dialer,
 };
 
 /// Longest deadline a caller may ask for.
@@ -41,17 +40,14 @@ impl TasksService {
         tasks: TaskManager,
         caps: Arc<Capabilities>,
         peers: Arc<PeerTable>,
-        dialer: Dialer,
+        channels: super::PeerChannels,
         tls: bool,
     ) -> Self {
         Self {
             tasks,
             caps,
             peers,
-            forwarder: Arc::new(RemoteTasks {
-                dialer,
-                channels: Default::default(),
-            }),
+            forwarder: Arc::new(RemoteTasks { channels }),
             tls,
         }
     }
@@ -626,43 +622,22 @@ impl crate::agent::tools::Mesh for TasksService {
     }
 }
 
-/// Forwards tasks to other nodes' `Tasks.Submit` over mTLS, keeping one channel per node so a
-/// delegated task does not pay a TCP and TLS handshake.
+/// Forwards tasks to other nodes' `Tasks.Submit` over mTLS.
 #[derive(Debug, Clone)]
 pub struct RemoteTasks {
-    dialer: Dialer,
-    channels: Arc<std::sync::Mutex<std::collections::HashMap<String, tonic::transport::Channel>>>,
+    channels: super::PeerChannels,
 }
 
 impl RemoteTasks {
     async fn channel(&self, addr: &str) -> Result<tonic::transport::Channel, ForwardError> {
-        let cached = self
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(addr)
-            .cloned();
-        if let Some(channel) = cached {
-            return Ok(channel);
-        }
-        let channel = self
-            .dialer
-            .connect(addr)
-            .await
-            .map_err(|e| ForwardError::Unavailable(e.to_string()))?
-            .channel;
         self.channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(addr.to_owned(), channel.clone());
-        Ok(channel)
+            .get(addr)
+            .await
+            .map_err(|e| ForwardError::Unavailable(e.to_string()))
     }
 
     fn forget(&self, addr: &str) {
-        self.channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(addr);
+        self.channels.forget(addr);
     }
 }
 

@@ -77,6 +77,8 @@ pub struct Peer {
     pub last_seen: SystemTime,
     /// How it was found.
     pub source: PeerSource,
+    /// Round-trip time of the latest `ListPeers` call to it, for the router.
+    pub rtt_ms: Option<f64>,
     /// Monotonic time of the last beat, for the sweep.
     last_beat: Instant,
 }
@@ -100,6 +102,7 @@ impl PeerTable {
         let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let id = info.id.clone();
+        let rtt_ms = peers.get(&id).and_then(|p| p.rtt_ms);
         let previous = peers.insert(
             id.clone(),
             Peer {
@@ -108,6 +111,7 @@ impl PeerTable {
                 state: PeerState::Up,
                 last_seen: SystemTime::now(),
                 source,
+                rtt_ms,
                 last_beat: now,
             },
         );
@@ -130,6 +134,14 @@ impl PeerTable {
         {
             tracing::info!(peer = %peer.info.name, id = %id.short(), from = peer.state.as_str(), to = state.as_str(), why, "peer state");
             peer.state = state;
+        }
+    }
+
+    /// Records a measured round-trip time.
+    pub fn set_rtt(&self, id: &NodeId, rtt: std::time::Duration) {
+        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(peer) = peers.get_mut(id) {
+            peer.rtt_ms = Some(rtt.as_secs_f64() * 1000.0);
         }
     }
 
@@ -516,7 +528,10 @@ async fn stream_beats(
 
 /// Feeds the peers our peer knows (and considers up) back into discovery.
 async fn exchange_peers(shared: &Shared, client: &mut PeerClient) -> Result<(), RpcError> {
+    // The exchange call doubles as the round-trip measurement the router ranks by.
+    let started = Instant::now();
     let fleet = client.list_peers().await?;
+    shared.table.set_rtt(&fleet.own.id, started.elapsed());
     for peer in fleet.peers {
         if peer.state != PeerState::Up || peer.info.id == shared.own_id {
             continue;

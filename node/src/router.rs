@@ -372,6 +372,29 @@ mod tests {
     }
 
     #[test]
+    fn with_everything_else_equal_the_nearer_node_ranks_first() {
+        let far = node("far", &["coder"], &[24576], (0, 0));
+        let near = node("near", &["coder"], &[24576], (0, 0));
+        let candidates = vec![
+            Candidate {
+                rtt_ms: Some(40.0),
+                ..up(&far, false)
+            },
+            Candidate {
+                rtt_ms: Some(0.4),
+                ..up(&near, false)
+            },
+        ];
+        let ranked = rank(
+            &Target::Role("coder".into()),
+            Tier::Read,
+            &Requirements::default(),
+            &candidates,
+        );
+        assert_eq!(names(&ranked), ["near", "far"]);
+    }
+
+    #[test]
     fn ranking_prefers_lower_load_then_more_vram_then_local() {
         let busy = node("busy", &["coder"], &[81920], (2, 1));
         let idle_small = node("idle-small", &["coder"], &[8192], (0, 0));

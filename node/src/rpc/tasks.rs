@@ -54,10 +54,7 @@ impl TasksService {
 
     /// Whether the caller is another node (its certificate belongs to a peer), or says it
     /// forwards on a node's behalf: then `security.remote_max_tier` applies.
-    fn remote_caller<T>(&self, request: &Request<T>, spec: &TaskSpec) -> bool {
-        if spec.lineage.hops > 0 {
-            return true;
-        }
+    fn remote_caller<T>(&self, request: &Request<T>) -> bool {
         self.tls
             && super::caller_identity(request)
                 .is_ok_and(|caller| self.peers.get(&caller.id).is_some())
@@ -76,7 +73,7 @@ impl TasksService {
             info: &p.info,
             state: p.state,
             local: false,
-            rtt_ms: None,
+            rtt_ms: p.rtt_ms,
         }));
         router::rank(&spec.target, spec.tier, &spec.require, &candidates)
     }
@@ -143,12 +140,9 @@ impl pb::tasks_server::Tasks for TasksService {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<Self::SubmitStream>, Status> {
-        let remote = {
-            let spec = TaskSpec::try_from(request.get_ref().clone())?;
-            self.remote_caller(&request, &spec)
-        };
+        let peer_caller = self.remote_caller(&request);
         let spec = TaskSpec::try_from(request.into_inner())?;
-        let placement = self.place(&spec, remote)?;
+        let placement = self.place(&spec, peer_caller || spec.lineage.hops > 0)?;
         let id = self.tasks.submit(spec, placement).map_err(submit_status)?;
         let events = self.tasks.watch(&id, true).map_err(lookup_status)?;
         Ok(Response::new(event_stream(events)))

@@ -72,6 +72,10 @@ pub struct RawMemory {
     pub local_namespaces: Vec<String>,
     /// How far ahead of this node's clock a replicated record may be stamped. Default: 500.
     pub max_clock_skew_ms: Option<u64>,
+    /// How long a tombstone is kept at most, in seconds. Default: 604800 (7 days).
+    pub tombstone_window_s: Option<u64>,
+    /// How often every up peer is synced even without news, in seconds. Default: 30.
+    pub sync_interval_s: Option<u64>,
 }
 
 /// `[node]`
@@ -274,6 +278,10 @@ pub struct Config {
     pub local_namespaces: Vec<String>,
     /// `memory.max_clock_skew_ms`.
     pub max_clock_skew: std::time::Duration,
+    /// `memory.tombstone_window_s`.
+    pub tombstone_window: std::time::Duration,
+    /// `memory.sync_interval_s`.
+    pub sync_interval: std::time::Duration,
 }
 
 /// Validated `[tasks]`.
@@ -913,6 +921,29 @@ impl RawConfig {
                 "use 10-3600000 milliseconds (default 500)",
             ));
         }
+        let window = self.memory.tombstone_window_s.unwrap_or(7 * 24 * 3600);
+        if !(1..=365 * 24 * 3600).contains(&window) {
+            return Err(invalid(
+                "memory.tombstone_window_s",
+                format!("is {window}"),
+                "use 1-31536000 seconds (default 604800, 7 days); a node away longer resyncs",
+            ));
+        }
+        let sync_interval = self.memory.sync_interval_s.unwrap_or(30);
+        if !(1..=3600).contains(&sync_interval) {
+            return Err(invalid(
+                "memory.sync_interval_s",
+                format!("is {sync_interval}"),
+                "use 1-3600 seconds (default 30)",
+            ));
+        }
+        if window < 4 * sync_interval {
+            return Err(invalid(
+                "memory.tombstone_window_s",
+                format!("is {window}, less than 4 x memory.sync_interval_s ({sync_interval})"),
+                "make the window at least four sync intervals, or sync more often",
+            ));
+        }
 
         Ok(Config {
             source: path.map(Path::to_owned),
@@ -932,6 +963,8 @@ impl RawConfig {
             tool_roots,
             local_namespaces: self.memory.local_namespaces,
             max_clock_skew: std::time::Duration::from_millis(skew),
+            tombstone_window: std::time::Duration::from_secs(window),
+            sync_interval: std::time::Duration::from_secs(sync_interval),
         })
     }
 }
@@ -1005,6 +1038,18 @@ mod tests {
         assert_eq!(config.tls, TlsMode::Bootstrap);
         assert_eq!(config.remote_max_tier, Tier::Read);
         assert!(!config.name.is_empty());
+    }
+
+    #[test]
+    fn the_tombstone_window_must_cover_several_sync_rounds() {
+        let config = parse("").expect("valid");
+        assert_eq!(config.tombstone_window.as_secs(), 7 * 24 * 3600);
+        assert_eq!(config.sync_interval.as_secs(), 30);
+        let e = err("[memory]\ntombstone_window_s = 60\nsync_interval_s = 30\n");
+        assert!(e.contains("memory.tombstone_window_s"), "{e}");
+        assert!(e.contains("memory.sync_interval_s"), "{e}");
+        assert!(err("[memory]\nsync_interval_s = 0\n").contains("1-3600"));
+        assert!(err("[memory]\ntombstone_window_s = 0\n").contains("default 604800"));
     }
 
     #[test]

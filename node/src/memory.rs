@@ -39,8 +39,30 @@ pub const MAX_VALUE: usize = 1024 * 1024;
 pub const SYNC_BATCH: usize = 512;
 /// Most value bytes one `Sync` answer or `Push` carries (well under the 16 MiB message limit).
 pub const BATCH_BYTES: usize = 8 * 1024 * 1024;
-/// How often every up peer is synced even without news.
-pub const SYNC_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How a node's memory behaves (`[memory]` in the config).
+#[derive(Debug, Clone)]
+pub struct MemoryOptions {
+    /// Namespaces kept on this node only.
+    pub local_namespaces: Vec<String>,
+    /// How far ahead of our clock a record from a peer may be stamped.
+    pub max_skew: Duration,
+    /// How long a tombstone is kept at most; a node away longer resyncs.
+    pub tombstone_window: Duration,
+    /// How often every up peer is synced even without news (and tombstones are collected).
+    pub sync_interval: Duration,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        Self {
+            local_namespaces: Vec::new(),
+            max_skew: Duration::from_millis(500),
+            tombstone_window: Duration::from_secs(7 * 24 * 3600),
+            sync_interval: Duration::from_secs(30),
+        }
+    }
+}
 
 /// One stored record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +161,11 @@ pub enum MemoryError {
     /// sled failed.
     #[error("storage: {0}")]
     Storage(String),
+    /// This node was away longer than the tombstone window and has not resynced yet.
+    #[error(
+        "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"
+    )]
+    Resyncing,
 }
 
 impl From<sled::Error> for MemoryError {
@@ -181,8 +208,12 @@ pub struct Memory {
     hlc: uhlc::HLC,
     max_skew: Duration,
     index: sled::Tree,
+    /// The tombstones among `index`, for collection.
+    tombs: sled::Tree,
     meta: sled::Tree,
     local_namespaces: HashSet<String>,
+    tombstone_window: Duration,
+    sync_interval: Duration,
     /// New local writes, for the replicator to push.
     pushes: mpsc::UnboundedSender<Entry>,
     /// When each peer was last synced successfully (for lag reporting).
@@ -222,22 +253,24 @@ impl Memory {
     pub fn open(
         db: &sled::Db,
         own: NodeId,
-        local_namespaces: impl IntoIterator<Item = String>,
-        max_skew: Duration,
+        options: MemoryOptions,
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Entry>), MemoryError> {
         let hlc = uhlc::HLCBuilder::new()
             .with_id(hlc_id(&own))
-            .with_max_delta(max_skew)
+            .with_max_delta(options.max_skew)
             .build();
         let (pushes, rx) = mpsc::unbounded_channel();
         let memory = Self {
             db: db.clone(),
             index: db.open_tree("mem_index")?,
+            tombs: db.open_tree("mem_tombs")?,
             meta: db.open_tree("mem_meta")?,
             own,
             hlc,
-            max_skew,
-            local_namespaces: local_namespaces.into_iter().collect(),
+            max_skew: options.max_skew,
+            local_namespaces: options.local_namespaces.into_iter().collect(),
+            tombstone_window: options.tombstone_window,
+            sync_interval: options.sync_interval,
             pushes,
             synced_at: std::sync::Mutex::default(),
         };
@@ -296,8 +329,8 @@ impl Memory {
             origin: self.own.clone(),
             seq,
         };
-        let record = (&tree, &self.index, &self.meta)
-            .transaction(|(tree, index, meta)| {
+        let record = (&tree, &self.index, &self.tombs, &self.meta)
+            .transaction(|(tree, index, tombs, meta)| {
                 let seq = if replicated {
                     let next = meta
                         .get(SEQ_KEY)?
@@ -310,14 +343,19 @@ impl Memory {
                     0
                 };
                 let record = record_for(seq);
-                if let Some(old) = tree.insert(key.as_bytes(), record.encode())?
+                // A local namespace needs no tombstones: nobody can send the old value back.
+                let old = if replicated || !record.tombstone {
+                    tree.insert(key.as_bytes(), record.encode())?
+                } else {
+                    tree.remove(key.as_bytes())?
+                };
+                if let Some(old) = old
                     && let Ok(old) = Record::decode(&old)
-                    && old.seq > 0
                 {
-                    index.remove(index_key(&old.origin, old.seq))?;
+                    unindex(index, tombs, &old)?;
                 }
                 if replicated {
-                    index.insert(index_key(&record.origin, record.seq), index_value(ns, key))?;
+                    reindex(index, tombs, ns, key, &record)?;
                 }
                 Ok(record)
             })
@@ -397,23 +435,18 @@ impl Memory {
         }
         let tree = self.tree(&entry.namespace)?;
         let record = &entry.record;
-        (&tree, &self.index)
-            .transaction(|(tree, index)| {
+        (&tree, &self.index, &self.tombs)
+            .transaction(|(tree, index, tombs)| {
                 if let Some(old) = tree.get(entry.key.as_bytes())?
                     && let Ok(old) = Record::decode(&old)
                 {
                     if !record.wins_over(&old) {
                         return Ok(false);
                     }
-                    if old.seq > 0 {
-                        index.remove(index_key(&old.origin, old.seq))?;
-                    }
+                    unindex(index, tombs, &old)?;
                 }
                 tree.insert(entry.key.as_bytes(), record.encode())?;
-                index.insert(
-                    index_key(&record.origin, record.seq),
-                    index_value(&entry.namespace, &entry.key),
-                )?;
+                reindex(index, tombs, &entry.namespace, &entry.key, record)?;
                 Ok(true)
             })
             .map_err(|e: sled::transaction::TransactionError<()>| {
@@ -500,10 +533,9 @@ impl Memory {
             .unwrap_or(0)
     }
 
+    /// Raises what we have pulled from `peer` about `origin` (watermarks never go back).
     fn set_watermark(&self, peer: &NodeId, origin: &NodeId, seq: u64) -> Result<(), MemoryError> {
-        self.meta
-            .insert(watermark_key(peer, origin), &seq.to_be_bytes())?;
-        Ok(())
+        self.raise_meta(watermark_key(peer, origin), seq)
     }
 
     /// Every watermark we hold for `peer`.
@@ -569,6 +601,338 @@ impl Memory {
         self.db.flush_async().await?;
         Ok(())
     }
+
+    fn meta_u64(&self, key: impl AsRef<[u8]>) -> Option<u64> {
+        self.meta
+            .get(key)
+            .ok()
+            .flatten()
+            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+    }
+
+    /// Raises a meta counter to `value` (never lowers it).
+    fn raise_meta(&self, key: impl AsRef<[u8]>, value: u64) -> Result<(), MemoryError> {
+        self.meta.fetch_and_update(key, |old| {
+            let old = old
+                .and_then(|v| v.try_into().ok().map(u64::from_be_bytes))
+                .unwrap_or(0);
+            Some(old.max(value).to_be_bytes().to_vec())
+        })?;
+        Ok(())
+    }
+
+    /// This node's frontier: per origin, the sequence up to which it holds every write of that
+    /// origin or what overwrote it — its watermark from the origin itself, whose index walks in
+    /// order — and its own last write.
+    pub fn frontier(&self) -> BTreeMap<NodeId, u64> {
+        let mut out: BTreeMap<NodeId, u64> = self
+            .meta
+            .scan_prefix(b"wm/")
+            .filter_map(|item| item.ok())
+            .filter_map(|(key, value)| {
+                let text = std::str::from_utf8(&key).ok()?.strip_prefix("wm/")?;
+                let (peer, origin) = text.split_once('/')?;
+                (peer == origin).then_some(())?;
+                Some((
+                    NodeId::parse(origin).ok()?,
+                    u64::from_be_bytes(value.as_ref().try_into().ok()?),
+                ))
+            })
+            .collect();
+        let own = self.own_seq();
+        if own > 0 {
+            out.insert(self.own.clone(), own);
+        }
+        out
+    }
+
+    /// Records what `peer` says it holds (its frontier) and that we heard from it now.
+    pub fn note_peer(
+        &self,
+        peer: &NodeId,
+        frontier: &BTreeMap<NodeId, u64>,
+    ) -> Result<(), MemoryError> {
+        if peer == &self.own {
+            return Ok(());
+        }
+        for (origin, seq) in frontier {
+            self.raise_meta(frontier_key(peer, origin), *seq)?;
+        }
+        self.raise_meta(seen_key(peer), unix_ms())
+    }
+
+    /// Takes in the nodes a peer has heard of (and when), so that a node we never met but
+    /// that may still hold old values also holds back early tombstone collection.
+    pub fn merge_known(&self, known: &BTreeMap<NodeId, u64>) -> Result<(), MemoryError> {
+        let now = unix_ms();
+        for (node, at) in known {
+            if node != &self.own {
+                self.raise_meta(seen_key(node), (*at).min(now))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The nodes heard of within the tombstone window, with when (Unix ms).
+    pub fn known(&self) -> BTreeMap<NodeId, u64> {
+        let horizon = unix_ms().saturating_sub(self.tombstone_window.as_millis() as u64);
+        self.meta
+            .scan_prefix(b"seen/")
+            .filter_map(|item| item.ok())
+            .filter_map(|(key, value)| {
+                let id = std::str::from_utf8(&key).ok()?.strip_prefix("seen/")?;
+                let at = u64::from_be_bytes(value.as_ref().try_into().ok()?);
+                Some((NodeId::parse(id).ok()?, at))
+            })
+            .filter(|(_, at)| *at >= horizon)
+            .collect()
+    }
+
+    /// How far `peer` said it holds `origin`'s writes.
+    fn peer_frontier(&self, peer: &NodeId, origin: &NodeId) -> u64 {
+        self.meta_u64(frontier_key(peer, origin)).unwrap_or(0)
+    }
+
+    /// Whether this node has been out of touch longer than the tombstone window allows (less a
+    /// margin): peers may have collected deletes it never saw, so it must resync before it
+    /// serves or trusts its old records.
+    pub fn stale(&self) -> bool {
+        let Some(contact) = self.meta_u64(CONTACT_KEY) else {
+            return false;
+        };
+        let margin = (self.tombstone_window / 10).min(Duration::from_secs(3600));
+        let allowed = self.tombstone_window.saturating_sub(margin).as_millis() as u64;
+        unix_ms().saturating_sub(contact) > allowed
+    }
+
+    fn touch_contact(&self) -> Result<(), MemoryError> {
+        self.raise_meta(CONTACT_KEY, unix_ms())
+    }
+
+    /// Applies a peer's push of its own writes. A write that follows the last one we hold from
+    /// the sender advances our watermark for it, so the sender learns at once (from the
+    /// returned frontier) that we hold it.
+    pub fn accept_push(
+        &self,
+        sender: Option<&NodeId>,
+        entries: &[Entry],
+    ) -> (u32, Vec<String>, u64) {
+        let mut applied = 0;
+        let mut refused = Vec::new();
+        for entry in entries {
+            match self.apply(entry) {
+                Ok(stored) => {
+                    applied += u32::from(stored);
+                    if let Some(sender) = sender
+                        && &entry.record.origin == sender
+                        && entry.record.seq == self.watermark(sender, sender) + 1
+                        && let Err(e) = self.set_watermark(sender, sender, entry.record.seq)
+                    {
+                        refused.push(format!("{}/{}: {e}", entry.namespace, entry.key));
+                    }
+                }
+                Err(e) => refused.push(format!("{}/{}: {e}", entry.namespace, entry.key)),
+            }
+        }
+        let frontier = sender.map_or(0, |s| self.watermark(s, s));
+        (applied, refused, frontier)
+    }
+
+    /// Collects tombstones that every node heard of within the window holds (by the frontiers
+    /// they reported), or that are older than the window. `also_up` are peers up right now;
+    /// they count as known even before their first sync. Returns how many went.
+    pub fn collect_tombstones(&self, also_up: &[NodeId]) -> Result<usize, MemoryError> {
+        let mut known: Vec<NodeId> = self.known().into_keys().collect();
+        known.extend(also_up.iter().cloned());
+        known.retain(|n| n != &self.own);
+        known.sort();
+        known.dedup();
+        let horizon = uhlc::NTP64::from(
+            (std::time::SystemTime::now() - self.tombstone_window)
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        )
+        .as_u64();
+        let mut held_by_all: BTreeMap<NodeId, u64> = BTreeMap::new();
+        let mut collected = 0;
+        for item in self.tombs.iter() {
+            let (place_key, place) = item?;
+            let Some((origin, seq)) = split_index_key(&place_key) else {
+                self.tombs.remove(&place_key)?;
+                continue;
+            };
+            let floor = *held_by_all.entry(origin.clone()).or_insert_with(|| {
+                known
+                    .iter()
+                    .map(|peer| self.peer_frontier(peer, &origin))
+                    .min()
+                    .unwrap_or(u64::MAX)
+            });
+            let Some((ns, key)) = split_index_value(&place) else {
+                self.tombs.remove(&place_key)?;
+                continue;
+            };
+            let tree = self.tree(&ns)?;
+            let Some(bytes) = tree.get(key.as_bytes())? else {
+                self.tombs.remove(&place_key)?;
+                continue;
+            };
+            let record = Record::decode(&bytes)?;
+            if !(seq <= floor || record.hlc < horizon) {
+                continue;
+            }
+            let gone = (&tree, &self.index, &self.tombs)
+                .transaction(|(tree, index, tombs)| {
+                    // Only if it is still the same tombstone (a write may have raced in).
+                    let Some(now) = tree.get(key.as_bytes())? else {
+                        return Ok(false);
+                    };
+                    if now.as_ref() != bytes.as_ref() {
+                        return Ok(false);
+                    }
+                    tree.remove(key.as_bytes())?;
+                    unindex(index, tombs, &record)?;
+                    Ok(true)
+                })
+                .map_err(|e: sled::transaction::TransactionError<()>| {
+                    MemoryError::Storage(format!("{e:?}"))
+                })?;
+            collected += usize::from(gone);
+        }
+        self.forget_expired()?;
+        if collected > 0 {
+            tracing::debug!(collected, "collected tombstones");
+        }
+        Ok(collected)
+    }
+
+    /// Drops what we remember of nodes not heard of within the window.
+    fn forget_expired(&self) -> Result<(), MemoryError> {
+        let known = self.known();
+        for item in self.meta.scan_prefix(b"seen/") {
+            let (key, _) = item?;
+            let id = std::str::from_utf8(&key[5..])
+                .ok()
+                .and_then(|s| NodeId::parse(s).ok());
+            if let Some(id) = id
+                && !known.contains_key(&id)
+            {
+                self.meta.remove(&key)?;
+                for fr in self
+                    .meta
+                    .scan_prefix(format!("fr/{}/", id.as_str()).as_bytes())
+                {
+                    self.meta.remove(fr?.0)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every replicated namespace that holds records.
+    fn replicated_trees(&self) -> Vec<(String, sled::Tree)> {
+        self.db
+            .tree_names()
+            .into_iter()
+            .filter_map(|name| {
+                let ns = std::str::from_utf8(&name)
+                    .ok()?
+                    .strip_prefix("mem/")?
+                    .to_owned();
+                self.replicated(&ns).then_some(())?;
+                let tree = self.db.open_tree(&name).ok()?;
+                Some((ns, tree))
+            })
+            .collect()
+    }
+
+    /// After a full sync from a peer: drops every record the peer has seen (its frontier covers
+    /// it) but no longer holds — deleted while we were away, and the tombstone since collected.
+    /// Records the peer never saw are kept; they reach it by the usual replication.
+    fn drop_collected(
+        &self,
+        held: &sled::Tree,
+        peer_frontier: &BTreeMap<NodeId, u64>,
+    ) -> Result<usize, MemoryError> {
+        let mut dropped = 0;
+        for (ns, tree) in self.replicated_trees() {
+            for item in tree.iter() {
+                let (key, bytes) = item?;
+                if held.contains_key(index_value(&ns, &String::from_utf8_lossy(&key)))? {
+                    continue;
+                }
+                let Ok(record) = Record::decode(&bytes) else {
+                    continue;
+                };
+                let seen = peer_frontier.get(&record.origin).copied().unwrap_or(0);
+                if record.seq == 0 || record.seq > seen {
+                    continue;
+                }
+                let gone = (&tree, &self.index, &self.tombs)
+                    .transaction(|(tree, index, tombs)| {
+                        if tree.get(&key)?.is_none_or(|now| now != bytes) {
+                            return Ok(false);
+                        }
+                        tree.remove(&key)?;
+                        unindex(index, tombs, &record)?;
+                        Ok(true)
+                    })
+                    .map_err(|e: sled::transaction::TransactionError<()>| {
+                        MemoryError::Storage(format!("{e:?}"))
+                    })?;
+                dropped += usize::from(gone);
+            }
+        }
+        Ok(dropped)
+    }
+}
+
+const CONTACT_KEY: &[u8] = b"contact";
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn frontier_key(peer: &NodeId, origin: &NodeId) -> Vec<u8> {
+    format!("fr/{}/{}", peer.as_str(), origin.as_str()).into_bytes()
+}
+
+fn seen_key(peer: &NodeId) -> Vec<u8> {
+    format!("seen/{}", peer.as_str()).into_bytes()
+}
+
+fn split_index_key(key: &[u8]) -> Option<(NodeId, u64)> {
+    if key.len() != NodeId::HEX_LEN + 8 {
+        return None;
+    }
+    let origin = NodeId::parse(std::str::from_utf8(&key[..NodeId::HEX_LEN]).ok()?).ok()?;
+    let seq = u64::from_be_bytes(key[NodeId::HEX_LEN..].try_into().ok()?);
+    Some((origin, seq))
+}
+
+type TxTree = sled::transaction::TransactionalTree;
+type TxResult = Result<(), sled::transaction::UnabortableTransactionError>;
+
+/// Removes `old`'s index (and tombstone) entries.
+fn unindex(index: &TxTree, tombs: &TxTree, old: &Record) -> TxResult {
+    if old.seq > 0 {
+        index.remove(index_key(&old.origin, old.seq))?;
+        if old.tombstone {
+            tombs.remove(index_key(&old.origin, old.seq))?;
+        }
+    }
+    Ok(())
+}
+
+/// Indexes `record`, stored under `ns`/`key`.
+fn reindex(index: &TxTree, tombs: &TxTree, ns: &str, key: &str, record: &Record) -> TxResult {
+    index.insert(index_key(&record.origin, record.seq), index_value(ns, key))?;
+    if record.tombstone {
+        tombs.insert(index_key(&record.origin, record.seq), index_value(ns, key))?;
+    }
+    Ok(())
 }
 
 fn index_key(origin: &NodeId, seq: u64) -> Vec<u8> {
@@ -598,6 +962,20 @@ fn watermark_key(peer: &NodeId, origin: &NodeId) -> Vec<u8> {
     format!("wm/{}/{}", peer.as_str(), origin.as_str()).into_bytes()
 }
 
+/// What [`MemoryPeers::sync`] fails with when the peer is resyncing itself.
+pub const RESYNCING: &str = "the peer is resyncing";
+
+/// A `Sync` call.
+#[derive(Debug, Clone, Default)]
+pub struct SyncRequest {
+    /// The caller (when known).
+    pub node: Option<NodeId>,
+    /// Per origin, the last sequence the caller has from the answering node.
+    pub after: BTreeMap<NodeId, u64>,
+    /// The caller's [`Memory::frontier`].
+    pub frontier: BTreeMap<NodeId, u64>,
+}
+
 /// A batch a peer answered `Sync` with.
 #[derive(Debug, Clone, Default)]
 pub struct SyncBatch {
@@ -608,6 +986,10 @@ pub struct SyncBatch {
     /// With the last batch: the highest sequence per origin the peer has seen (its own writes
     /// included), so overwritten writes still count as held.
     pub heads: BTreeMap<NodeId, u64>,
+    /// With the last batch: the peer's [`Memory::frontier`].
+    pub frontier: BTreeMap<NodeId, u64>,
+    /// With the last batch: the nodes the peer heard of within the window ([`Memory::known`]).
+    pub known: BTreeMap<NodeId, u64>,
 }
 
 /// How the replicator reaches peers (implemented over gRPC in `rpc::memory`).
@@ -616,17 +998,29 @@ pub trait MemoryPeers: Send + Sync + fmt::Debug {
     fn sync(
         &self,
         addr: String,
-        after: BTreeMap<NodeId, u64>,
+        request: SyncRequest,
     ) -> BoxFuture<'static, Result<SyncBatch, String>>;
-    /// Sends new records to the peer at `addr`.
-    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<(), String>>;
+    /// Sends our new records to the peer at `addr`; answers the peer's frontier for our writes.
+    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<u64, String>>;
 }
 
 /// Answers a peer's `Sync`: for each origin we hold, the records after the peer's watermark.
-pub fn answer_sync(
-    memory: &Memory,
-    after: &BTreeMap<NodeId, u64>,
-) -> Result<SyncBatch, MemoryError> {
+/// Refused while this node is [`Memory::stale`]: its old records might bring back deletes.
+pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, MemoryError> {
+    if memory.stale() {
+        return Err(MemoryError::Resyncing);
+    }
+    if let Some(caller) = &request.node {
+        memory.note_peer(caller, &request.frontier)?;
+    }
+    let after = &request.after;
+    // Heads before the walk: every write up to a head is then visible to the walk, so the
+    // caller may count writes up to the heads as held.
+    let mut heads = memory.origins()?;
+    let own = memory.own_seq();
+    if own > 0 {
+        heads.insert(memory.own_id().clone(), own);
+    }
     let mut batch = SyncBatch::default();
     let mut bytes = 0;
     for (origin, _) in memory.origins()? {
@@ -649,11 +1043,9 @@ pub fn answer_sync(
             return Ok(batch);
         }
     }
-    batch.heads = memory.origins()?;
-    let own = memory.own_seq();
-    if own > 0 {
-        batch.heads.insert(memory.own_id().clone(), own);
-    }
+    batch.heads = heads;
+    batch.frontier = memory.frontier();
+    batch.known = memory.known();
     Ok(batch)
 }
 
@@ -667,7 +1059,12 @@ pub async fn sync_from(
     let mut applied = 0;
     loop {
         let after = memory.watermarks(peer);
-        let batch = peers.sync(addr.to_owned(), after.clone()).await?;
+        let request = SyncRequest {
+            node: Some(memory.own_id().clone()),
+            after: after.clone(),
+            frontier: memory.frontier(),
+        };
+        let batch = peers.sync(addr.to_owned(), request).await?;
         let mut highest: BTreeMap<NodeId, u64> = BTreeMap::new();
         let mut refused: HashSet<NodeId> = HashSet::new();
         for entry in &batch.entries {
@@ -704,6 +1101,11 @@ pub async fn sync_from(
                 }
             }
             memory
+                .note_peer(peer, &batch.frontier)
+                .and_then(|()| memory.merge_known(&batch.known))
+                .and_then(|()| memory.touch_contact())
+                .map_err(|e| e.to_string())?;
+            memory
                 .synced_at
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -711,6 +1113,59 @@ pub async fn sync_from(
             return Ok(applied);
         }
     }
+}
+
+/// The full resync of a node that was out of touch longer than the tombstone window: pulls
+/// everything `peer` holds, then drops each record the peer has seen but no longer holds (its
+/// delete was collected meanwhile). Returns (records applied, records dropped).
+pub async fn resync_from(
+    memory: &Memory,
+    peers: &dyn MemoryPeers,
+    peer: &NodeId,
+    addr: &str,
+) -> Result<(usize, usize), String> {
+    let fail = |e: MemoryError| e.to_string();
+    let held = memory
+        .db
+        .open_tree("mem_resync")
+        .map_err(|e| e.to_string())?;
+    held.clear().map_err(|e| e.to_string())?;
+    let mut after: BTreeMap<NodeId, u64> = BTreeMap::new();
+    let mut applied = 0;
+    let batch = loop {
+        let request = SyncRequest {
+            node: Some(memory.own_id().clone()),
+            after: after.clone(),
+            frontier: memory.frontier(),
+        };
+        let batch = peers.sync(addr.to_owned(), request).await?;
+        for entry in &batch.entries {
+            if let Ok(true) = memory.apply(entry) {
+                applied += 1;
+            }
+            held.insert(index_value(&entry.namespace, &entry.key), &[])
+                .map_err(|e| e.to_string())?;
+            let seen = after.entry(entry.record.origin.clone()).or_default();
+            *seen = (*seen).max(entry.record.seq);
+        }
+        if !batch.more || batch.entries.is_empty() {
+            break batch;
+        }
+    };
+    let dropped = memory
+        .drop_collected(&held, &batch.frontier)
+        .map_err(fail)?;
+    for (origin, seq) in after.iter().chain(&batch.heads) {
+        memory.set_watermark(peer, origin, *seq).map_err(fail)?;
+    }
+    memory
+        .note_peer(peer, &batch.frontier)
+        .and_then(|()| memory.merge_known(&batch.known))
+        .and_then(|()| memory.touch_contact())
+        .map_err(fail)?;
+    memory.flush().await.map_err(fail)?;
+    let _ = memory.db.drop_tree("mem_resync");
+    Ok((applied, dropped))
 }
 
 /// Splits pending writes into pushes of at most [`SYNC_BATCH`] records and [`BATCH_BYTES`].
@@ -735,7 +1190,8 @@ fn push_batches(entries: Vec<Entry>) -> Vec<Vec<Entry>> {
 }
 
 /// Keeps every up peer in sync: pushes local writes at once, pulls from a peer when it comes
-/// up and every [`SYNC_INTERVAL`].
+/// up and every sync interval, when tombstones are also collected. A node out of touch longer
+/// than the tombstone window first resyncs fully from one peer.
 pub async fn replicate(
     memory: Arc<Memory>,
     peers: Arc<PeerTable>,
@@ -757,22 +1213,65 @@ pub async fn replicate(
                 for batch in push_batches(pending) {
                     for peer in peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up) {
                         let push = link.push(peer.addr.clone(), batch.clone());
-                        let name = peer.info.name.clone();
+                        let memory = memory.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = push.await {
-                                tracing::debug!(peer = %name, error = %e, "push memory (the next sync catches up)");
+                            match push.await {
+                                // The peer's frontier for our writes: what lets us collect our
+                                // tombstones early.
+                                Ok(held) => {
+                                    let own = memory.own_id().clone();
+                                    let frontier = BTreeMap::from([(own, held)]);
+                                    if let Err(e) = memory.note_peer(&peer.info.id, &frontier) {
+                                        tracing::warn!(error = %e, "record a peer's frontier");
+                                    }
+                                }
+                                Err(e) => tracing::debug!(peer = %peer.info.name, error = %e, "push memory (the next sync catches up)"),
                             }
                         });
                     }
                 }
             }
             _ = tick.tick() => {
-                let full = last_full.elapsed() >= SYNC_INTERVAL;
-                if full {
-                    last_full = tokio::time::Instant::now();
-                }
                 let up: Vec<_> = peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up).collect();
                 let now_up: HashSet<NodeId> = up.iter().map(|p| p.info.id.clone()).collect();
+                if memory.stale() {
+                    // Nothing else until one peer has brought us back: our old records may be
+                    // deletes we missed.
+                    let mut all_away = !up.is_empty();
+                    for peer in &up {
+                        match resync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
+                            Ok((applied, dropped)) => {
+                                tracing::warn!(
+                                    peer = %peer.info.name, applied, dropped,
+                                    "resynced memory after being out of touch longer than the tombstone window"
+                                );
+                                all_away = false;
+                                break;
+                            }
+                            Err(e) => {
+                                all_away &= e == RESYNCING;
+                                tracing::warn!(peer = %peer.info.name, error = %e, "resync memory");
+                            }
+                        }
+                    }
+                    if all_away {
+                        // The whole reachable fleet was away together: nobody collected deletes
+                        // meanwhile, so everybody's records stand; go on as usual.
+                        tracing::warn!("every reachable peer was out of touch too; resuming memory replication");
+                        if let Err(e) = memory.touch_contact() {
+                            tracing::warn!(error = %e, "record contact");
+                        }
+                    }
+                    continue;
+                }
+                let full = last_full.elapsed() >= memory.sync_interval;
+                if full {
+                    last_full = tokio::time::Instant::now();
+                    let ids: Vec<NodeId> = now_up.iter().cloned().collect();
+                    if let Err(e) = memory.collect_tombstones(&ids) {
+                        tracing::warn!(error = %e, "collect tombstones");
+                    }
+                }
                 for peer in up {
                     // A peer that advertises writes we lack gets synced too (pushes can be lost),
                     // at most every couple of seconds.
@@ -848,7 +1347,7 @@ mod tests {
         let db = sled::open(dir.path()).expect("db");
         let own = id("me");
         let (memory, _writes) =
-            Memory::open(&db, own.clone(), Vec::new(), Duration::from_millis(500)).expect("open");
+            Memory::open(&db, own.clone(), MemoryOptions::default()).expect("open");
         memory
             .put("notes", "a", Some(b"1".to_vec()))
             .await
@@ -907,7 +1406,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("db");
         let (memory, _writes) =
-            Memory::open(&db, id("me"), Vec::new(), Duration::from_millis(500)).expect("open");
+            Memory::open(&db, id("me"), MemoryOptions::default()).expect("open");
         let peer = id("peer");
         assert_eq!(memory.lag(&peer, 0), (0, 0));
         assert_eq!(memory.lag(&peer, 5).0, 5);
@@ -929,7 +1428,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("db");
         let (memory, _writes) =
-            Memory::open(&db, id("me"), Vec::new(), Duration::from_millis(500)).expect("open");
+            Memory::open(&db, id("me"), MemoryOptions::default()).expect("open");
         let future = uhlc::system_time_clock().as_u64()
             + uhlc::NTP64::from(Duration::from_secs(60)).as_u64();
         let entry = Entry {
@@ -942,5 +1441,237 @@ mod tests {
             Err(MemoryError::FromTheFuture { .. })
         ));
         assert!(memory.get("notes", "k").expect("get").is_none());
+    }
+
+    fn open_memory(own: &NodeId, options: MemoryOptions) -> (tempfile::TempDir, Arc<Memory>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("db");
+        let (memory, _writes) = Memory::open(&db, own.clone(), options).expect("open");
+        (dir, memory)
+    }
+
+    /// Peers reached in-process: `addr` is the peer's id.
+    #[derive(Debug, Default)]
+    struct InProcess(std::sync::Mutex<BTreeMap<String, Arc<Memory>>>);
+
+    impl MemoryPeers for InProcess {
+        fn sync(
+            &self,
+            addr: String,
+            request: SyncRequest,
+        ) -> BoxFuture<'static, Result<SyncBatch, String>> {
+            let peer = self.0.lock().expect("lock").get(&addr).cloned();
+            Box::pin(async move {
+                let peer = peer.ok_or("no such peer")?;
+                match answer_sync(&peer, &request) {
+                    Err(MemoryError::Resyncing) => Err(RESYNCING.to_owned()),
+                    other => other.map_err(|e| e.to_string()),
+                }
+            })
+        }
+
+        fn push(
+            &self,
+            addr: String,
+            entries: Vec<Entry>,
+        ) -> BoxFuture<'static, Result<u64, String>> {
+            let peer = self.0.lock().expect("lock").get(&addr).cloned();
+            Box::pin(async move {
+                let peer = peer.ok_or("no such peer")?;
+                let sender = entries.first().map(|e| e.record.origin.clone());
+                Ok(peer.accept_push(sender.as_ref(), &entries).2)
+            })
+        }
+    }
+
+    fn tombstone_of(memory: &Memory, key: &str) -> Option<bool> {
+        memory.get("notes", key).expect("get").map(|r| r.tombstone)
+    }
+
+    #[tokio::test]
+    async fn a_tombstone_goes_once_every_known_peer_reports_holding_it() {
+        let (a, b, c) = (id("a"), id("b"), id("c"));
+        let (_da, ma) = open_memory(&a, MemoryOptions::default());
+        let (_db, mb) = open_memory(&b, MemoryOptions::default());
+        let link = InProcess::default();
+        link.0
+            .lock()
+            .expect("lock")
+            .insert(a.to_string(), ma.clone());
+        ma.put("notes", "k", Some(b"v".to_vec()))
+            .await
+            .expect("put");
+        let deleted = ma.put("notes", "k", None).await.expect("delete");
+        // b pulls from a, then a hears of c through b: c has not reported anything yet.
+        mb.merge_known(&BTreeMap::from([(c.clone(), unix_ms())]))
+            .expect("known");
+        sync_from(&mb, &link, &a, a.as_str()).await.expect("sync");
+        assert_eq!(tombstone_of(&mb, "k"), Some(true));
+        assert_eq!(mb.frontier()[&a], deleted.seq);
+        let answer = answer_sync(
+            &mb,
+            &SyncRequest {
+                node: Some(a.clone()),
+                ..Default::default()
+            },
+        )
+        .expect("answer");
+        ma.merge_known(&answer.known).expect("known");
+        ma.note_peer(&b, &mb.frontier()).expect("note b");
+        assert_eq!(
+            ma.collect_tombstones(&[]).expect("collect"),
+            0,
+            "c has not reported"
+        );
+        assert_eq!(tombstone_of(&ma, "k"), Some(true));
+        // A peer that is up right now counts even before it reports.
+        let d = id("d");
+        ma.note_peer(&c, &BTreeMap::from([(a.clone(), deleted.seq)]))
+            .expect("note c");
+        assert_eq!(ma.collect_tombstones(std::slice::from_ref(&d)).expect("collect"), 0);
+        assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 1);
+        assert_eq!(tombstone_of(&ma, "k"), None);
+        assert!(
+            ma.since(&a, 0, 10).expect("since").is_empty(),
+            "index entry gone"
+        );
+        assert!(ma.tombs.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_tombstone_older_than_the_window_goes_even_when_a_peer_never_reported() {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(60),
+            ..MemoryOptions::default()
+        };
+        let (me, other) = (id("me"), id("other"));
+        let (_dir, memory) = open_memory(&me, options);
+        memory.note_peer(&other, &BTreeMap::new()).expect("note");
+        let now = uhlc::system_time_clock().as_u64();
+        let old = now - uhlc::NTP64::from(Duration::from_secs(120)).as_u64();
+        let recent = now - uhlc::NTP64::from(Duration::from_secs(1)).as_u64();
+        for (key, hlc, seq) in [("old", old, 1), ("recent", recent, 2)] {
+            let entry = Entry {
+                namespace: "notes".into(),
+                key: key.into(),
+                record: Record {
+                    seq,
+                    ..record(hlc, &other, true)
+                },
+            };
+            assert!(memory.apply(&entry).expect("apply"));
+        }
+        assert_eq!(memory.collect_tombstones(&[]).expect("collect"), 1);
+        assert_eq!(tombstone_of(&memory, "old"), None);
+        assert_eq!(tombstone_of(&memory, "recent"), Some(true));
+        // A local namespace keeps no tombstones at all.
+        let (_dir, local) = open_memory(
+            &me,
+            MemoryOptions {
+                local_namespaces: vec!["notes".into()],
+                ..MemoryOptions::default()
+            },
+        );
+        local
+            .put("notes", "k", Some(b"v".to_vec()))
+            .await
+            .expect("put");
+        assert!(
+            local
+                .put("notes", "k", None)
+                .await
+                .expect("delete")
+                .tombstone
+        );
+        assert_eq!(tombstone_of(&local, "k"), None);
+    }
+
+    #[tokio::test]
+    async fn a_push_advances_the_frontier_only_when_it_follows_what_is_held() {
+        let (me, sender) = (id("me"), id("sender"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        let now = uhlc::system_time_clock().as_u64();
+        let write = |seq: u64, key: &str| Entry {
+            namespace: "notes".into(),
+            key: key.into(),
+            record: Record {
+                seq,
+                ..record(now + seq, &sender, false)
+            },
+        };
+        assert_eq!(memory.accept_push(Some(&sender), &[write(1, "a")]).2, 1);
+        // 3 arrives before 2 (a lost push): the frontier waits for a sync to fill the gap.
+        assert_eq!(memory.accept_push(Some(&sender), &[write(3, "c")]).2, 1);
+        assert_eq!(memory.accept_push(Some(&sender), &[write(2, "b")]).2, 2);
+        // Someone else's writes never move the sender's frontier.
+        let (applied, refused, held) = memory.accept_push(Some(&me), &[write(4, "d")]);
+        assert_eq!((applied, refused.len(), held), (1, 0, 0));
+        assert_eq!(memory.frontier()[&sender], 2);
+    }
+
+    #[tokio::test]
+    async fn a_node_away_longer_than_the_window_drops_what_was_deleted_meanwhile_and_keeps_its_news()
+     {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(3600),
+            ..MemoryOptions::default()
+        };
+        let (active, away) = (id("active"), id("away"));
+        let (_da, ma) = open_memory(&active, options.clone());
+        let (_db, mb) = open_memory(&away, options);
+        let link = InProcess::default();
+        link.0
+            .lock()
+            .expect("lock")
+            .insert(active.to_string(), ma.clone());
+        link.0
+            .lock()
+            .expect("lock")
+            .insert(away.to_string(), mb.clone());
+        for key in ["gone", "kept"] {
+            ma.put("notes", key, Some(b"v".to_vec()))
+                .await
+                .expect("put");
+        }
+        sync_from(&mb, &link, &active, active.as_str())
+            .await
+            .expect("sync");
+        assert_eq!(tombstone_of(&mb, "gone"), Some(false));
+        // Meanwhile the active node deletes `gone` and collects the tombstone; the away node
+        // writes `news` that nobody has seen.
+        // The away node is heard of no more (its last contact is older than the window).
+        ma.put("notes", "gone", None).await.expect("delete");
+        assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 0);
+        let long_ago = unix_ms() - 2 * 3600 * 1000;
+        ma.meta
+            .insert(seen_key(&away), &long_ago.to_be_bytes())
+            .expect("age");
+        assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 1);
+        mb.put("notes", "news", Some(b"n".to_vec()))
+            .await
+            .expect("put");
+        mb.meta
+            .insert(CONTACT_KEY, &long_ago.to_be_bytes())
+            .expect("age contact");
+        assert!(mb.stale());
+        let refused = answer_sync(&mb, &SyncRequest::default());
+        assert!(
+            matches!(refused, Err(MemoryError::Resyncing)),
+            "{refused:?}"
+        );
+        let (_, dropped) = resync_from(&mb, &link, &active, active.as_str())
+            .await
+            .expect("resync");
+        assert_eq!(dropped, 1);
+        assert!(!mb.stale());
+        assert_eq!(tombstone_of(&mb, "gone"), None, "the delete is not undone");
+        assert_eq!(tombstone_of(&mb, "kept"), Some(false));
+        assert_eq!(tombstone_of(&mb, "news"), Some(false));
+        // And the news reaches the active node the usual way.
+        sync_from(&ma, &link, &away, away.as_str())
+            .await
+            .expect("sync");
+        assert_eq!(tombstone_of(&ma, "news"), Some(false));
+        assert_eq!(tombstone_of(&ma, "gone"), None);
     }
 }

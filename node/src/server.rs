@@ -246,8 +246,12 @@ impl Node {
         let (memory, memory_writes) = crate::memory::Memory::open(
             &db,
             id.clone(),
-            config.local_namespaces.clone(),
-            config.max_clock_skew,
+            crate::memory::MemoryOptions {
+                local_namespaces: config.local_namespaces.clone(),
+                max_skew: config.max_clock_skew,
+                tombstone_window: config.tombstone_window,
+                sync_interval: config.sync_interval,
+            },
         )
         .map_err(|e| StartError::Storage {
             path: db_path.clone(),
@@ -256,7 +260,10 @@ impl Node {
         background_tasks.spawn(crate::memory::replicate(
             memory.clone(),
             peers.clone(),
-            Arc::new(crate::rpc::memory::RemoteMemory::new(channels.clone())),
+            Arc::new(crate::rpc::memory::RemoteMemory::new(
+                channels.clone(),
+                id.clone(),
+            )),
             memory_writes,
             background.child_token(),
         ));
@@ -359,7 +366,9 @@ impl Node {
             .add_service(reflection)
             .add_service(service.into_server())
             .add_service(tasks_service.into_server())
-            .add_service(crate::rpc::memory::MemoryService::new(memory).into_server());
+            .add_service(
+                crate::rpc::memory::MemoryService::new(memory, mesh_tls.is_some()).into_server(),
+            );
         let stop = serve.clone();
         // `serve_with_incoming` ignores the builder's TCP options, so set them on the incoming
         // side; without TCP_NODELAY a streamed event can wait out a delayed ACK (~40 ms).

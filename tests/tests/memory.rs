@@ -233,7 +233,7 @@ fn every_acknowledged_put_survives_sigkill() {
 }
 
 #[tokio::test]
-async fn a_record_stamped_far_in_the_future_is_refused() {
+async fn a_record_stamped_far_in_the_future_or_in_another_nodes_name_is_refused() {
     let h = Harness::new().expect("harness");
     let node = h.spawn(NodeOptions::new("solo")).expect("node");
     let channel = h.member_channel(&node).await.expect("connect");
@@ -247,17 +247,37 @@ async fn a_record_stamped_far_in_the_future_is_refused() {
             + ((u64::from(since_epoch.subsec_nanos()) << 32) / 1_000_000_000)
     };
     let future = now_ntp + (60u64 << 32);
+    // The member certificate's id: a node pushes only its own writes.
+    let member = mesh_node::tls::MeshTls::load(&h.issue("member").expect("member"))
+        .expect("load")
+        .identity()
+        .id
+        .to_string();
+    let record = |origin: &str| pb::MemoryRecord {
+        namespace: "notes".into(),
+        key: "time-travel".into(),
+        value: b"from the future".to_vec(),
+        hlc: future,
+        origin: origin.to_owned(),
+        seq: 1,
+        tombstone: false,
+    };
+    let forged = client
+        .push(pb::MemoryPushRequest {
+            records: vec![record(&"a".repeat(64))],
+            node: String::new(),
+        })
+        .await
+        .expect_err("someone else's record");
+    assert_eq!(forged.code(), tonic::Code::PermissionDenied, "{forged:?}");
+    assert!(
+        forged.message().contains("only its own writes"),
+        "{forged:?}"
+    );
     let response = client
         .push(pb::MemoryPushRequest {
-            records: vec![pb::MemoryRecord {
-                namespace: "notes".into(),
-                key: "time-travel".into(),
-                value: b"from the future".to_vec(),
-                hlc: future,
-                origin: "a".repeat(64),
-                seq: 1,
-                tombstone: false,
-            }],
+            records: vec![record(&member)],
+            node: String::new(),
         })
         .await
         .expect("push answered")
@@ -361,4 +381,129 @@ fn a_local_namespace_stays_on_its_node() {
         Some("only here")
     );
     assert_eq!(get(&h, &b, "scratch", "draft"), None);
+}
+
+/// Fast replication rounds for the tombstone tests (the default is 30 s).
+const QUICK_SYNC: &str = "[memory]\nsync_interval_s = 1\n";
+
+fn tombstone(h: &Harness, node: &NodeProcess, ns: &str, key: &str) -> Option<bool> {
+    record(h, node, ns, key).and_then(|r| r["tombstone"].as_bool())
+}
+
+fn wait_tombstone(h: &Harness, node: &NodeProcess, key: &str, want: Option<bool>) {
+    wait_for(
+        &format!(
+            "{} to hold notes/{key} as {want:?} (Some(true): a tombstone)",
+            node.name
+        ),
+        DEADLINE,
+        || (tombstone(h, node, "notes", key) == want).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_tombstone_is_collected_once_every_node_holds_it() {
+    let h = Harness::new().expect("harness");
+    // The 7-day window never expires here: only the nodes' reports can collect the tombstone.
+    let first = h
+        .spawn(NodeOptions::new("t0").extra(QUICK_SYNC))
+        .expect("t0");
+    let mut nodes = vec![first];
+    for name in ["t1", "t2"] {
+        let node = h
+            .spawn(
+                NodeOptions::new(name)
+                    .peer(&nodes[0].addr)
+                    .extra(QUICK_SYNC),
+            )
+            .expect("node");
+        nodes.push(node);
+    }
+    let refs: Vec<_> = nodes.iter().collect();
+    h.wait_all_up(&refs, DEADLINE).expect("mesh");
+    put(&h, &nodes[0], "notes", "doomed", "soon gone");
+    for node in &nodes {
+        wait_tombstone(&h, node, "doomed", Some(false));
+    }
+    let output = h
+        .cli(&nodes[1], &["memory", "rm", "notes", "doomed"])
+        .expect("rm");
+    assert!(output.status.success());
+    for node in &nodes {
+        wait_tombstone(&h, node, "doomed", None);
+    }
+    // Collected, not undone: a later write still replicates and the key stays deleted.
+    put(&h, &nodes[2], "notes", "after", "later");
+    for node in &nodes {
+        wait_value(&h, node, "notes", "after", Some("later"));
+        assert_eq!(get(&h, node, "notes", "doomed"), None, "{}", node.name);
+    }
+}
+
+#[test]
+fn a_node_away_longer_than_the_tombstone_window_resyncs_without_undoing_deletes() {
+    let h = Harness::new().expect("harness");
+    let config = "[memory]\nsync_interval_s = 1\ntombstone_window_s = 4\n";
+    let a = h.spawn(NodeOptions::new("a").extra(config)).expect("a");
+    let b = h
+        .spawn(NodeOptions::new("b").peer(&a.addr).extra(config))
+        .expect("b");
+    let mut away = h
+        .spawn(NodeOptions::new("away").peer(&a.addr).extra(config))
+        .expect("away");
+    h.wait_all_up(&[&a, &b, &away], DEADLINE).expect("mesh");
+    put(&h, &a, "notes", "gone", "deleted while away");
+    put(&h, &a, "notes", "kept", "still here");
+    for node in [&a, &b, &away] {
+        wait_value(&h, node, "notes", "gone", Some("deleted while away"));
+        wait_value(&h, node, "notes", "kept", Some("still here"));
+    }
+    away.signal("TERM").expect("stop");
+    away.wait_exit(DEADLINE).expect("exit");
+
+    let output = h.cli(&a, &["memory", "rm", "notes", "gone"]).expect("rm");
+    assert!(output.status.success());
+    put(&h, &a, "notes", "fresh", "written while away");
+    // The away node never reported the delete, so only the window collects it.
+    for node in [&a, &b] {
+        wait_tombstone(&h, node, "gone", Some(true));
+    }
+    for node in [&a, &b] {
+        wait_tombstone(&h, node, "gone", None);
+    }
+
+    // Back after longer than the window: it still holds the deleted value, and must not bring
+    // it back.
+    let away = h
+        .spawn(NodeOptions::new("away").peer(&a.addr).extra(config))
+        .expect("away again");
+    wait_value(&h, &away, "notes", "fresh", Some("written while away"));
+    wait_value(&h, &away, "notes", "gone", None);
+    assert_eq!(
+        get(&h, &away, "notes", "kept").as_deref(),
+        Some("still here")
+    );
+    assert!(
+        away.log_text().contains("resynced memory"),
+        "{}",
+        away.log_text()
+    );
+    // A newcomer that syncs from it gets what it wrote since, and not the deleted key.
+    put(&h, &away, "notes", "news", "from the returned node");
+    let newcomer = h
+        .spawn(NodeOptions::new("newcomer").peer(&away.addr).extra(config))
+        .expect("newcomer");
+    wait_value(
+        &h,
+        &newcomer,
+        "notes",
+        "news",
+        Some("from the returned node"),
+    );
+    wait_value(&h, &newcomer, "notes", "kept", Some("still here"));
+    for node in [&a, &b, &away, &newcomer] {
+        wait_value(&h, node, "notes", "news", Some("from the returned node"));
+        assert_eq!(get(&h, node, "notes", "gone"), None, "{}", node.name);
+    }
 }

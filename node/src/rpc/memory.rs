@@ -1,6 +1,9 @@
 //! The `agentmesh.v1.Memory` service, and the client side used for replication.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
@@ -13,17 +16,46 @@ use crate::{
 
 /// Most records one `Push` may carry.
 const MAX_PUSH: usize = 4096;
+/// Most entries in a per-origin map (`after`, `frontier`, `heads`, `known`).
+const MAX_ORIGINS: usize = 10_000;
 
 /// The Memory service.
 #[derive(Debug, Clone)]
 pub struct MemoryService {
     memory: Arc<Memory>,
+    /// Whether callers present certificates (false in insecure mode).
+    tls: bool,
 }
 
 impl MemoryService {
     /// Wraps the node's memory.
-    pub fn new(memory: Arc<Memory>) -> Self {
-        Self { memory }
+    pub fn new(memory: Arc<Memory>, tls: bool) -> Self {
+        Self { memory, tls }
+    }
+
+    /// The calling node: with mTLS the id of its certificate (a declared id must match it);
+    /// in insecure mode the id it declares, if any.
+    fn caller<T>(&self, request: &Request<T>, declared: &str) -> Result<Option<NodeId>, Status> {
+        let declared = if declared.is_empty() {
+            None
+        } else {
+            Some(
+                NodeId::parse(declared)
+                    .map_err(|e| Status::invalid_argument(format!("node: {e}")))?,
+            )
+        };
+        if !self.tls {
+            return Ok(declared);
+        }
+        let presented = super::caller_identity(request)?.id;
+        match declared {
+            Some(id) if id != presented => Err(Status::invalid_argument(format!(
+                "node: {} is not the id of the client certificate ({})",
+                id.short(),
+                presented.short()
+            ))),
+            _ => Ok(Some(presented)),
+        }
     }
 
     /// The tonic server, with message size limits (a value may be 1 MiB).
@@ -42,6 +74,7 @@ fn status(error: MemoryError) -> Status {
         }
         MemoryError::Corrupt(_) => Status::data_loss(error.to_string()),
         MemoryError::Storage(_) => Status::unavailable(error.to_string()),
+        MemoryError::Resyncing => Status::failed_precondition(error.to_string()),
     }
 }
 
@@ -152,25 +185,20 @@ impl pb::memory_server::Memory for MemoryService {
         &self,
         request: Request<pb::MemorySyncRequest>,
     ) -> Result<Response<pb::MemorySyncResponse>, Status> {
+        let caller = self.caller(&request, &request.get_ref().node)?;
         let r = request.into_inner();
-        if r.after.len() > 10_000 {
-            return Err(Status::invalid_argument("after: too many origins"));
-        }
-        let mut after = BTreeMap::new();
-        for (origin, seq) in r.after {
-            let origin = NodeId::parse(&origin)
-                .map_err(|e| Status::invalid_argument(format!("after: {e}")))?;
-            after.insert(origin, seq);
-        }
-        let batch = memory::answer_sync(&self.memory, &after).map_err(status)?;
+        let sync = memory::SyncRequest {
+            node: caller,
+            after: parse_seqs("after", r.after).map_err(Status::invalid_argument)?,
+            frontier: parse_seqs("frontier", r.frontier).map_err(Status::invalid_argument)?,
+        };
+        let batch = memory::answer_sync(&self.memory, &sync).map_err(status)?;
         Ok(Response::new(pb::MemorySyncResponse {
             records: batch.entries.iter().map(to_pb).collect(),
             more: batch.more,
-            heads: batch
-                .heads
-                .iter()
-                .map(|(origin, seq)| (origin.to_string(), *seq))
-                .collect(),
+            heads: wire_seqs(&batch.heads),
+            frontier: wire_seqs(&batch.frontier),
+            known: wire_seqs(&batch.known),
         }))
     }
 
@@ -178,39 +206,72 @@ impl pb::memory_server::Memory for MemoryService {
         &self,
         request: Request<pb::MemoryPushRequest>,
     ) -> Result<Response<pb::MemoryPushResponse>, Status> {
+        let sender = self.caller(&request, &request.get_ref().node)?;
         let r = request.into_inner();
         if r.records.len() > MAX_PUSH {
             return Err(Status::invalid_argument(format!(
                 "records: at most {MAX_PUSH} per push"
             )));
         }
-        let mut applied = 0;
-        let mut refused = Vec::new();
-        for record in r.records {
-            let entry = Entry::try_from(record)?;
-            match self.memory.apply(&entry) {
-                Ok(true) => applied += 1,
-                Ok(false) => {}
-                Err(e) => refused.push(format!("{}/{}: {e}", entry.namespace, entry.key)),
-            }
+        let entries = r
+            .records
+            .into_iter()
+            .map(Entry::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        // A node pushes only its own writes; others' reach us by `Sync`, from nodes we chose.
+        if self.tls
+            && let Some(sender) = &sender
+            && let Some(foreign) = entries.iter().find(|e| &e.record.origin != sender)
+        {
+            return Err(Status::permission_denied(format!(
+                "records: {}/{} was written by {}, not by the pushing node {}; a node pushes only its own writes",
+                foreign.namespace,
+                foreign.key,
+                foreign.record.origin.short(),
+                sender.short()
+            )));
         }
-        if applied > 0 {
+        let (applied, refused, frontier) = self.memory.accept_push(sender.as_ref(), &entries);
+        if applied > 0 || frontier > 0 {
             self.memory.flush().await.map_err(status)?;
         }
-        Ok(Response::new(pb::MemoryPushResponse { applied, refused }))
+        Ok(Response::new(pb::MemoryPushResponse {
+            applied,
+            refused,
+            frontier,
+        }))
     }
+}
+
+/// Per-origin sequence numbers from the wire, bounded.
+fn parse_seqs(field: &str, map: HashMap<String, u64>) -> Result<BTreeMap<NodeId, u64>, String> {
+    if map.len() > MAX_ORIGINS {
+        return Err(format!("{field}: at most {MAX_ORIGINS} entries"));
+    }
+    map.into_iter()
+        .map(|(id, seq)| {
+            NodeId::parse(&id)
+                .map(|id| (id, seq))
+                .map_err(|e| format!("{field}: {e}"))
+        })
+        .collect()
+}
+
+fn wire_seqs(map: &BTreeMap<NodeId, u64>) -> HashMap<String, u64> {
+    map.iter().map(|(id, seq)| (id.to_string(), *seq)).collect()
 }
 
 /// Replication over gRPC, on the node's shared peer channels.
 #[derive(Debug, Clone)]
 pub struct RemoteMemory {
     channels: super::PeerChannels,
+    own: NodeId,
 }
 
 impl RemoteMemory {
-    /// Uses `channels` to reach peers.
-    pub fn new(channels: super::PeerChannels) -> Self {
-        Self { channels }
+    /// Uses `channels` to reach peers, as node `own`.
+    pub fn new(channels: super::PeerChannels, own: NodeId) -> Self {
+        Self { channels, own }
     }
 
     async fn client(
@@ -232,16 +293,21 @@ impl MemoryPeers for RemoteMemory {
     fn sync(
         &self,
         addr: String,
-        after: BTreeMap<NodeId, u64>,
+        request: memory::SyncRequest,
     ) -> BoxFuture<'static, Result<SyncBatch, String>> {
         let this = self.clone();
         Box::pin(async move {
             let mut client = this.client(&addr).await?;
             let request = pb::MemorySyncRequest {
-                after: after.into_iter().map(|(o, s)| (o.to_string(), s)).collect(),
+                after: wire_seqs(&request.after),
+                frontier: wire_seqs(&request.frontier),
+                node: this.own.to_string(),
             };
             let response = match client.sync(request).await {
                 Ok(response) => response.into_inner(),
+                Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                    return Err(memory::RESYNCING.to_owned());
+                }
                 Err(s) => {
                     this.forget(&addr);
                     return Err(format!("{}: {}", s.code(), s.message()));
@@ -251,31 +317,26 @@ impl MemoryPeers for RemoteMemory {
             for record in response.records {
                 entries.push(Entry::try_from(record).map_err(|s| s.message().to_owned())?);
             }
-            if response.heads.len() > 10_000 {
-                return Err("sync answer: too many heads".into());
-            }
-            let mut heads = BTreeMap::new();
-            for (origin, seq) in response.heads {
-                let origin = NodeId::parse(&origin).map_err(|e| format!("heads: {e}"))?;
-                heads.insert(origin, seq);
-            }
             Ok(SyncBatch {
                 entries,
                 more: response.more,
-                heads,
+                heads: parse_seqs("heads", response.heads)?,
+                frontier: parse_seqs("frontier", response.frontier)?,
+                known: parse_seqs("known", response.known)?,
             })
         })
     }
 
-    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<(), String>> {
+    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<u64, String>> {
         let this = self.clone();
         Box::pin(async move {
             let mut client = this.client(&addr).await?;
             let request = pb::MemoryPushRequest {
                 records: entries.iter().map(to_pb).collect(),
+                node: this.own.to_string(),
             };
             match client.push(request).await {
-                Ok(_) => Ok(()),
+                Ok(response) => Ok(response.into_inner().frontier),
                 Err(s) => {
                     this.forget(&addr);
                     Err(format!("{}: {}", s.code(), s.message()))

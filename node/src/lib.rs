@@ -27,6 +27,7 @@
 pub mod agent;
 pub mod capabilities;
 pub mod config;
+pub mod cron;
 pub mod discovery;
 pub mod identity;
 pub mod llm;

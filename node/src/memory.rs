@@ -1528,7 +1528,11 @@ mod tests {
         let d = id("d");
         ma.note_peer(&c, &BTreeMap::from([(a.clone(), deleted.seq)]))
             .expect("note c");
-        assert_eq!(ma.collect_tombstones(std::slice::from_ref(&d)).expect("collect"), 0);
+        assert_eq!(
+            ma.collect_tombstones(std::slice::from_ref(&d))
+                .expect("collect"),
+            0
+        );
         assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 1);
         assert_eq!(tombstone_of(&ma, "k"), None);
         assert!(

@@ -353,6 +353,15 @@ impl Node {
         );
         // The `delegate` tool routes sub-tasks through the same service as any caller.
         let _ = mesh.set(Arc::new(tasks_service.clone()));
+        // Schedules fire through the same routing too; firing stops as the node starts leaving.
+        let scheduler = crate::cron::Scheduler::new(
+            memory.clone(),
+            peers.clone(),
+            id.clone(),
+            config.name.clone(),
+            Arc::new(tasks_service.clone()),
+        );
+        background_tasks.spawn(scheduler.clone().run(leaving.child_token()));
 
         let mut builder = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(1)))
@@ -366,6 +375,7 @@ impl Node {
             .add_service(reflection)
             .add_service(service.into_server())
             .add_service(tasks_service.into_server())
+            .add_service(crate::rpc::cron::CronService::new(scheduler).into_server())
             .add_service(
                 crate::rpc::memory::MemoryService::new(memory, mesh_tls.is_some()).into_server(),
             );

@@ -616,6 +616,22 @@ impl crate::agent::tools::Mesh for TasksService {
     }
 }
 
+impl crate::cron::Runner for TasksService {
+    fn start(&self, spec: TaskSpec) -> Result<tokio::sync::mpsc::Receiver<TaskEvent>, String> {
+        // Ranked like any new task: the fixed id only makes a second submission a duplicate.
+        let mut ranked = spec.clone();
+        ranked.lineage.task_id = None;
+        let placement = self
+            .place(&ranked, false)
+            .map_err(|s| s.message().to_owned())?;
+        let id = self
+            .tasks
+            .submit(spec, placement)
+            .map_err(|e| e.to_string())?;
+        self.tasks.watch(&id, true).map_err(|e| e.to_string())
+    }
+}
+
 /// Forwards tasks to other nodes' `Tasks.Submit` over mTLS.
 #[derive(Debug, Clone)]
 pub struct RemoteTasks {

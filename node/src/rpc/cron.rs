@@ -1,0 +1,177 @@
+//! The `agentmesh.v1.Cron` service: translates the wire format for `cron::Scheduler`.
+
+use std::sync::Arc;
+
+use mesh_proto::v1 as pb;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    cron::{self, CronError, Firing, Overlap, Schedule, Scheduler, Timetable},
+    memory::MemoryError,
+    tasks::TaskSpec,
+};
+
+/// Most firings one `History` answer carries.
+const MAX_HISTORY: usize = 1000;
+
+/// The Cron service.
+#[derive(Debug, Clone)]
+pub struct CronService {
+    scheduler: Arc<Scheduler>,
+}
+
+impl CronService {
+    /// Wraps the node's scheduler.
+    pub fn new(scheduler: Arc<Scheduler>) -> Self {
+        Self { scheduler }
+    }
+
+    /// The tonic server, with message size limits.
+    pub fn into_server(self) -> pb::cron_server::CronServer<Self> {
+        pb::cron_server::CronServer::new(self)
+            .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)
+    }
+
+    fn to_pb(&self, schedule: &Schedule) -> pb::CronSchedule {
+        let next = Timetable::parse(&schedule.expression, &schedule.timezone)
+            .ok()
+            .and_then(|t| t.next_after(chrono::Utc::now().timestamp_millis()));
+        pb::CronSchedule {
+            id: schedule.id.clone(),
+            name: schedule.name.clone(),
+            schedule: schedule.expression.clone(),
+            timezone: schedule.timezone.clone(),
+            task: Some(pb::SubmitRequest::from(&schedule.task)),
+            overlap: schedule.overlap.to_string(),
+            catch_up_s: schedule.catch_up_s,
+            enabled: schedule.enabled,
+            created_at_ms: u64::try_from(schedule.created_at_ms).unwrap_or(0),
+            created_on: schedule.created_on.clone(),
+            owner: self.scheduler.owner_name(&schedule.id),
+            next_at_ms: next.and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
+        }
+    }
+}
+
+/// Every cron error has one status code.
+fn status(error: CronError) -> Status {
+    match &error {
+        CronError::Invalid(_) => Status::invalid_argument(error.to_string()),
+        CronError::NotFound(_) => Status::not_found(error.to_string()),
+        CronError::Exists(_) => Status::already_exists(error.to_string()),
+        CronError::Memory(MemoryError::Invalid(_)) => Status::invalid_argument(error.to_string()),
+        CronError::Memory(MemoryError::Corrupt(_)) => Status::data_loss(error.to_string()),
+        CronError::Memory(_) => Status::unavailable(error.to_string()),
+    }
+}
+
+fn firing_pb(firing: &Firing) -> pb::CronFiring {
+    pb::CronFiring {
+        fire_id: firing.fire_id.clone(),
+        schedule_id: firing.schedule_id.clone(),
+        schedule: firing.schedule.clone(),
+        scheduled_at_ms: u64::try_from(firing.scheduled_at_ms).unwrap_or(0),
+        owner: firing.owner.clone(),
+        executed_on: firing.executed_on.clone(),
+        task_id: firing.task_id.clone(),
+        status: firing.status.as_str().to_owned(),
+        error: firing.error.clone(),
+        updated_at_ms: u64::try_from(firing.updated_at_ms).unwrap_or(0),
+        manual: firing.manual,
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cron_server::Cron for CronService {
+    async fn add(
+        &self,
+        request: Request<pb::CronAddRequest>,
+    ) -> Result<Response<pb::CronSchedule>, Status> {
+        let r = request.into_inner();
+        cron::check_name(&r.name).map_err(status)?;
+        Timetable::parse(&r.schedule, &r.timezone).map_err(status)?;
+        let overlap: Overlap = r.overlap.parse().map_err(status)?;
+        let task = r
+            .task
+            .ok_or_else(|| Status::invalid_argument("task: required (prompt and target)"))?;
+        if task.lineage.is_some() {
+            return Err(Status::invalid_argument(
+                "task.lineage: set by nodes only; leave it empty",
+            ));
+        }
+        let task = TaskSpec::try_from(task)
+            .map_err(|s| Status::invalid_argument(format!("task.{}", s.message())))?;
+        let schedule = Schedule {
+            id: uuid::Uuid::now_v7().to_string(),
+            name: r.name,
+            expression: r.schedule,
+            timezone: r.timezone,
+            task,
+            overlap,
+            catch_up_s: match r.catch_up_s {
+                0 => cron::DEFAULT_CATCH_UP_S,
+                n => n,
+            },
+            enabled: !r.disabled,
+            created_at_ms: chrono::Utc::now().timestamp_millis(),
+            created_on: self.scheduler.node_name().to_owned(),
+        };
+        let schedule = self.scheduler.add(schedule).await.map_err(status)?;
+        Ok(Response::new(self.to_pb(&schedule)))
+    }
+
+    async fn list(
+        &self,
+        _request: Request<pb::CronListRequest>,
+    ) -> Result<Response<pb::CronListResponse>, Status> {
+        let schedules = self.scheduler.schedules().map_err(status)?;
+        Ok(Response::new(pb::CronListResponse {
+            schedules: schedules.iter().map(|s| self.to_pb(s)).collect(),
+        }))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<pb::CronRemoveRequest>,
+    ) -> Result<Response<pb::CronRemoveResponse>, Status> {
+        self.scheduler
+            .remove(&request.into_inner().name)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::CronRemoveResponse {}))
+    }
+
+    async fn run_now(
+        &self,
+        request: Request<pb::CronRunNowRequest>,
+    ) -> Result<Response<pb::CronFiring>, Status> {
+        let schedule = self
+            .scheduler
+            .get(&request.into_inner().name)
+            .map_err(status)?;
+        let firing = self
+            .scheduler
+            .fire(&schedule, chrono::Utc::now().timestamp_millis(), true)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(firing_pb(&firing)))
+    }
+
+    async fn history(
+        &self,
+        request: Request<pb::CronHistoryRequest>,
+    ) -> Result<Response<pb::CronHistoryResponse>, Status> {
+        let r = request.into_inner();
+        let schedule = self.scheduler.get(&r.name).map_err(status)?;
+        let limit = match r.limit {
+            0 => 100,
+            n => (n as usize).min(MAX_HISTORY),
+        };
+        let firings = self.scheduler.history(&schedule.id).map_err(status)?;
+        let skip = firings.len().saturating_sub(limit);
+        Ok(Response::new(pb::CronHistoryResponse {
+            firings: firings.iter().skip(skip).map(firing_pb).collect(),
+        }))
+    }
+}

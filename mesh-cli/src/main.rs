@@ -20,6 +20,7 @@ use mesh_node::{
 use mesh_proto::v1 as pb;
 use serde_json::{Value, json};
 
+mod cron;
 mod memory;
 mod tasks;
 
@@ -83,6 +84,12 @@ enum Command {
     /// Read and write the fleet's shared memory.
     #[command(subcommand)]
     Memory(memory::MemoryCommand),
+    /// Schedules that run tasks on the fleet at set times, whichever nodes are up.
+    ///
+    /// Each schedule is fired by one live node (chosen by hashing its id over the live nodes),
+    /// so it keeps firing while the node that created it is off.
+    #[command(subcommand)]
+    Cron(cron::CronCommand),
     /// Manage the mesh certificate authority.
     #[command(subcommand)]
     Ca(CaCommand),
@@ -150,6 +157,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => tasks::run(&cli.conn, args).await,
         Command::Tasks(args) => tasks::tasks(&cli.conn, args).await,
         Command::Memory(command) => memory::run(&cli.conn, command).await,
+        Command::Cron(command) => cron::run(&cli.conn, command).await,
         Command::Ca(CaCommand::Init { dir }) => {
             let (cert, key) = tls::ca_init(&dir)?;
             println!(

@@ -8,9 +8,10 @@ use serde_json::{Value, json};
 
 use crate::{ConnArgs, ago, channel, print_table, unix_ms};
 
+/// What a task asks for: shared by `run` and `cron add`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["role", "model", "persona"])))]
-pub(crate) struct RunArgs {
+pub(crate) struct TaskArgs {
     /// Run on the model chain of this role (e.g. chat, coder).
     #[arg(long)]
     role: Option<String>,
@@ -44,6 +45,46 @@ pub(crate) struct RunArgs {
     /// Run only on the node with this name.
     #[arg(long, value_name = "NODE")]
     on: Option<String>,
+}
+
+impl TaskArgs {
+    /// The `Submit` request for `prompt`.
+    pub(crate) fn request(self, prompt: String, session: Option<String>) -> pb::SubmitRequest {
+        use pb::submit_request::Target;
+        let target = match (self.role, self.model, self.persona) {
+            (Some(role), _, _) => Some(Target::Role(role)),
+            (_, Some(model), _) => Some(Target::Model(model)),
+            (_, _, Some(persona)) => Some(Target::Persona(persona)),
+            (None, None, None) => None,
+        };
+        let tier = match self.tier.as_str() {
+            "shell" => pb::Tier::Shell,
+            "write" => pb::Tier::Write,
+            _ => pb::Tier::Read,
+        };
+        pb::SubmitRequest {
+            prompt,
+            target,
+            tier: tier as i32,
+            timeout_s: self.timeout.unwrap_or(0),
+            max_rounds: self.max_rounds.unwrap_or(0),
+            token_budget: self.token_budget.unwrap_or(0),
+            require: Some(pb::Requirements {
+                gpu: self.require.iter().any(|r| r == "gpu"),
+                min_vram_mb: self.min_vram.unwrap_or(0),
+                labels: self.labels.into_iter().collect(),
+            }),
+            on: self.on.unwrap_or_default(),
+            lineage: None,
+            session: session.unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    task: TaskArgs,
     /// Continue (or start) a conversation session: earlier turns are sent along, and this one
     /// is kept, so the next turn can run on any node.
     #[arg(long, value_name = "NAME")]
@@ -103,34 +144,7 @@ impl std::fmt::Display for Reported {
 impl std::error::Error for Reported {}
 
 pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
-    use pb::submit_request::Target;
-    let target = match (args.role, args.model, args.persona) {
-        (Some(role), _, _) => Target::Role(role),
-        (_, Some(model), _) => Target::Model(model),
-        (_, _, Some(persona)) => Target::Persona(persona),
-        (None, None, None) => return Err(anyhow!("name a --role, --model or --persona")),
-    };
-    let tier = match args.tier.as_str() {
-        "shell" => pb::Tier::Shell,
-        "write" => pb::Tier::Write,
-        _ => pb::Tier::Read,
-    };
-    let request = pb::SubmitRequest {
-        prompt: args.prompt.join(" "),
-        target: Some(target),
-        tier: tier as i32,
-        timeout_s: args.timeout.unwrap_or(0),
-        max_rounds: args.max_rounds.unwrap_or(0),
-        token_budget: args.token_budget.unwrap_or(0),
-        require: Some(pb::Requirements {
-            gpu: args.require.iter().any(|r| r == "gpu"),
-            min_vram_mb: args.min_vram.unwrap_or(0),
-            labels: args.labels.into_iter().collect(),
-        }),
-        on: args.on.unwrap_or_default(),
-        lineage: None,
-        session: args.session.unwrap_or_default(),
-    };
+    let request = args.task.request(args.prompt.join(" "), args.session);
     let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
     if args.explain {
         return explain(&mut client, request, args.json).await;

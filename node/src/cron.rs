@@ -542,15 +542,17 @@ impl Scheduler {
             .max()
     }
 
-    /// Looks for due firings of the schedules this node owns, at `now` (Unix ms).
-    pub async fn tick(self: &Arc<Self>, now: i64) {
+    /// Fires what is due at `now` (Unix ms) among the schedules this node owns, and returns
+    /// the next scheduled time among them.
+    pub async fn tick(self: &Arc<Self>, now: i64) -> Option<i64> {
         let schedules = match self.schedules() {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "read schedules");
-                return;
+                return None;
             }
         };
+        let mut next: Option<i64> = None;
         let live = self.live();
         let mut work = Vec::new();
         {
@@ -576,6 +578,9 @@ impl Scheduler {
                 });
                 let due = due(&table, after, now, i64::from(schedule.catch_up_s) * 1000);
                 last.insert(schedule.id.clone(), due.last);
+                if let Some(at) = table.next_after(now) {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
                 if due.run.is_some() || !due.missed.is_empty() || due.unrecorded > 0 {
                     work.push((schedule.clone(), due));
                 }
@@ -596,6 +601,7 @@ impl Scheduler {
                 tracing::warn!(schedule = %schedule.name, error = %e, "fire");
             }
         }
+        next
     }
 
     async fn record_missed(&self, schedule: &Schedule, at: i64) -> Result<(), CronError> {
@@ -644,9 +650,11 @@ impl Scheduler {
             return Ok(existing);
         }
         let mut firing = self.new_firing(schedule, at, manual);
+        // Also closes firings whose owner went away, whatever the policy.
+        let previous = self.still_running(schedule).await?;
         if schedule.overlap == Overlap::Skip
             && !manual
-            && let Some(previous) = self.still_running(schedule).await?
+            && let Some(previous) = previous
         {
             firing.status = FiringStatus::Skipped;
             firing.error = format!(
@@ -725,14 +733,18 @@ impl Scheduler {
             .remove(&firing.fire_id);
     }
 
-    /// Fires schedules as they fall due until `cancel`.
+    /// Fires schedules as they fall due until `cancel`: wakes at the next scheduled time, and
+    /// at least every [`TICK`] to notice new schedules and changes of ownership.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
-        let mut tick = tokio::time::interval(TICK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let now = now_ms();
+            let next = self.tick(now).await;
+            let wait = next
+                .map(|at| Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)))
+                .map_or(TICK, |until| until.min(TICK));
             tokio::select! {
                 () = cancel.cancelled() => return,
-                _ = tick.tick() => self.tick(now_ms()).await,
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -994,7 +1006,8 @@ mod tests {
             .expect("add");
         first.tick(T0 + 2_000).await;
         first.tick(T0 + 2_000).await;
-        first.tick(T0 + 2_500).await;
+        // The next scheduled time tells the loop when to wake.
+        assert_eq!(first.tick(T0 + 2_500).await, Some(T0 + 4_000));
         statuses(&first, "id-often", &[FiringStatus::Done]).await;
         // A restarted node (or the next owner) reads what was fired from the records.
         let second = scheduler(&memory, &runner);

@@ -49,6 +49,13 @@ pub fn bin(name: &str) -> PathBuf {
 /// How often [`wait_for`] polls.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(
     what: &str,

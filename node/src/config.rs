@@ -62,7 +62,31 @@ pub struct RawConfig {
     pub tools: RawTools,
     /// `[memory]`
     pub memory: RawMemory,
+    /// `[http]`
+    pub http: RawHttp,
 }
+
+/// `[http]`: the OpenAI-compatible front door.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawHttp {
+    /// Address to listen on. Default: `127.0.0.1:7780` (the next free port up to 7790).
+    pub listen: Option<String>,
+    /// Bearer keys; when set, `/v1/*` requests need one.
+    pub api_keys: Vec<String>,
+}
+
+/// Validated `[http]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Where to listen.
+    pub listen: Listen,
+    /// Accepted bearer keys (empty: no authentication).
+    pub api_keys: Vec<String>,
+}
+
+/// The front door's default port.
+pub const DEFAULT_HTTP_PORT: u16 = 7780;
 
 /// `[memory]`
 #[derive(Debug, Default, Deserialize)]
@@ -282,6 +306,8 @@ pub struct Config {
     pub tombstone_window: std::time::Duration,
     /// `memory.sync_interval_s`.
     pub sync_interval: std::time::Duration,
+    /// `[http]`.
+    pub http: HttpConfig,
 }
 
 /// Validated `[tasks]`.
@@ -945,6 +971,35 @@ impl RawConfig {
             ));
         }
 
+        let http_listen = match self.http.listen {
+            None => Listen {
+                addr: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
+                fallback: true,
+            },
+            Some(text) => Listen {
+                addr: text.parse().map_err(|_| {
+                    invalid(
+                        "http.listen",
+                        format!("is `{text}`, not an IP:port address"),
+                        "write it like `127.0.0.1:7780` (loopback only) or `0.0.0.0:7780` (with http.api_keys)",
+                    )
+                })?,
+                fallback: false,
+            },
+        };
+        if let Some(i) = self
+            .http
+            .api_keys
+            .iter()
+            .position(|k| k.len() < 8 || k.chars().any(char::is_whitespace))
+        {
+            return Err(invalid(
+                &format!("http.api_keys[{i}]"),
+                "is shorter than 8 characters or contains spaces".into(),
+                "use long random keys, e.g. from `openssl rand -hex 24`",
+            ));
+        }
+
         Ok(Config {
             source: path.map(Path::to_owned),
             name,
@@ -965,6 +1020,10 @@ impl RawConfig {
             max_clock_skew: std::time::Duration::from_millis(skew),
             tombstone_window: std::time::Duration::from_secs(window),
             sync_interval: std::time::Duration::from_secs(sync_interval),
+            http: HttpConfig {
+                listen: http_listen,
+                api_keys: self.http.api_keys,
+            },
         })
     }
 }

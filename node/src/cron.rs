@@ -47,6 +47,9 @@ const TICK: Duration = Duration::from_millis(100);
 const MAX_MISSED_RECORDED: usize = 100;
 /// How far back a catch-up looks beyond the catch-up window.
 const LOOKBACK_MS: i64 = 24 * 3600 * 1000;
+/// A starting node fires nothing for this long, and until it has synced memory with every up
+/// peer: until then it may not know its peers (it would own every schedule) or their firings.
+const STARTUP_GRACE: Duration = Duration::from_secs(3);
 
 /// Cron errors.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -259,12 +262,16 @@ pub fn owner<'a>(
         .max_by_key(|node| (score(schedule_id, node), *node))
 }
 
-/// The task id of a firing: the same for the same firing id on every node.
-pub fn task_id_for(fire_id: &str) -> String {
+/// The task id of a firing: a UUIDv7 whose time is the scheduled time and whose other bits
+/// come from hashing the firing id, so it is the same on every node and sorts with other tasks
+/// by time.
+pub fn task_id_for(fire_id: &str, scheduled_ms: i64) -> String {
     let digest = Sha256::digest(fire_id.as_bytes());
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    uuid::Uuid::new_v8(bytes).to_string()
+    let mut bytes = [0u8; 10];
+    bytes.copy_from_slice(&digest[..10]);
+    uuid::Builder::from_unix_timestamp_millis(u64::try_from(scheduled_ms).unwrap_or(0), &bytes)
+        .into_uuid()
+        .to_string()
 }
 
 /// What became of a firing.
@@ -621,7 +628,7 @@ impl Scheduler {
     fn new_firing(&self, schedule: &Schedule, at: i64, manual: bool) -> Firing {
         let fire_id = format!("{}@{at}", schedule.id);
         Firing {
-            task_id: task_id_for(&fire_id),
+            task_id: task_id_for(&fire_id, at),
             fire_id,
             schedule_id: schedule.id.clone(),
             schedule: schedule.name.clone(),
@@ -736,6 +743,21 @@ impl Scheduler {
     /// Fires schedules as they fall due until `cancel`: wakes at the next scheduled time, and
     /// at least every [`TICK`] to notice new schedules and changes of ownership.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        let started = tokio::time::Instant::now();
+        // Ready once, then for good: a peer whose sync keeps failing later must not stop cron.
+        while started.elapsed() < STARTUP_GRACE
+            || !self
+                .peers
+                .snapshot()
+                .iter()
+                .filter(|p| p.state == PeerState::Up)
+                .all(|p| self.memory.since_sync(&p.info.id) != Duration::MAX)
+        {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(TICK) => {}
+            }
+        }
         loop {
             let now = now_ms();
             let next = self.tick(now).await;
@@ -1024,8 +1046,8 @@ mod tests {
         assert_eq!(
             started,
             [
-                Some(task_id_for(&format!("id-often@{}", T0 + 2_000))),
-                Some(task_id_for(&format!("id-often@{}", T0 + 4_000)))
+                Some(task_id_for(&format!("id-often@{}", T0 + 2_000), T0 + 2_000)),
+                Some(task_id_for(&format!("id-often@{}", T0 + 4_000), T0 + 4_000))
             ]
         );
         assert_eq!(history[1].executed_on, "worker");

@@ -38,6 +38,8 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub const TASK_GRACE: Duration = Duration::from_secs(10);
 /// File in the data dir holding the address the node actually listens on.
 pub const ADDR_FILE: &str = "node.addr";
+/// The file in the data directory holding the front door's bound address.
+pub const HTTP_ADDR_FILE: &str = "http.addr";
 /// Certificate a bootstrapped node issues for the local `mesh-cli`.
 pub const CLI_CERT_NAME: &str = "mesh-cli";
 
@@ -84,8 +86,13 @@ pub enum StartError {
 /// Binds the listener `listen` asks for. When the port was not chosen explicitly and is taken,
 /// tries the following ports up to 7710.
 pub async fn bind(listen: Listen) -> Result<TcpListener, StartError> {
+    bind_up_to(listen, LAST_FALLBACK_PORT).await
+}
+
+/// Binds `listen`; when its port was not chosen, the next free one up to `last_fallback`.
+async fn bind_up_to(listen: Listen, last_fallback: u16) -> Result<TcpListener, StartError> {
     let last = if listen.fallback {
-        LAST_FALLBACK_PORT.max(listen.addr.port())
+        last_fallback.max(listen.addr.port())
     } else {
         listen.addr.port()
     };
@@ -300,7 +307,7 @@ impl Node {
         ));
         let runtime = Arc::new(AgentRuntime::new(
             memory.clone(),
-            models,
+            models.clone(),
             tools,
             Hooks::supervisor().map_err(|e| StartError::Hooks(e.to_string()))?,
             config.personas.clone(),
@@ -348,7 +355,7 @@ impl Node {
             tasks.clone(),
             caps.clone(),
             peers.clone(),
-            channels,
+            channels.clone(),
             mesh_tls.is_some(),
         );
         // The `delegate` tool routes sub-tasks through the same service as any caller.
@@ -370,11 +377,49 @@ impl Node {
         if let Some(tls) = &mesh_tls {
             builder = builder.tls_config(tls.server_config())?;
         }
+        // The OpenAI-compatible front door; a node without one still serves the mesh.
+        let door = Arc::new(crate::http::FrontDoor {
+            models: models.clone(),
+            caps: caps.clone(),
+            peers: peers.clone(),
+            channels: channels.clone(),
+            api_keys: config.http.api_keys.clone(),
+            memory: memory.clone(),
+        });
+        match bind_up_to(config.http.listen, crate::config::DEFAULT_HTTP_PORT + 10).await {
+            Ok(listener) => {
+                let http_addr = listener.local_addr().ok();
+                if let Some(http_addr) = http_addr {
+                    if !http_addr.ip().is_loopback() && config.http.api_keys.is_empty() {
+                        tracing::warn!(%http_addr, "the front door listens beyond loopback without http.api_keys: anyone who can reach it can use every model of the mesh");
+                    }
+                    let _ = std::fs::write(
+                        config.data_dir.join(HTTP_ADDR_FILE),
+                        format!("{http_addr}\n"),
+                    );
+                    tracing::info!(%http_addr, "front door (OpenAI-compatible) listening");
+                }
+                // Stops taking requests as the node starts leaving.
+                background_tasks.spawn(crate::http::serve(listener, door, leaving.clone()));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no front door: cannot bind http.listen");
+                caps.set_check(
+                    "front door",
+                    Some((
+                        HealthStatus::Degraded,
+                        format!("cannot bind http.listen: {e}"),
+                    )),
+                );
+            }
+        }
+
         let router = builder
             .add_service(health_service)
             .add_service(reflection)
             .add_service(service.into_server())
             .add_service(tasks_service.into_server())
+            .add_service(crate::rpc::models::ModelsService::new(models.clone()).into_server())
             .add_service(crate::rpc::cron::CronService::new(scheduler).into_server())
             .add_service(
                 crate::rpc::memory::MemoryService::new(memory, mesh_tls.is_some()).into_server(),
@@ -480,6 +525,7 @@ impl Node {
             tracing::error!(error = %e, "flush the database");
         }
         let _ = std::fs::remove_file(self.data_dir.join(ADDR_FILE));
+        let _ = std::fs::remove_file(self.data_dir.join(HTTP_ADDR_FILE));
         tracing::info!("stopped");
     }
 }

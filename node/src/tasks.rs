@@ -467,6 +467,17 @@ impl Emitter {
             at_ms: unix_ms(SystemTime::now()),
             kind,
         };
+        let outcome = match &event.kind {
+            EventKind::Completed { .. } => Some("completed"),
+            EventKind::Failed { .. } => Some("failed"),
+            _ => None,
+        };
+        if let Some(status) = outcome {
+            crate::metrics::metrics()
+                .tasks
+                .get_or_create(&crate::metrics::labels(&[("status", status)]))
+                .inc();
+        }
         if let Err(e) = self.store.put_event(&event) {
             tracing::error!(task = %event.task_id, error = %e, "record task event");
         }

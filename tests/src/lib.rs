@@ -247,6 +247,8 @@ pub struct NodeOptions {
     pub tls: Option<TlsFiles>,
     /// TOML appended to the config (roles, models, GPUs, …).
     pub extra: String,
+    /// `http.api_keys` of the front door (which listens on an ephemeral loopback port).
+    pub http_keys: Vec<String>,
 }
 
 impl NodeOptions {
@@ -260,7 +262,14 @@ impl NodeOptions {
             netns: None,
             tls: None,
             extra: String::new(),
+            http_keys: Vec::new(),
         }
+    }
+
+    /// Requires one of these bearer keys at the front door.
+    pub fn http_keys(mut self, keys: &[&str]) -> Self {
+        self.http_keys = keys.iter().map(|k| (*k).to_owned()).collect();
+        self
     }
 
     /// Adds a static peer.
@@ -307,6 +316,22 @@ pub struct NodeProcess {
 }
 
 impl NodeProcess {
+    /// `http://HOST:PORT` of the node's OpenAI-compatible front door, once it listens.
+    pub fn http_url(&self) -> anyhow::Result<String> {
+        let file = self.data_dir.join("http.addr");
+        let addr = wait_for(
+            &format!("{}'s front door", self.name),
+            Duration::from_secs(10),
+            || {
+                fs::read_to_string(&file)
+                    .ok()
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+            },
+        )?;
+        Ok(format!("http://{addr}"))
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -421,6 +446,7 @@ impl Harness {
         };
         let data_dir = self.path().join(format!("data-{}", options.name));
         let _ = fs::remove_file(data_dir.join("node.addr"));
+        let _ = fs::remove_file(data_dir.join("http.addr"));
         let mut config = String::new();
         writeln!(
             config,
@@ -436,6 +462,11 @@ impl Harness {
             config,
             "[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
             tls.ca, tls.cert, tls.key
+        )?;
+        writeln!(
+            config,
+            "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n",
+            options.http_keys
         )?;
         config.push_str(&options.extra);
         let config_path = self.path().join(format!("{}.toml", options.name));

@@ -372,6 +372,7 @@ async fn call_chain(
             attempt: i as u32 + 1,
         });
         let (tx, mut rx) = mpsc::unbounded_channel();
+        let started = std::time::Instant::now();
         let call = model.chat(request, &tx);
         tokio::pin!(call);
         let result = loop {
@@ -380,6 +381,7 @@ async fn call_chain(
                 Some(text) = rx.recv() => events.emit(EventKind::OutputDelta { text }),
             }
         };
+        crate::metrics::metrics().model_call(model.name(), started.elapsed().as_secs_f64());
         while let Ok(text) = rx.try_recv() {
             events.emit(EventKind::OutputDelta { text });
         }

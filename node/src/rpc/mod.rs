@@ -8,6 +8,7 @@
 
 pub mod cron;
 pub mod memory;
+pub mod models;
 pub mod tasks;
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
@@ -208,7 +209,7 @@ impl pb::node_server::Node for NodeService {
         let caps = self.caps.clone();
         let leaving = self.leaving.clone();
         let mut changed = caps.subscribe();
-        let stream = async_stream(move |tx| async move {
+        let stream = stream_from(move |tx| async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -259,9 +260,10 @@ impl pb::node_server::Node for NodeService {
 }
 
 /// Runs `body` with the sending half of a channel and streams what it sends.
-fn async_stream<F, Fut>(body: F) -> impl Stream<Item = Result<pb::NodeInfo, Status>> + Send
+pub(crate) fn stream_from<T, F, Fut>(body: F) -> impl Stream<Item = Result<T, Status>> + Send
 where
-    F: FnOnce(mpsc::Sender<Result<pb::NodeInfo, Status>>) -> Fut,
+    T: Send + 'static,
+    F: FnOnce(mpsc::Sender<Result<T, Status>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(4);
@@ -622,7 +624,7 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
     }
 }
 
-fn check_len(field: &str, value: &str, max: usize) -> Result<(), Status> {
+pub(crate) fn check_len(field: &str, value: &str, max: usize) -> Result<(), Status> {
     if value.len() > max {
         Err(Status::invalid_argument(format!(
             "{field}: {} bytes, at most {max} allowed",

@@ -93,7 +93,16 @@ impl TasksService {
                 spec.tier
             )));
         }
-        match router::choose(&self.rank(spec), spec.lineage.task_id.is_some()) {
+        let choice = router::choose(&self.rank(spec), spec.lineage.task_id.is_some());
+        crate::metrics::metrics().routed(
+            "task",
+            match &choice {
+                Choice::Local => "local",
+                Choice::Remote(_) => "remote",
+                Choice::Nowhere(_) => "nowhere",
+            },
+        );
+        match choice {
             Choice::Local => Ok(Placement::Local),
             Choice::Nowhere(message) => Err(Status::failed_precondition(message)),
             Choice::Remote(ids) => {

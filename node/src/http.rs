@@ -1,0 +1,787 @@
+//! The OpenAI-compatible front door: every model in the fleet, reachable from any node.
+//!
+//! `GET /v1/models` lists every model the fleet serves (this node's and its peers', as they
+//! advertise them) and a `role:<name>` alias per role. `POST /v1/chat/completions` (plain, or
+//! `stream: true` as server-sent events; tools are passed to the model and its tool calls
+//! returned) is placed by the mesh router like a task: on this node when it serves the model and
+//! ranks best, else on the best peer through `agentmesh.v1.Models/Chat` over the mesh's mTLS.
+//! `GET /healthz` and `GET /metrics` (Prometheus text) complete it. Errors use OpenAI's error
+//! JSON; with `http.api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`.
+
+use std::{convert::Infallible, sync::Arc, time::Instant};
+
+use axum::{
+    Json, Router,
+    body::Body,
+    extract::{Request, State},
+    http::{HeaderMap, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tokio_stream::{StreamExt, wrappers::ReceiverStream};
+
+use crate::{
+    capabilities::Capabilities,
+    config::Tier,
+    llm::{ChatModel, ChatRequest, Message, ModelError, ModelRegistry, ToolCall, ToolSpec, Usage},
+    metrics::{labels, metrics},
+    peers::{PeerState, PeerTable},
+    router::{self, Candidate, Choice, Requirements},
+    rpc::PeerChannels,
+    tasks::Target,
+};
+
+/// Largest request body.
+const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// What the front door needs from the node.
+#[derive(Debug)]
+pub struct FrontDoor {
+    /// This node's models and role chains.
+    pub models: Arc<ModelRegistry>,
+    /// This node's advertised info.
+    pub caps: Arc<Capabilities>,
+    /// Peers and what they serve.
+    pub peers: Arc<PeerTable>,
+    /// Channels to peers.
+    pub channels: PeerChannels,
+    /// Accepted bearer keys (empty: open).
+    pub api_keys: Vec<String>,
+    /// For `/metrics`: replication lag per peer.
+    pub memory: Arc<crate::memory::Memory>,
+}
+
+/// A front-door failure, as OpenAI's error JSON.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    code: Option<&'static str>,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    fn from_model(error: &ModelError) -> Self {
+        let status = match error {
+            ModelError::Refused { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST)
+            }
+            ModelError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::BAD_GATEWAY,
+        };
+        Self::new(status, "api_error", error.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": null,
+            "code": self.code,
+        }});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// The front door's routes.
+pub fn router(door: Arc<FrontDoor>) -> Router {
+    let v1 = Router::new()
+        .route("/models", get(list_models))
+        .route("/chat/completions", post(chat_completions))
+        .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
+    Router::new()
+        .nest("/v1", v1)
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(scrape))
+        .fallback(not_found)
+        .layer(middleware::from_fn(count))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(door)
+}
+
+async fn count(request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let path = match path.as_str() {
+        "/v1/models" | "/v1/chat/completions" | "/healthz" | "/metrics" => path,
+        _ => "other".to_owned(),
+    };
+    metrics()
+        .http_requests
+        .get_or_create(&labels(&[
+            ("path", &path),
+            ("status", response.status().as_str()),
+        ]))
+        .inc();
+    response
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /healthz and /metrics",
+    )
+}
+
+async fn authorize(
+    State(door): State<Arc<FrontDoor>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if door.api_keys.is_empty() {
+        return Ok(next.run(request).await);
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(key) if door.api_keys.iter().any(|k| k == key) => Ok(next.run(request).await),
+        _ => Err(ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "missing or unknown API key: send `Authorization: Bearer <key>` with one of the node's http.api_keys",
+            )
+        }),
+    }
+}
+
+async fn healthz(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
+    let info = door.caps.snapshot();
+    Json(json!({
+        "status": match info.health.status {
+            crate::capabilities::HealthStatus::Healthy => "healthy",
+            crate::capabilities::HealthStatus::Degraded => "degraded",
+            crate::capabilities::HealthStatus::Unhealthy => "unhealthy",
+        },
+        "node": info.name,
+        "reasons": info.health.reasons,
+    }))
+}
+
+async fn scrape(State(door): State<Arc<FrontDoor>>) -> impl IntoResponse {
+    let m = metrics();
+    m.peers.clear();
+    m.lag_records.clear();
+    m.lag_seconds.clear();
+    for peer in door.peers.snapshot() {
+        m.peers
+            .get_or_create(&labels(&[("state", peer.state.as_str())]))
+            .inc();
+        let (records, behind_ms) = door.memory.lag(&peer.info.id, peer.info.memory_seq);
+        let peer_label = labels(&[("peer", &peer.info.name)]);
+        m.lag_records
+            .get_or_create(&peer_label)
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
+        m.lag_seconds
+            .get_or_create(&peer_label)
+            .set(behind_ms as f64 / 1000.0);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}
+
+/// One entry of `/v1/models`.
+fn model_entry(id: &str, owner: &str) -> Value {
+    json!({"id": id, "object": "model", "created": 0, "owned_by": owner})
+}
+
+async fn list_models(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
+    let own = door.caps.snapshot();
+    let mut infos = vec![own];
+    infos.extend(
+        door.peers
+            .snapshot()
+            .into_iter()
+            .filter(|p| p.state == PeerState::Up)
+            .map(|p| p.info),
+    );
+    let mut seen = std::collections::BTreeMap::new();
+    for info in &infos {
+        for model in &info.models {
+            seen.entry(model.name.clone())
+                .or_insert_with(|| info.name.clone());
+        }
+        for (role, chain) in &info.role_chains {
+            if !chain.is_empty() {
+                seen.entry(format!("role:{role}"))
+                    .or_insert_with(|| info.name.clone());
+            }
+        }
+    }
+    let data: Vec<Value> = seen
+        .iter()
+        .map(|(id, owner)| model_entry(id, owner))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// The part of an OpenAI chat request the mesh uses.
+#[derive(Debug, Deserialize)]
+struct OpenAiRequest {
+    model: String,
+    messages: Vec<OpenAiMessage>,
+    #[serde(default)]
+    tools: Vec<OpenAiTool>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct OpenAiMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<Value>,
+    #[serde(default)]
+    tool_calls: Vec<OpenAiToolCall>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct OpenAiToolCall {
+    id: String,
+    function: OpenAiFunctionCall,
+}
+
+#[derive(Debug, Deserialize)]
+struct OpenAiFunctionCall {
+    name: String,
+    #[serde(default)]
+    arguments: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct OpenAiTool {
+    function: OpenAiFunction,
+}
+
+#[derive(Debug, Deserialize)]
+struct OpenAiFunction {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    parameters: Value,
+}
+
+/// Text of a message's `content`: a string, or the text parts of a list.
+fn content_text(content: Option<Value>) -> String {
+    match content {
+        Some(Value::String(s)) => s,
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+fn to_chat_request(request: OpenAiRequest) -> Result<(String, ChatRequest), ApiError> {
+    if request.messages.is_empty() {
+        return Err(ApiError::bad_request("messages: must not be empty"));
+    }
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for (i, m) in request.messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => crate::llm::Role::System,
+            "user" => crate::llm::Role::User,
+            "assistant" => crate::llm::Role::Assistant,
+            "tool" => crate::llm::Role::Tool,
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}].role: `{other}` is not system, user, assistant or tool"
+                )));
+            }
+        };
+        messages.push(Message {
+            role,
+            content: content_text(m.content),
+            tool_calls: m
+                .tool_calls
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: c.id,
+                    name: c.function.name,
+                    arguments: c.function.arguments,
+                })
+                .collect(),
+            tool_call_id: m.tool_call_id,
+        });
+    }
+    let tools = request
+        .tools
+        .into_iter()
+        .map(|t| ToolSpec {
+            name: t.function.name,
+            description: t.function.description,
+            parameters: t.function.parameters,
+        })
+        .collect();
+    Ok((request.model, ChatRequest { messages, tools }))
+}
+
+/// What the front door was asked for: `role:<name>` or a model name.
+fn target_of(model: &str) -> Target {
+    match model.strip_prefix("role:") {
+        Some(role) => Target::Role(role.to_owned()),
+        None => Target::Model(model.to_owned()),
+    }
+}
+
+/// The wire form of a chat request between nodes.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WireRequest {
+    messages: Vec<Message>,
+    #[serde(default)]
+    tools: Vec<WireTool>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireTool {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    parameters: Value,
+}
+
+impl From<&ChatRequest> for WireRequest {
+    fn from(r: &ChatRequest) -> Self {
+        Self {
+            messages: r.messages.clone(),
+            tools: r
+                .tools
+                .iter()
+                .map(|t| WireTool {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    parameters: t.parameters.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<WireRequest> for ChatRequest {
+    fn from(r: WireRequest) -> Self {
+        Self {
+            messages: r.messages,
+            tools: r
+                .tools
+                .into_iter()
+                .map(|t| ToolSpec {
+                    name: t.name,
+                    description: t.description,
+                    parameters: t.parameters,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The wire form of a complete answer between nodes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WireResponse {
+    /// The model that answered.
+    pub model: String,
+    /// Text.
+    pub content: String,
+    /// Tool calls.
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    /// Usage.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}
+
+/// Runs a chat on this node's model, or its role's chain with fall-through, streaming deltas.
+/// `None` when this node serves neither.
+pub async fn chat_here(
+    models: &ModelRegistry,
+    target: &Target,
+    request: &ChatRequest,
+    deltas: &mpsc::UnboundedSender<String>,
+) -> Option<Result<WireResponse, ModelError>> {
+    let chain: Vec<Arc<dyn ChatModel>> = match target {
+        Target::Role(role) => models.chain(role)?,
+        Target::Model(name) => vec![models.model(name)?],
+        Target::Persona(_) => return None,
+    };
+    let mut last = None;
+    for (i, model) in chain.iter().enumerate() {
+        let started = Instant::now();
+        let result = model.chat(request, deltas).await;
+        metrics().model_call(model.name(), started.elapsed().as_secs_f64());
+        match result {
+            Ok(response) => {
+                return Some(Ok(WireResponse {
+                    model: model.name().to_owned(),
+                    content: response.content,
+                    tool_calls: response.tool_calls,
+                    usage: response.usage,
+                }));
+            }
+            Err(error) if error.falls_through() && i + 1 < chain.len() => {
+                tracing::warn!(model = model.name(), %error, "front door: model failed, trying the next in the chain");
+                last = Some(error);
+            }
+            Err(error) => return Some(Err(error)),
+        }
+    }
+    last.map(Err)
+}
+
+/// Where a chat goes.
+enum Place {
+    Here,
+    Peer { name: String, addr: String },
+}
+
+impl FrontDoor {
+    fn place(&self, target: &Target) -> Result<Place, ApiError> {
+        let own = self.caps.snapshot();
+        let peers = self.peers.snapshot();
+        let mut candidates = vec![Candidate {
+            info: &own,
+            state: PeerState::Up,
+            local: true,
+            rtt_ms: None,
+        }];
+        candidates.extend(peers.iter().map(|p| Candidate {
+            info: &p.info,
+            state: p.state,
+            local: false,
+            rtt_ms: p.rtt_ms,
+        }));
+        let ranked = router::rank(target, Tier::Read, &Requirements::default(), &candidates);
+        match router::choose(&ranked, false) {
+            Choice::Local => {
+                metrics().routed("chat", "local");
+                Ok(Place::Here)
+            }
+            Choice::Remote(ids) => {
+                metrics().routed("chat", "remote");
+                let peer = ids
+                    .first()
+                    .and_then(|id| peers.iter().find(|p| &p.info.id == id))
+                    .ok_or_else(|| {
+                        ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "api_error",
+                            "the chosen node vanished; retry",
+                        )
+                    })?;
+                Ok(Place::Peer {
+                    name: peer.info.name.clone(),
+                    addr: peer.addr.clone(),
+                })
+            }
+            Choice::Nowhere(why) => {
+                metrics().routed("chat", "nowhere");
+                let known = candidates.iter().any(|c| match target {
+                    Target::Model(m) => c.info.models.iter().any(|x| x.name == *m),
+                    Target::Role(r) => c.info.role_chains.get(r).is_some_and(|ch| !ch.is_empty()),
+                    Target::Persona(_) => false,
+                });
+                if known {
+                    Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "api_error",
+                        why,
+                    ))
+                } else {
+                    let name = match target {
+                        Target::Model(m) => m.clone(),
+                        Target::Role(r) => format!("role:{r}"),
+                        Target::Persona(p) => p.clone(),
+                    };
+                    Err(ApiError {
+                        code: Some("model_not_found"),
+                        ..ApiError::new(
+                            StatusCode::NOT_FOUND,
+                            "invalid_request_error",
+                            format!(
+                                "the model `{name}` does not exist on any node of the mesh; GET /v1/models lists them"
+                            ),
+                        )
+                    })
+                }
+            }
+        }
+    }
+
+    /// Runs `request` at `place`, streaming deltas; the complete answer at the end.
+    async fn run(
+        self: Arc<Self>,
+        place: Place,
+        target: Target,
+        request: ChatRequest,
+        deltas: mpsc::UnboundedSender<String>,
+    ) -> Result<WireResponse, ApiError> {
+        match place {
+            Place::Here => match chat_here(&self.models, &target, &request, &deltas).await {
+                Some(Ok(response)) => Ok(response),
+                Some(Err(error)) => Err(ApiError::from_model(&error)),
+                None => Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "api_error",
+                    "this node advertised the model but does not have it loaded",
+                )),
+            },
+            Place::Peer { name, addr } => {
+                crate::rpc::models::chat_remote(&self.channels, &addr, &target, &request, &deltas)
+                    .await
+                    .map_err(|e| {
+                        ApiError::new(
+                            StatusCode::BAD_GATEWAY,
+                            "api_error",
+                            format!("node {name}: {e}"),
+                        )
+                    })
+            }
+        }
+    }
+}
+
+fn completion_id() -> String {
+    format!("chatcmpl-{}", uuid::Uuid::now_v7().simple())
+}
+
+fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn tool_calls_json(calls: &[ToolCall]) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({"index": i, "id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect()
+}
+
+fn usage_json(usage: Option<Usage>) -> Value {
+    let u = usage.unwrap_or_default();
+    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total()})
+}
+
+fn finish_reason(response: &WireResponse) -> &'static str {
+    if response.tool_calls.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    }
+}
+
+async fn chat_completions(
+    State(door): State<Arc<FrontDoor>>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let request: OpenAiRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
+    let stream = request.stream;
+    let include_usage = request
+        .stream_options
+        .as_ref()
+        .is_some_and(|o| o.include_usage);
+    let (model, chat) = to_chat_request(request)?;
+    let target = target_of(&model);
+    // Placed before anything is sent, so a bad model answers with a status code.
+    let place = door.place(&target)?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let id = completion_id();
+    let created = unix_s();
+    if !stream {
+        let response = door.run(place, target, chat, tx).await?;
+        let message = json!({
+            "role": "assistant",
+            "content": if response.content.is_empty() && !response.tool_calls.is_empty() { Value::Null } else { Value::String(response.content.clone()) },
+            "tool_calls": if response.tool_calls.is_empty() { Value::Null } else { Value::Array(tool_calls_json(&response.tool_calls)) },
+        });
+        let mut message = message;
+        if let Some(map) = message.as_object_mut() {
+            map.retain(|_, v| !v.is_null() || v.is_string());
+            map.entry("content").or_insert(Value::Null);
+        }
+        return Ok(Json(json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason(&response)}],
+            "usage": usage_json(response.usage),
+        }))
+        .into_response());
+    }
+
+    let (events_tx, events_rx) = mpsc::channel::<Result<String, Infallible>>(64);
+    let chunk = {
+        let (id, model) = (id.clone(), model.clone());
+        move |delta: Value, finish: Option<&str>| {
+            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        }
+    };
+    tokio::spawn(async move {
+        let send = |value: Value| {
+            let events_tx = events_tx.clone();
+            async move {
+                let _ = events_tx.send(Ok(format!("data: {value}\n\n"))).await;
+            }
+        };
+        send(chunk(json!({"role": "assistant", "content": ""}), None)).await;
+        let run = door.run(place, target, chat, tx);
+        tokio::pin!(run);
+        let result = loop {
+            tokio::select! {
+                result = &mut run => break result,
+                Some(text) = rx.recv() => send(chunk(json!({"content": text}), None)).await,
+            }
+        };
+        while let Ok(text) = rx.try_recv() {
+            send(chunk(json!({"content": text}), None)).await;
+        }
+        match result {
+            Ok(response) => {
+                if !response.tool_calls.is_empty() {
+                    send(chunk(
+                        json!({"tool_calls": tool_calls_json(&response.tool_calls)}),
+                        None,
+                    ))
+                    .await;
+                }
+                send(chunk(json!({}), Some(finish_reason(&response)))).await;
+                if include_usage {
+                    send(json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                                "model": model, "choices": [], "usage": usage_json(response.usage)}))
+                    .await;
+                }
+            }
+            Err(error) => {
+                send(json!({"error": {"message": error.message, "type": error.kind, "param": null, "code": error.code}})).await;
+            }
+        }
+        let _ = events_tx.send(Ok("data: [DONE]\n\n".to_owned())).await;
+    });
+    let body =
+        Body::from_stream(ReceiverStream::new(events_rx).map(|r| r.map(axum::body::Bytes::from)));
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// How long in-flight front-door requests may finish once the node is leaving.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves the front door on `listener` until `stop`; in-flight requests then get
+/// [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    door: Arc<FrontDoor>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let app = router(door);
+    let stopping = stop.clone();
+    let server = std::future::IntoFuture::into_future(
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopping.cancelled().await }),
+    );
+    tokio::pin!(server);
+    tokio::select! {
+        result = &mut server => {
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "front door stopped");
+            }
+        }
+        () = async {
+            stop.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("front-door requests did not finish within the grace period; closing them"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_messages_become_chat_requests_and_bad_roles_name_the_field() {
+        let request: OpenAiRequest = serde_json::from_value(json!({
+            "model": "role:chat",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}],
+            "temperature": 0.2
+        }))
+        .expect("parse");
+        let (model, chat) = to_chat_request(request).expect("convert");
+        assert_eq!(model, "role:chat");
+        assert_eq!(target_of(&model), Target::Role("chat".into()));
+        assert_eq!(target_of("qwen"), Target::Model("qwen".into()));
+        assert_eq!(chat.messages[1].content, "hi there");
+        assert_eq!(chat.messages[2].tool_calls[0].name, "f");
+        assert_eq!(chat.messages[3].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(chat.tools[0].name, "f");
+        let bad: OpenAiRequest = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "robot", "content": "x"}]
+        }))
+        .expect("parse");
+        let error = to_chat_request(bad).expect_err("bad role");
+        assert!(
+            error.message.contains("messages[0].role"),
+            "{}",
+            error.message
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! Prometheus metrics: one process-wide set, recorded where things happen and encoded in the
+//! text format for `GET /metrics`. Gauges about the fleet (peer states, replication lag, model
+//! speed) are filled from the live tables at scrape time, so they are never stale.
+
+use std::sync::OnceLock;
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+type Labels = Vec<(String, String)>;
+type HistogramFamily = Family<Labels, Histogram, fn() -> Histogram>;
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// The node's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Tasks that ended, by status (`completed`, `failed`).
+    pub tasks: Family<Labels, Counter>,
+    /// Where tasks and front-door chats were placed: `kind` task|chat, `placement`
+    /// local|remote|nowhere.
+    pub routing: Family<Labels, Counter>,
+    /// Front-door requests by path and status code.
+    pub http_requests: Family<Labels, Counter>,
+    /// Model call latency by model, seconds.
+    pub model_latency: HistogramFamily,
+    /// Peers by state (set at scrape).
+    pub peers: Family<Labels, Gauge>,
+    /// Records behind each peer (set at scrape).
+    pub lag_records: Family<Labels, Gauge>,
+    /// Seconds behind each peer (set at scrape).
+    pub lag_seconds: Family<Labels, FloatGauge>,
+    /// Decode speed per local model, tokens/s (set at scrape).
+    pub tokens_per_second: Family<Labels, FloatGauge>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
+/// Label set from pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("agentmesh");
+        let tasks = Family::default();
+        registry.register("tasks", "Tasks that ended, by status", tasks.clone());
+        let routing = Family::default();
+        registry.register(
+            "routing_decisions",
+            "Where tasks (kind=task) and front-door chats (kind=chat) were placed",
+            routing.clone(),
+        );
+        let http_requests = Family::default();
+        registry.register(
+            "http_requests",
+            "Front-door requests by path and status",
+            http_requests.clone(),
+        );
+        let model_latency = HistogramFamily::new_with_constructor(latency_histogram);
+        registry.register(
+            "model_latency_seconds",
+            "Latency of one model call, by model",
+            model_latency.clone(),
+        );
+        let peers = Family::default();
+        registry.register("peers", "Known peers by state", peers.clone());
+        let lag_records = Family::default();
+        registry.register(
+            "replication_lag_records",
+            "Memory records a peer wrote that this node does not hold yet",
+            lag_records.clone(),
+        );
+        let lag_seconds = Family::default();
+        registry.register(
+            "replication_lag_seconds",
+            "How long this node has been behind a peer's memory writes",
+            lag_seconds.clone(),
+        );
+        let tokens_per_second = Family::default();
+        registry.register(
+            "model_tokens_per_second",
+            "Measured decode speed of each model on this node",
+            tokens_per_second.clone(),
+        );
+        Self {
+            registry,
+            tasks,
+            routing,
+            http_requests,
+            model_latency,
+            peers,
+            lag_records,
+            lag_seconds,
+            tokens_per_second,
+        }
+    }
+
+    /// Counts a routing decision.
+    pub fn routed(&self, kind: &str, placement: &str) {
+        self.routing
+            .get_or_create(&labels(&[("kind", kind), ("placement", placement)]))
+            .inc();
+    }
+
+    /// Records one model call's latency.
+    pub fn model_call(&self, model: &str, seconds: f64) {
+        self.model_latency
+            .get_or_create(&labels(&[("model", model)]))
+            .observe(seconds);
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_values_appear_in_the_exposition() {
+        let m = Metrics::new();
+        m.routed("chat", "local");
+        m.routed("chat", "local");
+        m.model_call("tiny", 0.02);
+        m.peers.get_or_create(&labels(&[("state", "up")])).set(3);
+        let text = m.encode();
+        assert!(
+            text.contains(r#"agentmesh_routing_decisions_total{kind="chat",placement="local"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"agentmesh_model_latency_seconds_count{model="tiny"} 1"#));
+        assert!(text.contains(r#"agentmesh_peers{state="up"} 3"#));
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

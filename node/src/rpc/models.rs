@@ -1,0 +1,161 @@
+//! The `agentmesh.v1.Models` service: another node's front door runs a chat on this node's
+//! models; and the client side of it.
+
+use std::{pin::Pin, sync::Arc};
+
+use mesh_proto::v1 as pb;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    http::{WireRequest, WireResponse, chat_here},
+    llm::{ChatRequest, ModelRegistry},
+    tasks::Target,
+};
+
+/// The Models service.
+#[derive(Debug, Clone)]
+pub struct ModelsService {
+    models: Arc<ModelRegistry>,
+}
+
+impl ModelsService {
+    /// Serves this node's models.
+    pub fn new(models: Arc<ModelRegistry>) -> Self {
+        Self { models }
+    }
+
+    /// The tonic server, with message size limits.
+    pub fn into_server(self) -> pb::models_server::ModelsServer<Self> {
+        pb::models_server::ModelsServer::new(self)
+            .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)
+    }
+}
+
+fn target(text: &str) -> Result<Target, Status> {
+    if text.is_empty() {
+        return Err(Status::invalid_argument(
+            "target: name a model or `role:<name>`",
+        ));
+    }
+    super::check_len("target", text, 256)?;
+    Ok(match text.strip_prefix("role:") {
+        Some(role) => Target::Role(role.to_owned()),
+        None => Target::Model(text.to_owned()),
+    })
+}
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::ChatChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::models_server::Models for ModelsService {
+    type ChatStream = ChunkStream;
+
+    async fn chat(&self, request: Request<pb::ChatCall>) -> Result<Response<ChunkStream>, Status> {
+        let call = request.into_inner();
+        let target = target(&call.target)?;
+        let wire: WireRequest = serde_json::from_slice(&call.request)
+            .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
+        let chat = ChatRequest::from(wire);
+        if chat.messages.is_empty() {
+            return Err(Status::invalid_argument(
+                "request.messages: must not be empty",
+            ));
+        }
+        let serves = match &target {
+            Target::Role(role) => self.models.chain(role).is_some(),
+            Target::Model(name) => self.models.model(name).is_some(),
+            Target::Persona(_) => false,
+        };
+        if !serves {
+            return Err(Status::not_found(format!(
+                "this node does not serve `{}`",
+                call.target
+            )));
+        }
+        let models = self.models.clone();
+        Ok(Response::new(Box::pin(super::stream_from(
+            move |tx| async move {
+                let (deltas, mut rx) = mpsc::unbounded_channel();
+                let run = chat_here(&models, &target, &chat, &deltas);
+                tokio::pin!(run);
+                let result = loop {
+                    tokio::select! {
+                        result = &mut run => break result,
+                        Some(text) = rx.recv() => {
+                            if tx.send(Ok(pb::ChatChunk { kind: Some(pb::chat_chunk::Kind::Delta(text)) })).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                };
+                while let Ok(text) = rx.try_recv() {
+                    let _ = tx
+                        .send(Ok(pb::ChatChunk {
+                            kind: Some(pb::chat_chunk::Kind::Delta(text)),
+                        }))
+                        .await;
+                }
+                let last = match result {
+                    Some(Ok(response)) => serde_json::to_vec(&response)
+                        .map(|bytes| pb::ChatChunk {
+                            kind: Some(pb::chat_chunk::Kind::Response(bytes)),
+                        })
+                        .map_err(|e| Status::internal(e.to_string())),
+                    Some(Err(error)) => Err(Status::unavailable(format!("model: {error}"))),
+                    None => Err(Status::not_found("the model went away")),
+                };
+                let _ = tx.send(last).await;
+            },
+        ))))
+    }
+}
+
+/// Runs a chat on the peer at `addr`, forwarding its deltas; the complete answer at the end.
+pub async fn chat_remote(
+    channels: &super::PeerChannels,
+    addr: &str,
+    target: &Target,
+    request: &ChatRequest,
+    deltas: &mpsc::UnboundedSender<String>,
+) -> Result<WireResponse, String> {
+    let channel = channels.get(addr).await.map_err(|e| e.to_string())?;
+    let mut client = pb::models_client::ModelsClient::new(channel)
+        .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES);
+    let call = pb::ChatCall {
+        target: match target {
+            Target::Role(role) => format!("role:{role}"),
+            Target::Model(name) | Target::Persona(name) => name.clone(),
+        },
+        request: serde_json::to_vec(&WireRequest::from(request)).map_err(|e| e.to_string())?,
+    };
+    let mut stream = match client.chat(call).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            if status.code() == tonic::Code::Unavailable {
+                channels.forget(addr);
+            }
+            return Err(format!("{}: {}", status.code(), status.message()));
+        }
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(pb::ChatChunk {
+                kind: Some(pb::chat_chunk::Kind::Delta(text)),
+            })) => {
+                let _ = deltas.send(text);
+            }
+            Ok(Some(pb::ChatChunk {
+                kind: Some(pb::chat_chunk::Kind::Response(bytes)),
+            })) => {
+                return serde_json::from_slice(&bytes).map_err(|e| format!("bad answer: {e}"));
+            }
+            Ok(Some(pb::ChatChunk { kind: None })) => {}
+            Ok(None) => return Err("the stream ended without an answer".into()),
+            Err(status) => return Err(format!("{}: {}", status.code(), status.message())),
+        }
+    }
+}

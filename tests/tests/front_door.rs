@@ -1,0 +1,116 @@
+//! The OpenAI-compatible front door, driven by the official `openai` Python client: a node
+//! without models lists and reaches the model its peer serves (plain and streamed), an unknown
+//! model is a 404, and with `http.api_keys` a wrong key is a 401. Plus `/healthz` and
+//! `/metrics` over plain HTTP.
+
+use std::{process::Command, time::Duration};
+
+use mesh_tests::{
+    Harness, NodeOptions, NodeProcess,
+    fake_openai::{FakeOpenAi, Scripted},
+};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn gpu(h: &Harness, fake: &FakeOpenAi, peer: &NodeProcess) -> NodeProcess {
+    h.spawn(NodeOptions::new("gpu").peer(&peer.addr).extra(&format!(
+        "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\nchat = [\"m\"]\n",
+        fake.base_url()
+    )))
+    .expect("gpu")
+}
+
+fn python_client(url: &str, key: Option<&str>) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/front_door.py");
+    let mut cmd = Command::new("python3");
+    cmd.arg(script)
+        .arg(url)
+        .arg("hello from the gpu")
+        .arg("a streamed answer");
+    if let Some(key) = key {
+        cmd.arg(key);
+    }
+    let output = cmd
+        .output()
+        .expect("python3 (deploy/test.sh installs `openai`)");
+    assert!(
+        output.status.success(),
+        "front_door.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A GET with curl-free plain HTTP/1.1 over a TCP socket.
+fn http_get(url: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://");
+    let mut socket = std::net::TcpStream::connect(host).expect("connect");
+    write!(
+        socket,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    socket.read_to_string(&mut response).expect("read");
+    response
+}
+
+#[test]
+fn the_openai_client_reaches_a_peers_model_through_a_node_without_models() {
+    let h = Harness::new().expect("harness");
+    let fake = FakeOpenAi::start();
+    let laptop = h.spawn(NodeOptions::new("laptop")).expect("laptop");
+    let gpu = gpu(&h, &fake, &laptop);
+    h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
+    fake.push([
+        Scripted::text("hello from the gpu"),
+        Scripted::text("a streamed answer"),
+    ]);
+    let url = laptop.http_url().expect("front door");
+    python_client(&url, None);
+    assert_eq!(
+        fake.requests().len(),
+        2,
+        "both chats reached the gpu's model"
+    );
+
+    let health = http_get(&url, "/healthz");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.contains("\"node\":\"laptop\""), "{health}");
+    let metrics = http_get(&url, "/metrics");
+    assert!(
+        metrics.contains(r#"agentmesh_routing_decisions_total{kind="chat",placement="remote"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"agentmesh_peers{state="up"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("agentmesh_replication_lag_records{peer=\"gpu\"}"),
+        "{metrics}"
+    );
+    let gpu_metrics = http_get(&gpu.http_url().expect("gpu front door"), "/metrics");
+    assert!(
+        gpu_metrics.contains(r#"agentmesh_model_latency_seconds_count{model="m"} 2"#),
+        "{gpu_metrics}"
+    );
+}
+
+#[test]
+fn with_api_keys_a_wrong_key_is_refused_and_a_right_one_works() {
+    let h = Harness::new().expect("harness");
+    let fake = FakeOpenAi::start();
+    let key = "test-key-0123456789";
+    let laptop = h
+        .spawn(NodeOptions::new("laptop").http_keys(&[key]))
+        .expect("laptop");
+    let gpu = gpu(&h, &fake, &laptop);
+    h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
+    fake.push([
+        Scripted::text("hello from the gpu"),
+        Scripted::text("a streamed answer"),
+    ]);
+    python_client(&laptop.http_url().expect("front door"), Some(key));
+}

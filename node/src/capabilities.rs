@@ -219,7 +219,7 @@ impl Capabilities {
                     model: model.clone(),
                     base_url: base_url.clone(),
                 },
-                Backend::Embedded { path } => ModelInfo {
+                Backend::Embedded { path, .. } => ModelInfo {
                     name: m.name.clone(),
                     backend: "embedded".into(),
                     model: path.display().to_string(),

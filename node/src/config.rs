@@ -190,10 +190,12 @@ pub struct RawModel {
     pub path: Option<PathBuf>,
     /// For `openai`: the environment variable holding the API key.
     pub api_key_env: Option<String>,
-    /// Context window in tokens. Default: 8192.
+    /// Context window in tokens. Default: 8192 (`openai`), 2048 (`embedded`).
     pub context_window: Option<usize>,
     /// Longest a single model call may take, seconds. Default: 120.
     pub timeout_s: Option<u64>,
+    /// For `embedded`: threads for inference. Default: the number of CPU cores.
+    pub threads: Option<usize>,
 }
 
 /// One `[[personas]]` entry.
@@ -397,6 +399,12 @@ pub enum Backend {
     Embedded {
         /// The GGUF file.
         path: PathBuf,
+        /// Inference threads.
+        threads: usize,
+        /// Context window in tokens.
+        context_window: usize,
+        /// Longest one call may take.
+        timeout: std::time::Duration,
     },
 }
 
@@ -703,6 +711,35 @@ impl RawConfig {
                     "give every model a unique name",
                 ));
             }
+            let timeout_s = model.timeout_s.unwrap_or(120);
+            if timeout_s == 0 || timeout_s > 3600 {
+                return Err(invalid(
+                    &key("timeout_s"),
+                    format!("is {timeout_s}"),
+                    "use 1-3600 seconds",
+                ));
+            }
+            let context_window = model
+                .context_window
+                .unwrap_or(if model.backend == "embedded" {
+                    crate::embedded::DEFAULT_CONTEXT_WINDOW
+                } else {
+                    8192
+                });
+            if context_window < 256 {
+                return Err(invalid(
+                    &key("context_window"),
+                    format!("is {context_window}"),
+                    "give the model's context window in tokens (at least 256)",
+                ));
+            }
+            if model.threads.is_some() && model.backend != "embedded" {
+                return Err(invalid(
+                    &key("threads"),
+                    "is set for a model whose backend is not `embedded`".into(),
+                    "remove it: only the embedded backend runs inference in this process",
+                ));
+            }
             let backend = match model.backend.as_str() {
                 "openai" => {
                     let base_url = model.base_url.ok_or_else(|| {
@@ -726,22 +763,6 @@ impl RawConfig {
                             "set the model name the server knows, e.g. `qwen2.5-coder:7b`",
                         )
                     })?;
-                    let timeout_s = model.timeout_s.unwrap_or(120);
-                    if timeout_s == 0 || timeout_s > 3600 {
-                        return Err(invalid(
-                            &key("timeout_s"),
-                            format!("is {timeout_s}"),
-                            "use 1-3600 seconds",
-                        ));
-                    }
-                    let context_window = model.context_window.unwrap_or(8192);
-                    if context_window < 256 {
-                        return Err(invalid(
-                            &key("context_window"),
-                            format!("is {context_window}"),
-                            "give the model's context window in tokens (at least 256)",
-                        ));
-                    }
                     Backend::OpenAi {
                         base_url,
                         model: model_name,
@@ -750,15 +771,35 @@ impl RawConfig {
                         timeout: std::time::Duration::from_secs(timeout_s),
                     }
                 }
-                "embedded" => Backend::Embedded {
-                    path: model.path.ok_or_else(|| {
+                "embedded" => {
+                    let path = model.path.filter(|p| !p.as_os_str().is_empty()).ok_or_else(|| {
                         invalid(
                             &key("path"),
                             "is missing".into(),
-                            "set the GGUF file, e.g. `models/SmolLM2-135M-Instruct.Q4_1.gguf`",
+                            "set the GGUF file, e.g. `models/SmolLM2-135M-Instruct.Q4_1.gguf` (deploy/fetch-model.sh fetches it)",
                         )
-                    })?,
-                },
+                    })?;
+                    let threads = match model.threads {
+                        None => default_threads(),
+                        Some(n) if (1..=MAX_THREADS).contains(&n) => n,
+                        Some(n) => {
+                            return Err(invalid(
+                                &key("threads"),
+                                format!("is {n}"),
+                                &format!(
+                                    "use 1-{MAX_THREADS} (default: the number of CPU cores, {} here)",
+                                    default_threads()
+                                ),
+                            ));
+                        }
+                    };
+                    Backend::Embedded {
+                        path,
+                        threads,
+                        context_window,
+                        timeout: std::time::Duration::from_secs(timeout_s),
+                    }
+                }
                 other => {
                     return Err(invalid(
                         &key("backend"),
@@ -799,7 +840,26 @@ impl RawConfig {
             }
         }
 
-        let mut roles: BTreeSet<String> = self.roles.keys().cloned().collect();
+        let mut role_chains = self.roles;
+        if models.is_empty() && role_chains.is_empty() {
+            // Zero-config: serve the default embedded model when deploy/fetch-model.sh put it
+            // into the data dir (ModelRegistry logs how to fetch it otherwise).
+            let path = crate::embedded::default_model_path(&data_dir);
+            if path.is_file() {
+                let name = crate::embedded::DEFAULT_MODEL_NAME.to_owned();
+                role_chains.insert(crate::embedded::DEFAULT_ROLE.to_owned(), vec![name.clone()]);
+                models.push(ModelConfig {
+                    name,
+                    backend: Backend::Embedded {
+                        path,
+                        threads: default_threads(),
+                        context_window: crate::embedded::DEFAULT_CONTEXT_WINDOW,
+                        timeout: std::time::Duration::from_secs(120),
+                    },
+                });
+            }
+        }
+        let mut roles: BTreeSet<String> = role_chains.keys().cloned().collect();
         for (i, role) in self.node.roles.into_iter().enumerate() {
             if !is_valid_name(&role) {
                 return Err(invalid(
@@ -1011,7 +1071,7 @@ impl RawConfig {
             tls,
             gpus,
             models,
-            role_chains: self.roles,
+            role_chains,
             personas,
             remote_max_tier,
             tasks,
@@ -1044,6 +1104,14 @@ pub fn default_name() -> String {
     } else {
         name
     }
+}
+
+/// Most threads an embedded model may use.
+pub const MAX_THREADS: usize = 256;
+
+/// The default thread count of an embedded model: the number of CPU cores.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 /// `<platform data dir>/agentmesh`, e.g. `~/.local/share/agentmesh` on Linux.
@@ -1216,6 +1284,88 @@ mod tests {
             assert!(message.contains(&format!("`{key}`")), "{key}: {message}");
             assert!(message.contains("node.toml"), "{key}: {message}");
         }
+    }
+
+    #[test]
+    fn embedded_models_get_their_defaults_and_a_checked_thread_count() {
+        let config = parse(
+            "[[models]]\nname = \"smol\"\nbackend = \"embedded\"\npath = \"m.gguf\"\n\
+             [[models]]\nname = \"two\"\nbackend = \"embedded\"\npath = \"m.gguf\"\nthreads = 2\n\
+             context_window = 4096\ntimeout_s = 30\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            config.models[0].backend,
+            Backend::Embedded {
+                path: "m.gguf".into(),
+                threads: default_threads(),
+                context_window: crate::embedded::DEFAULT_CONTEXT_WINDOW,
+                timeout: std::time::Duration::from_secs(120),
+            }
+        );
+        assert_eq!(
+            config.models[1].backend,
+            Backend::Embedded {
+                path: "m.gguf".into(),
+                threads: 2,
+                context_window: 4096,
+                timeout: std::time::Duration::from_secs(30),
+            }
+        );
+        for threads in [0, MAX_THREADS + 1] {
+            let e = err(&format!(
+                "[[models]]\nname = \"m\"\nbackend = \"embedded\"\npath = \"m.gguf\"\nthreads = {threads}\n"
+            ));
+            assert!(e.contains("`models[0].threads`"), "{e}");
+            assert!(e.contains("number of CPU cores"), "{e}");
+        }
+        let e = err(
+            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"http://x/v1\"\nmodel = \"m\"\nthreads = 2\n",
+        );
+        assert!(e.contains("`models[0].threads`"), "{e}");
+        let e = err("[[models]]\nname = \"m\"\nbackend = \"embedded\"\n");
+        assert!(e.contains("`models[0].path`"), "{e}");
+        assert!(e.contains("deploy/fetch-model.sh"), "{e}");
+    }
+
+    #[test]
+    fn zero_config_serves_the_default_embedded_model_only_when_it_was_fetched() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let overrides = Overrides {
+            data_dir: Some(dir.path().to_owned()),
+            ..Overrides::default()
+        };
+        let config = RawConfig::default()
+            .validate(None, &overrides)
+            .expect("valid");
+        assert!(config.models.is_empty());
+        assert!(config.role_chains.is_empty());
+
+        let path = crate::embedded::default_model_path(dir.path());
+        std::fs::create_dir_all(path.parent().expect("models dir")).expect("mkdir");
+        std::fs::write(&path, b"GGUF").expect("write");
+        let config = RawConfig::default()
+            .validate(None, &overrides)
+            .expect("valid");
+        assert_eq!(config.models.len(), 1);
+        assert_eq!(config.models[0].name, "smollm2-135m");
+        assert!(
+            matches!(&config.models[0].backend, Backend::Embedded { path: p, .. } if *p == path)
+        );
+        assert_eq!(config.role_chains["chat"], vec!["smollm2-135m"]);
+        assert_eq!(config.roles, vec!["chat"]);
+
+        // Configured models win: the default is not added beside them.
+        let path_toml = Path::new("node.toml");
+        let config = RawConfig::parse(
+            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"http://x/v1\"\nmodel = \"m\"\n",
+            path_toml,
+        )
+        .expect("parse")
+        .validate(Some(path_toml), &overrides)
+        .expect("valid");
+        assert_eq!(config.models.len(), 1);
+        assert_eq!(config.models[0].name, "m");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! - [`discovery`]: where peers might be: mDNS advert/browse and static peers, as events.
 //! - [`peers`]: the peer table (up / suspect / down) and the watch sessions that keep it true.
 //! - [`capabilities`]: what this node is and has: roles, models, CPU, memory, GPUs, load, health.
-//! - [`llm`]: the model registry (role → model chain) and backends (`openai`).
+//! - [`llm`]: the model registry (role → model chain) and backends (`openai`, `embedded`).
+//! - [`embedded`]: GGUF models run in-process by llama.cpp (ChatML prompts, stop handling).
 //! - [`agent`]: the tools loop, personas, the supervisor (hooks) and the tool table.
 //! - [`tasks`]: admission, the bounded queue and workers, events, cancellation, history in sled.
 //! - [`memory`]: replicated key-value records in sled (HLC, last-writer-wins, sync and push).
@@ -29,6 +30,7 @@ pub mod capabilities;
 pub mod config;
 pub mod cron;
 pub mod discovery;
+pub mod embedded;
 pub mod http;
 pub mod identity;
 pub mod llm;

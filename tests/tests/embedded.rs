@@ -261,3 +261,37 @@ fn a_node_with_a_missing_model_file_starts_degraded_and_its_chain_falls_through(
         "{text}"
     );
 }
+
+#[test]
+fn a_call_that_times_out_is_abandoned_and_the_engine_serves_the_next_one() {
+    let path = model_path();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let impatient = Duration::from_millis(1);
+        let model = EmbeddedModel::start(
+            "impatient",
+            EmbeddedOptions {
+                timeout: impatient,
+                ..options(&path)
+            },
+        );
+        model.ready().await.expect("the model loads");
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let request = ChatRequest {
+            messages: vec![Message::text(
+                Role::User,
+                "Write a long story about the sea.",
+            )],
+            tools: Vec::new(),
+        };
+        let error = model
+            .chat(&request, &tx)
+            .await
+            .expect_err("1 ms is too short");
+        assert_eq!(error, ModelError::Timeout(impatient));
+        assert!(error.falls_through());
+        // The engine dropped the abandoned request and still answers.
+        let measured = model.measure_decode(8).await.expect("measure");
+        assert_eq!(measured.tokens, 8);
+    });
+}

@@ -272,29 +272,44 @@ mod engine {
 
     /// Work for the engine thread.
     enum Job {
+        /// Answer a conversation.
         Chat(ChatJob),
+        /// Measure the decode speed over `tokens` tokens (at load and for `embedded-bench`).
         Measure {
             tokens: usize,
             reply: oneshot::Sender<Result<DecodeSpeed, ModelError>>,
         },
     }
 
+    /// One chat request, as the engine thread gets it.
     struct ChatJob {
+        /// The rendered ChatML prompt.
         prompt: String,
+        /// Most tokens to generate; `None`: until the context window is full. (`ChatRequest`
+        /// carries no limit yet, so this is always `None` for now.)
         max_tokens: Option<usize>,
+        /// When the caller gives up; the engine stops generating then.
         deadline: Instant,
+        /// The model's timeout, for the error at the deadline.
         timeout: Duration,
+        /// Where decoded text goes as it is generated.
         deltas: mpsc::UnboundedSender<String>,
+        /// The answer; closed when the caller went away (timeout, cancelled task), which stops
+        /// the generation between two tokens.
         reply: oneshot::Sender<Result<ChatResponse, ModelError>>,
     }
 
     /// A GGUF model run in-process; see the module docs.
     pub struct EmbeddedModel {
+        /// The configured name (`[[models]].name`).
         name: String,
+        /// File, threads, context window and timeout.
         options: EmbeddedOptions,
         /// The engine thread's queue; `None` when the model failed before a thread was started.
-        jobs: Option<Mutex<std_mpsc::Sender<Job>>>,
+        jobs: Option<std_mpsc::Sender<Job>>,
+        /// Loading, ready or failed (with why), as the engine thread reports it.
         state: watch::Receiver<State>,
+        /// Decode speed: measured at load, then from every answer.
         speed: Arc<SpeedGauge>,
     }
 
@@ -353,7 +368,7 @@ mod engine {
             Self {
                 name: name.to_owned(),
                 options,
-                jobs: Some(Mutex::new(jobs_tx)),
+                jobs: Some(jobs_tx),
                 state,
                 speed,
             }
@@ -388,10 +403,7 @@ mod engine {
 
         fn send(&self, job: Job) -> Result<(), ModelError> {
             let jobs = self.jobs.as_ref().ok_or_else(|| self.stopped())?;
-            jobs.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .send(job)
-                .map_err(|_| self.stopped())
+            jobs.send(job).map_err(|_| self.stopped())
         }
 
         /// The error for a model whose engine is not running.
@@ -630,10 +642,15 @@ mod engine {
 
     /// Everything one request needs, borrowed from the engine thread's stack.
     struct Engine<'m> {
+        /// The model's configured name, for messages.
         name: &'m str,
+        /// The loaded model (weights, vocabulary).
         model: &'m LlamaModel,
+        /// The one context (KV cache of `n_ctx` tokens), cleared for every request.
         ctx: LlamaContext<'m>,
+        /// Reused for prompt chunks and single generated tokens.
         batch: LlamaBatch<'static>,
+        /// Context window in tokens.
         n_ctx: usize,
     }
 

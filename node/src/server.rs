@@ -521,7 +521,7 @@ impl Node {
                 self.server_task.abort();
             }
         }
-        if let Err(e) = self.db.flush_async().await {
+        if let Err(e) = crate::memory::flush_to_disk(&self.db).await {
             tracing::error!(error = %e, "flush the database");
         }
         let _ = std::fs::remove_file(self.data_dir.join(ADDR_FILE));

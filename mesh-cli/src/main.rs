@@ -403,6 +403,7 @@ fn node_json(
         "labels": info.labels,
         "models": info.models.iter().map(|m| json!({
             "name": m.name, "backend": m.backend, "model": m.model, "base_url": m.base_url,
+            "tokens_per_s": m.tokens_per_s,
         })).collect::<Vec<_>>(),
         "role_chains": info.role_chains.iter().map(|c| (c.role.clone(), json!(c.models))).collect::<serde_json::Map<_, _>>(),
         "personas": info.personas.iter().map(|p| json!({"name": p.name, "role": p.role})).collect::<Vec<_>>(),

@@ -46,6 +46,7 @@ fn node(i: usize) -> NodeInfo {
             backend: "openai".into(),
             model: "m".into(),
             base_url: String::new(),
+            tokens_per_s: 0.0,
         }],
         role_chains: roles
             .iter()

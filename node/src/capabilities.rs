@@ -74,7 +74,7 @@ pub struct PersonaInfo {
 }
 
 /// A model as advertised.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelInfo {
     /// Name roles refer to.
     pub name: String,
@@ -84,6 +84,8 @@ pub struct ModelInfo {
     pub model: String,
     /// Base URL for `openai`.
     pub base_url: String,
+    /// Measured decode speed, tokens/s; 0 until measured.
+    pub tokens_per_s: f64,
 }
 
 /// Host resources.
@@ -192,6 +194,8 @@ pub struct Capabilities {
     changed: watch::Sender<u64>,
     /// The node's memory, once opened, for `memory_seq`.
     memory: std::sync::OnceLock<Arc<crate::memory::Memory>>,
+    /// The node's models, once built, for their measured speeds.
+    models: std::sync::OnceLock<Arc<crate::llm::ModelRegistry>>,
 }
 
 impl Capabilities {
@@ -218,12 +222,14 @@ impl Capabilities {
                     backend: "openai".into(),
                     model: model.clone(),
                     base_url: base_url.clone(),
+                    tokens_per_s: 0.0,
                 },
                 Backend::Embedded { path, .. } => ModelInfo {
                     name: m.name.clone(),
                     backend: "embedded".into(),
                     model: path.display().to_string(),
                     base_url: String::new(),
+                    tokens_per_s: 0.0,
                 },
             })
             .collect();
@@ -262,12 +268,18 @@ impl Capabilities {
             system: Mutex::new(sysinfo::System::new()),
             changed: watch::Sender::new(0),
             memory: std::sync::OnceLock::new(),
+            models: std::sync::OnceLock::new(),
         }
     }
 
     /// Attaches the memory whose write sequence `NodeInfo.memory_seq` reports.
     pub fn attach_memory(&self, memory: Arc<crate::memory::Memory>) {
         let _ = self.memory.set(memory);
+    }
+
+    /// Attaches the models whose measured speeds `NodeInfo.models` reports.
+    pub fn attach_models(&self, models: Arc<crate::llm::ModelRegistry>) {
+        let _ = self.models.set(models);
     }
 
     /// The node id.
@@ -348,6 +360,12 @@ impl Capabilities {
         info.load = self.load.get();
         info.health = self.health();
         info.memory_seq = self.memory.get().map_or(0, |m| m.own_seq());
+        if let Some(models) = self.models.get() {
+            let speeds = models.speeds();
+            for model in &mut info.models {
+                model.tokens_per_s = speeds.get(&model.name).copied().unwrap_or(0.0);
+            }
+        }
         info
     }
 

@@ -7,8 +7,9 @@
 //! remote nodes, their `security.remote_max_tier`); its queue is not full.
 //!
 //! Ranking of the eligible, best first: lower load (running + queued per worker), then more
-//! VRAM (free where known), then a faster model (tokens/s, once nodes measure it), then lower
-//! round-trip time; the local node wins when everything else is equal. The score shown by
+//! VRAM (free where known), then a faster model (the measured tokens/s of the model that would
+//! serve the task there), then lower round-trip time; the local node wins when everything else
+//! is equal. The score shown by
 //! `--explain` is that order folded into one number.
 
 use std::collections::BTreeMap;
@@ -67,7 +68,7 @@ pub fn rank(
         .iter()
         .map(|c| {
             let verdict = exclusion(target, tier, require, c);
-            let key = Key::of(c);
+            let key = Key::of(c, target);
             let ranked = Ranked {
                 node: c.info.name.clone(),
                 id: c.info.id.clone(),
@@ -163,8 +164,27 @@ struct Key {
     local: bool,
 }
 
+/// The measured decode speed (tokens/s) of the model that would serve `target` on the node
+/// `info` describes: the primary of the role's chain (the persona's role's chain), or the named
+/// model; 0 when not measured or not served.
+fn target_speed(info: &NodeInfo, target: &Target) -> f64 {
+    let model = match target {
+        Target::Role(role) => info.role_chains.get(role).and_then(|chain| chain.first()),
+        Target::Model(model) => Some(model),
+        Target::Persona(persona) => info
+            .personas
+            .iter()
+            .find(|p| p.name == *persona)
+            .and_then(|p| info.role_chains.get(&p.role))
+            .and_then(|chain| chain.first()),
+    };
+    model
+        .and_then(|name| info.models.iter().find(|m| m.name == *name))
+        .map_or(0.0, |m| m.tokens_per_s)
+}
+
 impl Key {
-    fn of(c: &Candidate<'_>) -> Self {
+    fn of(c: &Candidate<'_>, target: &Target) -> Self {
         let load = c.info.load;
         let workers = f64::from(load.workers.max(1));
         Self {
@@ -176,7 +196,7 @@ impl Key {
                 .iter()
                 .map(|g| g.vram_free_mb.unwrap_or(g.vram_mb))
                 .sum(),
-            tokens_per_s: 0.0,
+            tokens_per_s: target_speed(c.info, target),
             rtt_ms: c.rtt_ms.unwrap_or(0.0),
             local: c.local,
         }
@@ -223,6 +243,7 @@ mod tests {
                 backend: "openai".into(),
                 model: "m".into(),
                 base_url: String::new(),
+                tokens_per_s: 0.0,
             }],
             role_chains: roles
                 .iter()
@@ -421,6 +442,92 @@ mod tests {
             .map(|r| *r.verdict.as_ref().expect("eligible"))
             .collect();
         assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    }
+
+    /// A node for the speed table: name, GPUs (VRAM MiB), load (running, queued), tokens/s.
+    type SpeedNode = (&'static str, &'static [u64], (u32, u32), f64);
+
+    #[test]
+    fn a_faster_model_wins_between_equal_nodes_and_loses_to_load_and_vram() {
+        let with_speed = |name: &str, gpus: &[u64], load: (u32, u32), speed: f64| {
+            let mut info = node(name, &["coder"], gpus, load);
+            info.models[0].tokens_per_s = speed;
+            info
+        };
+        let cases: &[(&[SpeedNode], &[&str])] = &[
+            // Equal otherwise: the faster model first, an unmeasured one (0) last.
+            (
+                &[
+                    ("slow", &[], (0, 0), 40.0),
+                    ("fast", &[], (0, 0), 120.0),
+                    ("new", &[], (0, 0), 0.0),
+                ],
+                &["fast", "slow", "new"],
+            ),
+            // Load decides before speed.
+            (
+                &[
+                    ("fast-busy", &[], (1, 0), 500.0),
+                    ("slow-idle", &[], (0, 0), 10.0),
+                ],
+                &["slow-idle", "fast-busy"],
+            ),
+            // VRAM decides before speed.
+            (
+                &[
+                    ("fast-cpu", &[], (0, 0), 500.0),
+                    ("slow-gpu", &[8192], (0, 0), 10.0),
+                ],
+                &["slow-gpu", "fast-cpu"],
+            ),
+        ];
+        for (nodes, expected) in cases {
+            let infos: Vec<NodeInfo> = nodes
+                .iter()
+                .map(|(name, gpus, load, speed)| with_speed(name, gpus, *load, *speed))
+                .collect();
+            let candidates: Vec<Candidate<'_>> = infos.iter().map(|i| up(i, false)).collect();
+            for target in [
+                Target::Role("coder".into()),
+                Target::Model("m".into()),
+                Target::Persona("reviewer".into()),
+            ] {
+                let ranked = rank(&target, Tier::Read, &Requirements::default(), &candidates);
+                assert_eq!(names(&ranked), *expected, "{target:?}");
+                let scores: Vec<f64> = ranked
+                    .iter()
+                    .map(|r| *r.verdict.as_ref().expect("eligible"))
+                    .collect();
+                assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_speed_is_that_of_the_model_that_would_serve_the_target() {
+        let mut info = node("n", &["coder"], &[], (0, 0));
+        info.models[0].tokens_per_s = 80.0;
+        info.models.push(ModelInfo {
+            name: "backup".into(),
+            backend: "embedded".into(),
+            model: "b.gguf".into(),
+            base_url: String::new(),
+            tokens_per_s: 300.0,
+        });
+        info.role_chains
+            .insert("coder".into(), vec!["m".into(), "backup".into()]);
+        assert_eq!(
+            target_speed(&info, &Target::Role("coder".into())),
+            80.0,
+            "the primary"
+        );
+        assert_eq!(target_speed(&info, &Target::Model("backup".into())), 300.0);
+        assert_eq!(
+            target_speed(&info, &Target::Persona("reviewer".into())),
+            80.0
+        );
+        assert_eq!(target_speed(&info, &Target::Role("painter".into())), 0.0);
+        assert_eq!(target_speed(&info, &Target::Persona("nobody".into())), 0.0);
     }
 }
 

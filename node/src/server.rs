@@ -283,6 +283,7 @@ impl Node {
             );
         }
         let models = Arc::new(models);
+        caps.attach_models(models.clone());
         {
             // Probed at start and then with the other health checks, so a model server that
             // comes up later clears the node's `degraded` reason.

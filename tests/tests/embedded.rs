@@ -127,10 +127,20 @@ fn a_chat_task_from_a_laptop_runs_on_the_embedded_model_of_the_gpu_node() {
     let tokens = completed_tokens(&task_events(&harness, &laptop, id));
     assert!(tokens > 0 && tokens <= 2048, "{tokens} tokens");
 
-    // The gpu node loaded the model once and measured its decode speed.
+    // The gpu node loaded the model once and measured its decode speed, which the laptop sees
+    // in the gpu node's capabilities (and ranks by).
     let log = gpu.log_text();
     assert_eq!(log.matches("embedded model loaded").count(), 1, "{log}");
-    assert!(log.contains("tokens_per_s"), "{log}");
+    wait_for("the gpu model's speed at the laptop", DEADLINE, || {
+        let status = harness.status(&laptop).ok()?;
+        let gpu = status["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == "gpu")?;
+        let speed = gpu["models"][0]["tokens_per_s"].as_f64()?;
+        (speed > 0.0).then_some(())
+    })
+    .expect("the speed is advertised");
 }
 
 #[test]

@@ -457,6 +457,7 @@ impl From<&NodeInfo> for pb::NodeInfo {
                     backend: m.backend.clone(),
                     model: m.model.clone(),
                     base_url: m.base_url.clone(),
+                    tokens_per_s: m.tokens_per_s,
                 })
                 .collect(),
             role_chains: info
@@ -549,11 +550,18 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
             ] {
                 check_len(field, value, MAX_STRING)?;
             }
+            if !(m.tokens_per_s.is_finite() && m.tokens_per_s >= 0.0) {
+                return Err(Status::invalid_argument(format!(
+                    "models.tokens_per_s: {} is not a speed (a finite number, 0 or more)",
+                    m.tokens_per_s
+                )));
+            }
             models.push(ModelInfo {
                 name: m.name,
                 backend: m.backend,
                 model: m.model,
                 base_url: m.base_url,
+                tokens_per_s: m.tokens_per_s,
             });
         }
         let mut personas = Vec::with_capacity(info.personas.len());
@@ -674,6 +682,7 @@ mod tests {
                 backend: "openai".into(),
                 model: "qwen2.5".into(),
                 base_url: "http://x/v1".into(),
+                tokens_per_s: 42.5,
             }],
             role_chains: [("coder".to_owned(), vec!["qwen".to_owned()])].into(),
             resources: Resources {

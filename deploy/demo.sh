@@ -22,6 +22,9 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 profile=${CARGO_PROFILE:-debug}
 if [ "$profile" = release ]; then build_flags=(--release); else build_flags=(); fi
+# Building mesh-node needs cmake, a C++ compiler and libclang (llama.cpp, for the embedded
+# model backend); deploy/test.sh --setup-only installs them (and fetches the default model).
+"$root/deploy/test.sh" --setup-only
 echo "==> building mesh-node and mesh-cli ($profile)"
 (cd "$root" && cargo build --bins "${build_flags[@]}" --quiet)
 bin="$root/target/$profile"

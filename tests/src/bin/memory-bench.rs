@@ -654,7 +654,7 @@ fn convergence(
                         )
                     })?;
                     if held.is_none() {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        tokio::time::sleep(Duration::from_millis(5)).await; // poll interval
                         continue 'poll;
                     }
                 }
@@ -671,7 +671,7 @@ fn convergence(
                 Instant::now() < deadline,
                 "markers everywhere but key sets still differ {CONVERGENCE_DEADLINE:?} after the heal"
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await; // poll interval, deadline above
         }
     })?;
     let total = 2 * SIDE_KEYS + SHARED_KEYS + 2;

@@ -30,7 +30,7 @@ use crate::{
     llm::{ChatModel, ChatRequest, Message, ModelError, ModelRegistry, ToolCall, ToolSpec, Usage},
     metrics::{labels, metrics},
     peers::{PeerState, PeerTable},
-    router::{self, Candidate, Choice, Requirements},
+    router::{self, Choice, Requirements},
     rpc::PeerChannels,
     tasks::Target,
 };
@@ -479,19 +479,7 @@ impl FrontDoor {
     fn place(&self, target: &Target) -> Result<Place, ApiError> {
         let own = self.caps.snapshot();
         let peers = self.peers.snapshot();
-        let mut candidates = vec![Candidate {
-            info: &own,
-            state: PeerState::Up,
-            local: true,
-            rtt_ms: None,
-        }];
-        candidates.extend(peers.iter().map(|p| Candidate {
-            info: &p.info,
-            state: p.state,
-            local: false,
-            rtt_ms: p.rtt_ms,
-        }));
-        let ranked = router::rank(target, Tier::Read, &Requirements::default(), &candidates);
+        let ranked = router::rank_fleet(&own, &peers, target, Tier::Read, &Requirements::default());
         match router::choose(&ranked, false) {
             Choice::Local => {
                 metrics().routed("chat", "local");
@@ -516,11 +504,13 @@ impl FrontDoor {
             }
             Choice::Nowhere(why) => {
                 metrics().routed("chat", "nowhere");
-                let known = candidates.iter().any(|c| match target {
-                    Target::Model(m) => c.info.models.iter().any(|x| x.name == *m),
-                    Target::Role(r) => c.info.role_chains.get(r).is_some_and(|ch| !ch.is_empty()),
-                    Target::Persona(_) => false,
-                });
+                let known = std::iter::once(&own)
+                    .chain(peers.iter().map(|p| &p.info))
+                    .any(|info| match target {
+                        Target::Model(m) => info.models.iter().any(|x| x.name == *m),
+                        Target::Role(r) => info.role_chains.get(r).is_some_and(|ch| !ch.is_empty()),
+                        Target::Persona(_) => false,
+                    });
                 if known {
                     Err(ApiError::new(
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -635,15 +625,13 @@ async fn chat_completions(
     let created = unix_s();
     if !stream {
         let response = door.run(place, target, chat, tx).await?;
-        let message = json!({
-            "role": "assistant",
-            "content": if response.content.is_empty() && !response.tool_calls.is_empty() { Value::Null } else { Value::String(response.content.clone()) },
-            "tool_calls": if response.tool_calls.is_empty() { Value::Null } else { Value::Array(tool_calls_json(&response.tool_calls)) },
-        });
-        let mut message = message;
-        if let Some(map) = message.as_object_mut() {
-            map.retain(|_, v| !v.is_null() || v.is_string());
-            map.entry("content").or_insert(Value::Null);
+        // OpenAI's shape: `content` null only beside tool calls; `tool_calls` only when there are.
+        let mut message = json!({"role": "assistant", "content": response.content});
+        if !response.tool_calls.is_empty() {
+            if response.content.is_empty() {
+                message["content"] = Value::Null;
+            }
+            message["tool_calls"] = Value::Array(tool_calls_json(&response.tool_calls));
         }
         return Ok(Json(json!({
             "id": id,

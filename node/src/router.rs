@@ -90,6 +90,30 @@ pub fn rank(
     ranked.into_iter().map(|(r, _)| r).collect()
 }
 
+/// Ranks this node (`own`, always up) and its `peers`: what task routing and the front door
+/// both ask.
+pub fn rank_fleet(
+    own: &NodeInfo,
+    peers: &[crate::peers::Peer],
+    target: &Target,
+    tier: Tier,
+    require: &Requirements,
+) -> Vec<Ranked> {
+    let mut candidates = vec![Candidate {
+        info: own,
+        state: PeerState::Up,
+        local: true,
+        rtt_ms: None,
+    }];
+    candidates.extend(peers.iter().map(|p| Candidate {
+        info: &p.info,
+        state: p.state,
+        local: false,
+        rtt_ms: p.rtt_ms,
+    }));
+    rank(target, tier, require, &candidates)
+}
+
 /// Why `c` cannot run the task, or `None` when it can.
 fn exclusion(
     target: &Target,

@@ -11,8 +11,8 @@ use crate::{
     capabilities::Capabilities,
     config::Tier,
     llm::{BoxFuture, Usage},
-    peers::{PeerState, PeerTable},
-    router::{self, Candidate, Choice, Requirements},
+    peers::PeerTable,
+    router::{self, Choice, Requirements},
     tasks::{
         EventKind, ForwardError, Forwarder, Lineage, LookupError, MAX_HOPS, MAX_PROMPT_BYTES,
         Placement, SubmitError, Target, TaskError, TaskEvent, TaskManager, TaskRecord, TaskSpec,
@@ -61,21 +61,13 @@ impl TasksService {
     }
 
     fn rank(&self, spec: &TaskSpec) -> Vec<router::Ranked> {
-        let own = self.caps.snapshot();
-        let peers = self.peers.snapshot();
-        let mut candidates = vec![Candidate {
-            info: &own,
-            state: PeerState::Up,
-            local: true,
-            rtt_ms: None,
-        }];
-        candidates.extend(peers.iter().map(|p| Candidate {
-            info: &p.info,
-            state: p.state,
-            local: false,
-            rtt_ms: p.rtt_ms,
-        }));
-        router::rank(&spec.target, spec.tier, &spec.require, &candidates)
+        router::rank_fleet(
+            &self.caps.snapshot(),
+            &self.peers.snapshot(),
+            &spec.target,
+            spec.tier,
+            &spec.require,
+        )
     }
 
     /// Checks caps and hops, then decides where the task runs.

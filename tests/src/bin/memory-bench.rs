@@ -439,7 +439,7 @@ async fn await_value(
         if since.elapsed() >= REPLICATION_DEADLINE {
             bail!("{key} not replicated within {REPLICATION_DEADLINE:?}");
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(POLL).await; // poll interval, deadline above
     }
 }
 

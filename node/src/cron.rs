@@ -995,8 +995,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("db");
         let own = NodeId::from_spki_der(b"me");
-        let (memory, _writes) =
-            Memory::open(&db, own, crate::memory::MemoryOptions::default()).expect("open");
+        let (memory, _writes) = Memory::open(
+            Arc::new(crate::storage::SledStore::new(db)),
+            own,
+            crate::memory::MemoryOptions::default(),
+        )
+        .expect("open");
         (dir, memory)
     }
 

@@ -15,7 +15,8 @@
 //! - [`embedded`]: GGUF models run in-process by llama.cpp (ChatML prompts, stop handling).
 //! - [`agent`]: the tools loop, personas, the supervisor (hooks) and the tool table.
 //! - [`tasks`]: admission, the bounded queue and workers, events, cancellation, history in sled.
-//! - [`memory`]: replicated key-value records in sled (HLC, last-writer-wins, sync and push).
+//! - [`memory`]: replicated key-value records (HLC, last-writer-wins, sync and push).
+//! - [`storage`]: the ordered key-value store memory keeps its trees in (sled behind a trait).
 //! - [`router`]: pure ranking of candidate nodes for a task, with exclusion reasons.
 //! - [`rpc`]: tonic adapters for the `agentmesh.v1` services, server and client side.
 //! - [`server`]: binds, starts and stops a node, in a documented order.
@@ -40,6 +41,7 @@ pub mod peers;
 pub mod router;
 pub mod rpc;
 pub mod server;
+pub mod storage;
 pub mod tasks;
 pub mod tls;
 

@@ -15,11 +15,11 @@
 use std::{
     collections::{BTreeMap, HashSet},
     fmt,
+    ops::Bound,
     sync::Arc,
     time::Duration,
 };
 
-use sled::Transactional;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +27,7 @@ use crate::{
     identity::NodeId,
     llm::BoxFuture,
     peers::{PeerState, PeerTable},
+    storage::{Store, StoreError, Write},
 };
 
 /// Longest namespace name.
@@ -168,9 +169,9 @@ pub enum MemoryError {
     Resyncing,
 }
 
-impl From<sled::Error> for MemoryError {
-    fn from(e: sled::Error) -> Self {
-        Self::Storage(e.to_string())
+impl From<StoreError> for MemoryError {
+    fn from(e: StoreError) -> Self {
+        Self::Storage(e.0)
     }
 }
 
@@ -203,14 +204,12 @@ pub fn check_key(key: &str) -> Result<(), MemoryError> {
 
 /// The node's memory.
 pub struct Memory {
-    db: sled::Db,
+    store: Arc<dyn Store>,
+    /// Serialises writers: each reads what it replaces, then commits.
+    writer: std::sync::Mutex<()>,
     own: NodeId,
     hlc: uhlc::HLC,
     max_skew: Duration,
-    index: sled::Tree,
-    /// The tombstones among `index`, for collection.
-    tombs: sled::Tree,
-    meta: sled::Tree,
     local_namespaces: HashSet<String>,
     tombstone_window: Duration,
     sync_interval: Duration,
@@ -229,6 +228,20 @@ impl fmt::Debug for Memory {
 }
 
 const SEQ_KEY: &[u8] = b"seq";
+/// `(origin, seq)` → `ns\0key` of the one record that has it.
+const INDEX: &str = "mem_index";
+/// The tombstones among [`INDEX`], for collection.
+const TOMBS: &str = "mem_tombs";
+/// Counters: own sequence, watermarks, peers' frontiers, when peers were seen.
+const META: &str = "mem_meta";
+/// During a full resync: the places the peer holds.
+const RESYNC: &str = "mem_resync";
+/// Namespace trees are named `mem/<namespace>`.
+const NS_PREFIX: &str = "mem/";
+
+fn ns_tree(ns: &str) -> String {
+    format!("{NS_PREFIX}{ns}")
+}
 
 fn hlc_id(id: &NodeId) -> uhlc::ID {
     let bytes = hex_prefix(id);
@@ -247,11 +260,15 @@ fn hex_prefix(id: &NodeId) -> [u8; 16] {
     out
 }
 
+fn be_u64(bytes: &[u8]) -> Option<u64> {
+    bytes.try_into().ok().map(u64::from_be_bytes)
+}
+
 impl Memory {
-    /// Opens the memory trees in `db`. Returns the memory and the stream of local writes the
+    /// Opens the memory kept in `store`. Returns the memory and the stream of local writes the
     /// replicator pushes.
     pub fn open(
-        db: &sled::Db,
+        store: Arc<dyn Store>,
         own: NodeId,
         options: MemoryOptions,
     ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Entry>), MemoryError> {
@@ -261,10 +278,8 @@ impl Memory {
             .build();
         let (pushes, rx) = mpsc::unbounded_channel();
         let memory = Self {
-            db: db.clone(),
-            index: db.open_tree("mem_index")?,
-            tombs: db.open_tree("mem_tombs")?,
-            meta: db.open_tree("mem_meta")?,
+            store,
+            writer: std::sync::Mutex::default(),
             own,
             hlc,
             max_skew: options.max_skew,
@@ -282,27 +297,20 @@ impl Memory {
         &self.own
     }
 
-    fn tree(&self, ns: &str) -> Result<sled::Tree, MemoryError> {
-        Ok(self.db.open_tree(format!("mem/{ns}"))?)
-    }
-
-    /// The tree of `ns` if anything was ever written there; reads never create trees.
-    fn existing_tree(&self, ns: &str) -> Result<Option<sled::Tree>, MemoryError> {
-        let name = format!("mem/{ns}");
-        if self
-            .db
-            .tree_names()
-            .iter()
-            .any(|n| n.as_ref() == name.as_bytes())
-        {
-            Ok(Some(self.db.open_tree(name)?))
-        } else {
-            Ok(None)
-        }
+    fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn replicated(&self, ns: &str) -> bool {
         !self.local_namespaces.contains(ns)
+    }
+
+    /// The record stored at `key` of namespace tree `tree`; a corrupt one counts as absent.
+    fn stored(&self, tree: &str, key: &str) -> Result<Option<Record>, MemoryError> {
+        Ok(self
+            .store
+            .get(tree, key.as_bytes())?
+            .and_then(|bytes| Record::decode(&bytes).ok()))
     }
 
     /// Writes a value (or a tombstone) and returns the record once it is durable.
@@ -319,51 +327,52 @@ impl Memory {
                 "value: at most {MAX_VALUE} bytes"
             )));
         }
-        let tree = self.tree(ns)?;
+        let tree = ns_tree(ns);
         let stamp = self.hlc.new_timestamp();
         let replicated = self.replicated(ns);
-        let record_for = |seq: u64| Record {
-            tombstone: value.is_none(),
-            value: value.clone().unwrap_or_default(),
-            hlc: stamp.get_time().as_u64(),
-            origin: self.own.clone(),
-            seq,
+        let record = {
+            let _writer = self.write_lock();
+            let mut writes = Vec::new();
+            let seq = if replicated {
+                let next = self
+                    .store
+                    .get(META, SEQ_KEY)?
+                    .and_then(|v| be_u64(&v))
+                    .unwrap_or(0)
+                    + 1;
+                writes.push(Write::Put(
+                    META.into(),
+                    SEQ_KEY.to_vec(),
+                    next.to_be_bytes().to_vec(),
+                ));
+                next
+            } else {
+                0
+            };
+            let record = Record {
+                tombstone: value.is_none(),
+                value: value.unwrap_or_default(),
+                hlc: stamp.get_time().as_u64(),
+                origin: self.own.clone(),
+                seq,
+            };
+            if let Some(old) = self.stored(&tree, key)? {
+                unindex(&mut writes, &old);
+            }
+            // A local namespace needs no tombstones: nobody can send the old value back.
+            if replicated || !record.tombstone {
+                writes.push(Write::Put(tree, key.into(), record.encode()));
+            } else {
+                writes.push(Write::Delete(tree, key.into()));
+            }
+            if replicated {
+                reindex(&mut writes, ns, key, &record);
+            }
+            self.store.commit(writes)?;
+            record
         };
-        let record = (&tree, &self.index, &self.tombs, &self.meta)
-            .transaction(|(tree, index, tombs, meta)| {
-                let seq = if replicated {
-                    let next = meta
-                        .get(SEQ_KEY)?
-                        .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
-                        .unwrap_or(0)
-                        + 1;
-                    meta.insert(SEQ_KEY, &next.to_be_bytes())?;
-                    next
-                } else {
-                    0
-                };
-                let record = record_for(seq);
-                // A local namespace needs no tombstones: nobody can send the old value back.
-                let old = if replicated || !record.tombstone {
-                    tree.insert(key.as_bytes(), record.encode())?
-                } else {
-                    tree.remove(key.as_bytes())?
-                };
-                if let Some(old) = old
-                    && let Ok(old) = Record::decode(&old)
-                {
-                    unindex(index, tombs, &old)?;
-                }
-                if replicated {
-                    reindex(index, tombs, ns, key, &record)?;
-                }
-                Ok(record)
-            })
-            .map_err(|e: sled::transaction::TransactionError<()>| {
-                MemoryError::Storage(format!("{e:?}"))
-            })?;
         // Acknowledged only once durable: sled itself syncs only every ~500 ms.
-        flush_to_disk(&self.db).await?;
+        self.flush().await?;
         if replicated {
             let _ = self.pushes.send(Entry {
                 namespace: ns.to_owned(),
@@ -378,10 +387,7 @@ impl Memory {
     pub fn get(&self, ns: &str, key: &str) -> Result<Option<Record>, MemoryError> {
         check_namespace(ns)?;
         check_key(key)?;
-        let Some(tree) = self.existing_tree(ns)? else {
-            return Ok(None);
-        };
-        match tree.get(key.as_bytes())? {
+        match self.store.get(&ns_tree(ns), key.as_bytes())? {
             None => Ok(None),
             Some(bytes) => Record::decode(&bytes).map(Some),
         }
@@ -391,10 +397,7 @@ impl Memory {
     pub fn list(&self, ns: &str, prefix: &str, limit: usize) -> Result<Vec<Entry>, MemoryError> {
         check_namespace(ns)?;
         let mut out = Vec::new();
-        let Some(tree) = self.existing_tree(ns)? else {
-            return Ok(out);
-        };
-        for item in tree.scan_prefix(prefix.as_bytes()) {
+        for item in self.store.scan_prefix(&ns_tree(ns), prefix.as_bytes()) {
             let (key, bytes) = item?;
             let record = Record::decode(&bytes)?;
             if record.tombstone {
@@ -412,9 +415,9 @@ impl Memory {
         Ok(out)
     }
 
-    /// Applies a record from another node: refused when stamped too far ahead, kept only when
-    /// it wins over what is stored. Returns whether it was stored.
-    pub fn apply(&self, entry: &Entry) -> Result<bool, MemoryError> {
+    /// Checks a record from another node before it is applied: `Ok(false)` when its namespace
+    /// is local here, an error when it breaks a limit or is stamped too far ahead (logged).
+    fn admit(&self, entry: &Entry) -> Result<bool, MemoryError> {
         check_namespace(&entry.namespace)?;
         check_key(&entry.key)?;
         if !self.replicated(&entry.namespace) {
@@ -433,25 +436,61 @@ impl Memory {
             tracing::warn!(namespace = %entry.namespace, key = %entry.key, error = %error, "refused a replicated record");
             return Err(error);
         }
-        let tree = self.tree(&entry.namespace)?;
-        let record = &entry.record;
-        (&tree, &self.index, &self.tombs)
-            .transaction(|(tree, index, tombs)| {
-                if let Some(old) = tree.get(entry.key.as_bytes())?
-                    && let Ok(old) = Record::decode(&old)
-                {
-                    if !record.wins_over(&old) {
-                        return Ok(false);
+        Ok(true)
+    }
+
+    /// Applies a record from another node: refused when stamped too far ahead, kept only when
+    /// it wins over what is stored. Returns whether it was stored.
+    pub fn apply(&self, entry: &Entry) -> Result<bool, MemoryError> {
+        self.apply_all(std::slice::from_ref(entry))
+            .pop()
+            .unwrap_or(Ok(false))
+    }
+
+    /// [`Memory::apply`] for many records in one commit; the result for each, in order.
+    pub fn apply_all(&self, entries: &[Entry]) -> Vec<Result<bool, MemoryError>> {
+        let mut results: Vec<_> = entries.iter().map(|e| self.admit(e)).collect();
+        let _writer = self.write_lock();
+        let mut writes = Vec::new();
+        // What this batch has already put at a place, for a place that comes twice.
+        let mut pending: BTreeMap<(String, &str), Record> = BTreeMap::new();
+        for (entry, result) in entries.iter().zip(results.iter_mut()) {
+            if !matches!(result, Ok(true)) {
+                continue;
+            }
+            let tree = ns_tree(&entry.namespace);
+            let old = match pending.get(&(tree.clone(), entry.key.as_str())) {
+                Some(old) => Some(old.clone()),
+                None => match self.stored(&tree, &entry.key) {
+                    Ok(old) => old,
+                    Err(e) => {
+                        *result = Err(e);
+                        continue;
                     }
-                    unindex(index, tombs, &old)?;
+                },
+            };
+            let record = &entry.record;
+            if let Some(old) = &old {
+                if !record.wins_over(old) {
+                    *result = Ok(false);
+                    continue;
                 }
-                tree.insert(entry.key.as_bytes(), record.encode())?;
-                reindex(index, tombs, &entry.namespace, &entry.key, record)?;
-                Ok(true)
-            })
-            .map_err(|e: sled::transaction::TransactionError<()>| {
-                MemoryError::Storage(format!("{e:?}"))
-            })
+                unindex(&mut writes, old);
+            }
+            writes.push(Write::Put(
+                tree.clone(),
+                entry.key.clone().into_bytes(),
+                record.encode(),
+            ));
+            reindex(&mut writes, &entry.namespace, &entry.key, record);
+            pending.insert((tree, entry.key.as_str()), record.clone());
+        }
+        if let Err(e) = self.store.commit(writes) {
+            for result in results.iter_mut().filter(|r| matches!(r, Ok(true))) {
+                *result = Err(e.clone().into());
+            }
+        }
+        results
     }
 
     /// Records written by `origin` with a sequence number above `after`, oldest first.
@@ -464,12 +503,15 @@ impl Memory {
         let start = index_key(origin, after.saturating_add(1));
         let end = index_key(origin, u64::MAX);
         let mut out = Vec::new();
-        for item in self.index.range(start..=end) {
+        for item in self
+            .store
+            .range(INDEX, Bound::Included(start), Bound::Included(end))
+        {
             let (_, place) = item?;
             let Some((ns, key)) = split_index_value(&place) else {
                 continue;
             };
-            if let Some(bytes) = self.tree(&ns)?.get(key.as_bytes())? {
+            if let Some(bytes) = self.store.get(&ns_tree(&ns), key.as_bytes())? {
                 let record = Record::decode(&bytes)?;
                 out.push(Entry {
                     namespace: ns,
@@ -489,7 +531,11 @@ impl Memory {
         let mut out = BTreeMap::new();
         let mut cursor: Vec<u8> = Vec::new();
         // One seek per origin: jump past each origin's range instead of reading every entry.
-        while let Some(item) = self.index.range(cursor.clone()..).next() {
+        while let Some(item) = self
+            .store
+            .range(INDEX, Bound::Included(cursor.clone()), Bound::Unbounded)
+            .next()
+        {
             let (key, _) = item?;
             if key.len() != NodeId::HEX_LEN + 8 {
                 break;
@@ -501,11 +547,12 @@ impl Memory {
             let mut next = origin_bytes.clone();
             next.extend_from_slice(&[0xff; 9]);
             if let Some(origin) = origin
-                && let Some(Ok((last, _))) = self.index.range(..next.clone()).next_back()
-                && last.len() == NodeId::HEX_LEN + 8
+                && let Some(Ok((last, _))) = self
+                    .store
+                    .range(INDEX, Bound::Unbounded, Bound::Excluded(next.clone()))
+                    .next_back()
+                && let Some((_, seq)) = split_index_key(&last)
             {
-                let seq =
-                    u64::from_be_bytes(last[NodeId::HEX_LEN..].try_into().unwrap_or_default());
                 out.insert(origin, seq);
             }
             cursor = next;
@@ -515,22 +562,12 @@ impl Memory {
 
     /// This node's own latest write sequence number.
     pub fn own_seq(&self) -> u64 {
-        self.meta
-            .get(SEQ_KEY)
-            .ok()
-            .flatten()
-            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
-            .unwrap_or(0)
+        self.meta_u64(SEQ_KEY).unwrap_or(0)
     }
 
     /// What we have pulled from `peer` about `origin`.
     pub fn watermark(&self, peer: &NodeId, origin: &NodeId) -> u64 {
-        self.meta
-            .get(watermark_key(peer, origin))
-            .ok()
-            .flatten()
-            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
-            .unwrap_or(0)
+        self.meta_u64(watermark_key(peer, origin)).unwrap_or(0)
     }
 
     /// Raises what we have pulled from `peer` about `origin` (watermarks never go back).
@@ -538,34 +575,38 @@ impl Memory {
         self.raise_meta(watermark_key(peer, origin), seq)
     }
 
-    /// Every watermark we hold for `peer`.
-    pub fn watermarks(&self, peer: &NodeId) -> BTreeMap<NodeId, u64> {
-        let prefix = format!("wm/{}/", peer.as_str());
-        self.meta
-            .scan_prefix(prefix.as_bytes())
+    /// `(key suffix, u64)` of every meta entry under `prefix`.
+    fn meta_under(&self, prefix: &str) -> Vec<(String, u64)> {
+        self.store
+            .scan_prefix(META, prefix.as_bytes())
             .filter_map(|item| item.ok())
             .filter_map(|(key, value)| {
-                let origin = std::str::from_utf8(&key[prefix.len()..]).ok()?;
-                let origin = NodeId::parse(origin).ok()?;
-                let seq = u64::from_be_bytes(value.as_ref().try_into().ok()?);
-                Some((origin, seq))
+                let rest = std::str::from_utf8(&key).ok()?.strip_prefix(prefix)?;
+                Some((rest.to_owned(), be_u64(&value)?))
             })
+            .collect()
+    }
+
+    /// Every watermark we hold for `peer`.
+    pub fn watermarks(&self, peer: &NodeId) -> BTreeMap<NodeId, u64> {
+        self.meta_under(&format!("wm/{}/", peer.as_str()))
+            .into_iter()
+            .filter_map(|(origin, seq)| Some((NodeId::parse(&origin).ok()?, seq)))
             .collect()
     }
 
     /// The highest sequence number of `origin` this node holds a record of.
     pub fn highest_from(&self, origin: &NodeId) -> u64 {
-        self.index
-            .range(index_key(origin, 0)..=index_key(origin, u64::MAX))
+        self.store
+            .range(
+                INDEX,
+                Bound::Included(index_key(origin, 0)),
+                Bound::Included(index_key(origin, u64::MAX)),
+            )
             .next_back()
             .and_then(|item| item.ok())
-            .and_then(|(key, _)| {
-                key.get(NodeId::HEX_LEN..)?
-                    .try_into()
-                    .ok()
-                    .map(u64::from_be_bytes)
-            })
-            .unwrap_or(0)
+            .and_then(|(key, _)| split_index_key(&key))
+            .map_or(0, |(_, seq)| seq)
     }
 
     /// How far behind this node is on `peer`'s writes: records it lacks (the peer's latest
@@ -596,28 +637,36 @@ impl Memory {
             .map_or(Duration::MAX, |at| at.elapsed())
     }
 
-    /// Flushes to disk.
+    /// Flushes to disk, on the blocking pool (sled's `flush_async` deadlocks when called
+    /// concurrently, spacejam/sled#1308).
     pub async fn flush(&self) -> Result<(), MemoryError> {
-        flush_to_disk(&self.db).await?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.flush())
+            .await
+            .map_err(|e| MemoryError::Storage(format!("flush task: {e}")))??;
         Ok(())
     }
 
     fn meta_u64(&self, key: impl AsRef<[u8]>) -> Option<u64> {
-        self.meta
-            .get(key)
+        self.store
+            .get(META, key.as_ref())
             .ok()
             .flatten()
-            .and_then(|v| v.as_ref().try_into().ok().map(u64::from_be_bytes))
+            .and_then(|v| be_u64(&v))
     }
 
     /// Raises a meta counter to `value` (never lowers it).
     fn raise_meta(&self, key: impl AsRef<[u8]>, value: u64) -> Result<(), MemoryError> {
-        self.meta.fetch_and_update(key, |old| {
-            let old = old
-                .and_then(|v| v.try_into().ok().map(u64::from_be_bytes))
-                .unwrap_or(0);
-            Some(old.max(value).to_be_bytes().to_vec())
-        })?;
+        let key = key.as_ref();
+        let _writer = self.write_lock();
+        let old = self.store.get(META, key)?.and_then(|v| be_u64(&v));
+        if old.is_none_or(|old| old < value) {
+            self.store.commit(vec![Write::Put(
+                META.into(),
+                key.to_vec(),
+                value.to_be_bytes().to_vec(),
+            )])?;
+        }
         Ok(())
     }
 
@@ -626,17 +675,12 @@ impl Memory {
     /// order — and its own last write.
     pub fn frontier(&self) -> BTreeMap<NodeId, u64> {
         let mut out: BTreeMap<NodeId, u64> = self
-            .meta
-            .scan_prefix(b"wm/")
-            .filter_map(|item| item.ok())
-            .filter_map(|(key, value)| {
-                let text = std::str::from_utf8(&key).ok()?.strip_prefix("wm/")?;
-                let (peer, origin) = text.split_once('/')?;
+            .meta_under("wm/")
+            .into_iter()
+            .filter_map(|(pair, seq)| {
+                let (peer, origin) = pair.split_once('/')?;
                 (peer == origin).then_some(())?;
-                Some((
-                    NodeId::parse(origin).ok()?,
-                    u64::from_be_bytes(value.as_ref().try_into().ok()?),
-                ))
+                Some((NodeId::parse(origin).ok()?, seq))
             })
             .collect();
         let own = self.own_seq();
@@ -676,15 +720,10 @@ impl Memory {
     /// The nodes heard of within the tombstone window, with when (Unix ms).
     pub fn known(&self) -> BTreeMap<NodeId, u64> {
         let horizon = unix_ms().saturating_sub(self.tombstone_window.as_millis() as u64);
-        self.meta
-            .scan_prefix(b"seen/")
-            .filter_map(|item| item.ok())
-            .filter_map(|(key, value)| {
-                let id = std::str::from_utf8(&key).ok()?.strip_prefix("seen/")?;
-                let at = u64::from_be_bytes(value.as_ref().try_into().ok()?);
-                Some((NodeId::parse(id).ok()?, at))
-            })
+        self.meta_under("seen/")
+            .into_iter()
             .filter(|(_, at)| *at >= horizon)
+            .filter_map(|(id, at)| Some((NodeId::parse(&id).ok()?, at)))
             .collect()
     }
 
@@ -719,8 +758,8 @@ impl Memory {
     ) -> (u32, Vec<String>, u64) {
         let mut applied = 0;
         let mut refused = Vec::new();
-        for entry in entries {
-            match self.apply(entry) {
+        for (entry, result) in entries.iter().zip(self.apply_all(entries)) {
+            match result {
                 Ok(stored) => {
                     applied += u32::from(stored);
                     if let Some(sender) = sender
@@ -736,6 +775,25 @@ impl Memory {
         }
         let frontier = sender.map_or(0, |s| self.watermark(s, s));
         (applied, refused, frontier)
+    }
+
+    /// Removes the record at `tree`/`key` (and its index entries) if it is still `bytes`: a
+    /// write may have raced in. Returns whether it went.
+    fn remove_if_unchanged(
+        &self,
+        tree: &str,
+        key: &[u8],
+        bytes: &[u8],
+        record: &Record,
+    ) -> Result<bool, MemoryError> {
+        let _writer = self.write_lock();
+        if self.store.get(tree, key)?.is_none_or(|now| now != bytes) {
+            return Ok(false);
+        }
+        let mut writes = vec![Write::Delete(tree.into(), key.to_vec())];
+        unindex(&mut writes, record);
+        self.store.commit(writes)?;
+        Ok(true)
     }
 
     /// Collects tombstones that every node heard of within the window holds (by the frontiers
@@ -755,10 +813,16 @@ impl Memory {
         .as_u64();
         let mut held_by_all: BTreeMap<NodeId, u64> = BTreeMap::new();
         let mut collected = 0;
-        for item in self.tombs.iter() {
+        for item in self.store.range(TOMBS, Bound::Unbounded, Bound::Unbounded) {
             let (place_key, place) = item?;
-            let Some((origin, seq)) = split_index_key(&place_key) else {
-                self.tombs.remove(&place_key)?;
+            let forget = || {
+                self.store
+                    .commit(vec![Write::Delete(TOMBS.into(), place_key.clone())])
+            };
+            let (Some((origin, seq)), Some((ns, key))) =
+                (split_index_key(&place_key), split_index_value(&place))
+            else {
+                forget()?;
                 continue;
             };
             let floor = *held_by_all.entry(origin.clone()).or_insert_with(|| {
@@ -768,36 +832,16 @@ impl Memory {
                     .min()
                     .unwrap_or(u64::MAX)
             });
-            let Some((ns, key)) = split_index_value(&place) else {
-                self.tombs.remove(&place_key)?;
-                continue;
-            };
-            let tree = self.tree(&ns)?;
-            let Some(bytes) = tree.get(key.as_bytes())? else {
-                self.tombs.remove(&place_key)?;
+            let tree = ns_tree(&ns);
+            let Some(bytes) = self.store.get(&tree, key.as_bytes())? else {
+                forget()?;
                 continue;
             };
             let record = Record::decode(&bytes)?;
-            if !(seq <= floor || record.hlc < horizon) {
-                continue;
+            if seq <= floor || record.hlc < horizon {
+                let gone = self.remove_if_unchanged(&tree, key.as_bytes(), &bytes, &record)?;
+                collected += usize::from(gone);
             }
-            let gone = (&tree, &self.index, &self.tombs)
-                .transaction(|(tree, index, tombs)| {
-                    // Only if it is still the same tombstone (a write may have raced in).
-                    let Some(now) = tree.get(key.as_bytes())? else {
-                        return Ok(false);
-                    };
-                    if now.as_ref() != bytes.as_ref() {
-                        return Ok(false);
-                    }
-                    tree.remove(key.as_bytes())?;
-                    unindex(index, tombs, &record)?;
-                    Ok(true)
-                })
-                .map_err(|e: sled::transaction::TransactionError<()>| {
-                    MemoryError::Storage(format!("{e:?}"))
-                })?;
-            collected += usize::from(gone);
         }
         self.forget_expired()?;
         if collected > 0 {
@@ -809,56 +853,48 @@ impl Memory {
     /// Drops what we remember of nodes not heard of within the window.
     fn forget_expired(&self) -> Result<(), MemoryError> {
         let known = self.known();
-        for item in self.meta.scan_prefix(b"seen/") {
-            let (key, _) = item?;
-            let id = std::str::from_utf8(&key[5..])
-                .ok()
-                .and_then(|s| NodeId::parse(s).ok());
-            if let Some(id) = id
-                && !known.contains_key(&id)
-            {
-                self.meta.remove(&key)?;
-                for fr in self
-                    .meta
-                    .scan_prefix(format!("fr/{}/", id.as_str()).as_bytes())
-                {
-                    self.meta.remove(fr?.0)?;
+        let mut writes = Vec::new();
+        for (id, _) in self.meta_under("seen/") {
+            if NodeId::parse(&id).is_ok_and(|id| !known.contains_key(&id)) {
+                writes.push(Write::Delete(
+                    META.into(),
+                    format!("seen/{id}").into_bytes(),
+                ));
+                for (origin, _) in self.meta_under(&format!("fr/{id}/")) {
+                    writes.push(Write::Delete(
+                        META.into(),
+                        format!("fr/{id}/{origin}").into_bytes(),
+                    ));
                 }
             }
         }
+        self.store.commit(writes)?;
         Ok(())
     }
 
     /// Every replicated namespace that holds records.
-    fn replicated_trees(&self) -> Vec<(String, sled::Tree)> {
-        self.db
-            .tree_names()
+    fn replicated_namespaces(&self) -> Result<Vec<String>, MemoryError> {
+        Ok(self
+            .store
+            .trees()?
             .into_iter()
-            .filter_map(|name| {
-                let ns = std::str::from_utf8(&name)
-                    .ok()?
-                    .strip_prefix("mem/")?
-                    .to_owned();
-                self.replicated(&ns).then_some(())?;
-                let tree = self.db.open_tree(&name).ok()?;
-                Some((ns, tree))
-            })
-            .collect()
+            .filter_map(|name| name.strip_prefix(NS_PREFIX).map(str::to_owned))
+            .filter(|ns| self.replicated(ns))
+            .collect())
     }
 
     /// After a full sync from a peer: drops every record the peer has seen (its frontier covers
-    /// it) but no longer holds — deleted while we were away, and the tombstone since collected.
-    /// Records the peer never saw are kept; they reach it by the usual replication.
-    fn drop_collected(
-        &self,
-        held: &sled::Tree,
-        peer_frontier: &BTreeMap<NodeId, u64>,
-    ) -> Result<usize, MemoryError> {
+    /// it) but no longer holds (not in [`RESYNC`]) — deleted while we were away, and the
+    /// tombstone since collected. Records the peer never saw are kept; they reach it by the
+    /// usual replication.
+    fn drop_collected(&self, peer_frontier: &BTreeMap<NodeId, u64>) -> Result<usize, MemoryError> {
         let mut dropped = 0;
-        for (ns, tree) in self.replicated_trees() {
-            for item in tree.iter() {
+        for ns in self.replicated_namespaces()? {
+            let tree = ns_tree(&ns);
+            for item in self.store.range(&tree, Bound::Unbounded, Bound::Unbounded) {
                 let (key, bytes) = item?;
-                if held.contains_key(index_value(&ns, &String::from_utf8_lossy(&key)))? {
+                let place = index_value(&ns, &String::from_utf8_lossy(&key));
+                if self.store.get(RESYNC, &place)?.is_some() {
                     continue;
                 }
                 let Ok(record) = Record::decode(&bytes) else {
@@ -868,19 +904,7 @@ impl Memory {
                 if record.seq == 0 || record.seq > seen {
                     continue;
                 }
-                let gone = (&tree, &self.index, &self.tombs)
-                    .transaction(|(tree, index, tombs)| {
-                        if tree.get(&key)?.is_none_or(|now| now != bytes) {
-                            return Ok(false);
-                        }
-                        tree.remove(&key)?;
-                        unindex(index, tombs, &record)?;
-                        Ok(true)
-                    })
-                    .map_err(|e: sled::transaction::TransactionError<()>| {
-                        MemoryError::Storage(format!("{e:?}"))
-                    })?;
-                dropped += usize::from(gone);
+                dropped += usize::from(self.remove_if_unchanged(&tree, &key, &bytes, &record)?);
             }
         }
         Ok(dropped)
@@ -912,39 +936,23 @@ fn split_index_key(key: &[u8]) -> Option<(NodeId, u64)> {
     Some((origin, seq))
 }
 
-/// Flushes the database behind `tree` to disk (sled keeps one log for all trees). Not with
-/// `flush_async`: concurrent `flush_async` calls deadlock in sled 0.34 (spacejam/sled#1308) —
-/// memory-bench froze a node with concurrent puts — so a blocking flush runs on the blocking
-/// pool instead.
-pub async fn flush_to_disk(tree: &sled::Tree) -> Result<(), sled::Error> {
-    let tree = tree.clone();
-    tokio::task::spawn_blocking(move || tree.flush())
-        .await
-        .map_err(|e| sled::Error::ReportableBug(format!("flush task: {e}")))??;
-    Ok(())
-}
-
-type TxTree = sled::transaction::TransactionalTree;
-type TxResult = Result<(), sled::transaction::UnabortableTransactionError>;
-
 /// Removes `old`'s index (and tombstone) entries.
-fn unindex(index: &TxTree, tombs: &TxTree, old: &Record) -> TxResult {
+fn unindex(writes: &mut Vec<Write>, old: &Record) {
     if old.seq > 0 {
-        index.remove(index_key(&old.origin, old.seq))?;
+        writes.push(Write::Delete(INDEX.into(), index_key(&old.origin, old.seq)));
         if old.tombstone {
-            tombs.remove(index_key(&old.origin, old.seq))?;
+            writes.push(Write::Delete(TOMBS.into(), index_key(&old.origin, old.seq)));
         }
     }
-    Ok(())
 }
 
 /// Indexes `record`, stored under `ns`/`key`.
-fn reindex(index: &TxTree, tombs: &TxTree, ns: &str, key: &str, record: &Record) -> TxResult {
-    index.insert(index_key(&record.origin, record.seq), index_value(ns, key))?;
+fn reindex(writes: &mut Vec<Write>, ns: &str, key: &str, record: &Record) {
+    let at = index_key(&record.origin, record.seq);
     if record.tombstone {
-        tombs.insert(index_key(&record.origin, record.seq), index_value(ns, key))?;
+        writes.push(Write::Put(TOMBS.into(), at.clone(), index_value(ns, key)));
     }
-    Ok(())
+    writes.push(Write::Put(INDEX.into(), at, index_value(ns, key)));
 }
 
 fn index_key(origin: &NodeId, seq: u64) -> Vec<u8> {
@@ -1079,8 +1087,8 @@ pub async fn sync_from(
         let batch = peers.sync(addr.to_owned(), request).await?;
         let mut highest: BTreeMap<NodeId, u64> = BTreeMap::new();
         let mut refused: HashSet<NodeId> = HashSet::new();
-        for entry in &batch.entries {
-            match memory.apply(entry) {
+        for (entry, result) in batch.entries.iter().zip(memory.apply_all(&batch.entries)) {
+            match result {
                 Ok(true) => applied += 1,
                 Ok(false) => {}
                 // Refused (logged by `apply`): keep the watermark below it so it is fetched
@@ -1137,11 +1145,7 @@ pub async fn resync_from(
     addr: &str,
 ) -> Result<(usize, usize), String> {
     let fail = |e: MemoryError| e.to_string();
-    let held = memory
-        .db
-        .open_tree("mem_resync")
-        .map_err(|e| e.to_string())?;
-    held.clear().map_err(|e| e.to_string())?;
+    memory.store.drop_tree(RESYNC).map_err(|e| e.to_string())?;
     let mut after: BTreeMap<NodeId, u64> = BTreeMap::new();
     let mut applied = 0;
     let batch = loop {
@@ -1151,12 +1155,20 @@ pub async fn resync_from(
             frontier: memory.frontier(),
         };
         let batch = peers.sync(addr.to_owned(), request).await?;
+        let results = memory.apply_all(&batch.entries);
+        applied += results.iter().filter(|r| matches!(r, Ok(true))).count();
+        let held = batch.entries.iter().map(|entry| {
+            Write::Put(
+                RESYNC.into(),
+                index_value(&entry.namespace, &entry.key),
+                Vec::new(),
+            )
+        });
+        memory
+            .store
+            .commit(held.collect())
+            .map_err(|e| e.to_string())?;
         for entry in &batch.entries {
-            if let Ok(true) = memory.apply(entry) {
-                applied += 1;
-            }
-            held.insert(index_value(&entry.namespace, &entry.key), &[])
-                .map_err(|e| e.to_string())?;
             let seen = after.entry(entry.record.origin.clone()).or_default();
             *seen = (*seen).max(entry.record.seq);
         }
@@ -1164,9 +1176,7 @@ pub async fn resync_from(
             break batch;
         }
     };
-    let dropped = memory
-        .drop_collected(&held, &batch.frontier)
-        .map_err(fail)?;
+    let dropped = memory.drop_collected(&batch.frontier).map_err(fail)?;
     for (origin, seq) in after.iter().chain(&batch.heads) {
         memory.set_watermark(peer, origin, *seq).map_err(fail)?;
     }
@@ -1176,7 +1186,7 @@ pub async fn resync_from(
         .and_then(|()| memory.touch_contact())
         .map_err(fail)?;
     memory.flush().await.map_err(fail)?;
-    let _ = memory.db.drop_tree("mem_resync");
+    let _ = memory.store.drop_tree(RESYNC);
     Ok((applied, dropped))
 }
 
@@ -1356,10 +1366,12 @@ mod tests {
     #[tokio::test]
     async fn writes_are_indexed_by_origin_and_overwrites_leave_one_index_entry() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::open(dir.path()).expect("db");
+        let db: Arc<dyn Store> = Arc::new(crate::storage::SledStore::new(
+            sled::open(dir.path()).expect("db"),
+        ));
         let own = id("me");
         let (memory, _writes) =
-            Memory::open(&db, own.clone(), MemoryOptions::default()).expect("open");
+            Memory::open(db, own.clone(), MemoryOptions::default()).expect("open");
         memory
             .put("notes", "a", Some(b"1".to_vec()))
             .await
@@ -1414,11 +1426,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn one_batch_applies_its_winners_in_one_commit_even_for_a_key_it_holds_twice() {
+        let (_dir, memory) = open_memory(&id("me"), MemoryOptions::default());
+        let (p, q) = (id("p"), id("q"));
+        let now = uhlc::system_time_clock().as_u64();
+        let entry = |key: &str, hlc: u64, origin: &NodeId, seq: u64| Entry {
+            namespace: "notes".into(),
+            key: key.into(),
+            record: Record {
+                seq,
+                value: format!("{key}@{hlc}").into_bytes(),
+                ..record(hlc, origin, false)
+            },
+        };
+        memory.apply(&entry("held", now + 5, &q, 1)).expect("apply");
+        let future = now + uhlc::NTP64::from(Duration::from_secs(60)).as_u64();
+        let batch = [
+            entry("k", now + 2, &p, 1),
+            entry("k", now + 3, &q, 2),
+            // Loses to the record two lines up, though it comes later in the batch.
+            entry("k", now + 1, &p, 2),
+            entry("held", now + 4, &p, 3),
+            entry("far", future, &p, 4),
+        ];
+        let results: Vec<_> = memory
+            .apply_all(&batch)
+            .into_iter()
+            .map(|r| r.map_err(|e| matches!(e, MemoryError::FromTheFuture { .. })))
+            .collect();
+        assert_eq!(
+            results,
+            [Ok(true), Ok(true), Ok(false), Ok(false), Err(true)]
+        );
+        let k = memory.get("notes", "k").expect("get").expect("k");
+        assert_eq!((k.hlc, &k.origin), (now + 3, &q));
+        // Only the winner is indexed: p's first write of `k` was overwritten in the batch.
+        assert!(memory.since(&p, 0, 10).expect("since").is_empty());
+        let from_q: Vec<_> = memory.since(&q, 0, 10).expect("since");
+        assert_eq!(from_q.len(), 2);
+        assert!(memory.get("notes", "far").expect("get").is_none());
+    }
+
+    #[tokio::test]
     async fn lag_is_what_a_peer_wrote_that_we_do_not_hold() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::open(dir.path()).expect("db");
-        let (memory, _writes) =
-            Memory::open(&db, id("me"), MemoryOptions::default()).expect("open");
+        let db: Arc<dyn Store> = Arc::new(crate::storage::SledStore::new(
+            sled::open(dir.path()).expect("db"),
+        ));
+        let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default()).expect("open");
         let peer = id("peer");
         assert_eq!(memory.lag(&peer, 0), (0, 0));
         assert_eq!(memory.lag(&peer, 5).0, 5);
@@ -1438,9 +1493,10 @@ mod tests {
     #[tokio::test]
     async fn a_record_from_the_far_future_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::open(dir.path()).expect("db");
-        let (memory, _writes) =
-            Memory::open(&db, id("me"), MemoryOptions::default()).expect("open");
+        let db: Arc<dyn Store> = Arc::new(crate::storage::SledStore::new(
+            sled::open(dir.path()).expect("db"),
+        ));
+        let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default()).expect("open");
         let future = uhlc::system_time_clock().as_u64()
             + uhlc::NTP64::from(Duration::from_secs(60)).as_u64();
         let entry = Entry {
@@ -1457,8 +1513,10 @@ mod tests {
 
     fn open_memory(own: &NodeId, options: MemoryOptions) -> (tempfile::TempDir, Arc<Memory>) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::open(dir.path()).expect("db");
-        let (memory, _writes) = Memory::open(&db, own.clone(), options).expect("open");
+        let db: Arc<dyn Store> = Arc::new(crate::storage::SledStore::new(
+            sled::open(dir.path()).expect("db"),
+        ));
+        let (memory, _writes) = Memory::open(db, own.clone(), options).expect("open");
         (dir, memory)
     }
 
@@ -1551,7 +1609,7 @@ mod tests {
             ma.since(&a, 0, 10).expect("since").is_empty(),
             "index entry gone"
         );
-        assert!(ma.tombs.is_empty());
+        assert_eq!(ma.store.scan_prefix(TOMBS, b"").count(), 0);
     }
 
     #[tokio::test]
@@ -1659,15 +1717,14 @@ mod tests {
         ma.put("notes", "gone", None).await.expect("delete");
         assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 0);
         let long_ago = unix_ms() - 2 * 3600 * 1000;
-        ma.meta
-            .insert(seen_key(&away), &long_ago.to_be_bytes())
-            .expect("age");
+        let age = |key: Vec<u8>| Write::Put(META.into(), key, long_ago.to_be_bytes().to_vec());
+        ma.store.commit(vec![age(seen_key(&away))]).expect("age");
         assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 1);
         mb.put("notes", "news", Some(b"n".to_vec()))
             .await
             .expect("put");
-        mb.meta
-            .insert(CONTACT_KEY, &long_ago.to_be_bytes())
+        mb.store
+            .commit(vec![age(CONTACT_KEY.to_vec())])
             .expect("age contact");
         assert!(mb.stale());
         let refused = answer_sync(&mb, &SyncRequest::default());

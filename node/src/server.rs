@@ -251,7 +251,7 @@ impl Node {
         })?;
         let channels = crate::rpc::PeerChannels::new(dialer.clone());
         let (memory, memory_writes) = crate::memory::Memory::open(
-            &db,
+            Arc::new(crate::storage::SledStore::new(db.clone())),
             id.clone(),
             crate::memory::MemoryOptions {
                 local_namespaces: config.local_namespaces.clone(),
@@ -522,7 +522,7 @@ impl Node {
                 self.server_task.abort();
             }
         }
-        if let Err(e) = crate::memory::flush_to_disk(&self.db).await {
+        if let Err(e) = crate::storage::flush_to_disk(&self.db).await {
             tracing::error!(error = %e, "flush the database");
         }
         let _ = std::fs::remove_file(self.data_dir.join(ADDR_FILE));

@@ -547,7 +547,7 @@ impl Store {
 
     async fn flush(&self) {
         for tree in [&self.records, &self.events] {
-            if let Err(e) = crate::memory::flush_to_disk(tree).await {
+            if let Err(e) = crate::storage::flush_to_disk(tree).await {
                 tracing::error!(error = %e, "flush task history");
             }
         }

@@ -202,7 +202,7 @@ fn open_memory(name: &str) -> anyhow::Result<(tempfile::TempDir, sled::Db, Arc<M
         .tempdir()?;
     let db = sled::open(dir.path().join("db"))?;
     let (memory, mut writes) = Memory::open(
-        &db,
+        std::sync::Arc::new(mesh_node::storage::SledStore::new(db.clone())),
         NodeId::from_spki_der(name.as_bytes()),
         MemoryOptions::default(),
     )?;

@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Starts a local 3-node agentmesh (alpha, beta, gamma) with its own mesh CA and prints
-# `mesh-cli status`. mDNS never touches this machine's real interfaces:
-#   - as root: the nodes run inside a network namespace made for the demo, with real mDNS on
-#     its loopback;
-#   - otherwise: mDNS is off and beta and gamma find alpha through a static peer on loopback
-#     (and each other through alpha).
+# The agentmesh demo: builds, fetches the embedded model if missing, starts a local 3-node mesh
+# with its own mesh CA, and walks through what the mesh does, printing each step:
+#   gpu     a GPU box: serves role `chat` with the embedded SmolLM2-135M model, declares a GPU
+#   laptop  no models at all
+#   server  a home server with no models; it holds a cron schedule
+# 1. `mesh-cli status` of the fleet; 2. a task asked of the laptop runs on gpu's model;
+# 3. the laptop's OpenAI-compatible front door lists and reaches gpu's model; 4. a cron schedule
+# added on server fires on gpu; 5. a memory write on the laptop is read on server and gpu.
+#
+# mDNS never touches this machine's real interfaces: as root the nodes run inside a network
+# namespace made for the demo, with real mDNS on its loopback; otherwise mDNS is off and laptop
+# and server find gpu through a static peer on 127.0.0.1 (and each other through gpu).
 #
 # Usage: deploy/demo.sh [--once]
-#   --once   print the status and stop the mesh (default: keep it running until Ctrl-C)
+#   --once   run the steps, then stop the mesh (default: keep it running until Ctrl-C)
 # Environment: DEMO_DIR (work dir; default a new temp dir), CARGO_PROFILE (debug|release).
 set -euo pipefail
 
@@ -15,23 +21,30 @@ once=false
 case "${1:-}" in
   --once) once=true ;;
   "") ;;
-  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "usage: deploy/demo.sh [--once]" >&2; exit 2 ;;
 esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 profile=${CARGO_PROFILE:-debug}
 if [ "$profile" = release ]; then build_flags=(--release); else build_flags=(); fi
+if [ -t 1 ]; then bold=$'\033[1m' plain=$'\033[0m'; else bold="" plain=""; fi
+step() { printf '\n%s==> %s%s\n' "$bold" "$*" "$plain"; }
+say() { printf '    %s\n' "$*"; }
+
 # Building mesh-node needs cmake, a C++ compiler and libclang (llama.cpp, for the embedded
-# model backend); deploy/test.sh --setup-only installs them (and fetches the default model).
+# model backend); deploy/test.sh --setup-only installs them and fetches the default model.
+step "setup: build packages and the embedded model (deploy/test.sh --setup-only)"
 "$root/deploy/test.sh" --setup-only
-echo "==> building mesh-node and mesh-cli ($profile)"
+model=$("$root/deploy/fetch-model.sh" 2>/dev/null | tail -n 1)
+say "model: $model"
+step "building mesh-node and mesh-cli ($profile)"
 (cd "$root" && cargo build --bins "${build_flags[@]}" --quiet)
 bin="$root/target/$profile"
 
 work=${DEMO_DIR:-$(mktemp -d -t agentmesh-demo.XXXXXX)}
 mkdir -p "$work"
-echo "==> demo files in $work"
+say "demo files (configs, data dirs, logs) in $work"
 
 ns=""
 in_ns=()   # the command prefix that runs a program inside the demo namespace (empty: no namespace)
@@ -51,51 +64,42 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
   ip -n "$ns" link set lo up
   in_ns=(ip netns exec "$ns")
   mdns=true
-  echo "==> running as root: nodes live in network namespace $ns, discovering each other by mDNS"
 else
   mdns=false
-  echo "==> not root: mDNS off; beta and gamma dial alpha as a static peer on 127.0.0.1"
 fi
 
 ca="$work/ca"
 if [ ! -f "$ca/ca.pem" ]; then
   "$bin/mesh-cli" ca init --dir "$ca" >/dev/null
-  for name in alpha beta gamma mesh-cli; do
+  for name in gpu laptop server mesh-cli; do
     "$bin/mesh-cli" ca issue --dir "$ca" --name "$name" >/dev/null
   done
 fi
 
-# alpha: a GPU box serving coder and chat; beta: a home server; gamma: a laptop with no models.
-extra_alpha='
+# gpu: the GPU box, the only node with a model. `threads = 1` keeps llama.cpp from spinning
+# both cores of a small machine; a real GPU box would leave it at the default.
+extra_gpu="
 [node]
-roles = ["chat"]
+roles = [\"chat\"]
 
 [[resources.gpus]]
-name = "RTX 4090"
+name = \"RTX 4090\"
 vram_mb = 24576
 
 [[models]]
-name = "qwen-coder"
-backend = "openai"
-base_url = "http://127.0.0.1:11434/v1"
-model = "qwen2.5-coder:7b"
+name = \"smollm2-135m\"
+backend = \"embedded\"
+path = \"$model\"
+threads = 1
 
 [roles]
-coder = ["qwen-coder"]
-'
-extra_beta='
-[node]
-roles = ["research"]
-
-[[resources.gpus]]
-name = "RTX 3060"
-vram_mb = 12288
-'
+chat = [\"smollm2-135m\"]
+"
 
 start_node() { # name static_peer extra_toml; sets $started to the address it listens on
   local name=$1 peer=$2 extra=$3 dir="$work/$1"
   mkdir -p "$dir"
-  rm -f "$dir/node.addr"
+  rm -f "$dir/node.addr" "$dir/http.addr"
   {
     echo "[node]"
     echo "name = \"$name\""
@@ -105,6 +109,8 @@ start_node() { # name static_peer extra_toml; sets $started to the address it li
     echo "[discovery]"
     echo "mdns = $mdns"
     if [ -n "$peer" ]; then echo "static_peers = [\"$peer\"]"; fi
+    echo "[http]"
+    echo "listen = \"127.0.0.1:0\""
     echo "[tls]"
     echo "ca = \"$ca/ca.pem\""
     echo "cert = \"$ca/$name.pem\""
@@ -114,46 +120,120 @@ start_node() { # name static_peer extra_toml; sets $started to the address it li
   # Not through `run`: a backgrounded function would leave $! pointing at a subshell.
   "${in_ns[@]}" "$bin/mesh-node" --config "$work/$name.toml" > "$work/$name.log" 2>&1 &
   pids+=($!)
-  local deadline=$((SECONDS + 30))
-  until [ -s "$dir/node.addr" ]; do
+  local deadline=$((SECONDS + 60))
+  until [ -s "$dir/node.addr" ] && [ -s "$dir/http.addr" ]; do
     if [ $SECONDS -ge $deadline ]; then
-      echo "error: $name did not start; its log:" >&2; cat "$work/$name.log" >&2; exit 1
+      echo "error: $name did not start within 60 s; its log:" >&2; cat "$work/$name.log" >&2; exit 1
     fi
-    sleep 0.1
+    sleep 0.1 # poll interval; the deadline is above
   done
   started=$(cat "$dir/node.addr")
+  say "$(printf '%-6s' "$name") gRPC $started   OpenAI API http://$(cat "$dir/http.addr")/v1   log $work/$name.log"
 }
 
-start_node alpha "" "$extra_alpha"; alpha=$started
-peer=""; [ "$mdns" = true ] || peer=$alpha
-start_node beta "$peer" "$extra_beta"; beta=$started
-start_node gamma "$peer" ""; gamma=$started
-echo "==> alpha $alpha, beta $beta, gamma $gamma"
+if $mdns; then
+  step "starting 3 nodes in network namespace $ns; they find each other by mDNS on its loopback"
+else
+  step "starting 3 nodes on 127.0.0.1 (not root: mDNS off, laptop and server dial gpu as a static peer)"
+fi
+start_node gpu "" "$extra_gpu"; gpu=$started
+peer=""; $mdns || peer=$gpu
+start_node laptop "$peer" ""; laptop=$started
+start_node server "$peer" ""; server=$started
+laptop_http=$(cat "$work/laptop/http.addr")
 
-cli=("$bin/mesh-cli" --node "$gamma" --ca "$ca/ca.pem" --cert "$ca/mesh-cli.pem" --key "$ca/mesh-cli.key")
-echo "==> waiting for every node to see the other two"
-deadline=$((SECONDS + 30))
-until [ "$(run "${cli[@]}" status --json 2>/dev/null | grep -c '"state": "up"')" = 3 ]; do
+cli() { # node_addr args...: mesh-cli against that node, with the demo's client certificate
+  local node=$1; shift
+  run "$bin/mesh-cli" --node "$node" --ca "$ca/ca.pem" --cert "$ca/mesh-cli.pem" --key "$ca/mesh-cli.key" "$@"
+}
+# Reads JSON on stdin and prints the result of a Python expression over it (`j`).
+json() { python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"; }
+
+deadline=$((SECONDS + 60))
+until [ "$(cli "$laptop" status --json 2>/dev/null | grep -c '"state": "up"')" = 3 ]; do
   if [ $SECONDS -ge $deadline ]; then
-    echo "error: the mesh did not form within 30 s; logs are in $work" >&2
-    run "${cli[@]}" status >&2 || true
+    echo "error: the mesh did not form within 60 s; logs are in $work" >&2
+    cli "$laptop" status >&2 || true
     exit 1
   fi
-  sleep 0.2
+  sleep 0.2 # poll interval; the deadline is above
 done
 
-echo
-run "${cli[@]}" status
-echo
+step "1/5 the fleet, as the laptop sees it: mesh-cli status"
+cli "$laptop" status | sed 's/^/    /'
+
+question="What is the capital of France? Answer in one word."
+step "2/5 a task asked of the laptop (no models) runs where it fits: on gpu's embedded model"
+say "\$ mesh-cli --node <laptop> run --role chat --explain \"$question\""
+cli "$laptop" run --role chat --explain "$question" | sed 's/^/    /'
+say "\$ mesh-cli --node <laptop> run --role chat --json \"$question\""
+result=$(cli "$laptop" run --role chat --json "$question")
+say "executed on: $(echo "$result" | json 'j["executed_on"]')   status: $(echo "$result" | json 'j["status"]')"
+say "answer:      $(echo "$result" | json 'j["output"].strip()')"
+
+step "3/5 the laptop's OpenAI-compatible front door reaches every model in the fleet"
+say "GET http://$laptop_http/v1/models"
+run python3 - "$laptop_http" <<'EOF'
+import json, sys, urllib.request
+base = f"http://{sys.argv[1]}/v1"
+models = json.load(urllib.request.urlopen(f"{base}/models", timeout=30))
+print("    models:", ", ".join(m["id"] for m in models["data"]))
+body = json.dumps({"model": "smollm2-135m", "max_tokens": 32,
+                   "messages": [{"role": "user", "content": "Say hello in five words."}]})
+print('    POST /v1/chat/completions {"model": "smollm2-135m", ...}')
+request = urllib.request.Request(f"{base}/chat/completions", data=body.encode(),
+                                 headers={"content-type": "application/json"})
+answer = json.load(urllib.request.urlopen(request, timeout=120))
+print("    answer:", answer["choices"][0]["message"]["content"].strip())
+EOF
+
+step "4/5 a cron schedule added on server fires on gpu (the only node serving role chat)"
+say "\$ mesh-cli --node <server> cron add --name demo-hello --schedule \"*/5 * * * * *\" --role chat \"Say hello.\""
+cli "$server" cron add --name demo-hello --schedule "*/5 * * * * *" --role chat "Say hello." | sed 's/^/    /'
+deadline=$((SECONDS + 90))
+firing=""
+until [ -n "$firing" ]; do
+  if [ $SECONDS -ge $deadline ]; then
+    echo "error: the schedule did not complete a firing within 90 s; logs are in $work" >&2
+    cli "$server" cron history demo-hello >&2 || true
+    exit 1
+  fi
+  sleep 0.5 # poll interval; the deadline is above
+  firing=$(cli "$server" cron history demo-hello --json 2>/dev/null |
+    python3 -c '
+import json, sys
+for f in json.load(sys.stdin):
+    if f["status"] == "done":
+        print("fired at %s, owned by %s, executed on %s: %s"
+              % (f["scheduled_at"], f["owner"], f["executed_on"], f["status"]))' || true)
+done
+echo "$firing" | head -n 1 | sed 's/^/    /'
+cli "$server" cron rm demo-hello >/dev/null
+say "(schedule removed)"
+
+step "5/5 shared memory: written on the laptop, read on server and gpu"
+say "\$ mesh-cli --node <laptop> memory put notes greeting \"hello from the laptop\""
+cli "$laptop" memory put notes greeting "hello from the laptop" | sed 's/^/    /'
+for name in server gpu; do
+  addr=$(cat "$work/$name/node.addr")
+  deadline=$((SECONDS + 10))
+  until value=$(cli "$addr" memory get notes greeting 2>/dev/null); do
+    if [ $SECONDS -ge $deadline ]; then
+      echo "error: $name did not receive the write within 10 s" >&2; exit 1
+    fi
+    sleep 0.05 # poll interval; the deadline is above
+  done
+  say "$(printf '%-6s' "$name") memory get notes greeting -> $value"
+done
 
 if $once; then
+  step "done; stopping the mesh"
   exit 0
 fi
 prefix=""; [ -n "$ns" ] && prefix="ip netns exec $ns "
+step "the mesh keeps running; Ctrl-C stops it. In another terminal:"
 cat <<EOF
-The mesh is running. In another terminal:
-  ${prefix}${cli[*]} status
-  ${prefix}${cli[*]} nodes show alpha
-Node logs: $work/*.log. Press Ctrl-C to stop the mesh.
+    ${prefix}$bin/mesh-cli --node $laptop --ca $ca/ca.pem --cert $ca/mesh-cli.pem --key $ca/mesh-cli.key status
+    ${prefix}curl http://$laptop_http/v1/models
 EOF
 while true; do sleep 3600 & wait $!; done

@@ -180,6 +180,29 @@ impl LoadGauge {
     }
 }
 
+/// How long the host's memory, CPU and load figures are reused.
+const SYSTEM_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The host's figures, as last read.
+#[derive(Debug)]
+struct SystemFigures {
+    host: sysinfo::System,
+    cpu_count: u32,
+    load: f64,
+    read_at: Option<std::time::Instant>,
+}
+
+impl SystemFigures {
+    fn refresh(&mut self) {
+        self.host.refresh_memory();
+        self.cpu_count = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        self.load = sysinfo::System::load_average().one;
+        self.read_at = Some(std::time::Instant::now());
+    }
+}
+
 /// The node's self-description: static facts from config plus live probes.
 #[derive(Debug)]
 pub struct Capabilities {
@@ -189,7 +212,9 @@ pub struct Capabilities {
     /// Failing checks by component (`tls`, `mdns`, `data_dir`, …) → (status, reason).
     checks: Mutex<BTreeMap<String, (HealthStatus, String)>>,
     probed_gpus: Mutex<Vec<Gpu>>,
-    system: Mutex<sysinfo::System>,
+    /// The host's figures, read at most every [`SYSTEM_TTL`] (from /proc and cgroups: too slow
+    /// for every routing decision).
+    system: Mutex<SystemFigures>,
     /// Bumped whenever watchers should get a fresh `NodeInfo` before the next beat.
     changed: watch::Sender<u64>,
     /// The node's memory, once opened, for `memory_seq`.
@@ -265,7 +290,12 @@ impl Capabilities {
             load: Arc::default(),
             checks: Mutex::default(),
             probed_gpus: Mutex::default(),
-            system: Mutex::new(sysinfo::System::new()),
+            system: Mutex::new(SystemFigures {
+                host: sysinfo::System::new(),
+                cpu_count: 1,
+                load: 0.0,
+                read_at: None,
+            }),
             changed: watch::Sender::new(0),
             memory: std::sync::OnceLock::new(),
             models: std::sync::OnceLock::new(),
@@ -337,19 +367,19 @@ impl Capabilities {
         }
     }
 
-    /// A snapshot of everything, with fresh memory and load figures.
+    /// A snapshot of everything, with memory and load figures at most [`SYSTEM_TTL`] old.
     pub fn snapshot(&self) -> NodeInfo {
         let mut info = self.base.clone();
         {
             let mut system = self.system.lock().unwrap_or_else(|p| p.into_inner());
-            system.refresh_memory();
-            info.resources.cpu_count = std::thread::available_parallelism()
-                .map(|n| n.get() as u32)
-                .unwrap_or(1);
-            info.resources.memory_total_bytes = system.total_memory();
-            info.resources.memory_available_bytes = system.available_memory();
+            if system.read_at.is_none_or(|at| at.elapsed() >= SYSTEM_TTL) {
+                system.refresh();
+            }
+            info.resources.cpu_count = system.cpu_count;
+            info.resources.memory_total_bytes = system.host.total_memory();
+            info.resources.memory_available_bytes = system.host.available_memory();
+            info.resources.cpu_load = system.load;
         }
-        info.resources.cpu_load = sysinfo::System::load_average().one;
         let mut gpus = self
             .probed_gpus
             .lock()

@@ -8,6 +8,11 @@ use mesh_node::{
     server::{self, Node},
 };
 
+/// mimalloc instead of glibc's malloc: the front door allocates per request on many threads, where
+/// glibc's arenas showed up as lock waits and consolidation in profiles (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Run an agentmesh node.
 ///
 /// With no flags it starts with zero config: name = host name, data in the platform data dir,

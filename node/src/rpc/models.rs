@@ -151,6 +151,11 @@ pub async fn chat_remote(
             Ok(Some(pb::ChatChunk {
                 kind: Some(pb::chat_chunk::Kind::Response(bytes)),
             })) => {
+                // Read on to the end of the stream (the server ends it right after the answer):
+                // a stream dropped before its end is reset, and after 1,024 resets h2 refuses
+                // the connection ("locally-reset streams reached limit"), which the front-door
+                // bench hit as a failed request.
+                while let Ok(Some(_)) = stream.message().await {}
                 return serde_json::from_slice(&bytes).map_err(|e| format!("bad answer: {e}"));
             }
             Ok(Some(pb::ChatChunk { kind: None })) => {}

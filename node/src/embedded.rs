@@ -128,9 +128,26 @@ pub struct TextStream {
     pending: Vec<u8>,
     /// Set once a stop string was seen; later input is ignored.
     stopped: bool,
+    /// The caller's stop strings, besides [`STOP_STRINGS`].
+    extra: Vec<String>,
 }
 
 impl TextStream {
+    /// A stream that also stops at the caller's `stops` (empty ones are ignored).
+    pub fn with_stops(stops: &[String]) -> Self {
+        Self {
+            extra: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            ..Self::default()
+        }
+    }
+
+    fn stops(&self) -> impl Iterator<Item = &str> {
+        STOP_STRINGS
+            .iter()
+            .copied()
+            .chain(self.extra.iter().map(String::as_str))
+    }
+
     /// Adds the bytes of one token.
     pub fn push(&mut self, bytes: &[u8]) -> StreamStep {
         if self.stopped {
@@ -143,7 +160,7 @@ impl TextStream {
         // Only complete characters can be judged; an incomplete tail waits for the next token.
         let valid = repair_utf8(&mut self.pending);
         let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
-        if let Some(at) = STOP_STRINGS.iter().filter_map(|s| text.find(s)).min() {
+        if let Some(at) = self.stops().filter_map(|s| text.find(s)).min() {
             self.stopped = true;
             self.pending.clear();
             return StreamStep {
@@ -152,9 +169,9 @@ impl TextStream {
             };
         }
         // Hold back the longest suffix that is a proper prefix of some stop string.
-        let hold = STOP_STRINGS
-            .iter()
-            .flat_map(|stop| (1..stop.len()).map(move |n| &stop[..n]))
+        let hold = self
+            .stops()
+            .flat_map(|stop| (1..stop.len()).filter_map(move |n| stop.get(..n)))
             .filter(|prefix| text.ends_with(prefix))
             .map(|prefix| prefix.len())
             .max()
@@ -244,7 +261,7 @@ mod engine {
         DecodeSpeed, EmbeddedOptions, FETCH_HINT, MEASURE_TOKENS, TextStream, render_chatml,
     };
     use crate::llm::{
-        BoxFuture, ChatModel, ChatRequest, ChatResponse, ModelError, SpeedGauge, Usage,
+        BoxFuture, ChatModel, ChatRequest, ChatResponse, ModelError, Sampling, SpeedGauge, Usage,
     };
 
     /// Tokens per prompt-processing batch.
@@ -258,6 +275,13 @@ mod engine {
     const MAX_PROMPT_BYTES_PER_TOKEN: usize = 32;
     /// The prompt of the decode-speed measurement.
     const MEASURE_PROMPT: &str = "<|im_start|>user\nCount from one to one hundred in words.<|im_end|>\n<|im_start|>assistant\n";
+
+    /// A seed for a draw the caller did not seed.
+    fn rand_seed() -> u32 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    }
 
     /// Where the engine is.
     #[derive(Debug, Clone, PartialEq)]
@@ -285,9 +309,9 @@ mod engine {
     struct ChatJob {
         /// The rendered ChatML prompt.
         prompt: String,
-        /// Most tokens to generate; `None`: until the context window is full. (`ChatRequest`
-        /// carries no limit yet, so this is always `None` for now.)
-        max_tokens: Option<usize>,
+        /// What the caller asked for: most tokens (`None`: until the context window is full),
+        /// stop strings, temperature, top-p and seed.
+        sampling: Sampling,
         /// When the caller gives up; the engine stops generating then.
         deadline: Instant,
         /// The model's timeout, for the error at the deadline.
@@ -425,7 +449,7 @@ mod engine {
             let (reply, answer) = oneshot::channel();
             self.send(Job::Chat(ChatJob {
                 prompt: render_chatml(&request.messages),
-                max_tokens: None,
+                sampling: request.sampling.clone(),
                 deadline: Instant::now() + self.options.timeout,
                 timeout: self.options.timeout,
                 deltas: deltas.clone(),
@@ -733,17 +757,28 @@ mod engine {
             Ok(())
         }
 
-        fn sampler(&self) -> LlamaSampler {
-            LlamaSampler::chain_simple([
-                LlamaSampler::penalties(
-                    self.model.n_vocab(),
-                    PENALTY_LAST_N,
-                    PENALTY_REPEAT,
-                    0.0,
-                    0.0,
-                ),
-                LlamaSampler::greedy(),
-            ])
+        /// Greedy with a repetition penalty, unless the caller asked for a temperature above 0:
+        /// then top-p (when given), the temperature, and a draw seeded by the caller's seed.
+        fn sampler(&self, sampling: &Sampling) -> LlamaSampler {
+            let mut chain = vec![LlamaSampler::penalties(
+                self.model.n_vocab(),
+                PENALTY_LAST_N,
+                PENALTY_REPEAT,
+                0.0,
+                0.0,
+            )];
+            match sampling.temperature {
+                Some(t) if t > 0.0 => {
+                    if let Some(p) = sampling.top_p {
+                        chain.push(LlamaSampler::top_p(p, 1));
+                    }
+                    chain.push(LlamaSampler::temp(t));
+                    let seed = sampling.seed.map_or_else(rand_seed, |s| s as u32);
+                    chain.push(LlamaSampler::dist(seed));
+                }
+                _ => chain.push(LlamaSampler::greedy()),
+            }
+            LlamaSampler::chain_simple(chain)
         }
 
         fn chat(&mut self, job: &ChatJob, gauge: &SpeedGauge) -> Result<ChatResponse, ModelError> {
@@ -766,10 +801,13 @@ mod engine {
         ) -> Result<ChatResponse, Interrupted> {
             let prompt_tokens = self.prefill(&job.prompt)?;
             let room = self.n_ctx - prompt_tokens;
-            let budget = job.max_tokens.map_or(room, |max| max.min(room));
+            let budget = job
+                .sampling
+                .max_tokens
+                .map_or(room, |max| (max as usize).min(room));
             let vocab = self.model.vocab();
-            let mut sampler = self.sampler();
-            let mut stream = TextStream::default();
+            let mut sampler = self.sampler(&job.sampling);
+            let mut stream = TextStream::with_stops(&job.sampling.stop);
             let mut content = String::new();
             let mut completion = 0usize;
             let mut pos = prompt_tokens;
@@ -930,6 +968,24 @@ mod tests {
         // Nothing after the stop string leaks out.
         assert_eq!(stream.push(b"more").text, "");
         assert_eq!(stream.finish(), "");
+    }
+
+    #[test]
+    fn a_callers_stop_string_ends_the_answer_even_split_and_multibyte() {
+        let mut stream = TextStream::with_stops(&["Ende€".into(), String::new()]);
+        let euro = "€".as_bytes();
+        let (text, stopped) = run(&mut stream, &[b"Paris. En", b"de", &euro[..2], &euro[2..]]);
+        assert!(stopped);
+        assert_eq!(text, "Paris. ");
+        // A held-back prefix that does not complete the stop string is sent after all.
+        let mut stream = TextStream::with_stops(&["END".into()]);
+        let (text, stopped) = run(&mut stream, &[b"EN", b"D?", b"no: ENJOY"]);
+        assert!(stopped);
+        assert_eq!(text, "");
+        let mut stream = TextStream::with_stops(&["END".into()]);
+        let (text, stopped) = run(&mut stream, &[b"EN", b"JOY"]);
+        assert!(!stopped);
+        assert_eq!(text, "ENJOY");
     }
 
     #[test]

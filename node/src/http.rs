@@ -27,7 +27,10 @@ use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use crate::{
     capabilities::Capabilities,
     config::Tier,
-    llm::{ChatModel, ChatRequest, Message, ModelError, ModelRegistry, ToolCall, ToolSpec, Usage},
+    llm::{
+        ChatModel, ChatRequest, Message, ModelError, ModelRegistry, Sampling, ToolCall, ToolSpec,
+        Usage,
+    },
     metrics::{labels, metrics},
     peers::{PeerState, PeerTable},
     router::{self, Choice, Requirements},
@@ -255,6 +258,44 @@ struct OpenAiRequest {
     stream: bool,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    /// The newer name of `max_tokens`.
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    stop: Option<Stop>,
+    #[serde(default)]
+    seed: Option<u64>,
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The request's generation settings, checked like OpenAI checks them.
+fn sampling_of(request: &OpenAiRequest) -> Result<Sampling, ApiError> {
+    let sampling = Sampling {
+        max_tokens: request.max_completion_tokens.or(request.max_tokens),
+        temperature: request.temperature,
+        top_p: request.top_p,
+        stop: match &request.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(list)) => list.clone(),
+        },
+        seed: request.seed,
+    };
+    sampling.check().map_err(ApiError::bad_request)?;
+    Ok(sampling)
 }
 
 #[derive(Debug, Deserialize)]
@@ -318,6 +359,7 @@ fn to_chat_request(request: OpenAiRequest) -> Result<(String, ChatRequest), ApiE
     if request.messages.is_empty() {
         return Err(ApiError::bad_request("messages: must not be empty"));
     }
+    let sampling = sampling_of(&request)?;
     let mut messages = Vec::with_capacity(request.messages.len());
     for (i, m) in request.messages.into_iter().enumerate() {
         let role = match m.role.as_str() {
@@ -355,7 +397,14 @@ fn to_chat_request(request: OpenAiRequest) -> Result<(String, ChatRequest), ApiE
             parameters: t.function.parameters,
         })
         .collect();
-    Ok((request.model, ChatRequest { messages, tools }))
+    Ok((
+        request.model,
+        ChatRequest {
+            messages,
+            tools,
+            sampling,
+        },
+    ))
 }
 
 /// What the front door was asked for: `role:<name>` or a model name.
@@ -372,6 +421,8 @@ pub struct WireRequest {
     messages: Vec<Message>,
     #[serde(default)]
     tools: Vec<WireTool>,
+    #[serde(default)]
+    sampling: Sampling,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -396,6 +447,7 @@ impl From<&ChatRequest> for WireRequest {
                     parameters: t.parameters.clone(),
                 })
                 .collect(),
+            sampling: r.sampling.clone(),
         }
     }
 }
@@ -413,6 +465,7 @@ impl From<WireRequest> for ChatRequest {
                     parameters: t.parameters,
                 })
                 .collect(),
+            sampling: r.sampling,
         }
     }
 }
@@ -771,5 +824,48 @@ mod tests {
             "{}",
             error.message
         );
+    }
+
+    fn sampling(extra: Value) -> Result<Sampling, String> {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let request: OpenAiRequest = serde_json::from_value(body).map_err(|e| e.to_string())?;
+        to_chat_request(request)
+            .map(|(_, chat)| chat.sampling)
+            .map_err(|e| e.message)
+    }
+
+    #[test]
+    fn generation_settings_are_taken_and_bad_ones_name_the_field() {
+        assert_eq!(sampling(json!({})), Ok(Sampling::default()));
+        let taken = sampling(json!({"max_tokens": 7, "temperature": 0.25, "top_p": 0.5,
+                                    "stop": "END", "seed": 42}))
+        .expect("valid");
+        assert_eq!(
+            taken,
+            Sampling {
+                max_tokens: Some(7),
+                temperature: Some(0.25),
+                top_p: Some(0.5),
+                stop: vec!["END".into()],
+                seed: Some(42),
+            }
+        );
+        // The newer name wins; a list of stops is taken as is.
+        let newer =
+            sampling(json!({"max_tokens": 7, "max_completion_tokens": 9, "stop": ["a", "b"]}))
+                .expect("valid");
+        assert_eq!((newer.max_tokens, newer.stop.len()), (Some(9), 2));
+        for (bad, field) in [
+            (json!({"temperature": 2.5}), "temperature"),
+            (json!({"top_p": 0.0}), "top_p"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"stop": ["1", "2", "3", "4", "5"]}), "stop"),
+        ] {
+            let error = sampling(bad.clone()).expect_err("invalid");
+            assert!(error.starts_with(field), "{bad}: {error}");
+        }
     }
 }

@@ -131,12 +131,68 @@ impl Usage {
 }
 
 /// What the loop sends a model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ChatRequest {
     /// The conversation so far.
     pub messages: Vec<Message>,
     /// Tools the model may call.
     pub tools: Vec<ToolSpec>,
+    /// How to generate, when a client of the front door said so.
+    pub sampling: Sampling,
+}
+
+/// Generation settings a client asked for; unset ones leave the model's own defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Most tokens to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature (0 to 2; an embedded model decodes greedily unless it is above 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling: the probability mass to draw from (above 0, at most 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Strings that end the answer (not part of it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Seed of the draw, for repeatable answers where the backend supports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+impl Sampling {
+    /// Most stop strings (OpenAI's limit), and their longest length in bytes.
+    pub const MAX_STOPS: usize = 4;
+    /// See [`Sampling::MAX_STOPS`].
+    pub const MAX_STOP_LEN: usize = 256;
+
+    /// Checks the ranges OpenAI allows; the error starts with the field's name.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_tokens == Some(0) {
+            return Err("max_tokens: must be at least 1".into());
+        }
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(format!("temperature: {t} is not between 0 and 2"));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(format!("top_p: {p} is not above 0 and at most 1"));
+        }
+        if self.stop.len() > Self::MAX_STOPS
+            || self.stop.iter().any(|s| s.len() > Self::MAX_STOP_LEN)
+        {
+            return Err(format!(
+                "stop: at most {} strings of at most {} bytes",
+                Self::MAX_STOPS,
+                Self::MAX_STOP_LEN
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A model's complete answer to one request.
@@ -479,6 +535,22 @@ impl OpenAiModel {
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        let sampling = &request.sampling;
+        if let Some(n) = sampling.max_tokens {
+            body["max_tokens"] = json!(n);
+        }
+        if let Some(t) = sampling.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(p) = sampling.top_p {
+            body["top_p"] = json!(p);
+        }
+        if !sampling.stop.is_empty() {
+            body["stop"] = json!(sampling.stop);
+        }
+        if let Some(seed) = sampling.seed {
+            body["seed"] = json!(seed);
+        }
         if !request.tools.is_empty() {
             body["tools"] = request
                 .tools

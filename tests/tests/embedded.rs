@@ -14,7 +14,7 @@ use std::{
 
 use mesh_node::{
     embedded::{EmbeddedModel, EmbeddedOptions, FETCH_HINT},
-    llm::{ChatModel, ChatRequest, Message, ModelError, Role},
+    llm::{ChatModel, ChatRequest, Message, ModelError, Role, Sampling},
 };
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
 use serde_json::Value;
@@ -154,6 +154,7 @@ fn the_model_streams_its_answer_reports_usage_and_measures_its_speed() {
         let request = ChatRequest {
             messages: vec![Message::text(Role::User, QUESTION)],
             tools: Vec::new(),
+            ..Default::default()
         };
         let response = model.chat(&request, &tx).await.expect("chat");
         drop(tx);
@@ -190,6 +191,80 @@ fn the_model_streams_its_answer_reports_usage_and_measures_its_speed() {
 }
 
 #[test]
+fn max_tokens_stop_strings_and_seeded_sampling_reach_the_engine() {
+    let path = model_path();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let model = EmbeddedModel::start("smol", options(&path));
+        model.ready().await.expect("the model loads");
+        let ask = |sampling: Sampling| {
+            let model = &model;
+            async move {
+                let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+                let request = ChatRequest {
+                    messages: vec![Message::text(Role::User, QUESTION)],
+                    sampling,
+                    ..Default::default()
+                };
+                model.chat(&request, &tx).await.expect("chat")
+            }
+        };
+        // Greedy decoding answers the same every time; its answer names the city.
+        let full = ask(Sampling::default()).await;
+        let at = full
+            .content
+            .find("Paris")
+            .expect("the greedy answer names Paris");
+
+        let short = ask(Sampling {
+            max_tokens: Some(2),
+            ..Sampling::default()
+        })
+        .await;
+        let usage = short.usage.expect("usage");
+        assert_eq!(usage.completion_tokens, 2, "{:?}", short.content);
+        assert!(full.content.starts_with(&short.content), "{short:?}");
+
+        let stopped = ask(Sampling {
+            stop: vec!["Paris".into()],
+            ..Sampling::default()
+        })
+        .await;
+        assert_eq!(
+            stopped.content,
+            full.content[..at],
+            "cut before the stop string"
+        );
+
+        // A temperature draws; the same seed draws the same answer.
+        let seeded = Sampling {
+            temperature: Some(1.5),
+            top_p: Some(0.95),
+            seed: Some(7),
+            max_tokens: Some(24),
+            ..Sampling::default()
+        };
+        let first = ask(seeded.clone()).await;
+        let again = ask(seeded).await;
+        assert!(!first.content.is_empty());
+        assert_eq!(first.content, again.content, "one seed, one answer");
+        // ...and other seeds draw other answers (greedy decoding would give one answer).
+        let mut answers = std::collections::BTreeSet::new();
+        for seed in 1..=5 {
+            let drawn = ask(Sampling {
+                temperature: Some(1.5),
+                seed: Some(seed),
+                max_tokens: Some(24),
+                ..Sampling::default()
+            })
+            .await;
+            answers.insert(drawn.content);
+        }
+        assert!(answers.len() > 1, "five seeds, one answer: {answers:?}");
+    });
+}
+
+#[test]
 fn a_missing_or_broken_model_file_is_a_clear_error_naming_the_path_and_the_fix() {
     let path = model_path();
     let dir = tempfile::tempdir().expect("temp dir");
@@ -221,6 +296,7 @@ fn a_missing_or_broken_model_file_is_a_clear_error_naming_the_path_and_the_fix()
             let request = ChatRequest {
                 messages: vec![Message::text(Role::User, "hi")],
                 tools: Vec::new(),
+                ..Default::default()
             };
             let error = model.chat(&request, &tx).await.expect_err("no model");
             assert!(error.falls_through(), "{error}");
@@ -293,6 +369,7 @@ fn a_call_that_times_out_is_abandoned_and_the_engine_serves_the_next_one() {
                 "Write a long story about the sea.",
             )],
             tools: Vec::new(),
+            ..Default::default()
         };
         let error = model
             .chat(&request, &tx)

@@ -20,6 +20,28 @@ fn gpu(h: &Harness, fake: &FakeOpenAi, peer: &NodeProcess) -> NodeProcess {
     .expect("gpu")
 }
 
+/// A laptop without models and a gpu serving model `m` (role `chat`) from a fake backend, both up.
+struct Mesh {
+    h: Harness,
+    fake: FakeOpenAi,
+    laptop: NodeProcess,
+    gpu: NodeProcess,
+}
+
+fn mesh() -> Mesh {
+    let h = Harness::new().expect("harness");
+    let fake = FakeOpenAi::start();
+    let laptop = h.spawn(NodeOptions::new("laptop")).expect("laptop");
+    let gpu = gpu(&h, &fake, &laptop);
+    h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
+    Mesh {
+        h,
+        fake,
+        laptop,
+        gpu,
+    }
+}
+
 fn python_client(url: &str, key: Option<&str>) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/front_door.py");
     let mut cmd = Command::new("python3");
@@ -58,11 +80,12 @@ fn http_get(url: &str, path: &str) -> String {
 
 #[test]
 fn the_openai_client_reaches_a_peers_model_through_a_node_without_models() {
-    let h = Harness::new().expect("harness");
-    let fake = FakeOpenAi::start();
-    let laptop = h.spawn(NodeOptions::new("laptop")).expect("laptop");
-    let gpu = gpu(&h, &fake, &laptop);
-    h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
+    let Mesh {
+        h: _h,
+        fake,
+        laptop,
+        gpu,
+    } = mesh();
     fake.push([
         Scripted::text("hello from the gpu"),
         Scripted::text("a streamed answer"),
@@ -115,6 +138,59 @@ fn with_api_keys_a_wrong_key_is_refused_and_a_right_one_works() {
     python_client(&laptop.http_url().expect("front door"), Some(key));
 }
 
+/// A client's generation settings reach the model's server through a node without models, and a
+/// bad one is a 400 that names it.
+#[test]
+fn generation_settings_pass_through_one_hop_and_bad_ones_are_refused() {
+    let Mesh {
+        h: _h,
+        fake,
+        laptop,
+        gpu: _gpu,
+    } = mesh();
+    let url = laptop.http_url().expect("front door");
+    let script = r#"
+import json, sys, urllib.request, urllib.error
+url = sys.argv[1] + "/v1/chat/completions"
+def post(extra):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+print(json.dumps([post({"max_tokens": 7, "temperature": 0.25, "top_p": 0.5,
+                        "stop": ["END"], "seed": 42}),
+                  post({"temperature": 3})]))
+"#;
+    let output = Command::new("python3")
+        .args(["-c", script, &url])
+        .output()
+        .expect("python3");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answers: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(answers[0][0], 200, "{answers}");
+    assert_eq!(answers[1][0], 400, "{answers}");
+    let message = answers[1][1]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.starts_with("temperature"), "{message}");
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 1, "the bad request never reached the model");
+    let sent = &requests[0];
+    assert_eq!(sent["max_tokens"], 7, "{sent}");
+    assert_eq!(sent["temperature"], 0.25, "{sent}");
+    assert_eq!(sent["top_p"], 0.5, "{sent}");
+    assert_eq!(sent["stop"], serde_json::json!(["END"]), "{sent}");
+    assert_eq!(sent["seed"], 42, "{sent}");
+}
+
 /// Many concurrent chats through one hop all succeed, and the laptop never logs h2's
 /// "locally-reset streams reached limit": the release front-door bench hit that (and one failed
 /// request) while the client dropped each `Models.Chat` stream before its end. This test did
@@ -123,11 +199,12 @@ fn with_api_keys_a_wrong_key_is_refused_and_a_right_one_works() {
 #[test]
 fn many_chats_through_one_hop_all_succeed_without_resetting_streams() {
     const CHATS: usize = 1_100;
-    let h = Harness::new().expect("harness");
-    let fake = FakeOpenAi::start();
-    let laptop = h.spawn(NodeOptions::new("laptop")).expect("laptop");
-    let gpu = gpu(&h, &fake, &laptop);
-    h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
+    let Mesh {
+        h: _h,
+        fake,
+        laptop,
+        gpu: _gpu,
+    } = mesh();
     let url = laptop.http_url().expect("front door");
     let script = r#"
 import json, sys, urllib.request

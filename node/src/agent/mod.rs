@@ -180,6 +180,7 @@ impl AgentRuntime {
             let request = ChatRequest {
                 messages: messages.clone(),
                 tools: tools.clone(),
+                ..Default::default()
             };
             let response = call_chain(&plan.chain, &request, round, events).await?;
             usage.add(

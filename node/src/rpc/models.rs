@@ -64,6 +64,9 @@ impl pb::models_server::Models for ModelsService {
                 "request.messages: must not be empty",
             ));
         }
+        chat.sampling
+            .check()
+            .map_err(|e| Status::invalid_argument(format!("request.sampling.{e}")))?;
         let serves = match &target {
             Target::Role(role) => self.models.chain(role).is_some(),
             Target::Model(name) => self.models.model(name).is_some(),
@@ -162,5 +165,54 @@ pub async fn chat_remote(
             Ok(None) => return Err("the stream ended without an answer".into()),
             Err(status) => return Err(format!("{}: {}", status.code(), status.message())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_proto::v1::models_server::Models as _;
+    use serde_json::json;
+
+    use super::*;
+    use crate::llm::{Message, Role};
+
+    #[tokio::test]
+    async fn a_peers_out_of_range_generation_setting_is_refused_naming_the_field() {
+        let service =
+            ModelsService::new(Arc::new(ModelRegistry::new(Vec::new(), Default::default())));
+        let chat = ChatRequest {
+            messages: vec![Message::text(Role::User, "hi")],
+            ..Default::default()
+        };
+        let call = |sampling: serde_json::Value| {
+            let mut request = serde_json::to_value(WireRequest::from(&chat)).expect("json");
+            request["sampling"] = sampling;
+            pb::ChatCall {
+                target: "m".into(),
+                request: serde_json::to_vec(&request).expect("bytes"),
+            }
+        };
+        let Err(status) = service
+            .chat(Request::new(call(json!({"temperature": 9.0}))))
+            .await
+        else {
+            panic!("an out-of-range temperature was accepted");
+        };
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status.message().starts_with("request.sampling.temperature"),
+            "{}",
+            status.message()
+        );
+        // In range, the check passes and the call gets as far as "not served here".
+        let Err(status) = service
+            .chat(Request::new(call(
+                json!({"temperature": 0.5, "stop": ["x"]}),
+            )))
+            .await
+        else {
+            panic!("an empty registry served a chat");
+        };
+        assert_eq!(status.code(), tonic::Code::NotFound, "{}", status.message());
     }
 }

@@ -104,6 +104,7 @@ fn bench(tokens: usize, threads: usize, runs: usize) -> anyhow::Result<()> {
                 "What is the capital of France? Answer in one word.",
             )],
             tools: Vec::new(),
+            ..Default::default()
         };
         let started = Instant::now();
         let answer = model.chat(&request, &tx).await?;

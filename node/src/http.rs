@@ -525,8 +525,18 @@ pub async fn chat_here(
 /// Where a chat goes.
 enum Place {
     Here,
-    Peer { name: String, addr: String },
+    /// These peers, best first: the next is tried when one fails before answering anything.
+    Peers(Vec<PeerAt>),
 }
+
+/// A peer a chat may go to.
+struct PeerAt {
+    name: String,
+    addr: String,
+}
+
+/// Most peers one chat is tried on (the best and two more), as for tasks.
+const MAX_CHAT_TRIES: usize = 3;
 
 impl FrontDoor {
     fn place(&self, target: &Target) -> Result<Place, ApiError> {
@@ -540,20 +550,23 @@ impl FrontDoor {
             }
             Choice::Remote(ids) => {
                 metrics().routed("chat", "remote");
-                let peer = ids
-                    .first()
-                    .and_then(|id| peers.iter().find(|p| &p.info.id == id))
-                    .ok_or_else(|| {
-                        ApiError::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "api_error",
-                            "the chosen node vanished; retry",
-                        )
-                    })?;
-                Ok(Place::Peer {
-                    name: peer.info.name.clone(),
-                    addr: peer.addr.clone(),
-                })
+                let chosen: Vec<PeerAt> = ids
+                    .iter()
+                    .filter_map(|id| peers.iter().find(|p| &p.info.id == id))
+                    .take(MAX_CHAT_TRIES)
+                    .map(|p| PeerAt {
+                        name: p.info.name.clone(),
+                        addr: p.addr.clone(),
+                    })
+                    .collect();
+                if chosen.is_empty() {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "api_error",
+                        "the chosen node vanished; retry",
+                    ));
+                }
+                Ok(Place::Peers(chosen))
             }
             Choice::Nowhere(why) => {
                 metrics().routed("chat", "nowhere");
@@ -609,16 +622,34 @@ impl FrontDoor {
                     "this node advertised the model but does not have it loaded",
                 )),
             },
-            Place::Peer { name, addr } => {
-                crate::rpc::models::chat_remote(&self.channels, &addr, &target, &request, &deltas)
-                    .await
-                    .map_err(|e| {
-                        ApiError::new(
-                            StatusCode::BAD_GATEWAY,
-                            "api_error",
-                            format!("node {name}: {e}"),
-                        )
-                    })
+            Place::Peers(peers) => {
+                let mut failed = Vec::new();
+                for peer in peers {
+                    let result = crate::rpc::models::chat_remote(
+                        &self.channels,
+                        &peer.addr,
+                        &target,
+                        &request,
+                        &deltas,
+                    )
+                    .await;
+                    let error = match result {
+                        Ok(response) => return Ok(response),
+                        Err(error) => error,
+                    };
+                    failed.push(format!("node {}: {}", peer.name, error.message));
+                    // Once text went out, or when the request itself was refused, another node
+                    // would not do better.
+                    if error.streamed || error.invalid_request {
+                        break;
+                    }
+                    tracing::warn!(node = %peer.name, error = %error.message, "front door: a chat failed before answering; trying the next node");
+                }
+                Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "api_error",
+                    failed.join("; "),
+                ))
             }
         }
     }

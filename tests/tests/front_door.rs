@@ -63,6 +63,22 @@ fn python_client(url: &str, key: Option<&str>) {
     );
 }
 
+/// Runs a Python script (`python3 -c`) with arguments; its stdout, once it succeeded.
+fn python(script: &str, args: &[&str]) -> String {
+    let output = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3 (deploy/test.sh installs it)");
+    assert!(
+        output.status.success(),
+        "python failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// A GET with curl-free plain HTTP/1.1 over a TCP socket.
 fn http_get(url: &str, path: &str) -> String {
     use std::io::{Read, Write};
@@ -165,16 +181,8 @@ print(json.dumps([post({"max_tokens": 7, "temperature": 0.25, "top_p": 0.5,
                         "stop": ["END"], "seed": 42}),
                   post({"temperature": 3})]))
 "#;
-    let output = Command::new("python3")
-        .args(["-c", script, &url])
-        .output()
-        .expect("python3");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let answers: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    let stdout = python(script, &[&url]);
+    let answers: serde_json::Value = serde_json::from_str(&stdout).expect("json");
     assert_eq!(answers[0][0], 200, "{answers}");
     assert_eq!(answers[1][0], 400, "{answers}");
     let message = answers[1][1]["error"]["message"]
@@ -223,22 +231,66 @@ def chat(i):
 # Concurrent, as clients are: the reset happens when the answer and the end of its stream
 # arrive apart.
 with ThreadPoolExecutor(8) as pool:
-    print(sum(pool.map(chat, range(n))))
+    failed = sum(pool.map(chat, range(n)))
+print(failed)
+sys.exit(1 if failed else 0)
 "#;
-    let output = Command::new("python3")
-        .args(["-c", script, &url, &CHATS.to_string()])
-        .output()
-        .expect("python3");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.trim() == "0",
-        "failed chats: {stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let failed = python(script, &[&url, &CHATS.to_string()]);
+    assert_eq!(failed.trim(), "0", "failed chats");
     assert_eq!(fake.requests().len(), CHATS);
     let log = laptop.log_text();
     assert!(
         !log.contains("locally-reset streams"),
         "the laptop reset its streams to gpu:\n{log}"
+    );
+}
+
+/// When the node ranked best fails a chat before answering anything, the front door tries the
+/// next node that serves the model.
+#[test]
+fn a_chat_that_fails_on_the_best_node_before_answering_goes_to_the_next() {
+    let h = Harness::new().expect("harness");
+    let (broken, working) = (FakeOpenAi::start(), FakeOpenAi::start());
+    let laptop = h.spawn(NodeOptions::new("laptop")).expect("laptop");
+    let model = |fake: &FakeOpenAi| {
+        format!(
+            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n",
+            fake.base_url()
+        )
+    };
+    // The declared GPU ranks `big` first.
+    let big = h
+        .spawn(NodeOptions::new("big").peer(&laptop.addr).extra(&format!(
+            "[[resources.gpus]]\nname = \"RTX 4090\"\nvram_mb = 24576\n\n{}",
+            model(&broken)
+        )))
+        .expect("big");
+    let small = h
+        .spawn(
+            NodeOptions::new("small")
+                .peer(&laptop.addr)
+                .extra(&model(&working)),
+        )
+        .expect("small");
+    h.wait_all_up(&[&laptop, &big, &small], DEADLINE)
+        .expect("mesh");
+    broken.push([Scripted::status(500)]);
+    working.push([Scripted::text("answered by small")]);
+    let url = laptop.http_url().expect("front door");
+    let script = r#"
+import json, sys, urllib.request
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+req = urllib.request.Request(sys.argv[1] + "/v1/chat/completions", data=body,
+                             headers={"content-type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=20))["choices"][0]["message"]["content"])
+"#;
+    let stdout = python(script, &[&url]);
+    assert_eq!(stdout.trim(), "answered by small");
+    assert_eq!(broken.requests().len(), 1, "big was tried first");
+    assert_eq!(working.requests().len(), 1);
+    assert!(
+        laptop.log_text().contains("trying the next node"),
+        "{}",
+        laptop.log_text()
     );
 }

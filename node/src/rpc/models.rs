@@ -116,6 +116,35 @@ impl pb::models_server::Models for ModelsService {
     }
 }
 
+/// Why a chat on a peer failed.
+#[derive(Debug, Clone)]
+pub struct RemoteChatError {
+    /// What happened.
+    pub message: String,
+    /// Some of the answer was already passed on.
+    pub streamed: bool,
+    /// The peer refused the request itself (`INVALID_ARGUMENT`): no node would take it.
+    pub invalid_request: bool,
+}
+
+impl RemoteChatError {
+    fn new(message: impl Into<String>, streamed: bool) -> Self {
+        Self {
+            message: message.into(),
+            streamed,
+            invalid_request: false,
+        }
+    }
+
+    fn status(status: &Status, streamed: bool) -> Self {
+        Self {
+            message: format!("{}: {}", status.code(), status.message()),
+            streamed,
+            invalid_request: status.code() == tonic::Code::InvalidArgument,
+        }
+    }
+}
+
 /// Runs a chat on the peer at `addr`, forwarding its deltas; the complete answer at the end.
 pub async fn chat_remote(
     channels: &super::PeerChannels,
@@ -123,8 +152,9 @@ pub async fn chat_remote(
     target: &Target,
     request: &ChatRequest,
     deltas: &mpsc::UnboundedSender<String>,
-) -> Result<WireResponse, String> {
-    let channel = channels.get(addr).await.map_err(|e| e.to_string())?;
+) -> Result<WireResponse, RemoteChatError> {
+    let fail = |message: String| RemoteChatError::new(message, false);
+    let channel = channels.get(addr).await.map_err(|e| fail(e.to_string()))?;
     let mut client = pb::models_client::ModelsClient::new(channel)
         .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES);
@@ -133,7 +163,8 @@ pub async fn chat_remote(
             Target::Role(role) => format!("role:{role}"),
             Target::Model(name) | Target::Persona(name) => name.clone(),
         },
-        request: serde_json::to_vec(&WireRequest::from(request)).map_err(|e| e.to_string())?,
+        request: serde_json::to_vec(&WireRequest::from(request))
+            .map_err(|e| fail(e.to_string()))?,
     };
     let mut stream = match client.chat(call).await {
         Ok(response) => response.into_inner(),
@@ -141,14 +172,16 @@ pub async fn chat_remote(
             if status.code() == tonic::Code::Unavailable {
                 channels.forget(addr);
             }
-            return Err(format!("{}: {}", status.code(), status.message()));
+            return Err(RemoteChatError::status(&status, false));
         }
     };
+    let mut streamed = false;
     loop {
         match stream.message().await {
             Ok(Some(pb::ChatChunk {
                 kind: Some(pb::chat_chunk::Kind::Delta(text)),
             })) => {
+                streamed = true;
                 let _ = deltas.send(text);
             }
             Ok(Some(pb::ChatChunk {
@@ -159,11 +192,17 @@ pub async fn chat_remote(
                 // the connection ("locally-reset streams reached limit"), which the front-door
                 // bench hit as a failed request.
                 while let Ok(Some(_)) = stream.message().await {}
-                return serde_json::from_slice(&bytes).map_err(|e| format!("bad answer: {e}"));
+                return serde_json::from_slice(&bytes)
+                    .map_err(|e| RemoteChatError::new(format!("bad answer: {e}"), streamed));
             }
             Ok(Some(pb::ChatChunk { kind: None })) => {}
-            Ok(None) => return Err("the stream ended without an answer".into()),
-            Err(status) => return Err(format!("{}: {}", status.code(), status.message())),
+            Ok(None) => {
+                return Err(RemoteChatError::new(
+                    "the stream ended without an answer",
+                    streamed,
+                ));
+            }
+            Err(status) => return Err(RemoteChatError::status(&status, streamed)),
         }
     }
 }

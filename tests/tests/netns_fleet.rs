@@ -1,0 +1,167 @@
+//! `deploy/netns-fleet.sh`: three hosts in network namespaces on one bridge, finding each other
+//! by mDNS. Cutting one host's link partitions it (both sides mark the other down), writes on
+//! both sides of the partition converge after the heal, and `down` leaves no namespace behind.
+//! Needs root.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use mesh_tests::{require_root, wait_for};
+use serde_json::Value;
+
+/// Generous: link-cut detection takes a few seconds by design (suspect, then down).
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Fleet {
+    name: String,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    fn script() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/netns-fleet.sh")
+    }
+
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        let bins = mesh_tests::bin("mesh-node");
+        Command::new(Self::script())
+            .args(args)
+            .env("FLEET_NAME", &self.name)
+            .env("FLEET_DIR", self.dir.path().join("fleet"))
+            .env("FLEET_BIN", bins.parent().expect("bin dir"))
+            .output()
+            .expect("run deploy/netns-fleet.sh")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(
+            output.status.success(),
+            "netns-fleet.sh {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The state host `observer` has for host `subject`.
+    fn state(&self, observer: usize, subject: usize) -> Option<String> {
+        let output = self.run(&["cli", &observer.to_string(), "status", "--json"]);
+        let status: Value = serde_json::from_slice(&output.stdout).ok()?;
+        status["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == format!("host{subject}"))
+            .and_then(|n| n["state"].as_str())
+            .map(str::to_owned)
+    }
+
+    fn wait_state(&self, observer: usize, subject: usize, want: &str) {
+        wait_for(
+            &format!("host{observer} to see host{subject} {want}"),
+            DEADLINE,
+            || (self.state(observer, subject).as_deref() == Some(want)).then_some(()),
+        )
+        .expect("state");
+    }
+
+    fn get(&self, host: usize, key: &str) -> Option<String> {
+        let output = self.run(&["cli", &host.to_string(), "memory", "get", "notes", key]);
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    }
+}
+
+/// A failed test still takes its fleet down.
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = self.run(&["down"]);
+    }
+}
+
+fn namespaces_named(prefix: &str) -> usize {
+    let output = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| l.starts_with(&format!("{prefix}-")))
+        .count()
+}
+
+#[test]
+fn a_cut_link_partitions_a_host_and_writes_on_both_sides_converge_after_the_heal() {
+    require_root();
+    let fleet = Fleet {
+        name: format!("amt{}", std::process::id()),
+        dir: tempfile::tempdir().expect("temp dir"),
+    };
+    fleet.ok(&["up", "3"]);
+    assert_eq!(namespaces_named(&fleet.name), 4, "a hub and three hosts");
+    fleet.ok(&["cli", "1", "memory", "put", "notes", "before", "all"]);
+
+    fleet.ok(&["cut", "2"]);
+    fleet.wait_state(1, 2, "down");
+    fleet.wait_state(2, 1, "down");
+    // Writes on both sides, one key written on both (the later write wins everywhere).
+    fleet.ok(&["cli", "1", "memory", "put", "notes", "majority", "1"]);
+    fleet.ok(&["cli", "2", "memory", "put", "notes", "minority", "2"]);
+    fleet.ok(&["cli", "2", "memory", "put", "notes", "both", "first"]);
+    fleet.ok(&["cli", "3", "memory", "put", "notes", "both", "second"]);
+    assert_eq!(
+        fleet.get(2, "majority"),
+        None,
+        "the cut host cannot see the others' writes"
+    );
+
+    fleet.ok(&["heal", "2"]);
+    for host in 1..=3 {
+        for other in (1..=3).filter(|o| *o != host) {
+            fleet.wait_state(host, other, "up");
+        }
+    }
+    for host in 1..=3 {
+        for (key, want) in [
+            ("before", "all"),
+            ("majority", "1"),
+            ("minority", "2"),
+            ("both", "second"),
+        ] {
+            wait_for(
+                &format!("host{host} to hold {key} = {want}"),
+                DEADLINE,
+                || (fleet.get(host, key).as_deref() == Some(want)).then_some(()),
+            )
+            .expect("converged");
+        }
+    }
+
+    fleet.ok(&["down"]);
+    assert_eq!(
+        namespaces_named(&fleet.name),
+        0,
+        "down removes every namespace"
+    );
+}
+
+#[test]
+fn bad_commands_name_the_problem() {
+    require_root();
+    let fleet = Fleet {
+        name: format!("amb{}", std::process::id()),
+        dir: tempfile::tempdir().expect("temp dir"),
+    };
+    for (args, want) in [
+        (&["up", "0"][..], "give the number of hosts"),
+        (&["status"][..], "no fleet"),
+        (&["launch"][..], "unknown command"),
+    ] {
+        let output = fleet.run(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}

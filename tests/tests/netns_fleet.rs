@@ -165,3 +165,47 @@ fn bad_commands_name_the_problem() {
         assert!(stderr.contains(want), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_node_that_sleeps_is_marked_down_and_catches_up_when_it_wakes_and_a_slow_link_still_replicates()
+{
+    require_root();
+    let fleet = Fleet {
+        name: format!("ams{}", std::process::id()),
+        dir: tempfile::tempdir().expect("temp dir"),
+    };
+    fleet.ok(&["up", "3"]);
+    // host3's link is slow: 256 kbit/s with up to 500 ms of queue (tc tbf in its namespace).
+    // (Loss would need netem, which this CI kernel lacks: CONFIG_NET_SCH_NETEM is not set.)
+    fleet.ok(&[
+        "exec", "3", "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", "256kbit",
+        "burst", "16kbit", "latency", "500ms",
+    ]);
+    fleet.ok(&["cli", "1", "memory", "put", "notes", "slow", "arrives"]);
+    wait_for("host3 to get a write over the slow link", DEADLINE, || {
+        (fleet.get(3, "slow").as_deref() == Some("arrives")).then_some(())
+    })
+    .expect("replicated");
+
+    // host2 sleeps (SIGSTOP): its peers stop hearing it and mark it down.
+    fleet.ok(&["kill", "2", "STOP"]);
+    fleet.wait_state(1, 2, "down");
+    fleet.ok(&[
+        "cli",
+        "1",
+        "memory",
+        "put",
+        "notes",
+        "while-asleep",
+        "written",
+    ]);
+    fleet.ok(&["kill", "2", "CONT"]);
+    fleet.wait_state(1, 2, "up");
+    wait_for(
+        "host2 to catch up on the write made while it slept",
+        DEADLINE,
+        || (fleet.get(2, "while-asleep").as_deref() == Some("written")).then_some(()),
+    )
+    .expect("caught up");
+    assert_eq!(fleet.get(3, "while-asleep").as_deref(), Some("written"));
+}

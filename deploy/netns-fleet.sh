@@ -27,7 +27,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 hub="$name-hub"
 
 die() { echo "netns-fleet.sh: $*" >&2; exit 1; }
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 host_ns() { echo "$name-$1"; }
 addr() { echo "10.78.0.$1"; }
 count() { cat "$dir/count" 2>/dev/null || die "no fleet \`$name\` is up (deploy/netns-fleet.sh up N)"; }

@@ -56,6 +56,15 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A bench's positional argument `n` (1-based) as a number, or `default` when it is absent or
+/// not a number.
+pub fn arg(n: usize, default: usize) -> usize {
+    std::env::args()
+        .nth(n)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(
     what: &str,

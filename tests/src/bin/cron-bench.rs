@@ -12,10 +12,7 @@ use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, fake_openai::FakeOpenAi};
 
 fn main() -> ExitCode {
-    let firings: usize = std::env::args()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(60);
+    let firings = mesh_tests::arg(1, 60);
     match bench(firings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

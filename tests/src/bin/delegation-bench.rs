@@ -16,10 +16,7 @@ use mesh_tests::{
 };
 
 fn main() -> ExitCode {
-    let runs: usize = std::env::args()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(50);
+    let runs = mesh_tests::arg(1, 50);
     match bench(runs) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -17,12 +17,7 @@ use mesh_node::{
 };
 
 fn main() -> ExitCode {
-    let arg = |n: usize, default: usize| {
-        std::env::args()
-            .nth(n)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
+    let arg = mesh_tests::arg;
     match bench(arg(1, 64), arg(2, 2), arg(3, 10)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -16,10 +16,7 @@ use mesh_tests::{Harness, Netns, NodeOptions, NodeProcess, wait_for};
 use time::{OffsetDateTime, format_description::well_known::Rfc3339};
 
 fn main() -> ExitCode {
-    let runs: usize = std::env::args()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(10);
+    let runs = mesh_tests::arg(1, 10);
     match run(runs) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -17,10 +17,7 @@ use mesh_tests::{
 const ROUNDS: usize = 21;
 
 fn main() -> ExitCode {
-    let runs: usize = std::env::args()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(10);
+    let runs = mesh_tests::arg(1, 10);
     match bench(runs) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,205 @@
+//! The files under deploy/ that install agentmesh as a service: every example config in
+//! deploy/examples loads with the node's own config loader (and the directory holds exactly
+//! the documented three), and `systemd-analyze verify` finds nothing wrong with
+//! deploy/systemd/mesh-node.service.
+//!
+//! The unit test FAILS when `systemd-analyze` is not installed (`deploy/test.sh --setup-only`
+//! installs it): checking the unit is the point, so it never passes without checking.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use mesh_node::config::{Backend, Config, Overrides, RawConfig, TlsMode};
+
+/// The examples, as the docs list them.
+const EXAMPLES: [&str; 3] = ["gpu-box.toml", "home-server.toml", "laptop.toml"];
+/// Where the unit keeps the node's state (`StateDirectory=agentmesh`, `--data-dir`).
+const STATE_DIR: &str = "/var/lib/agentmesh";
+/// The binary the unit starts.
+const INSTALLED_BIN: &str = "/usr/local/bin/mesh-node";
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn load(name: &str) -> Config {
+    let path = deploy_dir().join("examples").join(name);
+    Config::load(Some(&path), &Overrides::default())
+        .unwrap_or_else(|e| panic!("deploy/examples/{name} must be a valid config: {e}"))
+}
+
+/// The `[[models]]` as written, without the default embedded model a node adds when the
+/// machine running the test happens to have it in /var/lib/agentmesh/models.
+fn models_in_file(name: &str) -> usize {
+    let path = deploy_dir().join("examples").join(name);
+    let text = fs::read_to_string(&path).expect("the example is readable");
+    RawConfig::parse(&text, &path)
+        .expect("the example parses")
+        .models
+        .len()
+}
+
+#[test]
+fn the_examples_directory_holds_exactly_the_three_documented_configs() {
+    let mut names: Vec<String> = fs::read_dir(deploy_dir().join("examples"))
+        .expect("deploy/examples exists")
+        .map(|entry| {
+            entry
+                .expect("a readable directory entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    assert_eq!(
+        names, EXAMPLES,
+        "deploy/examples must hold exactly the three examples that docs/operations.md lists"
+    );
+}
+
+#[test]
+fn every_example_loads_and_matches_the_systemd_unit() {
+    for name in EXAMPLES {
+        let config = load(name);
+        assert_eq!(
+            config.data_dir,
+            Path::new(STATE_DIR),
+            "{name}: node.data_dir must be the unit's state directory"
+        );
+        match &config.tls {
+            TlsMode::Mtls(files) => {
+                for path in [&files.ca, &files.cert, &files.key] {
+                    assert!(
+                        path.starts_with("/etc/agentmesh/tls"),
+                        "{name}: {} is not under /etc/agentmesh/tls",
+                        path.display()
+                    );
+                }
+            }
+            other => panic!("{name}: expected mTLS files under /etc/agentmesh/tls, got {other:?}"),
+        }
+        assert!(config.discovery.mdns, "{name}: mDNS is on in every example");
+    }
+}
+
+#[test]
+fn the_laptop_runs_no_model_and_keeps_its_front_door_local() {
+    let config = load("laptop.toml");
+    assert_eq!(models_in_file("laptop.toml"), 0, "the laptop delegates");
+    assert!(
+        config.personas.is_empty(),
+        "a node without roles has no personas"
+    );
+    assert!(config.http.listen.addr.ip().is_loopback());
+}
+
+#[test]
+fn the_gpu_box_serves_ollama_models_on_the_lan_behind_keys() {
+    let config = load("gpu-box.toml");
+    assert_eq!(models_in_file("gpu-box.toml"), 2);
+    for model in &config.models {
+        match &model.backend {
+            Backend::OpenAi { base_url, .. } => {
+                assert_eq!(base_url, "http://127.0.0.1:11434/v1", "{}", model.name);
+            }
+            other => panic!("{}: expected an openai model, got {other:?}", model.name),
+        }
+    }
+    assert_eq!(config.roles, vec!["chat", "coder"]);
+    assert!(
+        config.gpus.iter().all(|gpu| gpu.vram_mb > 0) && !config.gpus.is_empty(),
+        "the GPU is declared with its VRAM"
+    );
+    assert!(!config.http.listen.addr.ip().is_loopback());
+    assert!(
+        !config.http.api_keys.is_empty(),
+        "a front door on the LAN needs api_keys"
+    );
+}
+
+#[test]
+fn the_home_server_runs_the_embedded_model_for_research() {
+    let config = load("home-server.toml");
+    assert_eq!(models_in_file("home-server.toml"), 1);
+    match &config.models[0].backend {
+        Backend::Embedded { path, .. } => assert_eq!(
+            path,
+            Path::new("/var/lib/agentmesh/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        ),
+        other => panic!("expected the embedded SmolLM2 model, got {other:?}"),
+    }
+    assert!(config.roles.iter().any(|role| role == "research"));
+    assert!(
+        !config
+            .local_namespaces
+            .iter()
+            .any(|ns| ns == "cron" || ns == "cron_firings"),
+        "the cron namespaces must stay replicated"
+    );
+}
+
+#[test]
+fn systemd_analyze_verify_finds_nothing_wrong_with_the_unit() {
+    let unit_path = deploy_dir().join("systemd/mesh-node.service");
+    let unit = fs::read_to_string(&unit_path).expect("deploy/systemd/mesh-node.service exists");
+    let exec_start = format!(
+        "ExecStart={INSTALLED_BIN} --config /etc/agentmesh/mesh-node.toml --data-dir {STATE_DIR}\n"
+    );
+    assert_eq!(
+        unit.matches(&exec_start).count(),
+        1,
+        "the unit starts the installed binary with the config in /etc/agentmesh and the state directory: {exec_start}"
+    );
+    assert!(unit.contains("StateDirectory=agentmesh\n"));
+
+    match Command::new("systemd-analyze").arg("--version").output() {
+        Ok(output) => assert!(output.status.success(), "systemd-analyze --version failed"),
+        Err(e) => panic!(
+            "systemd-analyze is not available ({e}): install the Debian package `systemd` \
+             (deploy/test.sh --setup-only installs it)"
+        ),
+    }
+
+    // verify refuses a unit whose ExecStart binary does not exist; /usr/local/bin/mesh-node
+    // is not installed on a build machine, so check a copy that starts the binary just built.
+    let built = mesh_tests::bin("mesh-node");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let copy = dir.path().join("mesh-node.service");
+    fs::write(
+        &copy,
+        unit.replacen(
+            &format!("ExecStart={INSTALLED_BIN} "),
+            &format!("ExecStart={} ", built.display()),
+            1,
+        ),
+    )
+    .expect("write the unit copy");
+
+    let output = Command::new("systemd-analyze")
+        .args(["verify", "--recursive-errors=no", "--man=no"])
+        .arg(&copy)
+        .output()
+        .expect("systemd-analyze runs");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let about_the_unit: Vec<&str> = printed
+        .lines()
+        .filter(|line| line.contains("mesh-node") || line.contains(&*dir.path().to_string_lossy()))
+        .collect();
+    assert!(
+        about_the_unit.is_empty(),
+        "systemd-analyze verify complains about the unit:\n{printed}"
+    );
+    assert!(
+        output.status.success(),
+        "systemd-analyze verify failed ({}):\n{printed}",
+        output.status
+    );
+}

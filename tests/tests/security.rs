@@ -1,6 +1,7 @@
-//! Only members of the mesh CA get in: clients and nodes with a certificate from another CA, or
-//! with none, are refused by the server (the RPC fails; with TLS 1.3 the TCP+TLS connect itself
-//! may still succeed on the client side).
+//! Only members of the mesh CA get in: clients and nodes with a certificate from another CA, an
+//! expired certificate, or none, are refused by the server (the RPC fails; with TLS 1.3 the
+//! TCP+TLS connect itself may still succeed on the client side). Oversized requests and
+//! strings are refused with the limit, and the node goes on serving.
 
 use std::{sync::Arc, time::Duration};
 
@@ -115,4 +116,112 @@ fn a_node_from_another_ca_never_joins_the_fleet() {
     assert_eq!(names(harness.status(&alpha).expect("status")), ["alpha"]);
     // mesh-cli with our CA cannot even talk to mallory: its server certificate is foreign too.
     assert!(harness.status(&mallory).is_err());
+}
+
+/// A certificate signed by our own CA whose validity ended yesterday.
+fn expired_identity(harness: &Harness) -> TlsFiles {
+    let ca_dir = harness.ca_dir();
+    let ca_pem = std::fs::read_to_string(ca_dir.join(tls::CA_CERT_FILE)).expect("ca pem");
+    let ca_key = rcgen::KeyPair::from_pem(
+        &std::fs::read_to_string(ca_dir.join(tls::CA_KEY_FILE)).expect("ca key"),
+    )
+    .expect("ca key pem");
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).expect("issuer");
+    let mut params = rcgen::CertificateParams::new(vec!["stale".to_owned()]).expect("params");
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(30);
+    params.not_after = now - time::Duration::days(1);
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, &issuer).expect("sign");
+    let dir = harness.path().join("expired");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let files = TlsFiles {
+        ca: ca_dir.join(tls::CA_CERT_FILE),
+        cert: dir.join("stale.pem"),
+        key: dir.join("stale.key"),
+    };
+    std::fs::write(&files.cert, cert.pem()).expect("cert");
+    std::fs::write(&files.key, key.serialize_pem()).expect("key");
+    files
+}
+
+#[tokio::test]
+async fn a_client_whose_certificate_expired_is_refused() {
+    let harness = Harness::new().expect("harness");
+    let node = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
+    let ca = harness.client_files().ca.clone();
+    let expired = expired_identity(&harness);
+    let refused = list_peers(&client(&ca, Some(&expired)), &node.addr).await;
+    assert!(
+        refused.is_err(),
+        "an expired certificate, even from our CA, must be refused"
+    );
+    // The control: a current certificate from the same CA, through the same code path.
+    let member = harness.issue("member").expect("member cert");
+    let served = list_peers(&client(&ca, Some(&member)), &node.addr).await;
+    assert!(served.is_ok(), "{served:?}");
+}
+
+#[tokio::test]
+async fn oversized_requests_and_strings_are_refused_with_the_limit() {
+    use mesh_proto::v1 as pb;
+    let harness = Harness::new().expect("harness");
+    let node = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
+    let member = harness.issue("member").expect("member cert");
+    let ca = harness.client_files().ca.clone();
+    let channel = client(&ca, Some(&member))
+        .connect(&node.addr)
+        .await
+        .expect("connect")
+        .channel;
+
+    // A 2 MiB prompt: over the 1 MiB request limit of the Tasks service.
+    let mut tasks = pb::tasks_client::TasksClient::new(channel.clone())
+        .max_encoding_message_size(8 * 1024 * 1024);
+    let status = tasks
+        .submit(pb::SubmitRequest {
+            prompt: "x".repeat(2 * 1024 * 1024),
+            target: Some(pb::submit_request::Target::Role("chat".into())),
+            ..Default::default()
+        })
+        .await
+        .expect_err("an oversized request is refused");
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+
+    // A memory key over 512 bytes and a namespace with a bad character name the field.
+    let mut memory = pb::memory_client::MemoryClient::new(channel);
+    let status = memory
+        .put(pb::MemoryPutRequest {
+            namespace: "notes".into(),
+            key: "k".repeat(513),
+            value: b"v".to_vec(),
+        })
+        .await
+        .expect_err("a long key is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().starts_with("key"), "{}", status.message());
+    let status = memory
+        .put(pb::MemoryPutRequest {
+            namespace: "../etc".into(),
+            key: "k".into(),
+            value: b"v".to_vec(),
+        })
+        .await
+        .expect_err("a bad namespace is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with("namespace"),
+        "{}",
+        status.message()
+    );
+    // The node is still fine.
+    assert!(
+        list_peers(&client(&ca, Some(&member)), &node.addr)
+            .await
+            .is_ok()
+    );
 }

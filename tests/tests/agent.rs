@@ -633,3 +633,76 @@ fn agents_read_search_and_write_the_shared_memory() {
         .expect("get");
     assert_eq!(String::from_utf8_lossy(&output.stdout), "ship on friday");
 }
+
+#[test]
+fn file_tools_cannot_leave_the_roots_by_dots_absolute_paths_or_symlinks() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let outside = tempfile::tempdir().expect("a directory outside the roots");
+    std::fs::write(outside.path().join("secret.txt"), "TOP-SECRET-42").expect("secret");
+    let root = harness.path().join("ws");
+    std::fs::create_dir_all(&root).expect("root");
+    std::os::unix::fs::symlink(outside.path(), root.join("link")).expect("symlink");
+    let node = start(
+        &harness,
+        "alpha",
+        &model_config(&fake, &format!("[tools]\nroots = [{:?}]\n", root)),
+    );
+    let secret = outside.path().join("secret.txt");
+    let escaped = outside.path().join("written.txt");
+    let attempts = [
+        Scripted::tool("file_read", r#"{"path": "../../../../../../etc/passwd"}"#),
+        Scripted::tool(
+            "file_read",
+            &format!(r#"{{"path": {:?}}}"#, secret.display().to_string()),
+        ),
+        Scripted::tool("file_read", r#"{"path": "link/secret.txt"}"#),
+        Scripted::tool(
+            "file_write",
+            &format!(
+                r#"{{"path": {:?}, "content": "pwned"}}"#,
+                escaped.display().to_string()
+            ),
+        ),
+        Scripted::tool(
+            "file_write",
+            r#"{"path": "link/written.txt", "content": "pwned"}"#,
+        ),
+        Scripted::text("nothing got out"),
+    ];
+    fake.push(attempts);
+    let (code, result) = harness
+        .run_json(
+            &node,
+            &[
+                "--role",
+                "chat",
+                "--tier",
+                "write",
+                "--max-rounds",
+                "10",
+                "escape",
+            ],
+        )
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    let seen: String = (0..fake.requests().len())
+        .map(|n| request_text(&fake, n))
+        .collect();
+    assert!(
+        !seen.contains("TOP-SECRET-42"),
+        "a secret reached the model"
+    );
+    assert!(
+        !seen.contains("root:x:0:0"),
+        "/etc/passwd reached the model"
+    );
+    assert!(!escaped.exists(), "a file was written outside the roots");
+    // Each request carries the whole conversation, so the last one holds all five refusals.
+    let last = request_text(&fake, 5);
+    assert_eq!(
+        last.matches("is outside the directories this node allows").count(),
+        5,
+        "every attempt was refused with the reason: {last}"
+    );
+}

@@ -209,6 +209,28 @@ impl Roots {
     }
 }
 
+/// Namespaces the node keeps for itself, which `memory_put` refuses: cron schedules and their
+/// firings, and conversation sessions.
+pub const SYSTEM_NAMESPACES: &[&str] = &[
+    crate::cron::SCHEDULES,
+    crate::cron::FIRINGS,
+    crate::agent::SESSIONS,
+];
+
+/// Writes a file that must not exist yet: `create_new` (O_CREAT|O_EXCL) fails on anything
+/// already there, a symlink included, so a link planted beside the target cannot redirect the
+/// write outside the roots.
+async fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut file = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .await?;
+    file.write_all(bytes).await?;
+    file.flush().await
+}
+
 fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, String> {
     args.get(name)
         .and_then(Value::as_str)
@@ -364,16 +386,19 @@ impl Tool for FileWrite {
                 let mut backup = path.clone().into_os_string();
                 backup.push(format!(".{stamp}.bak"));
                 let backup = PathBuf::from(backup);
-                tokio::fs::copy(&path, &backup)
+                let previous = tokio::fs::read(&path)
+                    .await
+                    .map_err(|e| format!("cannot back up {}: {e}", path.display()))?;
+                write_new(&backup, &previous)
                     .await
                     .map_err(|e| format!("cannot back up {}: {e}", path.display()))?;
                 note = format!(" (previous version kept as {})", backup.display());
             }
             // Write beside the target and rename, so a crash never leaves half a file.
             let mut temp = path.clone().into_os_string();
-            temp.push(".agentmesh-tmp");
+            temp.push(format!(".{}.agentmesh-tmp", uuid::Uuid::now_v7().simple()));
             let temp = PathBuf::from(temp);
-            tokio::fs::write(&temp, content.as_bytes())
+            write_new(&temp, content.as_bytes())
                 .await
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             tokio::fs::rename(&temp, &path)
@@ -620,6 +645,14 @@ impl Tool for MemoryPut {
         Box::pin(async move {
             let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
             let value = str_arg(args, "value")?;
+            // The node's own namespaces: a schedule written here would run its task as a local
+            // caller at whatever tier it names, past this task's tier and remote_max_tier.
+            if SYSTEM_NAMESPACES.contains(&ns) {
+                return Err(format!(
+                    "namespace `{ns}` belongs to the node ({}); agents cannot write it (use another namespace)",
+                    SYSTEM_NAMESPACES.join(", ")
+                ));
+            }
             self.memory
                 .put(ns, key, Some(value.as_bytes().to_vec()))
                 .await
@@ -796,6 +829,76 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(backups[0].path()).expect("backup"),
             "one"
+        );
+    }
+
+    #[tokio::test]
+    async fn memory_put_refuses_the_nodes_own_namespaces() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = crate::storage::SledStore::new(sled::open(dir.path()).expect("db"));
+        let (memory, _writes) = crate::memory::Memory::open(
+            Arc::new(store),
+            crate::identity::NodeId::from_spki_der(b"me"),
+            crate::memory::MemoryOptions::default(),
+        )
+        .expect("memory");
+        let put = MemoryPut {
+            memory: memory.clone(),
+        };
+        let schedule = r#"{"name": "x", "expression": "* * * * *", "task": {"tier": "shell"}}"#;
+        for ns in SYSTEM_NAMESPACES {
+            let refused = put
+                .call(
+                    &json!({"namespace": ns, "key": "x", "value": schedule}),
+                    &ctx(),
+                )
+                .await
+                .expect_err("a system namespace is refused");
+            assert!(refused.contains("belongs to the node"), "{refused}");
+            assert!(memory.get(ns, "x").expect("get").is_none());
+        }
+        put.call(
+            &json!({"namespace": "notes", "key": "x", "value": "fine"}),
+            &ctx(),
+        )
+        .await
+        .expect("an ordinary namespace is written");
+    }
+
+    #[tokio::test]
+    async fn a_symlink_planted_beside_the_target_cannot_redirect_a_write() {
+        let (dir, roots) = roots();
+        let outside = dir.path().join("outside.txt");
+        std::fs::write(&outside, "untouched").expect("outside");
+        let ws = roots.default_dir().expect("dir");
+        // The names a write used to put beside its target, and a backup-like name.
+        for planted in ["a.txt.agentmesh-tmp", "b.txt.agentmesh-tmp"] {
+            std::os::unix::fs::symlink(&outside, ws.join(planted)).expect("symlink");
+        }
+        let write = FileWrite {
+            roots: roots.clone(),
+        };
+        write
+            .call(&json!({"path": "a.txt", "content": "new"}), &ctx())
+            .await
+            .expect("write");
+        assert_eq!(
+            std::fs::read_to_string(&outside).expect("read"),
+            "untouched"
+        );
+        assert!(
+            !std::fs::symlink_metadata(ws.join("a.txt"))
+                .expect("a.txt")
+                .file_type()
+                .is_symlink(),
+            "the target is a plain file"
+        );
+        // write_new itself refuses anything already there, a symlink included.
+        let planted = ws.join("b.txt.agentmesh-tmp");
+        assert!(write_new(&planted, b"x").await.is_err());
+        assert_eq!(
+            std::fs::read_to_string(&outside).expect("read"),
+            "untouched"
         );
     }
 

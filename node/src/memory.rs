@@ -773,8 +773,28 @@ impl Memory {
                 Err(e) => refused.push(format!("{}/{}: {e}", entry.namespace, entry.key)),
             }
         }
+        // A node whose only news came by pushes has never synced, so it has no contact time,
+        // and would not know it was away too long: its first record starts the clock.
+        if applied > 0
+            && let Err(e) = self.start_contact_clock()
+        {
+            refused.push(format!("record contact: {e}"));
+        }
         let frontier = sender.map_or(0, |s| self.watermark(s, s));
         (applied, refused, frontier)
+    }
+
+    /// Records "in touch now" unless a contact time is already recorded.
+    fn start_contact_clock(&self) -> Result<(), MemoryError> {
+        let _writer = self.write_lock();
+        if self.store.get(META, CONTACT_KEY)?.is_none() {
+            self.store.commit(vec![Write::Put(
+                META.into(),
+                CONTACT_KEY.to_vec(),
+                unix_ms().to_be_bytes().to_vec(),
+            )])?;
+        }
+        Ok(())
     }
 
     /// Removes the record at `tree`/`key` (and its index entries) if it is still `bytes`: a
@@ -1658,6 +1678,44 @@ mod tests {
                 .tombstone
         );
         assert_eq!(tombstone_of(&local, "k"), None);
+    }
+
+    #[tokio::test]
+    async fn a_node_that_only_ever_got_pushes_can_still_tell_it_was_away_too_long() {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(3600),
+            ..MemoryOptions::default()
+        };
+        let (me, sender) = (id("me"), id("sender"));
+        let (_dir, memory) = open_memory(&me, options);
+        assert!(!memory.stale(), "a new node with nothing is not stale");
+        assert_eq!(memory.meta_u64(CONTACT_KEY), None);
+        let write = Entry {
+            namespace: "notes".into(),
+            key: "k".into(),
+            record: Record {
+                seq: 1,
+                ..record(uhlc::system_time_clock().as_u64(), &sender, false)
+            },
+        };
+        assert_eq!(memory.accept_push(Some(&sender), &[write]).0, 1);
+        let started = memory
+            .meta_u64(CONTACT_KEY)
+            .expect("the first record starts the clock");
+        assert!(!memory.stale());
+        // Later pushes do not move it: only a completed sync does.
+        memory.start_contact_clock().expect("again");
+        assert_eq!(memory.meta_u64(CONTACT_KEY), Some(started));
+        let long_ago = unix_ms() - 2 * 3600 * 1000;
+        memory
+            .store
+            .commit(vec![Write::Put(
+                META.into(),
+                CONTACT_KEY.to_vec(),
+                long_ago.to_be_bytes().to_vec(),
+            )])
+            .expect("age");
+        assert!(memory.stale(), "away longer than the window: resync first");
     }
 
     #[tokio::test]

@@ -701,7 +701,8 @@ fn file_tools_cannot_leave_the_roots_by_dots_absolute_paths_or_symlinks() {
     // Each request carries the whole conversation, so the last one holds all five refusals.
     let last = request_text(&fake, 5);
     assert_eq!(
-        last.matches("is outside the directories this node allows").count(),
+        last.matches("is outside the directories this node allows")
+            .count(),
         5,
         "every attempt was refused with the reason: {last}"
     );

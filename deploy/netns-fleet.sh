@@ -68,6 +68,7 @@ up() {
   need_root
   [ ! -e "$dir/count" ] || die "fleet \`$name\` is already up ($dir); \`down\` it first"
   local bins=${FLEET_BIN:-$root/target/$profile}
+  bins=$(cd "$bins" 2>/dev/null && pwd) || die "FLEET_BIN: no directory \`${FLEET_BIN:-}\`"
   if [ -z "${FLEET_BIN:-}" ]; then
     local flags=()
     [ "$profile" = release ] && flags=(--release)
@@ -160,7 +161,9 @@ down() {
   done
   for i in $(seq 1 "$n"); do ip netns del "$(host_ns "$i")" 2>/dev/null || true; done
   ip netns del "$hub" 2>/dev/null || true
-  rm -rf "$dir"
+  # Only a directory this script made (it holds `count`) is removed, never another one that
+  # FLEET_DIR happens to name.
+  if [ -f "$dir/count" ]; then rm -rf "$dir"; fi
   echo "fleet \`$name\` is down"
 }
 
@@ -169,8 +172,8 @@ cmd=${1:-}
 case "$cmd" in
   up) up "$@" ;;
   down) down ;;
-  status) count >/dev/null; cli_in 1 status ;;
-  cli) [ $# -ge 1 ] || die "cli: give a host number"; check_host "$1"; cli_in "$@" ;;
+  status) count >/dev/null; need_root; cli_in 1 status ;;
+  cli) [ $# -ge 1 ] || die "cli: give a host number"; check_host "$1"; need_root; cli_in "$@" ;;
   exec)
     [ $# -ge 2 ] || die "exec: give a host number and a command"
     check_host "$1"; need_root

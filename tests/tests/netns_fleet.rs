@@ -164,6 +164,15 @@ fn bad_commands_name_the_problem() {
         assert!(!output.status.success(), "{args:?} succeeded");
         assert!(stderr.contains(want), "{args:?}: {stderr}");
     }
+    // `down` with FLEET_DIR naming a directory the script did not make leaves it alone.
+    let mine = fleet.dir.path().join("fleet");
+    std::fs::create_dir_all(&mine).expect("dir");
+    std::fs::write(mine.join("precious.txt"), "keep").expect("file");
+    fleet.ok(&["down"]);
+    assert!(
+        mine.join("precious.txt").exists(),
+        "down removed a directory it did not make"
+    );
 }
 
 #[test]

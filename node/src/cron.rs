@@ -1035,8 +1035,7 @@ mod tests {
             Arc::new(crate::storage::SledStore::new(db)),
             own,
             crate::memory::MemoryOptions::default(),
-        )
-        .expect("open");
+        );
         (dir, memory)
     }
 

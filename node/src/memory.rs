@@ -271,7 +271,7 @@ impl Memory {
         store: Arc<dyn Store>,
         own: NodeId,
         options: MemoryOptions,
-    ) -> Result<(Arc<Self>, mpsc::UnboundedReceiver<Entry>), MemoryError> {
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Entry>) {
         let hlc = uhlc::HLCBuilder::new()
             .with_id(hlc_id(&own))
             .with_max_delta(options.max_skew)
@@ -289,7 +289,7 @@ impl Memory {
             pushes,
             synced_at: std::sync::Mutex::default(),
         };
-        Ok((Arc::new(memory), rx))
+        (Arc::new(memory), rx)
     }
 
     /// This node's id.
@@ -1390,8 +1390,7 @@ mod tests {
             sled::open(dir.path()).expect("db"),
         ));
         let own = id("me");
-        let (memory, _writes) =
-            Memory::open(db, own.clone(), MemoryOptions::default()).expect("open");
+        let (memory, _writes) = Memory::open(db, own.clone(), MemoryOptions::default());
         memory
             .put("notes", "a", Some(b"1".to_vec()))
             .await
@@ -1493,7 +1492,7 @@ mod tests {
         let db: Arc<dyn Store> = Arc::new(crate::storage::SledStore::new(
             sled::open(dir.path()).expect("db"),
         ));
-        let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default()).expect("open");
+        let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default());
         let peer = id("peer");
         assert_eq!(memory.lag(&peer, 0), (0, 0));
         assert_eq!(memory.lag(&peer, 5).0, 5);
@@ -1516,7 +1515,7 @@ mod tests {
         let db: Arc<dyn Store> = Arc::new(crate::storage::SledStore::new(
             sled::open(dir.path()).expect("db"),
         ));
-        let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default()).expect("open");
+        let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default());
         let future = uhlc::system_time_clock().as_u64()
             + uhlc::NTP64::from(Duration::from_secs(60)).as_u64();
         let entry = Entry {
@@ -1536,7 +1535,7 @@ mod tests {
         let db: Arc<dyn Store> = Arc::new(crate::storage::SledStore::new(
             sled::open(dir.path()).expect("db"),
         ));
-        let (memory, _writes) = Memory::open(db, own.clone(), options).expect("open");
+        let (memory, _writes) = Memory::open(db, own.clone(), options);
         (dir, memory)
     }
 

@@ -259,11 +259,7 @@ impl Node {
                 tombstone_window: config.tombstone_window,
                 sync_interval: config.sync_interval,
             },
-        )
-        .map_err(|e| StartError::Storage {
-            path: db_path.clone(),
-            source: sled::Error::Unsupported(e.to_string()),
-        })?;
+        );
         background_tasks.spawn(crate::memory::replicate(
             memory.clone(),
             peers.clone(),

@@ -545,11 +545,10 @@ impl Store {
             .collect()
     }
 
+    /// Flushes both trees: sled keeps one log for the whole database.
     async fn flush(&self) {
-        for tree in [&self.records, &self.events] {
-            if let Err(e) = crate::storage::flush_to_disk(tree).await {
-                tracing::error!(error = %e, "flush task history");
-            }
+        if let Err(e) = crate::storage::flush_to_disk(&self.records).await {
+            tracing::error!(error = %e, "flush task history");
         }
     }
 }

@@ -158,13 +158,9 @@ fn with_api_keys_a_wrong_key_is_refused_and_a_right_one_works() {
 /// bad one is a 400 that names it.
 #[test]
 fn generation_settings_pass_through_one_hop_and_bad_ones_are_refused() {
-    let Mesh {
-        h: _h,
-        fake,
-        laptop,
-        gpu: _gpu,
-    } = mesh();
-    let url = laptop.http_url().expect("front door");
+    // The whole mesh stays alive to the end of the test (its nodes stop on drop).
+    let mesh = mesh();
+    let (fake, url) = (&mesh.fake, mesh.laptop.http_url().expect("front door"));
     let script = r#"
 import json, sys, urllib.request, urllib.error
 url = sys.argv[1] + "/v1/chat/completions"
@@ -207,13 +203,9 @@ print(json.dumps([post({"max_tokens": 7, "temperature": 0.25, "top_p": 0.5,
 #[test]
 fn many_chats_through_one_hop_all_succeed_without_resetting_streams() {
     const CHATS: usize = 1_100;
-    let Mesh {
-        h: _h,
-        fake,
-        laptop,
-        gpu: _gpu,
-    } = mesh();
-    let url = laptop.http_url().expect("front door");
+    // The whole mesh stays alive to the end of the test (its nodes stop on drop).
+    let mesh = mesh();
+    let (fake, url) = (&mesh.fake, mesh.laptop.http_url().expect("front door"));
     let script = r#"
 import json, sys, urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -238,7 +230,7 @@ sys.exit(1 if failed else 0)
     let failed = python(script, &[&url, &CHATS.to_string()]);
     assert_eq!(failed.trim(), "0", "failed chats");
     assert_eq!(fake.requests().len(), CHATS);
-    let log = laptop.log_text();
+    let log = mesh.laptop.log_text();
     assert!(
         !log.contains("locally-reset streams"),
         "the laptop reset its streams to gpu:\n{log}"

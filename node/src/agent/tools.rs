@@ -840,8 +840,7 @@ mod tests {
             Arc::new(store),
             crate::identity::NodeId::from_spki_der(b"me"),
             crate::memory::MemoryOptions::default(),
-        )
-        .expect("memory");
+        );
         let put = MemoryPut {
             memory: memory.clone(),
         };

@@ -205,7 +205,7 @@ fn open_memory(name: &str) -> anyhow::Result<(tempfile::TempDir, sled::Db, Arc<M
         std::sync::Arc::new(mesh_node::storage::SledStore::new(db.clone())),
         NodeId::from_spki_der(name.as_bytes()),
         MemoryOptions::default(),
-    )?;
+    );
     tokio::spawn(async move { while writes.recv().await.is_some() {} });
     Ok((dir, db, memory))
 }

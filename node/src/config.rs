@@ -112,6 +112,9 @@ pub struct RawNode {
     pub listen: Option<String>,
     /// Default: the platform data dir + `agentmesh` (e.g. `~/.local/share/agentmesh`).
     pub data_dir: Option<PathBuf>,
+    /// Writes are refused (and the node is `degraded`) while the data dir's disk has less free
+    /// space than this, in MiB. Default 100; 0 turns the floor off.
+    pub min_free_disk_mb: Option<u64>,
     /// Roles this node serves besides those in `[roles]`.
     pub roles: Vec<String>,
     /// Free-form labels the router can require (`--label gpu=fast`).
@@ -278,6 +281,8 @@ pub struct Config {
     pub listen: Listen,
     /// Where the node keeps its state.
     pub data_dir: PathBuf,
+    /// `node.min_free_disk_mb`, in bytes.
+    pub min_free_disk: u64,
     /// Roles served: `node.roles` plus the keys of `[roles]`, sorted.
     pub roles: Vec<String>,
     /// `node.labels`.
@@ -1060,11 +1065,21 @@ impl RawConfig {
             ));
         }
 
+        let min_free_disk_mb = self.node.min_free_disk_mb.unwrap_or(100);
+        let min_free_disk = min_free_disk_mb.checked_mul(1 << 20).ok_or_else(|| {
+            invalid(
+                "node.min_free_disk_mb",
+                format!("is {min_free_disk_mb} MiB, more than any disk holds"),
+                "give the free space to keep in MiB, e.g. 100, or 0 to turn the floor off",
+            )
+        })?;
+
         Ok(Config {
             source: path.map(Path::to_owned),
             name,
             listen,
             data_dir,
+            min_free_disk,
             roles: roles.into_iter().collect(),
             labels,
             discovery,

@@ -159,20 +159,14 @@ pub enum MemoryError {
     /// Stored bytes do not decode.
     #[error("stored record is corrupt: {0}")]
     Corrupt(String),
-    /// sled failed.
+    /// Storage failed, or the disk is full.
     #[error("storage: {0}")]
-    Storage(String),
+    Storage(#[from] StoreError),
     /// This node was away longer than the tombstone window and has not resynced yet.
     #[error(
         "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"
     )]
     Resyncing,
-}
-
-impl From<StoreError> for MemoryError {
-    fn from(e: StoreError) -> Self {
-        Self::Storage(e.0)
-    }
 }
 
 /// Checks a namespace name.
@@ -640,11 +634,7 @@ impl Memory {
     /// Flushes to disk, on the blocking pool (sled's `flush_async` deadlocks when called
     /// concurrently, spacejam/sled#1308).
     pub async fn flush(&self) -> Result<(), MemoryError> {
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.flush())
-            .await
-            .map_err(|e| MemoryError::Storage(format!("flush task: {e}")))??;
-        Ok(())
+        Ok(crate::storage::flush(&self.store).await?)
     }
 
     fn meta_u64(&self, key: impl AsRef<[u8]>) -> Option<u64> {

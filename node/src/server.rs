@@ -125,7 +125,7 @@ pub struct Node {
     caps: Arc<Capabilities>,
     peers: Arc<PeerTable>,
     health: tonic_health::server::HealthReporter,
-    db: sled::Db,
+    store: Arc<crate::storage::SledStore>,
     tasks: TaskManager,
     /// Stops the task workers once running tasks are finished or cancelled.
     task_stop: CancellationToken,
@@ -249,9 +249,13 @@ impl Node {
             path: db_path.clone(),
             source,
         })?;
+        let store = Arc::new(
+            crate::storage::SledStore::new(db)
+                .with_floor(config.data_dir.clone(), config.min_free_disk),
+        );
         let channels = crate::rpc::PeerChannels::new(dialer.clone());
         let (memory, memory_writes) = crate::memory::Memory::open(
-            Arc::new(crate::storage::SledStore::new(db.clone())),
+            store.clone(),
             id.clone(),
             crate::memory::MemoryOptions {
                 local_namespaces: config.local_namespaces.clone(),
@@ -313,23 +317,20 @@ impl Node {
         let task_stop = CancellationToken::new();
         let mut task_workers = JoinSet::new();
         let tasks = TaskManager::start(
-            &db,
+            store.clone(),
             runtime,
             config.tasks,
             caps.clone(),
             &mut task_workers,
             task_stop.clone(),
-        )
-        .map_err(|source| StartError::Storage {
-            path: db_path,
-            source,
-        })?;
+        );
 
         let (health, health_service) = tonic_health::server::health_reporter();
         report_health(&health, &caps).await;
         background_tasks.spawn(health_loop(
             caps.clone(),
             health.clone(),
+            store.clone(),
             config.data_dir.clone(),
             not_after,
             leaving.clone(),
@@ -443,7 +444,7 @@ impl Node {
             caps,
             peers,
             health,
-            db,
+            store,
             tasks,
             task_stop,
             task_workers,
@@ -518,7 +519,8 @@ impl Node {
                 self.server_task.abort();
             }
         }
-        if let Err(e) = crate::storage::flush_to_disk(&self.db).await {
+        let store: Arc<dyn crate::storage::Store> = self.store.clone();
+        if let Err(e) = crate::storage::flush(&store).await {
             tracing::error!(error = %e, "flush the database");
         }
         let _ = std::fs::remove_file(self.data_dir.join(ADDR_FILE));
@@ -576,6 +578,10 @@ fn advertised_addrs(addr: SocketAddr) -> Vec<String> {
 /// How often the start-up health checks run again (a disk can fill, a certificate can expire).
 pub const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
+/// How often the data dir's free space is checked (a statvfs), so `degraded` comes and goes
+/// with it within seconds.
+const DISK_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+
 fn run_health_checks(caps: &Capabilities, data_dir: &Path, not_after: Option<i64>) {
     check_data_dir(caps, data_dir);
     if let Some(not_after) = not_after {
@@ -588,20 +594,34 @@ fn run_health_checks(caps: &Capabilities, data_dir: &Path, not_after: Option<i64
 async fn health_loop(
     caps: Arc<Capabilities>,
     health: tonic_health::server::HealthReporter,
+    store: Arc<crate::storage::SledStore>,
     data_dir: PathBuf,
     not_after: Option<i64>,
     leaving: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(HEALTH_CHECK_INTERVAL);
-    tick.tick().await;
-    loop {
+    let mut tick = tokio::time::interval(DISK_CHECK_INTERVAL);
+    let every = (HEALTH_CHECK_INTERVAL.as_millis() / DISK_CHECK_INTERVAL.as_millis()).max(1);
+    for round in 0u128.. {
         tokio::select! {
             () = leaving.cancelled() => return,
             _ = tick.tick() => {}
         }
-        run_health_checks(&caps, &data_dir, not_after);
+        check_disk(&caps, &store);
+        if round > 0 && round % every == 0 {
+            run_health_checks(&caps, &data_dir, not_after);
+        }
         report_health(&health, &caps).await;
     }
+}
+
+fn check_disk(caps: &Capabilities, store: &crate::storage::SledStore) {
+    caps.set_check(
+        "disk",
+        match store.disk_problem() {
+            Err(failed) => Some((HealthStatus::Unhealthy, failed)),
+            Ok(low) => low.map(|low| (HealthStatus::Degraded, low)),
+        },
+    );
 }
 
 async fn report_health(health: &tonic_health::server::HealthReporter, caps: &Capabilities) {

@@ -1,22 +1,43 @@
-//! What memory needs from a storage engine, and sled behind it.
+//! What memory and the task history need from a storage engine, and sled behind it.
 //!
 //! [`Store`] is an ordered key-value store of named trees with atomic multi-tree commits and an
-//! explicit flush. `memory` talks to storage only through it, so the engine (sled 0.34, whose
-//! stable line is old) can change without touching replication. Writers serialise above this
-//! layer; a commit only has to be atomic, not a transaction.
+//! explicit flush. `memory` and `tasks` talk to storage only through it, so the engine (sled
+//! 0.34, whose stable line is old) can change without touching replication. Writers serialise
+//! above this layer; a commit only has to be atomic, not a transaction.
+//!
+//! A full disk is met before it happens: [`SledStore`] refuses writes while the data dir has
+//! less free space than its floor (`node.min_free_disk_mb`) and takes them again once there is
+//! room. If a write fails anyway, sled 0.34 cannot go on (its later flushes never return), so
+//! the store refuses every later write until the node restarts; what was stored stays stored.
 
-use std::{collections::HashMap, ops::Bound, sync::RwLock};
+use std::{
+    collections::HashMap,
+    ops::Bound,
+    path::PathBuf,
+    sync::{Arc, OnceLock, RwLock},
+    time::Duration,
+};
 
 /// A storage failure.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct StoreError(pub String);
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The data dir's disk has less free space than the floor; writes resume once it has room.
+    #[error("{0}")]
+    DiskFull(String),
+    /// The engine failed.
+    #[error("{0}")]
+    Engine(String),
+}
 
 impl From<sled::Error> for StoreError {
     fn from(e: sled::Error) -> Self {
-        Self(e.to_string())
+        Self::Engine(e.to_string())
     }
 }
+
+/// How long a flush may take before the disk is taken for failed (sled 0.34 never returns from
+/// a flush after a failed write).
+pub const FLUSH_DEADLINE: Duration = Duration::from_secs(30);
 
 /// One write of a [`Store::commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +68,8 @@ pub trait Store: Send + Sync {
     fn drop_tree(&self, tree: &str) -> Result<(), StoreError>;
     /// Blocks until every committed write is on disk.
     fn flush(&self) -> Result<(), StoreError>;
+    /// Refuses every later write and flush with `why`: the engine cannot be trusted to go on.
+    fn fail(&self, why: &str);
 
     /// The entries of `tree` whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, tree: &str, prefix: &[u8]) -> Entries {
@@ -77,15 +100,79 @@ pub struct SledStore {
     /// Trees known to exist, by name (sled creates a tree when it is opened, and listing the
     /// names on every read is slow).
     open: RwLock<HashMap<String, sled::Tree>>,
+    /// Writes are refused while this directory's disk has less free space (bytes).
+    floor: Option<(PathBuf, u64)>,
+    /// Why the store stopped taking writes for good, once it did.
+    failed: OnceLock<String>,
 }
 
 impl SledStore {
-    /// Wraps an open database.
+    /// Wraps an open database, with no free-space floor.
     pub fn new(db: sled::Db) -> Self {
         Self {
             db,
             open: RwLock::default(),
+            floor: None,
+            failed: OnceLock::new(),
         }
+    }
+
+    /// Refuses writes while `dir`'s file system has fewer than `min_free` bytes free for
+    /// unprivileged users (0: no floor).
+    pub fn with_floor(mut self, dir: PathBuf, min_free: u64) -> Self {
+        self.floor = (min_free > 0).then_some((dir, min_free));
+        self
+    }
+
+    /// What is wrong with the disk, for the node's health: `Err` when the store stopped taking
+    /// writes for good, `Ok(Some)` while it waits for free space, `Ok(None)` when all is well.
+    pub fn disk_problem(&self) -> Result<Option<String>, String> {
+        if let Some(why) = self.failed.get() {
+            return Err(why.clone());
+        }
+        match self.check_space() {
+            Err(StoreError::DiskFull(why)) | Err(StoreError::Engine(why)) => Ok(Some(why)),
+            Ok(()) => Ok(None),
+        }
+    }
+
+    fn check_failed(&self) -> Result<(), StoreError> {
+        match self.failed.get() {
+            Some(why) => Err(StoreError::Engine(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the floor allows a write (an unreadable free-space figure does not stop one).
+    fn check_space(&self) -> Result<(), StoreError> {
+        let Some((dir, min_free)) = &self.floor else {
+            return Ok(());
+        };
+        let Ok(stat) = rustix::fs::statvfs(dir) else {
+            return Ok(());
+        };
+        let free = stat.f_bavail.saturating_mul(stat.f_frsize);
+        if free >= *min_free {
+            return Ok(());
+        }
+        const MIB: u64 = 1 << 20;
+        Err(StoreError::DiskFull(format!(
+            "disk full: the data dir {} has {} MiB free, below node.min_free_disk_mb = {}; \
+             free disk space there (writes resume by themselves) or lower node.min_free_disk_mb",
+            dir.display(),
+            free / MIB,
+            min_free / MIB
+        )))
+    }
+
+    /// Passes a sled error on, and stops taking writes when it was the disk's.
+    fn engine_error(&self, e: sled::Error) -> StoreError {
+        if let sled::Error::Io(io) = &e {
+            let why = format!("a write to disk failed ({io})");
+            self.fail(&why);
+            return StoreError::Engine(failure(&why));
+        }
+        StoreError::Engine(e.to_string())
     }
 
     /// The tree if it exists; reads never create trees.
@@ -150,6 +237,8 @@ impl Store for SledStore {
 
     fn commit(&self, writes: Vec<Write>) -> Result<(), StoreError> {
         use sled::Transactional;
+        self.check_failed()?;
+        self.check_space()?;
         let mut names: Vec<&str> = Vec::new();
         let mut batches: Vec<sled::Batch> = Vec::new();
         for write in &writes {
@@ -173,7 +262,10 @@ impl Store for SledStore {
         match names.as_slice() {
             [] => Ok(()),
             // One tree: its batch is atomic on its own, no transaction needed.
-            [one] => Ok(self.create(one)?.apply_batch(batches.remove(0))?),
+            [one] => self
+                .create(one)?
+                .apply_batch(batches.remove(0))
+                .map_err(|e| self.engine_error(e)),
             _ => {
                 let trees = names
                     .iter()
@@ -187,8 +279,11 @@ impl Store for SledStore {
                         }
                         Ok(())
                     })
-                    .map_err(|e: sled::transaction::TransactionError<()>| {
-                        StoreError(format!("{e:?}"))
+                    .map_err(|e: sled::transaction::TransactionError<()>| match e {
+                        sled::transaction::TransactionError::Storage(e) => self.engine_error(e),
+                        sled::transaction::TransactionError::Abort(()) => {
+                            StoreError::Engine("transaction aborted".into())
+                        }
                     })
             }
         }
@@ -213,21 +308,45 @@ impl Store for SledStore {
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
+        self.check_failed()?;
+        self.db.flush().map_err(|e| self.engine_error(e))?;
         Ok(())
+    }
+
+    fn fail(&self, why: &str) {
+        let why = failure(why);
+        if self.failed.set(why.clone()).is_ok() {
+            tracing::error!(error = %why, "storage stopped taking writes");
+        }
     }
 }
 
-/// Flushes the database behind `tree` to disk (sled keeps one log for all trees). Not with
-/// `flush_async`: concurrent `flush_async` calls deadlock in sled 0.34 (spacejam/sled#1308) —
-/// memory-bench froze a node with concurrent puts — so a blocking flush runs on the blocking
-/// pool instead.
-pub async fn flush_to_disk(tree: &sled::Tree) -> Result<(), sled::Error> {
-    let tree = tree.clone();
-    tokio::task::spawn_blocking(move || tree.flush())
-        .await
-        .map_err(|e| sled::Error::ReportableBug(format!("flush task: {e}")))??;
-    Ok(())
+/// The message of a store that stopped taking writes because of `why`.
+fn failure(why: &str) -> String {
+    format!(
+        "stopped taking writes: {why}; this node takes no more writes until it restarts: free \
+         disk space or fix the disk, then restart the node (what was stored before is kept)"
+    )
+}
+
+/// Flushes `store` to disk on the blocking pool. Not with sled's `flush_async`: concurrent
+/// `flush_async` calls deadlock in sled 0.34 (spacejam/sled#1308). A flush that takes longer
+/// than [`FLUSH_DEADLINE`] fails the store: sled never returns from a flush after a failed write.
+pub async fn flush(store: &Arc<dyn Store>) -> Result<(), StoreError> {
+    let blocking = store.clone();
+    let flushing = tokio::task::spawn_blocking(move || blocking.flush());
+    match tokio::time::timeout(FLUSH_DEADLINE, flushing).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(e)) => Err(StoreError::Engine(format!("flush task: {e}"))),
+        Err(_) => {
+            let why = format!(
+                "a flush to disk did not finish within {} s (is the disk full or failing?)",
+                FLUSH_DEADLINE.as_secs()
+            );
+            store.fail(&why);
+            Err(StoreError::Engine(failure(&why)))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -302,5 +421,48 @@ mod tests {
             .expect("entry");
         assert_eq!(last.0, b"ab".to_vec());
         assert_eq!(successor(b"\xff\xff"), None);
+    }
+
+    #[test]
+    fn below_the_floor_writes_are_refused_naming_the_setting_and_reads_go_on() {
+        let (dir, s) = store();
+        s.commit(vec![Write::Put("t".into(), b"k".to_vec(), b"v".to_vec())])
+            .expect("commit");
+        let s = s.with_floor(dir.path().to_owned(), u64::MAX / 2);
+        let e = s
+            .commit(vec![Write::Put("t".into(), b"k2".to_vec(), vec![])])
+            .expect_err("below the floor");
+        assert!(matches!(e, StoreError::DiskFull(_)), "{e:?}");
+        assert!(e.to_string().contains("node.min_free_disk_mb"), "{e}");
+        assert_eq!(s.get("t", b"k").expect("get"), Some(b"v".to_vec()));
+        assert!(matches!(s.disk_problem(), Ok(Some(_))));
+        s.flush().expect("a flush is still allowed");
+        let s = s.with_floor(dir.path().to_owned(), 1);
+        s.commit(vec![Write::Put("t".into(), b"k2".to_vec(), vec![])])
+            .expect("room again");
+        assert_eq!(s.disk_problem(), Ok(None));
+    }
+
+    #[test]
+    fn a_failed_store_refuses_writes_and_flushes_at_once_until_restarted() {
+        let (dir, s) = store();
+        s.commit(vec![Write::Put("t".into(), b"k".to_vec(), b"v".to_vec())])
+            .expect("commit");
+        s.fail("a write to disk failed (No space left on device)");
+        for e in [
+            s.commit(vec![Write::Put("t".into(), b"k2".to_vec(), vec![])])
+                .expect_err("failed"),
+            s.flush().expect_err("failed"),
+        ] {
+            assert!(matches!(e, StoreError::Engine(_)), "{e:?}");
+            assert!(e.to_string().contains("restart the node"), "{e}");
+        }
+        assert!(s.disk_problem().is_err());
+        assert_eq!(s.get("t", b"k").expect("get"), Some(b"v".to_vec()));
+        drop(s);
+        let s = SledStore::new(sled::open(dir.path()).expect("reopen"));
+        assert_eq!(s.get("t", b"k").expect("get"), Some(b"v".to_vec()));
+        s.commit(vec![Write::Put("t".into(), b"k2".to_vec(), vec![])])
+            .expect("a restart clears it");
     }
 }

@@ -11,6 +11,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
+    ops::Bound,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU32, AtomicU64, Ordering},
@@ -32,6 +33,7 @@ use crate::{
     config::{TaskLimits, Tier},
     llm::Usage,
     router::Requirements,
+    storage::{StoreError, Write},
 };
 
 /// Longest prompt accepted.
@@ -435,9 +437,9 @@ pub enum SubmitError {
     /// A task with this id already exists here: a forwarding loop.
     #[error("task `{0}` already exists on this node (a delegation loop?)")]
     Duplicate(String),
-    /// Storage failed.
+    /// Storage failed, or the disk is full.
     #[error("storage: {0}")]
-    Storage(String),
+    Storage(StoreError),
 }
 
 /// Lookup errors.
@@ -503,31 +505,39 @@ struct LiveTask {
     record: Mutex<TaskRecord>,
 }
 
-#[derive(Debug, Clone)]
-struct Store {
-    records: sled::Tree,
-    events: sled::Tree,
+/// The task history: records in one tree, events in another.
+#[derive(Clone)]
+struct Store(Arc<dyn crate::storage::Store>);
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Store")
+    }
 }
 
+const RECORDS: &str = "tasks";
+const EVENTS: &str = "task_events";
+
 impl Store {
-    fn put_record(&self, record: &TaskRecord) -> Result<(), String> {
-        let value = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-        self.records
-            .insert(record.id.as_bytes(), value)
-            .map_err(|e| e.to_string())?;
-        Ok(())
+    fn put(&self, tree: &str, key: Vec<u8>, value: &impl Serialize) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(value).map_err(|e| StoreError::Engine(e.to_string()))?;
+        self.0.commit(vec![Write::Put(tree.to_owned(), key, value)])
     }
 
-    fn put_event(&self, event: &TaskEvent) -> Result<(), String> {
-        let value = serde_json::to_vec(event).map_err(|e| e.to_string())?;
-        self.events
-            .insert(event_key(&event.task_id, event.seq), value)
-            .map_err(|e| e.to_string())?;
-        Ok(())
+    fn put_record(&self, record: &TaskRecord) -> Result<(), StoreError> {
+        self.put(RECORDS, record.id.as_bytes().to_vec(), record)
+    }
+
+    fn put_event(&self, event: &TaskEvent) -> Result<(), StoreError> {
+        self.put(EVENTS, event_key(&event.task_id, event.seq), event)
     }
 
     fn record(&self, id: &str) -> Result<Option<TaskRecord>, String> {
-        match self.records.get(id.as_bytes()).map_err(|e| e.to_string())? {
+        match self
+            .0
+            .get(RECORDS, id.as_bytes())
+            .map_err(|e| e.to_string())?
+        {
             None => Ok(None),
             Some(bytes) => serde_json::from_slice(&bytes)
                 .map(Some)
@@ -538,16 +548,23 @@ impl Store {
     fn events_from(&self, id: &str, from: u64) -> Vec<TaskEvent> {
         let start = event_key(id, from);
         let end = event_key(id, u64::MAX);
-        self.events
-            .range(start..=end)
+        self.0
+            .range(EVENTS, Bound::Included(start), Bound::Included(end))
             .filter_map(|entry| entry.ok())
             .filter_map(|(_, value)| serde_json::from_slice(&value).ok())
             .collect()
     }
 
-    /// Flushes both trees: sled keeps one log for the whole database.
+    /// Every stored record, in id order.
+    fn records(&self) -> impl DoubleEndedIterator<Item = TaskRecord> {
+        self.0
+            .range(RECORDS, Bound::Unbounded, Bound::Unbounded)
+            .filter_map(|entry| entry.ok())
+            .filter_map(|(_, value)| serde_json::from_slice(&value).ok())
+    }
+
     async fn flush(&self) {
-        if let Err(e) = crate::storage::flush_to_disk(&self.records).await {
+        if let Err(e) = crate::storage::flush(&self.0).await {
             tracing::error!(error = %e, "flush task history");
         }
     }
@@ -585,17 +602,14 @@ impl TaskManager {
     /// Opens the task trees, marks tasks interrupted by a previous crash as failed, and starts
     /// the workers in `workers` (stopped by `stop`).
     pub fn start(
-        db: &sled::Db,
+        store: Arc<dyn crate::storage::Store>,
         runtime: Arc<AgentRuntime>,
         limits: TaskLimits,
         caps: Arc<Capabilities>,
         workers: &mut JoinSet<()>,
         stop: CancellationToken,
-    ) -> Result<Self, sled::Error> {
-        let store = Store {
-            records: db.open_tree("tasks")?,
-            events: db.open_tree("task_events")?,
-        };
+    ) -> Self {
+        let store = Store(store);
         recover(&store);
         let (tx, rx) = mpsc::channel(limits.queue);
         let inner = Arc::new(Inner {
@@ -614,7 +628,7 @@ impl TaskManager {
         for _ in 0..limits.workers {
             workers.spawn(worker(inner.clone(), rx.clone(), stop.clone()));
         }
-        Ok(Self { inner })
+        Self { inner }
     }
 
     /// Admits a task: checks it can run here, reserves a queue slot (or refuses), records it
@@ -812,11 +826,8 @@ impl TaskManager {
     pub fn list(&self, limit: usize) -> Vec<TaskRecord> {
         self.inner
             .store
-            .records
-            .iter()
+            .records()
             .rev()
-            .filter_map(|entry| entry.ok())
-            .filter_map(|(_, value)| serde_json::from_slice::<TaskRecord>(&value).ok())
             .take(limit.min(MAX_LIST))
             .map(|record| self.record(&record.id).ok().flatten().unwrap_or(record))
             .collect()
@@ -1163,10 +1174,7 @@ pub const MAX_FAILOVERS: u32 = 2;
 
 /// Marks tasks left queued or running by a previous process as failed.
 fn recover(store: &Store) {
-    for (_, value) in store.records.iter().filter_map(|entry| entry.ok()) {
-        let Ok(mut record) = serde_json::from_slice::<TaskRecord>(&value) else {
-            continue;
-        };
+    for mut record in store.records() {
         if record.status.finished() {
             continue;
         }

@@ -83,7 +83,8 @@ pub fn wait_for<T>(
     }
 }
 
-/// Requires root (for network namespaces), failing the test with a clear message otherwise.
+/// Requires root (network namespaces, tmpfs mounts, traffic control), failing the test with a
+/// clear message otherwise.
 pub fn require_root() {
     let uid = Command::new("id")
         .arg("-u")
@@ -92,8 +93,8 @@ pub fn require_root() {
         .unwrap_or_default();
     assert_eq!(
         uid, "0",
-        "this test creates network namespaces (`ip netns add`) so mDNS never leaves the machine; \
-         it must run as root (CI does)"
+        "this test needs root: it creates network namespaces (`ip netns add`, so mDNS never \
+         leaves the machine), mounts a small tmpfs or shapes traffic; run it as root (CI does)"
     );
 }
 
@@ -256,6 +257,8 @@ pub struct NodeOptions {
     pub tls: Option<TlsFiles>,
     /// TOML appended to the config (roles, models, GPUs, …).
     pub extra: String,
+    /// More keys of the `[node]` table, as TOML lines.
+    pub node_keys: String,
     /// `http.api_keys` of the front door (which listens on an ephemeral loopback port).
     pub http_keys: Vec<String>,
 }
@@ -271,6 +274,7 @@ impl NodeOptions {
             netns: None,
             tls: None,
             extra: String::new(),
+            node_keys: String::new(),
             http_keys: Vec::new(),
         }
     }
@@ -297,6 +301,13 @@ impl NodeOptions {
     /// Runs in `ns` without mDNS.
     pub fn in_netns(mut self, ns: &Netns) -> Self {
         self.netns = Some(ns.name().into());
+        self
+    }
+
+    /// Adds a key of the `[node]` table, e.g. `min_free_disk_mb = 8`.
+    pub fn node_key(mut self, line: &str) -> Self {
+        self.node_keys.push_str(line);
+        self.node_keys.push('\n');
         self
     }
 
@@ -459,8 +470,8 @@ impl Harness {
         let mut config = String::new();
         writeln!(
             config,
-            "[node]\nname = {:?}\nlisten = {:?}\ndata_dir = {:?}\n",
-            options.name, options.listen, data_dir
+            "[node]\nname = {:?}\nlisten = {:?}\ndata_dir = {:?}\n{}",
+            options.name, options.listen, data_dir, options.node_keys
         )?;
         writeln!(
             config,

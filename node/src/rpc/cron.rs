@@ -62,6 +62,9 @@ fn status(error: CronError) -> Status {
         CronError::Exists(_) => Status::already_exists(error.to_string()),
         CronError::Memory(MemoryError::Invalid(_)) => Status::invalid_argument(error.to_string()),
         CronError::Memory(MemoryError::Corrupt(_)) => Status::data_loss(error.to_string()),
+        CronError::Memory(MemoryError::Storage(crate::storage::StoreError::DiskFull(_))) => {
+            Status::resource_exhausted(error.to_string())
+        }
         CronError::Memory(_) => Status::unavailable(error.to_string()),
     }
 }

@@ -12,6 +12,7 @@ use crate::{
     identity::NodeId,
     llm::BoxFuture,
     memory::{self, Entry, Memory, MemoryError, MemoryPeers, Record, SyncBatch},
+    storage::StoreError,
 };
 
 /// Most records one `Push` may carry.
@@ -73,7 +74,10 @@ fn status(error: MemoryError) -> Status {
             Status::invalid_argument(error.to_string())
         }
         MemoryError::Corrupt(_) => Status::data_loss(error.to_string()),
-        MemoryError::Storage(_) => Status::unavailable(error.to_string()),
+        MemoryError::Storage(StoreError::DiskFull(_)) => {
+            Status::resource_exhausted(error.to_string())
+        }
+        MemoryError::Storage(StoreError::Engine(_)) => Status::unavailable(error.to_string()),
         MemoryError::Resyncing => Status::failed_precondition(error.to_string()),
     }
 }

@@ -320,7 +320,11 @@ fn submit_status(error: SubmitError) -> Status {
         SubmitError::ShuttingDown => Status::unavailable(error.to_string()),
         SubmitError::Duplicate(_) => Status::already_exists(error.to_string()),
         SubmitError::Rejected(task_error) => task_error_status(&task_error),
-        SubmitError::Storage(_) => Status::internal(error.to_string()),
+        // The router takes this as "try the next node", like a full queue.
+        SubmitError::Storage(crate::storage::StoreError::DiskFull(_)) => {
+            Status::resource_exhausted(error.to_string())
+        }
+        SubmitError::Storage(_) => Status::unavailable(error.to_string()),
     }
 }
 

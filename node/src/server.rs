@@ -331,6 +331,7 @@ impl Node {
             caps.clone(),
             health.clone(),
             store.clone(),
+            memory.clone(),
             config.data_dir.clone(),
             not_after,
             leaving.clone(),
@@ -595,6 +596,7 @@ async fn health_loop(
     caps: Arc<Capabilities>,
     health: tonic_health::server::HealthReporter,
     store: Arc<crate::storage::SledStore>,
+    memory: Arc<crate::memory::Memory>,
     data_dir: PathBuf,
     not_after: Option<i64>,
     leaving: CancellationToken,
@@ -607,6 +609,12 @@ async fn health_loop(
             _ = tick.tick() => {}
         }
         check_disk(&caps, &store);
+        caps.set_check(
+            "clock",
+            memory
+                .clock_problem()
+                .map(|problem| (HealthStatus::Degraded, problem)),
+        );
         if round > 0 && round % every == 0 {
             run_health_checks(&caps, &data_dir, not_after);
         }

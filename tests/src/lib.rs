@@ -259,6 +259,8 @@ pub struct NodeOptions {
     pub extra: String,
     /// More keys of the `[node]` table, as TOML lines.
     pub node_keys: String,
+    /// A command the node runs under, e.g. `faketime -f +5s`.
+    pub wrapper: Vec<String>,
     /// `http.api_keys` of the front door (which listens on an ephemeral loopback port).
     pub http_keys: Vec<String>,
 }
@@ -275,6 +277,7 @@ impl NodeOptions {
             tls: None,
             extra: String::new(),
             node_keys: String::new(),
+            wrapper: Vec::new(),
             http_keys: Vec::new(),
         }
     }
@@ -308,6 +311,12 @@ impl NodeOptions {
     pub fn node_key(mut self, line: &str) -> Self {
         self.node_keys.push_str(line);
         self.node_keys.push('\n');
+        self
+    }
+
+    /// Runs the node under `command` (its arguments, then the node's command line).
+    pub fn wrapped(mut self, command: &[&str]) -> Self {
+        self.wrapper = command.iter().map(|c| (*c).to_owned()).collect();
         self
     }
 
@@ -494,14 +503,14 @@ impl Harness {
         let log = self.path().join(format!("{}.log", options.name));
 
         let node_bin = bin("mesh-node");
-        let mut cmd = match &options.netns {
-            Some(ns) => {
-                let mut cmd = Command::new("ip");
-                cmd.args(["netns", "exec", ns]).arg(&node_bin);
-                cmd
-            }
-            None => Command::new(&node_bin),
-        };
+        let mut line: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(ns) = &options.netns {
+            line.extend(["ip", "netns", "exec", ns].map(Into::into));
+        }
+        line.extend(options.wrapper.iter().map(Into::into));
+        line.push(node_bin.into_os_string());
+        let mut cmd = Command::new(&line[0]);
+        cmd.args(&line[1..]);
         cmd.arg("--config")
             .arg(&config_path)
             .args(["--log-format", "json"])

@@ -1,5 +1,6 @@
 //! Shared memory across real nodes: replication, last-writer-wins convergence, catch-up after a
-//! restart, a partition that heals, durability under SIGKILL, and clock-skew refusal.
+//! restart, a partition that heals, durability under SIGKILL, and clock-skew refusal (in-process
+//! and with a node whose clock runs ahead).
 
 use std::{
     sync::{
@@ -506,4 +507,99 @@ fn a_node_away_longer_than_the_tombstone_window_resyncs_without_undoing_deletes(
         wait_value(&h, node, "notes", "news", Some("from the returned node"));
         assert_eq!(get(&h, node, "notes", "gone"), None, "{}", node.name);
     }
+}
+
+/// The health reasons `observer` reports for itself.
+fn own_reasons(h: &Harness, observer: &NodeProcess) -> Option<Vec<String>> {
+    let status = h.status(observer).ok()?;
+    let me = status["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["name"] == observer.name.as_str())?
+        .clone();
+    Some(
+        me["health"]["reasons"]
+            .as_array()?
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// libfaketime's preload library (Debian package `faketime`); `env` then execs the node, so
+/// signals reach it directly.
+fn libfaketime() -> String {
+    let listed = std::process::Command::new("dpkg")
+        .args(["-L", "libfaketime"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    listed
+        .lines()
+        .find(|l| l.ends_with("/libfaketime.so.1"))
+        .expect(
+            "libfaketime.so.1: install faketime (apt-get install faketime; deploy/test.sh does)",
+        )
+        .to_owned()
+}
+
+/// A node whose clock runs 5 s ahead (libfaketime) writes: the other node refuses the records,
+/// names the writer in its health and stores nothing, while writes the other way still
+/// replicate. Once the clock is right again (restart without the offset) and real time has
+/// passed the stamps, the refused record arrives and the reason clears.
+#[test]
+fn a_node_whose_clock_runs_ahead_has_its_writes_refused_and_named_until_the_clocks_agree() {
+    let h = Harness::new().expect("harness");
+    let sync = "[memory]\nsync_interval_s = 1\n";
+    let steady = h
+        .spawn(NodeOptions::new("steady").extra(sync))
+        .expect("steady");
+    let fast = || NodeOptions::new("fast").peer(&steady.addr).extra(sync);
+    let mut ahead = h
+        .spawn(fast().wrapped(&[
+            "env",
+            &format!("LD_PRELOAD={}", libfaketime()),
+            "FAKETIME=+5s",
+            "FAKETIME_DONT_FAKE_MONOTONIC=1",
+        ]))
+        .expect("fast, 5 s ahead");
+    h.wait_all_up(&[&steady, &ahead], DEADLINE).expect("mesh");
+    put(&h, &steady, "notes", "from-steady", "a");
+    wait_value(&h, &ahead, "notes", "from-steady", Some("a"));
+
+    put(&h, &ahead, "notes", "from-fast", "b");
+    let fast_id = h.status(&steady).expect("status")["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["name"] == "fast")
+        .and_then(|n| n["id"].as_str())
+        .expect("fast's id")[..12]
+        .to_owned();
+    wait_for("steady to name fast's clock", DEADLINE, || {
+        own_reasons(&h, &steady)?
+            .iter()
+            .any(|r| {
+                r.starts_with("clock:")
+                    && r.contains(&fast_id)
+                    && r.contains("memory.max_clock_skew_ms = 500")
+            })
+            .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:?}", own_reasons(&h, &steady)));
+    assert_eq!(get(&h, &steady, "notes", "from-fast"), None);
+
+    ahead.signal("TERM").expect("sigterm");
+    ahead.wait_exit(DEADLINE).expect("exit");
+    let right = h.spawn(fast()).expect("fast, clock right");
+    wait_value(&h, &steady, "notes", "from-fast", Some("b"));
+    wait_for("the clock reason to clear", DEADLINE, || {
+        (!own_reasons(&h, &steady)?
+            .iter()
+            .any(|r| r.starts_with("clock:")))
+        .then_some(())
+    })
+    .expect("clock reason cleared");
+    drop(right);
 }

@@ -13,7 +13,9 @@
 #   cli I ARGS...                   mesh-cli ARGS against host I, from inside its namespace
 #   exec I CMD...                   run CMD inside host I's namespace
 #                                   (a slow link: exec I tc qdisc add dev eth0 root tbf rate
-#                                   256kbit burst 16kbit latency 500ms)
+#                                   256kbit burst 16kbit latency 500ms; a lossy one, 20% each
+#                                   way: nft rules with `numgen random mod 100 < 20 drop`, see
+#                                   tests/tests/netns_fleet.rs)
 #   cut I | heal I                  take host I's link to the bridge down (a partition) or up
 #   kill I [SIGNAL] | start I       signal host I's node (default KILL), or start it again
 # Environment: FLEET_NAME (namespace prefix, default amf; one fleet per name), FLEET_DIR (its
@@ -27,7 +29,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 hub="$name-hub"
 
 die() { echo "netns-fleet.sh: $*" >&2; exit 1; }
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 host_ns() { echo "$name-$1"; }
 addr() { echo "10.78.0.$1"; }
 count() { cat "$dir/count" 2>/dev/null || die "no fleet \`$name\` is up (deploy/netns-fleet.sh up N)"; }

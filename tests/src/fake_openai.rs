@@ -35,6 +35,7 @@ pub enum Reply {
 pub struct Scripted {
     reply: Reply,
     usage: (u64, u64),
+    delay: std::time::Duration,
 }
 
 impl Scripted {
@@ -43,6 +44,7 @@ impl Scripted {
         Self {
             reply: Reply::Text(text.into()),
             usage: (10, 5),
+            delay: std::time::Duration::ZERO,
         }
     }
 
@@ -51,6 +53,7 @@ impl Scripted {
         Self {
             reply: Reply::Tools(vec![(name.into(), arguments.into())]),
             usage: (10, 5),
+            delay: std::time::Duration::ZERO,
         }
     }
 
@@ -59,6 +62,7 @@ impl Scripted {
         Self {
             reply: Reply::Status(code),
             usage: (0, 0),
+            delay: std::time::Duration::ZERO,
         }
     }
 
@@ -67,7 +71,14 @@ impl Scripted {
         Self {
             reply: Reply::Stall,
             usage: (0, 0),
+            delay: std::time::Duration::ZERO,
         }
+    }
+
+    /// Answers only after `delay` (a model that takes its time).
+    pub fn after(mut self, delay: std::time::Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     /// Reports this usage.
@@ -80,6 +91,8 @@ impl Scripted {
 #[derive(Debug, Default)]
 struct Script {
     replies: VecDeque<Scripted>,
+    /// The answer once the scripted replies are used up.
+    otherwise: Option<Scripted>,
     requests: Vec<Value>,
 }
 
@@ -146,6 +159,11 @@ impl FakeOpenAi {
             .extend(replies);
     }
 
+    /// Answers with `reply` once the queued replies are used up (instead of a fixed text).
+    pub fn otherwise(&self, reply: Scripted) {
+        self.script.lock().expect("script lock").otherwise = Some(reply);
+    }
+
     /// Every chat request received so far (the JSON bodies).
     pub fn requests(&self) -> Vec<Value> {
         self.script.lock().expect("script lock").requests.clone()
@@ -173,11 +191,14 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
     let next = {
         let mut script = script.lock().expect("script lock");
         script.requests.push(body.clone());
+        let otherwise = script.otherwise.clone();
         script
             .replies
             .pop_front()
+            .or(otherwise)
             .unwrap_or_else(|| Scripted::text("(the fake model has no more scripted replies)"))
     };
+    tokio::time::sleep(next.delay).await;
     let stream = body["stream"].as_bool().unwrap_or(false);
     let model = body["model"].as_str().unwrap_or("fake").to_owned();
     let (prompt, completion) = next.usage;

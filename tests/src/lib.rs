@@ -18,6 +18,7 @@ use std::{
 };
 
 pub mod fake_openai;
+pub mod soak;
 
 use anyhow::{Context, anyhow, bail};
 use mesh_node::tls::{self, TlsFiles};

@@ -160,7 +160,7 @@ async fn authorize(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     match presented {
-        Some(key) if door.api_keys.iter().any(|k| k == key) => Ok(next.run(request).await),
+        Some(key) if known_key(&door.api_keys, key) => Ok(next.run(request).await),
         _ => Err(ApiError {
             code: Some("invalid_api_key"),
             ..ApiError::new(
@@ -170,6 +170,18 @@ async fn authorize(
             )
         }),
     }
+}
+
+/// Whether `presented` is one of `keys`, in time that depends on neither (the SHA-256 digests
+/// are compared in constant time, every key is compared).
+fn known_key(keys: &[String], presented: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    use subtle::ConstantTimeEq;
+    let presented = Sha256::digest(presented.as_bytes());
+    keys.iter()
+        .map(|k| Sha256::digest(k.as_bytes()).ct_eq(&presented))
+        .fold(subtle::Choice::from(0), |found, eq| found | eq)
+        .into()
 }
 
 async fn healthz(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
@@ -822,6 +834,17 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_configured_key_is_known() {
+        let keys = vec!["sk-one".to_owned(), "sk-two".to_owned()];
+        assert!(known_key(&keys, "sk-one"));
+        assert!(known_key(&keys, "sk-two"));
+        for wrong in ["", "sk-on", "sk-one ", "sk-onex", "SK-ONE"] {
+            assert!(!known_key(&keys, wrong), "{wrong:?}");
+        }
+        assert!(!known_key(&[], "sk-one"));
+    }
 
     #[test]
     fn openai_messages_become_chat_requests_and_bad_roles_name_the_field() {

@@ -197,13 +197,22 @@ impl MeshTls {
             })?;
         }
         let verifier = MeshServerVerifier::new(Arc::new(roots))?;
-        verifier
-            .check_chain(&chain)
-            .map_err(|e| TlsError::NotFromCa {
+        verifier.check_chain(&chain).map_err(|e| match e {
+            rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Expired
+                | rustls::CertificateError::ExpiredContext { .. }
+                | rustls::CertificateError::NotValidYet
+                | rustls::CertificateError::NotValidYetContext { .. },
+            ) => TlsError::OutOfDate {
+                cert: files.cert.clone(),
+                reason: e.to_string(),
+            },
+            e => TlsError::NotFromCa {
                 cert: files.cert.clone(),
                 ca: files.ca.clone(),
                 reason: e.to_string(),
-            })?;
+            },
+        })?;
 
         let mut client = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()?
@@ -536,6 +545,14 @@ pub enum TlsError {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
+        reason: String,
+    },
+    /// The node certificate has expired, or is not valid yet.
+    #[error("{} is out of date ({reason}); issue a new one with `mesh-cli ca issue --dir <ca dir> --name <node>` (or check this machine's clock)", cert.display())]
+    OutOfDate {
+        /// The certificate.
+        cert: PathBuf,
+        /// What the verifier said.
         reason: String,
     },
     /// The node certificate was not issued by the configured CA.

@@ -166,6 +166,24 @@ async fn a_client_whose_certificate_expired_is_refused() {
     assert!(served.is_ok(), "{served:?}");
 }
 
+#[test]
+fn a_node_given_an_expired_certificate_does_not_start_and_says_it_expired() {
+    let harness = Harness::new().expect("harness");
+    let mut options = NodeOptions::new("stale");
+    options.tls = Some(expired_identity(&harness));
+    let refused = harness
+        .spawn(options)
+        .expect_err("a node with an expired certificate must not start");
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("exit status: 1")
+            && message.contains("stale.pem is out of date")
+            && message.contains("expired")
+            && message.contains("mesh-cli ca issue"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn oversized_requests_and_strings_are_refused_with_the_limit() {
     use mesh_proto::v1 as pb;

@@ -463,12 +463,27 @@ impl Tool for ShellExec {
                 // Route stderr into stdout inside the shell so the output keeps its order.
                 .arg(format!("exec 2>&1\n{command}"))
                 .current_dir(&cwd)
+                // Not the node's environment (it may hold model API keys): only these.
+                .env_clear()
+                .envs(
+                    SHELL_ENV
+                        .iter()
+                        .filter_map(|k| Some((k, std::env::var_os(k)?))),
+                )
+                // Its own process group, so everything it starts can be killed with it.
+                .process_group(0)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| format!("cannot start sh: {e}"))?;
+            // However the call ends (done, timed out, task cancelled), what the command left
+            // running in its group goes with it.
+            let _group = child
+                .id()
+                .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
+                .map(ProcessGroup);
             let mut stdout = child.stdout.take().ok_or("no stdout pipe")?;
             let run = async {
                 let mut output = Vec::new();
@@ -505,6 +520,21 @@ impl Tool for ShellExec {
                 }
             }
         })
+    }
+}
+
+/// The variables of the node's environment that `shell_exec` commands get; no others.
+const SHELL_ENV: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR",
+];
+
+/// A process group, killed (SIGKILL) on drop.
+struct ProcessGroup(rustix::process::Pid);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // ESRCH (already gone) is the usual case.
+        let _ = rustix::process::kill_process_group(self.0, rustix::process::Signal::KILL);
     }
 }
 
@@ -944,5 +974,58 @@ mod tests {
         let big: Value = serde_json::from_str(&big).expect("json");
         assert_eq!(big["truncated"], true);
         assert_eq!(big["output"].as_str().expect("text").len(), MAX_TOOL_OUTPUT);
+    }
+
+    #[tokio::test]
+    async fn shell_exec_kills_what_the_command_started_and_keeps_the_node_environment_out() {
+        let (dir, roots) = roots();
+        let shell = ShellExec { roots };
+        let pidfile = dir.path().join("bg.pid");
+        let slow = shell
+            .call(
+                &json!({
+                    "command": format!("sleep 60 & echo $! > {}; wait", pidfile.display()),
+                    "timeout_s": 1,
+                }),
+                &ctx(),
+            )
+            .await
+            .expect_err("timeout");
+        assert!(slow.contains("timed out"), "{slow}");
+        let pid = std::fs::read_to_string(&pidfile).expect("pid file");
+        let stat = format!("/proc/{}/stat", pid.trim());
+        // SIGKILL is delivered at once; the orphan is reaped by init soon after (poll with a
+        // deadline for it to be gone or a zombie).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match std::fs::read_to_string(&stat) {
+                Err(_) => break,
+                Ok(s) if s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')) => break,
+                Ok(s) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the background sleep survived the timeout: {s}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
+        }
+
+        let env = shell
+            .call(&json!({"command": "env"}), &ctx())
+            .await
+            .expect("env");
+        let env: Value = serde_json::from_str(&env).expect("json");
+        let names: Vec<&str> = env["output"]
+            .as_str()
+            .expect("text")
+            .lines()
+            .filter_map(|l| l.split('=').next())
+            .collect();
+        assert!(names.contains(&"PATH"), "{names:?}");
+        for name in names {
+            assert!(
+                SHELL_ENV.contains(&name) || ["PWD", "SHLVL", "_", "OLDPWD"].contains(&name),
+                "the node's {name} reached the command"
+            );
+        }
     }
 }

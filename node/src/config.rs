@@ -1183,6 +1183,40 @@ mod tests {
     }
 
     #[test]
+    fn the_front_door_listens_on_loopback_unless_an_address_is_given() {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT));
+        let texts = [
+            "",
+            "[node]\nlisten = \"0.0.0.0:7700\"\n",
+            "[http]\n",
+            "[http]\napi_keys = [\"0123456789abcdef\"]\n",
+        ];
+        for text in texts {
+            let http = parse(text).expect("valid").http;
+            assert_eq!(http.listen.addr, loopback, "{text:?}");
+            assert!(http.listen.fallback, "{text:?}");
+        }
+        // The `--listen` flag moves the gRPC server only.
+        let path = Path::new("node.toml");
+        let overrides = Overrides {
+            listen: Some("0.0.0.0:7700".into()),
+            ..Overrides::default()
+        };
+        let config = RawConfig::parse("", path)
+            .expect("parse")
+            .validate(Some(path), &overrides)
+            .expect("valid");
+        assert!(config.listen.addr.ip().is_unspecified());
+        assert_eq!(config.http.listen.addr, loopback);
+        // Only an explicit address leaves loopback.
+        let http = parse("[http]\nlisten = \"0.0.0.0:7780\"\n")
+            .expect("valid")
+            .http;
+        assert!(http.listen.addr.ip().is_unspecified());
+        assert!(!http.listen.fallback);
+    }
+
+    #[test]
     fn the_tombstone_window_must_cover_several_sync_rounds() {
         let config = parse("").expect("valid");
         assert_eq!(config.tombstone_window.as_secs(), 7 * 24 * 3600);

@@ -158,7 +158,7 @@ async fn authorize(
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer);
     match presented {
         Some(key) if known_key(&door.api_keys, key) => Ok(next.run(request).await),
         _ => Err(ApiError {
@@ -170,6 +170,12 @@ async fn authorize(
             )
         }),
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value (the scheme in any case, RFC 9110).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Whether `presented` is one of `keys`, in time that depends on neither (the SHA-256 digests
@@ -844,6 +850,11 @@ mod tests {
             assert!(!known_key(&keys, wrong), "{wrong:?}");
         }
         assert!(!known_key(&[], "sk-one"));
+        assert_eq!(bearer("Bearer sk-one"), Some("sk-one"));
+        assert_eq!(bearer("bearer sk-one"), Some("sk-one"));
+        assert_eq!(bearer("BEARER  sk-one "), Some("sk-one"));
+        assert_eq!(bearer("Basic sk-one"), None);
+        assert_eq!(bearer("sk-one"), None);
     }
 
     #[test]

@@ -593,6 +593,104 @@ workers = 8
 }
 
 #[test]
+fn a_delegate_call_above_the_tasks_tier_is_refused_and_no_sub_task_runs() {
+    let fake = FakeOpenAi::start();
+    let worker = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    // Role `worker` (in the `[roles]` table model_config opens) is served by a second fake model,
+    // so every sub-task shows there.
+    let extra = format!(
+        r#"worker = ["worker"]
+
+[[models]]
+name = "worker"
+backend = "openai"
+base_url = "{}"
+model = "scripted"
+"#,
+        worker.base_url()
+    );
+    let node = start(&harness, "alpha", &model_config(&fake, &extra));
+    let marker = harness.path().join("delegated-shell-ran");
+    let shell = format!(r#"{{"command": "touch {}"}}"#, marker.display());
+    let delegate = |tier: &str| {
+        Scripted::tool(
+            "delegate",
+            &format!(r#"{{"role": "worker", "tier": "{tier}", "prompt": "run it"}}"#),
+        )
+    };
+
+    // A `write` task may delegate, but not a `shell` sub-task, nor one at a tier it does not
+    // know (which counts as `shell`).
+    fake.push([
+        delegate("shell"),
+        delegate("root"),
+        Scripted::text("could not delegate"),
+    ]);
+    worker.push([
+        Scripted::tool("shell_exec", &shell),
+        Scripted::text("ran it"),
+    ]);
+    let (code, result) = harness
+        .run_json(
+            &node,
+            &["--role", "chat", "--tier", "write", "delegate the shell"],
+        )
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert_eq!(result["output"], "could not delegate");
+    assert_eq!(
+        worker.requests().len(),
+        0,
+        "a sub-task reached the worker model; its first request: {}",
+        request_text(&worker, 0)
+    );
+    assert!(!marker.exists(), "the shell command must not run");
+    let seen = request_text(&fake, 2);
+    assert_eq!(
+        seen.matches(
+            "Refused: `delegate` needs the `shell` tier and this task may only use `write`"
+        )
+        .count(),
+        2,
+        "the model sees both refusals and why: {seen}"
+    );
+    let id = result["task_id"].as_str().expect("id");
+    let events = task_events(&harness, &node, id);
+    let refusals: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "intervention")
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    assert_eq!(refusals.len(), 2, "{events:#?}");
+    assert!(
+        refusals.iter().all(|t| t.contains("supervisor (tier)")),
+        "{refusals:?}"
+    );
+    let output = harness.cli(&node, &["tasks", "--json"]).expect("tasks");
+    let list: Value = serde_json::from_slice(&output.stdout).expect("json");
+    let tasks = list["tasks"].as_array().expect("tasks");
+    assert_eq!(tasks.len(), 1, "no sub-task was created: {list:#}");
+    assert_eq!(tasks[0]["task_id"], id);
+
+    // The control: a `shell` task delegating the same `shell` sub-task runs it.
+    fake.push([delegate("shell"), Scripted::text("delegated")]);
+    let (code, result) = harness
+        .run_json(
+            &node,
+            &["--role", "chat", "--tier", "shell", "delegate the shell"],
+        )
+        .expect("run");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert_eq!(worker.requests().len(), 2, "the sub-task ran on the worker");
+    assert!(marker.exists(), "the delegated shell command ran");
+    assert!(
+        request_text(&fake, 4).contains("ran it"),
+        "the sub-task's answer reached the parent"
+    );
+}
+
+#[test]
 fn agents_read_search_and_write_the_shared_memory() {
     let fake = FakeOpenAi::start();
     let harness = Harness::new().expect("harness");

@@ -1,7 +1,7 @@
 //! The OpenAI-compatible front door, driven by the official `openai` Python client: a node
 //! without models lists and reaches the model its peer serves (plain and streamed), an unknown
-//! model is a 404, and with `http.api_keys` a wrong key is a 401. Plus `/healthz` and
-//! `/metrics` over plain HTTP.
+//! model is a 404, and with `http.api_keys` a missing, malformed or wrong key is a 401. Plus
+//! `/healthz` and `/metrics` over plain HTTP.
 
 use std::{process::Command, time::Duration};
 
@@ -137,8 +137,45 @@ fn the_openai_client_reaches_a_peers_model_through_a_node_without_models() {
     );
 }
 
+/// A request over plain HTTP/1.1 with an optional `Authorization` header and JSON body: the
+/// status code and the JSON body of the answer.
+fn http_call(
+    url: &str,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let host = url.trim_start_matches("http://");
+    let mut socket = std::net::TcpStream::connect(host).expect("connect");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if let Some(value) = authorization {
+        request.push_str(&format!("Authorization: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    socket.write_all(request.as_bytes()).expect("send");
+    let mut response = String::new();
+    socket.read_to_string(&mut response).expect("read");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response}"));
+    let (_, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no body: {response}"));
+    let body = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"));
+    (status, body)
+}
+
 #[test]
-fn with_api_keys_a_wrong_key_is_refused_and_a_right_one_works() {
+fn with_api_keys_a_missing_malformed_or_wrong_key_is_refused_and_a_right_one_works() {
     let h = Harness::new().expect("harness");
     let fake = FakeOpenAi::start();
     let key = "test-key-0123456789";
@@ -148,10 +185,56 @@ fn with_api_keys_a_wrong_key_is_refused_and_a_right_one_works() {
     let gpu = gpu(&h, &fake, &laptop);
     h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
     fake.push([
+        Scripted::text("let in"),
         Scripted::text("hello from the gpu"),
         Scripted::text("a streamed answer"),
     ]);
-    python_client(&laptop.http_url().expect("front door"), Some(key));
+    let url = laptop.http_url().expect("front door");
+
+    // No key, or a header that is not `Bearer <key>`: 401 `invalid_api_key` on both endpoints,
+    // and no chat reaches the model.
+    let chat = r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let right = format!("Bearer {key}");
+    let endpoints = [
+        ("GET", "/v1/models", ""),
+        ("POST", "/v1/chat/completions", chat),
+    ];
+    let refused = [
+        None,
+        Some("Basic xyz"),
+        Some("Bearer"),
+        Some("Bearer "),
+        Some(key),
+        Some("Basic dGVzdC1rZXktMDEyMzQ1Njc4OQ=="),
+    ];
+    for (method, path, body) in endpoints {
+        for authorization in refused {
+            let (status, answer) = http_call(&url, method, path, authorization, body);
+            assert_eq!(
+                (status, &answer["error"]["code"]),
+                (401, &serde_json::json!("invalid_api_key")),
+                "{method} {path} with Authorization {authorization:?}: {answer}"
+            );
+        }
+    }
+    assert!(
+        fake.requests().is_empty(),
+        "a refused chat reached the model: {:?}",
+        fake.requests()
+    );
+
+    // The control: the same requests with the right key are served.
+    let (status, answer) = http_call(&url, "GET", "/v1/models", Some(&right), "");
+    assert_eq!(status, 200, "{answer}");
+    // The scheme is case-insensitive (RFC 9110).
+    let lower = format!("bearer {key}");
+    let (status, answer) = http_call(&url, "GET", "/v1/models", Some(&lower), "");
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = http_call(&url, "POST", "/v1/chat/completions", Some(&right), chat);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "let in");
+
+    python_client(&url, Some(key));
 }
 
 /// A client's generation settings reach the model's server through a node without models, and a

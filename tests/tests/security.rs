@@ -1,14 +1,24 @@
 //! Only members of the mesh CA get in: clients and nodes with a certificate from another CA, an
 //! expired certificate, or none, are refused by the server (the RPC fails; with TLS 1.3 the
 //! TCP+TLS connect itself may still succeed on the client side). Oversized requests and
-//! strings are refused with the limit, and the node goes on serving.
+//! strings are refused with the limit, and the node goes on serving. A member that claims
+//! another node's id (in a hello, or in the `NodeInfo` it answers with) is refused, and a node
+//! started without `http.listen` keeps its front door on loopback.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    net::{SocketAddr, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use mesh_node::{
     rpc::PeerClient,
-    tls::{self, Dialer, TlsFiles},
+    tls::{self, Dialer, MeshTls, TlsFiles},
 };
+use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, wait_for};
 use rustls::{
     ClientConfig, RootCertStore,
@@ -186,7 +196,6 @@ fn a_node_given_an_expired_certificate_does_not_start_and_says_it_expired() {
 
 #[tokio::test]
 async fn oversized_requests_and_strings_are_refused_with_the_limit() {
-    use mesh_proto::v1 as pb;
     let harness = Harness::new().expect("harness");
     let node = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
     let member = harness.issue("member").expect("member cert");
@@ -242,4 +251,345 @@ async fn oversized_requests_and_strings_are_refused_with_the_limit() {
             .await
             .is_ok()
     );
+}
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// The ids in `mesh-cli status --json`: the node itself first, then its peer table.
+fn listed_ids(status: &serde_json::Value) -> Vec<String> {
+    status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A fake node with a real member certificate of the mesh CA. Its `Node` service answers with a
+/// `NodeInfo` that names `claimed` as its id while `forging` is set, and its own id otherwise.
+#[derive(Debug, Clone)]
+struct Impostor {
+    own_id: String,
+    claimed: String,
+    forging: Arc<AtomicBool>,
+}
+
+impl Impostor {
+    fn info(&self) -> pb::NodeInfo {
+        let id = if self.forging.load(Ordering::SeqCst) {
+            &self.claimed
+        } else {
+            &self.own_id
+        };
+        pb::NodeInfo {
+            name: "impostor".into(),
+            id: id.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol: 1,
+            ..Default::default()
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::node_server::Node for Impostor {
+    async fn get_info(
+        &self,
+        _request: tonic::Request<pb::GetInfoRequest>,
+    ) -> Result<tonic::Response<pb::NodeInfo>, tonic::Status> {
+        Ok(tonic::Response::new(self.info()))
+    }
+
+    type WatchInfoStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::NodeInfo, tonic::Status>>;
+
+    async fn watch_info(
+        &self,
+        _request: tonic::Request<pb::WatchInfoRequest>,
+    ) -> Result<tonic::Response<Self::WatchInfoStream>, tonic::Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut beat = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                beat.tick().await;
+                if tx.send(Ok(this.info())).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(tonic::Response::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ))
+    }
+
+    async fn list_peers(
+        &self,
+        _request: tonic::Request<pb::ListPeersRequest>,
+    ) -> Result<tonic::Response<pb::ListPeersResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::ListPeersResponse {
+            node: Some(self.info()),
+            peers: Vec::new(),
+        }))
+    }
+}
+
+/// An [`Impostor`] served over mTLS on 127.0.0.1, on a thread and runtime of its own (the test
+/// itself blocks while it polls); it stops on drop.
+struct ImpostorServer {
+    addr: SocketAddr,
+    forging: Arc<AtomicBool>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ImpostorServer {
+    fn start(tls: &MeshTls, claimed: &str) -> Self {
+        let forging = Arc::new(AtomicBool::new(true));
+        let service = Impostor {
+            own_id: tls.identity().id.to_string(),
+            claimed: claimed.to_owned(),
+            forging: forging.clone(),
+        };
+        let server_tls = tls.server_config();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("impostor runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind impostor");
+                addr_tx
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("report addr");
+                tonic::transport::Server::builder()
+                    .tls_config(server_tls)
+                    .expect("impostor tls")
+                    .add_service(pb::node_server::NodeServer::new(service))
+                    .serve_with_incoming_shutdown(
+                        tonic::transport::server::TcpIncoming::from(listener),
+                        async {
+                            let _ = stopped.await;
+                        },
+                    )
+                    .await
+                    .expect("impostor server");
+            });
+        });
+        let addr = addr_rx.recv().expect("impostor started");
+        Self {
+            addr,
+            forging,
+            stop: Some(stop),
+        }
+    }
+}
+
+impl Drop for ImpostorServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A member of the mesh (a valid certificate from the CA) claims beta's id, and an id nobody has:
+/// in the hello of a `WatchInfo` call (PERMISSION_DENIED), and in the first `NodeInfo` it answers
+/// alpha's dial with (the session is rejected and the claimed id never enters alpha's peer
+/// table). The controls: the same caller under its own id is served, and the same fake node,
+/// once it answers with its own id, joins alpha's table.
+#[test]
+fn a_hello_or_node_info_whose_id_is_not_the_certificates_is_refused() {
+    let harness = Harness::new().expect("harness");
+    let beta = harness.spawn(NodeOptions::new("beta")).expect("beta");
+    let beta_id = listed_ids(&harness.status(&beta).expect("beta status"))[0].clone();
+    let tls = MeshTls::load(&harness.issue("impostor").expect("impostor cert")).expect("load");
+    let impostor_id = tls.identity().id.to_string();
+    let impostor = ImpostorServer::start(&tls, &beta_id);
+    // alpha dials the impostor as a static peer from the start (and again every second).
+    let alpha = harness
+        .spawn(NodeOptions::new("alpha").peer(impostor.addr.to_string()))
+        .expect("alpha");
+    let alpha_id = listed_ids(&harness.status(&alpha).expect("alpha status"))[0].clone();
+
+    // A hello: the impostor opens `WatchInfo` on alpha and introduces itself under `id`.
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let hello = |id: &str| -> Result<String, tonic::Status> {
+        runtime.block_on(async {
+            let connection = tls.dialer().connect(&alpha.addr).await.expect("connect");
+            let mut node = pb::node_client::NodeClient::new(connection.channel);
+            let request = pb::WatchInfoRequest {
+                hello: Some(pb::PeerHello {
+                    name: "impostor".into(),
+                    id: id.to_owned(),
+                    port: u32::from(impostor.addr.port()),
+                }),
+                interval_ms: 0,
+            };
+            let mut stream = node.watch_info(request).await?.into_inner();
+            let first = stream.message().await?.expect("a first NodeInfo");
+            Ok(first.id)
+        })
+    };
+    for forged in [beta_id.clone(), "a".repeat(64)] {
+        let status = hello(&forged).expect_err("a hello under another id must be refused");
+        assert_eq!(
+            status.code(),
+            tonic::Code::PermissionDenied,
+            "hello with id {forged}: {status:?}"
+        );
+        assert!(
+            status.message().contains("does not match the certificate"),
+            "{status:?}"
+        );
+    }
+    let served = hello(&impostor_id).expect("a hello under the caller's own id is served");
+    assert_eq!(served, alpha_id, "the stream is alpha's own NodeInfo");
+
+    // A NodeInfo: alpha's sessions to the impostor see its certificate, then beta's id. Wait
+    // until alpha has rejected one, or has let someone into its table.
+    wait_for("alpha to reject the forged NodeInfo", DEADLINE, || {
+        let rejected = alpha
+            .log_text()
+            .contains("ignoring peer: NodeInfo id does not match its certificate");
+        let let_in = harness
+            .status(&alpha)
+            .is_ok_and(|status| listed_ids(&status).len() > 1);
+        (rejected || let_in).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
+    let ids = listed_ids(&harness.status(&alpha).expect("alpha status"));
+    assert_eq!(
+        ids,
+        std::slice::from_ref(&alpha_id),
+        "alpha's peer table must hold no one after the forged NodeInfo (beta is {beta_id}, the \
+         impostor {impostor_id})"
+    );
+
+    // The control: the same fake node, answering with its own id, is let in.
+    impostor.forging.store(false, Ordering::SeqCst);
+    wait_for("the honest impostor to be up at alpha", DEADLINE, || {
+        (harness.state_of(&alpha, "impostor").as_deref() == Some("up")).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
+    let ids = listed_ids(&harness.status(&alpha).expect("alpha status"));
+    assert_eq!(ids, [alpha_id, impostor_id], "only its own id got in");
+    assert!(!ids.contains(&beta_id) && !ids.contains(&"a".repeat(64)));
+}
+
+/// A `mesh-node` this test starts itself, killed on drop.
+struct OwnNode(std::process::Child);
+
+impl Drop for OwnNode {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A node whose config has no `[http]` table (the harness always sets `http.listen`, so this
+/// test writes its own config) binds its front door to 127.0.0.1 on the default port (or the
+/// next free one): it answers there, and refuses connections on 127.0.0.2 and on every network
+/// address of this host. The control: the node's gRPC port, bound to 0.0.0.0, answers on each
+/// of those addresses, so they do reach the node.
+#[test]
+fn a_node_without_http_listen_keeps_its_front_door_on_loopback() {
+    use std::{
+        io::{Read, Write},
+        net::{IpAddr, Ipv4Addr},
+        process::{Command, Stdio},
+    };
+    let harness = Harness::new().expect("harness");
+    let tls = harness.issue("plain").expect("cert");
+    let data_dir = harness.path().join("data-plain");
+    let config = format!(
+        "[node]\nname = \"plain\"\nlisten = \"0.0.0.0:0\"\ndata_dir = {:?}\n\n\
+         [discovery]\nmdns = false\n\n[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+        data_dir, tls.ca, tls.cert, tls.key
+    );
+    assert!(!config.contains("[http]"));
+    let config_path = harness.path().join("plain.toml");
+    std::fs::write(&config_path, config).expect("config");
+    let log_path = harness.path().join("plain.log");
+    let _node = OwnNode(
+        Command::new(mesh_tests::bin("mesh-node"))
+            .arg("--config")
+            .arg(&config_path)
+            .args(["--log-format", "json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log_path).expect("log"))
+            .spawn()
+            .expect("start mesh-node"),
+    );
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let written_addr = |file: &str| -> SocketAddr {
+        wait_for(&format!("{file} to be written"), DEADLINE, || {
+            std::fs::read_to_string(data_dir.join(file))
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", log()))
+    };
+    // node.addr is written after the front door is bound (or has failed to bind).
+    let grpc = written_addr("node.addr");
+    let http = written_addr("http.addr");
+    assert_eq!(
+        http.ip(),
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        "the front door's default address: {http}"
+    );
+    assert!(
+        (7780..=7790).contains(&http.port()),
+        "the default port 7780, or the next free one up to 7790: {http}"
+    );
+
+    // It answers on loopback.
+    let mut socket = TcpStream::connect(http).expect("connect to the front door on loopback");
+    write!(
+        socket,
+        "GET /healthz HTTP/1.1\r\nHost: {http}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    socket.read_to_string(&mut response).expect("read");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+
+    // This host's network addresses, as the node advertises them for its wildcard gRPC listener.
+    let member = MeshTls::load(&harness.issue("member").expect("member")).expect("load");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let info = runtime.block_on(async {
+        let local = SocketAddr::from((Ipv4Addr::LOCALHOST, grpc.port())).to_string();
+        let connection = member.dialer().connect(&local).await.expect("connect");
+        pb::node_client::NodeClient::new(connection.channel)
+            .get_info(pb::GetInfoRequest {})
+            .await
+            .expect("GetInfo")
+            .into_inner()
+    });
+    let mut others: Vec<IpAddr> = info
+        .addrs
+        .iter()
+        .filter_map(|a| a.parse::<SocketAddr>().ok())
+        .map(|a| a.ip())
+        .filter(|ip| ip.is_ipv4() && !ip.is_loopback())
+        .collect();
+    // Another loopback address: a wildcard bind answers there, a bind to 127.0.0.1 does not.
+    others.push(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
+    for ip in others {
+        let control = TcpStream::connect_timeout(&SocketAddr::new(ip, grpc.port()), DEADLINE);
+        assert!(
+            control.is_ok(),
+            "the control: {ip} reaches the node's gRPC port (bound to 0.0.0.0): {control:?}"
+        );
+        let door = TcpStream::connect_timeout(&SocketAddr::new(ip, http.port()), DEADLINE);
+        assert!(
+            door.is_err(),
+            "the front door must not answer on {ip}:{}: it answered",
+            http.port()
+        );
+    }
 }

@@ -1,7 +1,8 @@
 //! The files under deploy/ that install agentmesh as a service: every example config in
 //! deploy/examples loads with the node's own config loader (and the directory holds exactly
-//! the documented three), and `systemd-analyze verify` finds nothing wrong with
-//! deploy/systemd/mesh-node.service.
+//! the documented three), `systemd-analyze verify` finds nothing wrong with
+//! deploy/systemd/mesh-node.service, and the config deploy/Dockerfile bakes into the image loads
+//! and matches the ports and volume it declares.
 //!
 //! The unit test FAILS when `systemd-analyze` is not installed (`deploy/test.sh --setup-only`
 //! installs it): checking the unit is the point, so it never passes without checking.
@@ -202,4 +203,52 @@ fn systemd_analyze_verify_finds_nothing_wrong_with_the_unit() {
         "systemd-analyze verify failed ({}):\n{printed}",
         output.status
     );
+}
+
+/// The config deploy/Dockerfile writes into the image (its `printf` lines), as a string.
+fn dockerfile_config(dockerfile: &str) -> String {
+    let start = dockerfile
+        .find("printf '%s\\n'")
+        .expect("the Dockerfile writes its config with printf");
+    let end = dockerfile[start..]
+        .find("> /etc/agentmesh/mesh-node.toml")
+        .expect("into /etc/agentmesh/mesh-node.toml")
+        + start;
+    dockerfile[start..end]
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let quoted = l.trim().trim_end_matches('\\').trim();
+            quoted
+                .strip_prefix('\'')?
+                .strip_suffix('\'')
+                .map(str::to_owned)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The image's config loads with the node's loader, keeps state in the volume, and the ports
+/// it exposes are the node's defaults. (Building the image needs a Docker daemon and its base
+/// images, so that was verified by hand: docs/operations.md, "Running in a container".)
+#[test]
+fn the_dockerfile_config_loads_and_its_ports_and_volume_are_the_nodes() {
+    use mesh_node::config::{DEFAULT_HTTP_PORT, DEFAULT_PORT};
+    let dockerfile = fs::read_to_string(deploy_dir().join("Dockerfile")).expect("Dockerfile");
+    let text = dockerfile_config(&dockerfile);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("mesh-node.toml");
+    fs::write(&path, &text).expect("write");
+    let config = Config::load(Some(&path), &Overrides::default())
+        .unwrap_or_else(|e| panic!("the Dockerfile's config must load: {e}\n{text}"));
+    assert_eq!(config.data_dir, Path::new(STATE_DIR));
+    assert_eq!(config.http.listen.addr.port(), DEFAULT_HTTP_PORT);
+    assert!(
+        dockerfile.contains(&format!(
+            "EXPOSE {DEFAULT_PORT}/tcp {DEFAULT_HTTP_PORT}/tcp"
+        )),
+        "EXPOSE must list the node's default ports"
+    );
+    assert!(dockerfile.contains(&format!("VOLUME [\"{STATE_DIR}\"]")));
+    assert!(dockerfile.contains("ENTRYPOINT [\"mesh-node\"]"));
 }

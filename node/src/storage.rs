@@ -37,7 +37,7 @@ impl From<sled::Error> for StoreError {
 
 /// How long a flush may take before the disk is taken for failed (sled 0.34 never returns from
 /// a flush after a failed write).
-pub const FLUSH_DEADLINE: Duration = Duration::from_secs(30);
+const FLUSH_DEADLINE: Duration = Duration::from_secs(30);
 
 /// One write of a [`Store::commit`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,10 +130,7 @@ impl SledStore {
         if let Some(why) = self.failed.get() {
             return Err(why.clone());
         }
-        match self.check_space() {
-            Err(StoreError::DiskFull(why)) | Err(StoreError::Engine(why)) => Ok(Some(why)),
-            Ok(()) => Ok(None),
-        }
+        Ok(self.check_space().err().map(|e| e.to_string()))
     }
 
     fn check_failed(&self) -> Result<(), StoreError> {

@@ -39,40 +39,32 @@ pub struct Scripted {
 }
 
 impl Scripted {
-    /// A text answer.
-    pub fn text(text: &str) -> Self {
+    fn new(reply: Reply, usage: (u64, u64)) -> Self {
         Self {
-            reply: Reply::Text(text.into()),
-            usage: (10, 5),
+            reply,
+            usage,
             delay: std::time::Duration::ZERO,
         }
+    }
+
+    /// A text answer.
+    pub fn text(text: &str) -> Self {
+        Self::new(Reply::Text(text.into()), (10, 5))
     }
 
     /// One tool call.
     pub fn tool(name: &str, arguments: &str) -> Self {
-        Self {
-            reply: Reply::Tools(vec![(name.into(), arguments.into())]),
-            usage: (10, 5),
-            delay: std::time::Duration::ZERO,
-        }
+        Self::new(Reply::Tools(vec![(name.into(), arguments.into())]), (10, 5))
     }
 
     /// An HTTP error.
     pub fn status(code: u16) -> Self {
-        Self {
-            reply: Reply::Status(code),
-            usage: (0, 0),
-            delay: std::time::Duration::ZERO,
-        }
+        Self::new(Reply::Status(code), (0, 0))
     }
 
     /// No answer at all.
     pub fn stall() -> Self {
-        Self {
-            reply: Reply::Stall,
-            usage: (0, 0),
-            delay: std::time::Duration::ZERO,
-        }
+        Self::new(Reply::Stall, (0, 0))
     }
 
     /// Answers only after `delay` (a model that takes its time).

@@ -260,7 +260,7 @@ pub struct NodeOptions {
     pub extra: String,
     /// More keys of the `[node]` table, as TOML lines.
     pub node_keys: String,
-    /// A command the node runs under, e.g. `faketime -f +5s`.
+    /// A command the node runs under, e.g. `env FAKETIME=+5s LD_PRELOAD=…/libfaketime.so.1`.
     pub wrapper: Vec<String>,
     /// `http.api_keys` of the front door (which listens on an ephemeral loopback port).
     pub http_keys: Vec<String>,

@@ -2,8 +2,9 @@
 //! scripted models. Each round submits a batch of tasks on the front node and writes to one
 //! worker's memory, SIGKILLs that worker while it executes tasks and takes writes, restarts
 //! it with the same certificate and data dir, and checks: every task got exactly one answer
-//! (its tasks fail over to the other worker), every acknowledged write survived the kill, and
-//! the worker rejoined. The victim is a worker executing tasks that round, alternating between
+//! (its tasks fail over to the other worker), every acknowledged write survived the kill on the
+//! worker's own disk (checked with the worker restarted alone, before any peer could hand
+//! writes back), and the worker rejoined. The victim is a worker executing tasks that round, alternating between
 //! the two when the router used both.
 //!
 //! `tests/tests/faults.rs` runs a few rounds in CI; `soak` (tests/src/bin/soak.rs) runs it for
@@ -66,7 +67,7 @@ pub struct SoakReport {
     pub writes_acked: usize,
     /// Acknowledged writes missing after the restart.
     pub writes_lost: usize,
-    /// Longest time from SIGKILL to the restarted worker being `up` on the front node again.
+    /// Longest time from a worker's restart to it being `up` on the front node again.
     pub slowest_rejoin: Duration,
     /// Wall time.
     pub elapsed: Duration,
@@ -78,13 +79,20 @@ struct Worker {
     fake: FakeOpenAi,
 }
 
-fn worker_options(name: &str, tls: &TlsFiles, fake: &FakeOpenAi, front: &str) -> NodeOptions {
-    let mut options = NodeOptions::new(name).peer(front).extra(&format!(
+/// A worker's options; with no `front` it starts alone (on a new port nobody knows).
+fn worker_options(
+    name: &str,
+    tls: &TlsFiles,
+    fake: &FakeOpenAi,
+    front: Option<&str>,
+) -> NodeOptions {
+    let mut options = NodeOptions::new(name).extra(&format!(
         "[[models]]\nname = \"coder-model\"\nbackend = \"openai\"\nbase_url = \"{}\"\n\
          model = \"scripted\"\n\n[roles]\ncoder = [\"coder-model\"]\n",
         fake.base_url()
     ));
     options.tls = Some(tls.clone());
+    options.static_peers = front.into_iter().map(str::to_owned).collect();
     options
 }
 
@@ -98,7 +106,7 @@ pub fn run(options: &SoakOptions) -> anyhow::Result<SoakReport> {
         let tls = h.issue(name)?;
         let fake = FakeOpenAi::start();
         fake.otherwise(Scripted::text(&format!("answer from {name}")).after(options.model_delay));
-        let node = h.spawn(worker_options(name, &tls, &fake, &front.addr))?;
+        let node = h.spawn(worker_options(name, &tls, &fake, Some(&front.addr)))?;
         workers.push(Worker { node, tls, fake });
     }
     h.wait_all_up(
@@ -120,17 +128,6 @@ pub fn run(options: &SoakOptions) -> anyhow::Result<SoakReport> {
         .with_context(|| format!("round {}", report.rounds + 1))?;
         report.rounds += 1;
     }
-    let listed = h.cli(&front, &["tasks", "--limit", "1000", "--json"])?;
-    let tasks: Value = serde_json::from_slice(&listed.stdout).context("tasks ls")?;
-    report.failed_over = tasks
-        .as_array()
-        .or_else(|| tasks["tasks"].as_array())
-        .map_or(0, |tasks| {
-            tasks
-                .iter()
-                .filter(|t| t["route"].as_array().is_some_and(|r| r.len() > 1))
-                .count()
-        });
     report.elapsed = started.elapsed();
     Ok(report)
 }
@@ -168,13 +165,13 @@ fn round(
     // Both workers take writes until the victim dies; each acknowledged one must survive.
     let acked: Vec<Arc<AtomicUsize>> = workers.iter().map(|_| Arc::default()).collect();
     let dead = Arc::new(AtomicBool::new(false));
-    let prefix = format!("r{}-", report.rounds);
+    let prefix = |worker: &Worker| format!("r{}-{}-", report.rounds, worker.node.name);
     let (victim, writes_acked) = std::thread::scope(|s| -> anyhow::Result<(usize, usize)> {
         let writers: Vec<_> = workers
             .iter()
             .zip(&acked)
             .map(|(worker, acked)| {
-                let (acked, dead, prefix) = (acked.clone(), dead.clone(), prefix.clone());
+                let (acked, dead, prefix) = (acked.clone(), dead.clone(), prefix(worker));
                 let node = &worker.node;
                 s.spawn(move || {
                     for i in 0.. {
@@ -205,31 +202,24 @@ fn round(
                 .then_some(preferred)
                 .or_else(|| busy.first().copied())
         });
-        let victim = match chosen {
-            Ok(victim) => {
-                workers[victim].node.signal("KILL")?;
-                victim
-            }
-            Err(e) => {
-                dead.store(true, Ordering::SeqCst);
-                return Err(e);
-            }
-        };
+        let killed = chosen.and_then(|v| workers[v].node.signal("KILL").map(|()| v));
         dead.store(true, Ordering::SeqCst);
         for writer in writers {
             writer
                 .join()
                 .map_err(|_| anyhow::anyhow!("writer panicked"))?;
         }
+        let victim = killed?;
         Ok((victim, acked[victim].load(Ordering::SeqCst)))
     })?;
     let name = workers[victim].node.name.clone();
+    let written = prefix(&workers[victim]);
     *report.kills.entry(name.clone()).or_default() += 1;
-    let killed_at = Instant::now();
     workers[victim].node.wait_exit(DEADLINE)?;
     report.writes_acked += writes_acked;
 
     // Every caller gets one answer.
+    let mut this_round = BTreeSet::new();
     for caller in callers {
         let output = caller.wait_with_output()?;
         report.slowest_task = report.slowest_task.max(submitted.elapsed());
@@ -242,6 +232,7 @@ fn round(
         if output.status.success() {
             let id = result["task_id"].as_str().unwrap_or_default().to_owned();
             ensure!(answered.insert(id.clone()), "task {id} was answered twice");
+            this_round.insert(id);
             report.completed += 1;
         } else {
             report
@@ -250,29 +241,45 @@ fn round(
         }
     }
 
-    // Back with the same certificate and data dir: rejoins, and kept every acknowledged write.
-    let restarted = h.spawn(worker_options(
-        &name,
-        &workers[victim].tls,
-        &workers[victim].fake,
-        &front.addr,
-    ))?;
-    workers[victim].node = restarted;
-    wait_for(&format!("{name} to be up again"), DEADLINE, || {
-        (h.state_of(front, &name).as_deref() == Some("up")).then_some(())
-    })?;
-    report.slowest_rejoin = report.slowest_rejoin.max(killed_at.elapsed());
+    // Which of this round's tasks ran on a second worker (the newest tasks are this round's).
+    let limit = options.tasks_per_round.to_string();
+    let listed = h.cli(front, &["tasks", "--limit", &limit, "--json"])?;
+    let tasks: Value = serde_json::from_slice(&listed.stdout).context("tasks --json")?;
+    report.failed_over += tasks["tasks"].as_array().map_or(0, |tasks| {
+        tasks
+            .iter()
+            .filter(|t| {
+                t["task_id"]
+                    .as_str()
+                    .is_some_and(|id| this_round.contains(id))
+            })
+            .filter(|t| t["route"].as_array().is_some_and(|r| r.len() > 1))
+            .count()
+    });
+
+    // Back alone first, with the same certificate and data dir on a new port no peer knows:
+    // what it holds now survived the kill on its own disk (no peer handed it back).
+    let (tls, fake) = (&workers[victim].tls, &workers[victim].fake);
+    let mut alone = h.spawn(worker_options(&name, tls, fake, None))?;
     let listed = h.cli(
-        &workers[victim].node,
+        &alone,
         &[
-            "memory", "ls", "soak", "--prefix", &prefix, "--limit", "10000", "--json",
+            "memory", "ls", "soak", "--prefix", &written, "--limit", "10000", "--json",
         ],
     )?;
     let list: Value = serde_json::from_slice(&listed.stdout).context("memory ls")?;
     let kept = list["records"].as_array().map_or(0, Vec::len);
-    if kept < writes_acked {
-        report.writes_lost += writes_acked - kept;
-    }
+    report.writes_lost += writes_acked.saturating_sub(kept);
+    alone.signal("TERM")?;
+    alone.wait_exit(DEADLINE)?;
+
+    // Then back in the mesh.
+    let restarted_at = Instant::now();
+    workers[victim].node = h.spawn(worker_options(&name, tls, fake, Some(&front.addr)))?;
+    wait_for(&format!("{name} to be up again"), DEADLINE, || {
+        (h.state_of(front, &name).as_deref() == Some("up")).then_some(())
+    })?;
+    report.slowest_rejoin = report.slowest_rejoin.max(restarted_at.elapsed());
     if report.writes_lost > 0 {
         bail!("{name} lost {} acknowledged writes", report.writes_lost);
     }

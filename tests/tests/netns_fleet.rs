@@ -17,6 +17,16 @@ struct Fleet {
 }
 
 impl Fleet {
+    /// A fleet whose namespaces are named after `prefix` and this test process (so parallel
+    /// tests never share one), with files in a temporary directory. Needs root.
+    fn new(prefix: &str) -> Self {
+        require_root();
+        Self {
+            name: format!("{prefix}{}", std::process::id()),
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
     fn script() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/netns-fleet.sh")
     }
@@ -94,11 +104,7 @@ fn namespaces_named(prefix: &str) -> usize {
 
 #[test]
 fn a_cut_link_partitions_a_host_and_writes_on_both_sides_converge_after_the_heal() {
-    require_root();
-    let fleet = Fleet {
-        name: format!("amt{}", std::process::id()),
-        dir: tempfile::tempdir().expect("temp dir"),
-    };
+    let fleet = Fleet::new("amt");
     fleet.ok(&["up", "3"]);
     assert_eq!(namespaces_named(&fleet.name), 4, "a hub and three hosts");
     fleet.ok(&["cli", "1", "memory", "put", "notes", "before", "all"]);
@@ -149,11 +155,7 @@ fn a_cut_link_partitions_a_host_and_writes_on_both_sides_converge_after_the_heal
 
 #[test]
 fn bad_commands_name_the_problem() {
-    require_root();
-    let fleet = Fleet {
-        name: format!("amb{}", std::process::id()),
-        dir: tempfile::tempdir().expect("temp dir"),
-    };
+    let fleet = Fleet::new("amb");
     for (args, want) in [
         (&["up", "0"][..], "give the number of hosts"),
         (&["status"][..], "no fleet"),
@@ -178,11 +180,7 @@ fn bad_commands_name_the_problem() {
 #[test]
 fn a_node_that_sleeps_is_marked_down_and_catches_up_when_it_wakes_and_a_slow_link_still_replicates()
 {
-    require_root();
-    let fleet = Fleet {
-        name: format!("ams{}", std::process::id()),
-        dir: tempfile::tempdir().expect("temp dir"),
-    };
+    let fleet = Fleet::new("ams");
     fleet.ok(&["up", "3"]);
     // host3's link is slow: 256 kbit/s with up to 500 ms of queue (tc tbf in its namespace).
     // (Loss is a_lossy_link_…: netem, which this kernel lacks, is not needed for it.)
@@ -224,11 +222,7 @@ fn a_node_that_sleeps_is_marked_down_and_catches_up_when_it_wakes_and_a_slow_lin
 /// one of them, through TCP's retransmits and the sync rounds.
 #[test]
 fn a_lossy_link_still_replicates_every_write_both_ways() {
-    require_root();
-    let fleet = Fleet {
-        name: format!("aml{}", std::process::id()),
-        dir: tempfile::tempdir().expect("temp dir"),
-    };
+    let fleet = Fleet::new("aml");
     fleet.ok(&["up", "3"]);
     for rule in [
         "add table inet loss",

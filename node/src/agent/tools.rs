@@ -475,11 +475,10 @@ impl Tool for ShellExec {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
-                .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| format!("cannot start sh: {e}"))?;
-            // However the call ends (done, timed out, task cancelled), what the command left
-            // running in its group goes with it.
+            // However the call ends (done, timed out, task cancelled), `sh` and whatever it
+            // left running in its group are killed (tokio reaps the dropped child).
             let _group = child
                 .id()
                 .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))

@@ -457,7 +457,17 @@ mod tests {
         assert!(s.disk_problem().is_err());
         assert_eq!(s.get("t", b"k").expect("get"), Some(b"v".to_vec()));
         drop(s);
-        let s = SledStore::new(sled::open(dir.path()).expect("reopen"));
+        // sled's background flusher lets go of the file lock a moment after the last handle
+        // is dropped: poll for the reopen with a deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let db = loop {
+            match sled::open(dir.path()) {
+                Ok(db) => break db,
+                Err(e) => assert!(std::time::Instant::now() < deadline, "reopen: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(20)); // poll interval
+        };
+        let s = SledStore::new(db);
         assert_eq!(s.get("t", b"k").expect("get"), Some(b"v".to_vec()));
         s.commit(vec![Write::Put("t".into(), b"k2".to_vec(), vec![])])
             .expect("a restart clears it");

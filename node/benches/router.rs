@@ -5,14 +5,11 @@
 
 use std::{collections::BTreeMap, hint::black_box, time::Instant};
 
-use mesh_node::{
-    capabilities::{Gpu, Health, Load, ModelInfo, NodeInfo, PersonaInfo, Resources},
-    config::Tier,
-    identity::NodeId,
-    peers::PeerState,
-    router::{Candidate, Requirements, rank},
-    tasks::Target,
+use mesh_domain::{
+    Gpu, Health, Load, ModelInfo, NodeId, NodeInfo, PeerState, PersonaInfo, Requirements,
+    Resources, Target, Tier,
 };
+use mesh_node::router::{Candidate, rank};
 
 fn node(i: usize) -> NodeInfo {
     let roles: Vec<String> = match i % 3 {

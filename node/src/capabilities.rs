@@ -12,143 +12,19 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU32, Ordering},
     },
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
 
+use mesh_domain::{
+    Gpu, Health, HealthStatus, Load, ModelInfo, NodeId, NodeInfo, PersonaInfo, Resources,
+    sync::MutexExt, time::unix_ms,
+};
 use tokio::{process::Command, sync::watch};
 
-use crate::{
-    config::{Backend, Config, Tier},
-    identity::NodeId,
-};
+use crate::config::{Backend, Config};
 
 /// How often nvidia-smi is asked for free VRAM.
 pub const GPU_PROBE_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Everything one node says about itself (the domain form of `agentmesh.v1.NodeInfo`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeInfo {
-    /// Node name.
-    pub name: String,
-    /// Node id.
-    pub id: NodeId,
-    /// Software version.
-    pub version: String,
-    /// Protocol major.
-    pub protocol: u32,
-    /// `host:port` addresses it listens on.
-    pub addrs: Vec<String>,
-    /// Roles it serves.
-    pub roles: Vec<String>,
-    /// Labels.
-    pub labels: BTreeMap<String, String>,
-    /// Personas (name, role).
-    pub personas: Vec<PersonaInfo>,
-    /// Models.
-    pub models: Vec<ModelInfo>,
-    /// Role → model chain.
-    pub role_chains: BTreeMap<String, Vec<String>>,
-    /// CPU, memory, GPUs.
-    pub resources: Resources,
-    /// Running and queued tasks.
-    pub load: Load,
-    /// Health and its reasons.
-    pub health: Health,
-    /// Hex SHA-256 of the certificate, empty in insecure mode.
-    pub cert_fingerprint: String,
-    /// Unix ms when the process started.
-    pub started_at_ms: u64,
-    /// Highest tier run for remote callers.
-    pub remote_max_tier: Tier,
-    /// Sequence number of this node's latest shared-memory write.
-    pub memory_seq: u64,
-}
-
-/// A persona as advertised.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PersonaInfo {
-    /// Name.
-    pub name: String,
-    /// Role.
-    pub role: String,
-}
-
-/// A model as advertised.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelInfo {
-    /// Name roles refer to.
-    pub name: String,
-    /// `openai` or `embedded`.
-    pub backend: String,
-    /// Backend model name or GGUF path.
-    pub model: String,
-    /// Base URL for `openai`.
-    pub base_url: String,
-    /// Measured decode speed, tokens/s; 0 until measured.
-    pub tokens_per_s: f64,
-}
-
-/// Host resources.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Resources {
-    /// Logical CPUs.
-    pub cpu_count: u32,
-    /// Total memory, bytes.
-    pub memory_total_bytes: u64,
-    /// Available memory, bytes.
-    pub memory_available_bytes: u64,
-    /// One-minute load average.
-    pub cpu_load: f64,
-    /// GPUs: probed, then declared.
-    pub gpus: Vec<Gpu>,
-}
-
-/// One GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Gpu {
-    /// Name.
-    pub name: String,
-    /// Total VRAM, MiB.
-    pub vram_mb: u64,
-    /// Free VRAM, MiB, when measurable.
-    pub vram_free_mb: Option<u64>,
-    /// `declared` or `nvidia-smi`.
-    pub source: String,
-}
-
-/// Task load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Load {
-    /// Tasks executing.
-    pub running: u32,
-    /// Tasks waiting.
-    pub queued: u32,
-    /// Workers (tasks that can run at once).
-    pub workers: u32,
-    /// Tasks that may wait before the node refuses more.
-    pub queue_capacity: u32,
-}
-
-/// Overall health.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub enum HealthStatus {
-    /// All checks pass.
-    #[default]
-    Healthy,
-    /// Works, with reduced function (e.g. mDNS off, a model unreachable).
-    Degraded,
-    /// Cannot do its job.
-    Unhealthy,
-}
-
-/// Health with reasons.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Health {
-    /// Worst status of any check.
-    pub status: HealthStatus,
-    /// One line per failing check.
-    pub reasons: Vec<String>,
-}
 
 /// Live load counters, shared with whatever runs tasks.
 #[derive(Debug, Default)]
@@ -329,7 +205,7 @@ impl Capabilities {
 
     /// Records the outcome of a health check; `None` clears it.
     pub fn set_check(&self, component: &str, failure: Option<(HealthStatus, String)>) {
-        let mut checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut checks = self.checks.lock_unpoisoned();
         let before = checks.get(component).cloned();
         match failure {
             Some(failure) => checks.insert(component.to_owned(), failure),
@@ -353,7 +229,7 @@ impl Capabilities {
 
     /// The current health.
     pub fn health(&self) -> Health {
-        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        let checks = self.checks.lock_unpoisoned();
         Health {
             status: checks
                 .values()
@@ -371,7 +247,7 @@ impl Capabilities {
     pub fn snapshot(&self) -> NodeInfo {
         let mut info = self.base.clone();
         {
-            let mut system = self.system.lock().unwrap_or_else(|p| p.into_inner());
+            let mut system = self.system.lock_unpoisoned();
             if system.read_at.is_none_or(|at| at.elapsed() >= SYSTEM_TTL) {
                 system.refresh();
             }
@@ -380,11 +256,7 @@ impl Capabilities {
             info.resources.memory_available_bytes = system.host.available_memory();
             info.resources.cpu_load = system.load;
         }
-        let mut gpus = self
-            .probed_gpus
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let mut gpus = self.probed_gpus.lock_unpoisoned().clone();
         gpus.extend(self.declared_gpus.iter().cloned());
         info.resources.gpus = gpus;
         info.load = self.load.get();
@@ -402,7 +274,7 @@ impl Capabilities {
     /// Asks nvidia-smi for GPUs once; a host without it simply has none probed.
     pub async fn probe_gpus(&self) {
         let gpus = nvidia_smi().await.unwrap_or_default();
-        let mut probed = self.probed_gpus.lock().unwrap_or_else(|p| p.into_inner());
+        let mut probed = self.probed_gpus.lock_unpoisoned();
         if *probed != gpus {
             *probed = gpus;
             drop(probed);
@@ -449,43 +321,4 @@ pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
             })
         })
         .collect()
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn unix_ms(time: SystemTime) -> u64 {
-    time.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn nvidia_smi_output_is_parsed_and_garbage_skipped() {
-        let gpus = parse_nvidia_smi(
-            "NVIDIA GeForce RTX 4090, 24564, 23012\nbroken line\nTesla T4, 15360, [N/A]\n",
-        );
-        assert_eq!(gpus.len(), 2);
-        assert_eq!(gpus[0].vram_mb, 24564);
-        assert_eq!(gpus[0].vram_free_mb, Some(23012));
-        assert_eq!(gpus[1].vram_free_mb, None);
-    }
-
-    #[test]
-    fn health_is_the_worst_check_and_lists_every_reason() {
-        let config = crate::config::RawConfig::default()
-            .validate(None, &crate::config::Overrides::default())
-            .expect("defaults are valid");
-        let caps = Capabilities::new(&config, NodeId::from_spki_der(b"k"), String::new(), vec![]);
-        assert_eq!(caps.health().status, HealthStatus::Healthy);
-        caps.set_check("mdns", Some((HealthStatus::Degraded, "off".into())));
-        caps.set_check("tls", Some((HealthStatus::Unhealthy, "expired".into())));
-        let health = caps.health();
-        assert_eq!(health.status, HealthStatus::Unhealthy);
-        assert_eq!(health.reasons, vec!["mdns: off", "tls: expired"]);
-        caps.set_check("tls", None);
-        assert_eq!(caps.health().status, HealthStatus::Degraded);
-    }
 }

@@ -7,12 +7,12 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fmt,
     net::SocketAddr,
     path::{Path, PathBuf},
 };
 
-use serde::{Deserialize, Serialize};
+use mesh_domain::{Tier, keys};
+use serde::Deserialize;
 
 use crate::tls::TlsFiles;
 
@@ -435,40 +435,6 @@ pub struct PersonaConfig {
     pub tools: Option<Vec<String>>,
     /// Highest tier.
     pub max_tier: Tier,
-}
-
-/// Permission tiers of tools, lowest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    /// Reads only.
-    Read,
-    /// Writes memory or files.
-    Write,
-    /// Runs commands.
-    Shell,
-}
-
-impl Tier {
-    /// Parses `read`, `write` or `shell`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "read" => Some(Self::Read),
-            "write" => Some(Self::Write),
-            "shell" => Some(Self::Shell),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::Shell => "shell",
-        })
-    }
 }
 
 /// A configuration error: which key, in which file, what is wrong and how to fix it.
@@ -996,7 +962,7 @@ impl RawConfig {
         };
 
         for (i, ns) in self.memory.local_namespaces.iter().enumerate() {
-            if crate::memory::check_namespace(ns).is_err() {
+            if keys::check_namespace(ns).is_err() {
                 return Err(invalid(
                     &format!("memory.local_namespaces[{i}]"),
                     format!("is `{ns}`"),

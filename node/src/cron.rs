@@ -21,16 +21,15 @@ use std::{
 
 use chrono::TimeZone;
 use chrono_tz::Tz;
+use mesh_domain::{EventKind, NodeId, PeerState, TaskEvent, TaskSpec, keys, sync::MutexExt};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    identity::NodeId,
     memory::{Memory, MemoryError},
-    peers::{PeerState, PeerTable},
-    tasks::{EventKind, TaskEvent, TaskSpec},
+    peers::PeerTable,
 };
 
 /// Memory namespace of the schedules (key: name).
@@ -129,7 +128,7 @@ pub struct Schedule {
 
 /// Checks a schedule name.
 pub fn check_name(name: &str) -> Result<(), CronError> {
-    crate::memory::check_namespace(name).map_err(|_| {
+    keys::check_namespace(name).map_err(|_| {
         CronError::Invalid(format!(
             "name: `{name}` must be 1-64 letters, digits, `-`, `_`, `.`"
         ))
@@ -535,11 +534,7 @@ impl Scheduler {
             if !firing.status.is_open() {
                 continue;
             }
-            let followed = self
-                .open
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&firing.fire_id);
+            let followed = self.open.lock_unpoisoned().contains(&firing.fire_id);
             let elsewhere = firing.owner != self.own_name && live.contains(&firing.owner);
             if followed || elsewhere {
                 return Ok(Some(firing));
@@ -584,7 +579,7 @@ impl Scheduler {
         let live = self.live();
         let mut work = Vec::new();
         {
-            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = self.last.lock_unpoisoned();
             let ids: HashSet<&str> = schedules.iter().map(|s| s.id.as_str()).collect();
             last.retain(|id, _| ids.contains(id.as_str()));
             for schedule in &schedules {
@@ -707,10 +702,7 @@ impl Scheduler {
             }
             Ok(events) => {
                 tracing::info!(schedule = %schedule.name, fire_id = %firing.fire_id, task_id = %firing.task_id, "fired");
-                self.open
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(firing.fire_id.clone());
+                self.open.lock_unpoisoned().insert(firing.fire_id.clone());
                 let this = self.clone();
                 let followed = firing.clone();
                 tokio::spawn(async move { this.follow(followed, events).await });
@@ -755,10 +747,7 @@ impl Scheduler {
         if let Err(e) = self.save(&mut firing).await {
             tracing::warn!(fire_id = %firing.fire_id, error = %e, "record a firing");
         }
-        self.open
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&firing.fire_id);
+        self.open.lock_unpoisoned().remove(&firing.fire_id);
     }
 
     /// Fires schedules as they fall due until `cancel`: wakes at the next scheduled time, and
@@ -795,8 +784,9 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
+    use mesh_domain::{Target, Tier};
+
     use super::*;
-    use crate::{config::Tier, tasks::Target};
 
     /// 2026-01-01T00:00:00Z.
     const T0: i64 = 1_767_225_600_000;

@@ -7,13 +7,12 @@
 //! still found). The `peers` module dials what is seen and decides trust through TLS; this module
 //! opens no gRPC connections and keeps no peer state.
 
-use std::{collections::HashMap, future::Future, pin::Pin, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use mdns_sd::{IfKind, ServiceDaemon, ServiceEvent, ServiceInfo};
+use mesh_domain::{BoxFuture, NodeId};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-use crate::identity::NodeId;
 
 /// The DNS-SD service type every node advertises.
 pub const SERVICE_TYPE: &str = "_agentmesh._tcp.local.";
@@ -77,9 +76,6 @@ pub enum DiscoveryEvent {
     },
 }
 
-/// A boxed future, so discovery sources can live behind `dyn Discovery`.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 /// A source of peers. `run` emits events until `cancel` fires, then cleans up (for mDNS: sends
 /// goodbye packets) before returning.
 pub trait Discovery: Send + 'static {
@@ -90,7 +86,7 @@ pub trait Discovery: Send + 'static {
         self: Box<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
-    ) -> BoxFuture<()>;
+    ) -> BoxFuture<'static, ()>;
 }
 
 /// Offers the configured static peers to the dialer at start and then every second.
@@ -115,7 +111,7 @@ impl Discovery for StaticPeers {
         self: Box<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
-    ) -> BoxFuture<()> {
+    ) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             let mut tick = tokio::time::interval(STATIC_REOFFER_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -294,7 +290,7 @@ impl Discovery for Mdns {
         self: Box<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
-    ) -> BoxFuture<()> {
+    ) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             let fullname = match self.register() {
                 Ok(fullname) => Some(fullname),

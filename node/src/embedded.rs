@@ -26,7 +26,7 @@ use std::{
     time::Duration,
 };
 
-use crate::llm::{Message, Role};
+use mesh_domain::{Message, Role};
 
 #[cfg(feature = "embedded")]
 pub use engine::EmbeddedModel;
@@ -260,9 +260,9 @@ mod engine {
     use super::{
         DecodeSpeed, EmbeddedOptions, FETCH_HINT, MEASURE_TOKENS, TextStream, render_chatml,
     };
-    use crate::llm::{
-        BoxFuture, ChatModel, ChatRequest, ChatResponse, ModelError, Sampling, SpeedGauge, Usage,
-    };
+    use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Sampling, Usage, sync::MutexExt};
+
+    use crate::llm::{ChatModel, ModelError, SpeedGauge};
 
     /// Tokens per prompt-processing batch.
     const BATCH: usize = 512;
@@ -534,7 +534,7 @@ mod engine {
             LogCapture(lines.clone()).with_filter(tracing_subscriber::filter::LevelFilter::WARN);
         let value =
             tracing::subscriber::with_default(tracing_subscriber::registry().with(capture), f);
-        let lines = std::mem::take(&mut *lines.lock().unwrap_or_else(|p| p.into_inner()));
+        let lines = std::mem::take(&mut *lines.lock_unpoisoned());
         (value, lines)
     }
 
@@ -563,10 +563,7 @@ mod engine {
             let mut text = Text(String::new());
             event.record(&mut text);
             if !text.0.is_empty() {
-                self.0
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(text.0);
+                self.0.lock_unpoisoned().push(text.0);
             }
         }
     }
@@ -842,6 +839,7 @@ mod engine {
                 content.push_str(&tail);
             }
             Ok(ChatResponse {
+                model: String::new(),
                 content,
                 tool_calls: Vec::new(),
                 usage: Some(Usage {
@@ -885,8 +883,9 @@ mod engine {
 
 #[cfg(test)]
 mod tests {
+    use mesh_domain::ToolCall;
+
     use super::*;
-    use crate::llm::ToolCall;
 
     fn run(stream: &mut TextStream, pieces: &[&[u8]]) -> (String, bool) {
         let mut out = String::new();

@@ -19,23 +19,22 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use serde::{Deserialize, Serialize};
+use mesh_domain::{
+    ChatRequest, ChatResponse, HealthStatus, Message, PeerState, Requirements, Role, Sampling,
+    Target, Tier, ToolCall, ToolSpec, Usage,
+};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
 use crate::{
     capabilities::Capabilities,
-    config::Tier,
-    llm::{
-        ChatModel, ChatRequest, Message, ModelError, ModelRegistry, Sampling, ToolCall, ToolSpec,
-        Usage,
-    },
+    llm::{ChatModel, ModelError, ModelRegistry},
     metrics::{labels, metrics},
-    peers::{PeerState, PeerTable},
-    router::{self, Choice, Requirements},
+    peers::PeerTable,
+    router::{self, Choice},
     rpc::PeerChannels,
-    tasks::Target,
 };
 
 /// Largest request body.
@@ -194,9 +193,9 @@ async fn healthz(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
     let info = door.caps.snapshot();
     Json(json!({
         "status": match info.health.status {
-            crate::capabilities::HealthStatus::Healthy => "healthy",
-            crate::capabilities::HealthStatus::Degraded => "degraded",
-            crate::capabilities::HealthStatus::Unhealthy => "unhealthy",
+            HealthStatus::Healthy => "healthy",
+            HealthStatus::Degraded => "degraded",
+            HealthStatus::Unhealthy => "unhealthy",
         },
         "node": info.name,
         "reasons": info.health.reasons,
@@ -381,10 +380,10 @@ fn to_chat_request(request: OpenAiRequest) -> Result<(String, ChatRequest), ApiE
     let mut messages = Vec::with_capacity(request.messages.len());
     for (i, m) in request.messages.into_iter().enumerate() {
         let role = match m.role.as_str() {
-            "system" | "developer" => crate::llm::Role::System,
-            "user" => crate::llm::Role::User,
-            "assistant" => crate::llm::Role::Assistant,
-            "tool" => crate::llm::Role::Tool,
+            "system" | "developer" => Role::System,
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            "tool" => Role::Tool,
             other => {
                 return Err(ApiError::bad_request(format!(
                     "messages[{i}].role: `{other}` is not system, user, assistant or tool"
@@ -427,80 +426,11 @@ fn to_chat_request(request: OpenAiRequest) -> Result<(String, ChatRequest), ApiE
 
 /// What the front door was asked for: `role:<name>` or a model name.
 fn target_of(model: &str) -> Target {
-    match model.strip_prefix("role:") {
-        Some(role) => Target::Role(role.to_owned()),
-        None => Target::Model(model.to_owned()),
+    match model.parse() {
+        Ok(target @ (Target::Role(_) | Target::Model(_))) => target,
+        // Personas run tasks, not chats: such a name, like an empty one, is a model nobody has.
+        _ => Target::Model(model.to_owned()),
     }
-}
-
-/// The wire form of a chat request between nodes.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct WireRequest {
-    messages: Vec<Message>,
-    #[serde(default)]
-    tools: Vec<WireTool>,
-    #[serde(default)]
-    sampling: Sampling,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct WireTool {
-    name: String,
-    #[serde(default)]
-    description: String,
-    #[serde(default)]
-    parameters: Value,
-}
-
-impl From<&ChatRequest> for WireRequest {
-    fn from(r: &ChatRequest) -> Self {
-        Self {
-            messages: r.messages.clone(),
-            tools: r
-                .tools
-                .iter()
-                .map(|t| WireTool {
-                    name: t.name.clone(),
-                    description: t.description.clone(),
-                    parameters: t.parameters.clone(),
-                })
-                .collect(),
-            sampling: r.sampling.clone(),
-        }
-    }
-}
-
-impl From<WireRequest> for ChatRequest {
-    fn from(r: WireRequest) -> Self {
-        Self {
-            messages: r.messages,
-            tools: r
-                .tools
-                .into_iter()
-                .map(|t| ToolSpec {
-                    name: t.name,
-                    description: t.description,
-                    parameters: t.parameters,
-                })
-                .collect(),
-            sampling: r.sampling,
-        }
-    }
-}
-
-/// The wire form of a complete answer between nodes.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct WireResponse {
-    /// The model that answered.
-    pub model: String,
-    /// Text.
-    pub content: String,
-    /// Tool calls.
-    #[serde(default)]
-    pub tool_calls: Vec<ToolCall>,
-    /// Usage.
-    #[serde(default)]
-    pub usage: Option<Usage>,
 }
 
 /// Runs a chat on this node's model, or its role's chain with fall-through, streaming deltas.
@@ -510,7 +440,7 @@ pub async fn chat_here(
     target: &Target,
     request: &ChatRequest,
     deltas: &mpsc::UnboundedSender<String>,
-) -> Option<Result<WireResponse, ModelError>> {
+) -> Option<Result<ChatResponse, ModelError>> {
     let chain: Vec<Arc<dyn ChatModel>> = match target {
         Target::Role(role) => models.chain(role)?,
         Target::Model(name) => vec![models.model(name)?],
@@ -523,11 +453,9 @@ pub async fn chat_here(
         metrics().model_call(model.name(), started.elapsed().as_secs_f64());
         match result {
             Ok(response) => {
-                return Some(Ok(WireResponse {
+                return Some(Ok(ChatResponse {
                     model: model.name().to_owned(),
-                    content: response.content,
-                    tool_calls: response.tool_calls,
-                    usage: response.usage,
+                    ..response
                 }));
             }
             Err(error) if error.falls_through() && i + 1 < chain.len() => {
@@ -629,7 +557,7 @@ impl FrontDoor {
         target: Target,
         request: ChatRequest,
         deltas: mpsc::UnboundedSender<String>,
-    ) -> Result<WireResponse, ApiError> {
+    ) -> Result<ChatResponse, ApiError> {
         match place {
             Place::Here => match chat_here(&self.models, &target, &request, &deltas).await {
                 Some(Ok(response)) => Ok(response),
@@ -699,7 +627,7 @@ fn usage_json(usage: Option<Usage>) -> Value {
     json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.total()})
 }
 
-fn finish_reason(response: &WireResponse) -> &'static str {
+fn finish_reason(response: &ChatResponse) -> &'static str {
     if response.tool_calls.is_empty() {
         "stop"
     } else {

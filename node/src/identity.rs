@@ -4,63 +4,9 @@
 //! The id is what the peer table is keyed by and what every other module uses to name a node.
 //! This module only derives identities; it does not load files or decide trust (that is `tls`).
 
-use std::fmt;
-
+use mesh_domain::NodeId;
 use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, X509Certificate};
-
-/// A node id: the hex SHA-256 of the node certificate's SubjectPublicKeyInfo (DER).
-///
-/// Keying on the public key rather than the whole certificate keeps the id stable when a
-/// certificate is re-issued for the same key.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId(String);
-
-impl NodeId {
-    /// Length of the hex form.
-    pub const HEX_LEN: usize = 64;
-    /// Length of the short form shown in tables.
-    pub const SHORT_LEN: usize = 12;
-
-    /// Parses a 64-character lowercase hex id, as sent on the wire.
-    pub fn parse(s: &str) -> Result<Self, IdentityError> {
-        let valid = s.len() == Self::HEX_LEN
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if valid {
-            Ok(Self(s.to_owned()))
-        } else {
-            Err(IdentityError::BadId(s.chars().take(80).collect()))
-        }
-    }
-
-    /// The id of a public key given as SubjectPublicKeyInfo DER.
-    pub fn from_spki_der(spki: &[u8]) -> Self {
-        Self(hex::encode(Sha256::digest(spki)))
-    }
-
-    /// The full hex form.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The first 12 hex characters, enough to tell nodes of one fleet apart in a table.
-    pub fn short(&self) -> &str {
-        &self.0[..Self::SHORT_LEN]
-    }
-}
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NodeId({})", self.short())
-    }
-}
 
 /// What a certificate says about the node presenting it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,9 +44,6 @@ impl CertIdentity {
 /// Errors deriving an identity.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    /// A node id on the wire is not 64 lowercase hex characters.
-    #[error("invalid node id `{0}`: expected 64 lowercase hex characters")]
-    BadId(String),
     /// A certificate could not be parsed.
     #[error("cannot parse certificate: {0}")]
     BadCertificate(String),
@@ -110,16 +53,6 @@ pub enum IdentityError {
 mod tests {
     use super::*;
     use rcgen::PublicKeyData;
-
-    #[test]
-    fn id_parse_accepts_only_lowercase_hex_of_the_right_length() {
-        let good = "a".repeat(64);
-        assert!(NodeId::parse(&good).is_ok());
-        assert!(NodeId::parse(&"A".repeat(64)).is_err());
-        assert!(NodeId::parse(&"a".repeat(63)).is_err());
-        assert!(NodeId::parse(&format!("{}g", "a".repeat(63))).is_err());
-        assert!(NodeId::parse("").is_err());
-    }
 
     #[test]
     fn identity_is_the_hash_of_the_public_key_not_of_the_certificate() {

@@ -14,197 +14,28 @@
 use std::{
     collections::BTreeMap,
     fmt,
-    future::Future,
-    pin::Pin,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use async_openai::{Client, config::OpenAIConfig, error::OpenAIError};
-use serde::{Deserialize, Serialize};
+use mesh_domain::{
+    BoxFuture, ChatRequest, ChatResponse, HealthStatus, Message, Role, ToolCall, Usage,
+    sync::MutexExt,
+};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
 use crate::{
-    capabilities::{Capabilities, HealthStatus},
+    capabilities::Capabilities,
     config::{Backend, Config},
     embedded::{EmbeddedOptions, default_model_path},
 };
 
 /// How long the startup probe (`GET /models`) waits for each model server.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Instructions.
-    System,
-    /// The task or an intervention.
-    User,
-    /// The model.
-    Assistant,
-    /// A tool result.
-    Tool,
-}
-
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Message {
-    /// Author.
-    pub role: Role,
-    /// Text.
-    pub content: String,
-    /// Tool calls the assistant made (assistant messages only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCall>,
-    /// Which call this answers (tool messages only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-}
-
-impl Message {
-    /// A message with only text.
-    pub fn text(role: Role, content: impl Into<String>) -> Self {
-        Self {
-            role,
-            content: content.into(),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-        }
-    }
-
-    /// A tool result answering `call_id`.
-    pub fn tool_result(call_id: &str, content: impl Into<String>) -> Self {
-        Self {
-            role: Role::Tool,
-            content: content.into(),
-            tool_calls: Vec::new(),
-            tool_call_id: Some(call_id.to_owned()),
-        }
-    }
-}
-
-/// A tool call as the model made it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ToolCall {
-    /// The model's id for the call.
-    pub id: String,
-    /// Tool name.
-    pub name: String,
-    /// Arguments as the model wrote them: JSON text, possibly malformed.
-    pub arguments: String,
-}
-
-/// A tool offered to the model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolSpec {
-    /// Name.
-    pub name: String,
-    /// What it does, for the model.
-    pub description: String,
-    /// JSON schema of its arguments.
-    pub parameters: Value,
-}
-
-/// Token counts of one call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: u64,
-    /// Completion tokens.
-    pub completion_tokens: u64,
-}
-
-impl Usage {
-    /// Prompt + completion.
-    pub fn total(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
-    }
-
-    /// Adds another call's usage.
-    pub fn add(&mut self, other: Usage) {
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-    }
-}
-
-/// What the loop sends a model.
-#[derive(Debug, Clone, Default)]
-pub struct ChatRequest {
-    /// The conversation so far.
-    pub messages: Vec<Message>,
-    /// Tools the model may call.
-    pub tools: Vec<ToolSpec>,
-    /// How to generate, when a client of the front door said so.
-    pub sampling: Sampling,
-}
-
-/// Generation settings a client asked for; unset ones leave the model's own defaults.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Sampling {
-    /// Most tokens to generate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<u32>,
-    /// Sampling temperature (0 to 2; an embedded model decodes greedily unless it is above 0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f32>,
-    /// Nucleus sampling: the probability mass to draw from (above 0, at most 1).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f32>,
-    /// Strings that end the answer (not part of it).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub stop: Vec<String>,
-    /// Seed of the draw, for repeatable answers where the backend supports it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
-}
-
-impl Sampling {
-    /// Most stop strings (OpenAI's limit), and their longest length in bytes.
-    pub const MAX_STOPS: usize = 4;
-    /// See [`Sampling::MAX_STOPS`].
-    pub const MAX_STOP_LEN: usize = 256;
-
-    /// Checks the ranges OpenAI allows; the error starts with the field's name.
-    pub fn check(&self) -> Result<(), String> {
-        if self.max_tokens == Some(0) {
-            return Err("max_tokens: must be at least 1".into());
-        }
-        if let Some(t) = self.temperature
-            && !(0.0..=2.0).contains(&t)
-        {
-            return Err(format!("temperature: {t} is not between 0 and 2"));
-        }
-        if let Some(p) = self.top_p
-            && !(p > 0.0 && p <= 1.0)
-        {
-            return Err(format!("top_p: {p} is not above 0 and at most 1"));
-        }
-        if self.stop.len() > Self::MAX_STOPS
-            || self.stop.iter().any(|s| s.len() > Self::MAX_STOP_LEN)
-        {
-            return Err(format!(
-                "stop: at most {} strings of at most {} bytes",
-                Self::MAX_STOPS,
-                Self::MAX_STOP_LEN
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// A model's complete answer to one request.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ChatResponse {
-    /// Text (also streamed as deltas while it was generated).
-    pub content: String,
-    /// Tool calls, in order.
-    pub tool_calls: Vec<ToolCall>,
-    /// Usage as the server reported it; `None` when it did not.
-    pub usage: Option<Usage>,
-}
 
 /// Why a model call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -246,9 +77,6 @@ impl ModelError {
         )
     }
 }
-
-/// A boxed, sendable future.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A model the agent loop can call.
 pub trait ChatModel: Send + Sync + fmt::Debug {
@@ -300,7 +128,7 @@ impl SpeedGauge {
         let Some(rate) = tokens_per_second(tokens, elapsed) else {
             return;
         };
-        let mut value = self.value.lock().unwrap_or_else(|p| p.into_inner());
+        let mut value = self.value.lock_unpoisoned();
         *value = Some(match *value {
             None => rate,
             Some(old) => old + Self::WEIGHT * (rate - old),
@@ -309,7 +137,7 @@ impl SpeedGauge {
 
     /// The current estimate.
     pub fn get(&self) -> Option<f64> {
-        *self.value.lock().unwrap_or_else(|p| p.into_inner())
+        *self.value.lock_unpoisoned()
     }
 }
 
@@ -796,6 +624,7 @@ impl Accumulator {
             })
             .collect();
         ChatResponse {
+            model: String::new(),
             content: self.content,
             tool_calls,
             usage: self.usage,

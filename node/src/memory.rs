@@ -20,22 +20,20 @@ use std::{
     time::Duration,
 };
 
+use mesh_domain::{
+    BoxFuture, NodeId, PeerState,
+    keys::{self, InvalidName, MAX_VALUE},
+    sync::MutexExt,
+    time::now_ms,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    identity::NodeId,
-    llm::BoxFuture,
-    peers::{PeerState, PeerTable},
+    peers::PeerTable,
     storage::{Store, StoreError, Write},
 };
 
-/// Longest namespace name.
-pub const MAX_NAMESPACE: usize = 64;
-/// Longest key.
-pub const MAX_KEY: usize = 512;
-/// Largest value.
-pub const MAX_VALUE: usize = 1024 * 1024;
 /// Most records one `Sync` answer or `Push` carries; the rest follows in the next one.
 pub const SYNC_BATCH: usize = 512;
 /// Most value bytes one `Sync` answer or `Push` carries (well under the 16 MiB message limit).
@@ -169,31 +167,10 @@ pub enum MemoryError {
     Resyncing,
 }
 
-/// Checks a namespace name.
-pub fn check_namespace(ns: &str) -> Result<(), MemoryError> {
-    let ok = !ns.is_empty()
-        && ns.len() <= MAX_NAMESPACE
-        && ns
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if ok {
-        Ok(())
-    } else {
-        Err(MemoryError::Invalid(format!(
-            "namespace `{}`: use 1-{MAX_NAMESPACE} letters, digits, `-`, `_`, `.`",
-            ns.chars().take(80).collect::<String>()
-        )))
+impl From<InvalidName> for MemoryError {
+    fn from(error: InvalidName) -> Self {
+        Self::Invalid(error.0)
     }
-}
-
-/// Checks a key.
-pub fn check_key(key: &str) -> Result<(), MemoryError> {
-    if key.is_empty() || key.len() > MAX_KEY || key.contains('\0') {
-        return Err(MemoryError::Invalid(format!(
-            "key: must be 1-{MAX_KEY} bytes without NUL"
-        )));
-    }
-    Ok(())
 }
 
 /// The node's memory.
@@ -299,7 +276,7 @@ impl Memory {
     /// refused record is fetched again every round).
     pub fn clock_problem(&self) -> Option<String> {
         let recent = self.sync_interval * 2 + Duration::from_secs(5);
-        let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ahead = self.ahead.lock_unpoisoned();
         ahead.retain(|_, (_, at)| at.elapsed() < recent);
         if ahead.is_empty() {
             return None;
@@ -318,7 +295,7 @@ impl Memory {
     }
 
     fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+        self.writer.lock_unpoisoned()
     }
 
     fn replicated(&self, ns: &str) -> bool {
@@ -340,8 +317,8 @@ impl Memory {
         key: &str,
         value: Option<Vec<u8>>,
     ) -> Result<Record, MemoryError> {
-        check_namespace(ns)?;
-        check_key(key)?;
+        keys::check_namespace(ns)?;
+        keys::check_key(key)?;
         if value.as_ref().is_some_and(|v| v.len() > MAX_VALUE) {
             return Err(MemoryError::Invalid(format!(
                 "value: at most {MAX_VALUE} bytes"
@@ -405,8 +382,8 @@ impl Memory {
 
     /// The record under `key` (tombstones included, so callers can tell "deleted" apart).
     pub fn get(&self, ns: &str, key: &str) -> Result<Option<Record>, MemoryError> {
-        check_namespace(ns)?;
-        check_key(key)?;
+        keys::check_namespace(ns)?;
+        keys::check_key(key)?;
         match self.store.get(&ns_tree(ns), key.as_bytes())? {
             None => Ok(None),
             Some(bytes) => Record::decode(&bytes).map(Some),
@@ -415,7 +392,7 @@ impl Memory {
 
     /// Live (non-deleted) entries of `ns` whose key starts with `prefix`, in key order.
     pub fn list(&self, ns: &str, prefix: &str, limit: usize) -> Result<Vec<Entry>, MemoryError> {
-        check_namespace(ns)?;
+        keys::check_namespace(ns)?;
         let mut out = Vec::new();
         for item in self.store.scan_prefix(&ns_tree(ns), prefix.as_bytes()) {
             let (key, bytes) = item?;
@@ -438,8 +415,8 @@ impl Memory {
     /// Checks a record from another node before it is applied: `Ok(false)` when its namespace
     /// is local here, an error when it breaks a limit or is stamped too far ahead (logged).
     fn admit(&self, entry: &Entry) -> Result<bool, MemoryError> {
-        check_namespace(&entry.namespace)?;
-        check_key(&entry.key)?;
+        keys::check_namespace(&entry.namespace)?;
+        keys::check_key(&entry.key)?;
         if !self.replicated(&entry.namespace) {
             return Ok(false);
         }
@@ -454,7 +431,7 @@ impl Memory {
                 max_ms: self.max_skew.as_millis() as u64,
             };
             tracing::warn!(namespace = %entry.namespace, key = %entry.key, error = %error, "refused a replicated record");
-            self.ahead.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            self.ahead.lock_unpoisoned().insert(
                 entry.record.origin.clone(),
                 (ahead, std::time::Instant::now()),
             );
@@ -644,8 +621,7 @@ impl Memory {
         }
         let since = self
             .synced_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .get(peer)
             .map(|at| at.elapsed().as_millis() as u64)
             .unwrap_or(0);
@@ -655,8 +631,7 @@ impl Memory {
     /// Time since the last complete sync with `peer` (`MAX` when never).
     pub fn since_sync(&self, peer: &NodeId) -> Duration {
         self.synced_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .get(peer)
             .map_or(Duration::MAX, |at| at.elapsed())
     }
@@ -722,13 +697,13 @@ impl Memory {
         for (origin, seq) in frontier {
             self.raise_meta(frontier_key(peer, origin), *seq)?;
         }
-        self.raise_meta(seen_key(peer), unix_ms())
+        self.raise_meta(seen_key(peer), now_ms())
     }
 
     /// Takes in the nodes a peer has heard of (and when), so that a node we never met but
     /// that may still hold old values also holds back early tombstone collection.
     pub fn merge_known(&self, known: &BTreeMap<NodeId, u64>) -> Result<(), MemoryError> {
-        let now = unix_ms();
+        let now = now_ms();
         for (node, at) in known {
             if node != &self.own {
                 self.raise_meta(seen_key(node), (*at).min(now))?;
@@ -739,7 +714,7 @@ impl Memory {
 
     /// The nodes heard of within the tombstone window, with when (Unix ms).
     pub fn known(&self) -> BTreeMap<NodeId, u64> {
-        let horizon = unix_ms().saturating_sub(self.tombstone_window.as_millis() as u64);
+        let horizon = now_ms().saturating_sub(self.tombstone_window.as_millis() as u64);
         self.meta_under("seen/")
             .into_iter()
             .filter(|(_, at)| *at >= horizon)
@@ -761,11 +736,11 @@ impl Memory {
         };
         let margin = (self.tombstone_window / 10).min(Duration::from_secs(3600));
         let allowed = self.tombstone_window.saturating_sub(margin).as_millis() as u64;
-        unix_ms().saturating_sub(contact) > allowed
+        now_ms().saturating_sub(contact) > allowed
     }
 
     fn touch_contact(&self) -> Result<(), MemoryError> {
-        self.raise_meta(CONTACT_KEY, unix_ms())
+        self.raise_meta(CONTACT_KEY, now_ms())
     }
 
     /// Applies a peer's push of its own writes. A write that follows the last one we hold from
@@ -811,7 +786,7 @@ impl Memory {
             self.store.commit(vec![Write::Put(
                 META.into(),
                 CONTACT_KEY.to_vec(),
-                unix_ms().to_be_bytes().to_vec(),
+                now_ms().to_be_bytes().to_vec(),
             )])?;
         }
         Ok(())
@@ -952,12 +927,6 @@ impl Memory {
 }
 
 const CONTACT_KEY: &[u8] = b"contact";
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 fn frontier_key(peer: &NodeId, origin: &NodeId) -> Vec<u8> {
     format!("fr/{}/{}", peer.as_str(), origin.as_str()).into_bytes()
@@ -1167,8 +1136,7 @@ pub async fn sync_from(
                 .map_err(|e| e.to_string())?;
             memory
                 .synced_at
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .lock_unpoisoned()
                 .insert(peer.clone(), std::time::Instant::now());
             return Ok(applied);
         }
@@ -1619,7 +1587,7 @@ mod tests {
             .expect("put");
         let deleted = ma.put("notes", "k", None).await.expect("delete");
         // b pulls from a, then a hears of c through b: c has not reported anything yet.
-        mb.merge_known(&BTreeMap::from([(c.clone(), unix_ms())]))
+        mb.merge_known(&BTreeMap::from([(c.clone(), now_ms())]))
             .expect("known");
         sync_from(&mb, &link, &a, a.as_str()).await.expect("sync");
         assert_eq!(tombstone_of(&mb, "k"), Some(true));
@@ -1732,7 +1700,7 @@ mod tests {
         // Later pushes do not move it: only a completed sync does.
         memory.start_contact_clock().expect("again");
         assert_eq!(memory.meta_u64(CONTACT_KEY), Some(started));
-        let long_ago = unix_ms() - 2 * 3600 * 1000;
+        let long_ago = now_ms() - 2 * 3600 * 1000;
         memory
             .store
             .commit(vec![Write::Put(
@@ -1800,7 +1768,7 @@ mod tests {
         // The away node is heard of no more (its last contact is older than the window).
         ma.put("notes", "gone", None).await.expect("delete");
         assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 0);
-        let long_ago = unix_ms() - 2 * 3600 * 1000;
+        let long_ago = now_ms() - 2 * 3600 * 1000;
         let age = |key: Vec<u8>| Write::Put(META.into(), key, long_ago.to_be_bytes().to_vec());
         ma.store.commit(vec![age(seen_key(&away))]).expect("age");
         assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 1);

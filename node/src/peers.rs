@@ -17,13 +17,16 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use mesh_domain::{
+    NodeId, NodeInfo, PeerState,
+    sync::{MutexExt, RwLockExt},
+    time::unix_ms,
+};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    capabilities::{NodeInfo, unix_ms},
     discovery::{Claim, DiscoveryEvent, PeerSource},
-    identity::NodeId,
     rpc::{Hello, PeerClient, RpcError},
     tls::{DialError, Dialer},
 };
@@ -41,28 +44,6 @@ pub const EXCHANGE_INTERVAL: Duration = Duration::from_secs(5);
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 /// How often states are re-evaluated against the clock.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
-
-/// Liveness of a peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PeerState {
-    /// Beating.
-    Up,
-    /// Missed beats or a broken stream; may come back.
-    Suspect,
-    /// Left, refused connections, or silent too long.
-    Down,
-}
-
-impl PeerState {
-    /// `up`, `suspect` or `down`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Up => "up",
-            Self::Suspect => "suspect",
-            Self::Down => "down",
-        }
-    }
-}
 
 /// One row of the peer table.
 #[derive(Debug, Clone)]
@@ -99,7 +80,7 @@ pub struct PeerTable {
 impl PeerTable {
     /// Records a beat: the peer is up, with this info.
     pub fn beat(&self, info: NodeInfo, addr: &str, source: PeerSource) {
-        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.peers.write_unpoisoned();
         let now = Instant::now();
         let id = info.id.clone();
         let rtt_ms = peers.get(&id).and_then(|p| p.rtt_ms);
@@ -128,7 +109,7 @@ impl PeerTable {
 
     /// Sets a known peer's state (no-op for unknown ids).
     pub fn mark(&self, id: &NodeId, state: PeerState, why: &str) {
-        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.peers.write_unpoisoned();
         if let Some(peer) = peers.get_mut(id)
             && peer.state != state
         {
@@ -139,7 +120,7 @@ impl PeerTable {
 
     /// Records a measured round-trip time.
     pub fn set_rtt(&self, id: &NodeId, rtt: std::time::Duration) {
-        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.peers.write_unpoisoned();
         if let Some(peer) = peers.get_mut(id) {
             peer.rtt_ms = Some(rtt.as_secs_f64() * 1000.0);
         }
@@ -147,7 +128,7 @@ impl PeerTable {
 
     /// The id of the peer named `name`, if known.
     pub fn id_by_name(&self, name: &str) -> Option<NodeId> {
-        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        let peers = self.peers.read_unpoisoned();
         peers
             .values()
             .find(|p| p.info.name == name)
@@ -156,7 +137,7 @@ impl PeerTable {
 
     /// Re-evaluates states against the time since each peer's last beat.
     pub fn sweep(&self, now: Instant) {
-        let mut peers = self.peers.write().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.peers.write_unpoisoned();
         for peer in peers.values_mut() {
             let silent = now.saturating_duration_since(peer.last_beat);
             let state = match peer.state {
@@ -174,7 +155,7 @@ impl PeerTable {
 
     /// All peers, sorted by name.
     pub fn snapshot(&self) -> Vec<Peer> {
-        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        let peers = self.peers.read_unpoisoned();
         let mut list: Vec<Peer> = peers.values().cloned().collect();
         list.sort_by(|a, b| {
             a.info
@@ -187,7 +168,7 @@ impl PeerTable {
 
     /// One peer by id.
     pub fn get(&self, id: &NodeId) -> Option<Peer> {
-        let peers = self.peers.read().unwrap_or_else(|p| p.into_inner());
+        let peers = self.peers.read_unpoisoned();
         peers.get(id).cloned()
     }
 }
@@ -304,7 +285,7 @@ impl Membership {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Sessions> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+        self.sessions.lock_unpoisoned()
     }
 }
 
@@ -556,7 +537,7 @@ async fn exchange_peers(shared: &Shared, client: &mut PeerClient) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capabilities::{Health, Load, Resources};
+    use mesh_domain::{Health, Load, Resources};
 
     fn info(name: &str) -> NodeInfo {
         NodeInfo {
@@ -575,7 +556,7 @@ mod tests {
             health: Health::default(),
             cert_fingerprint: String::new(),
             started_at_ms: 0,
-            remote_max_tier: crate::config::Tier::Read,
+            remote_max_tier: mesh_domain::Tier::Read,
             memory_seq: 0,
         }
     }

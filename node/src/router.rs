@@ -12,24 +12,9 @@
 //! is equal. The score shown by
 //! `--explain` is that order folded into one number.
 
-use std::collections::BTreeMap;
+use mesh_domain::{NodeId, NodeInfo, PeerState, Requirements, Target, Tier};
 
-use crate::{
-    capabilities::NodeInfo, config::Tier, identity::NodeId, peers::PeerState, tasks::Target,
-};
-
-/// What a task needs from the node that runs it.
-#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub struct Requirements {
-    /// At least one GPU.
-    pub gpu: bool,
-    /// A GPU with at least this much VRAM, MiB.
-    pub min_vram_mb: Option<u64>,
-    /// Labels that must match.
-    pub labels: BTreeMap<String, String>,
-    /// Only this node (by name).
-    pub on: Option<String>,
-}
+use crate::peers::Peer;
 
 /// One node as the router sees it.
 #[derive(Debug, Clone)]
@@ -94,7 +79,7 @@ pub fn rank(
 /// both ask.
 pub fn rank_fleet(
     own: &NodeInfo,
-    peers: &[crate::peers::Peer],
+    peers: &[Peer],
     target: &Target,
     tier: Tier,
     require: &Requirements,
@@ -247,7 +232,9 @@ impl Key {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capabilities::{Gpu, Health, Load, ModelInfo, PersonaInfo, Resources};
+    use std::collections::BTreeMap;
+
+    use mesh_domain::{Gpu, Health, Load, ModelInfo, PersonaInfo, Resources};
 
     fn node(name: &str, roles: &[&str], gpus: &[u64], load: (u32, u32)) -> NodeInfo {
         NodeInfo {

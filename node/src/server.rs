@@ -14,16 +14,16 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use mesh_domain::{HealthStatus, NodeId};
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
 use crate::{
     agent::{AgentRuntime, hooks::Hooks, tools::ToolRegistry},
-    capabilities::{Capabilities, HealthStatus},
+    capabilities::Capabilities,
     config::{Config, LAST_FALLBACK_PORT, Listen, TlsMode},
     discovery::{Advert, Discovery, Mdns, StaticPeers},
-    identity::NodeId,
     llm::ModelRegistry,
     peers::{Membership, PeerTable},
     rpc::tasks::TasksService,

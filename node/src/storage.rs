@@ -18,6 +18,8 @@ use std::{
     time::Duration,
 };
 
+use mesh_domain::sync::RwLockExt;
+
 /// A storage failure.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -174,12 +176,7 @@ impl SledStore {
 
     /// The tree if it exists; reads never create trees.
     fn tree(&self, tree: &str) -> Result<Option<sled::Tree>, StoreError> {
-        if let Some(t) = self
-            .open
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(tree)
-        {
+        if let Some(t) = self.open.read_unpoisoned().get(tree) {
             return Ok(Some(t.clone()));
         }
         let exists = self
@@ -196,18 +193,12 @@ impl SledStore {
 
     /// The tree, created when missing.
     fn create(&self, tree: &str) -> Result<sled::Tree, StoreError> {
-        if let Some(t) = self
-            .open
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(tree)
-        {
+        if let Some(t) = self.open.read_unpoisoned().get(tree) {
             return Ok(t.clone());
         }
         let t = self.db.open_tree(tree)?;
         self.open
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
+            .write_unpoisoned()
             .insert(tree.to_owned(), t.clone());
         Ok(t)
     }
@@ -296,10 +287,7 @@ impl Store for SledStore {
     }
 
     fn drop_tree(&self, tree: &str) -> Result<(), StoreError> {
-        self.open
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(tree);
+        self.open.write_unpoisoned().remove(tree);
         self.db.drop_tree(tree)?;
         Ok(())
     }

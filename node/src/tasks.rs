@@ -9,7 +9,7 @@
 //! next start. This module runs tasks but decides nothing about how: that is `agent`.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     fmt,
     ops::Bound,
     sync::{
@@ -19,6 +19,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use mesh_domain::{
+    Answer, BoxFuture, EventKind, Load, TaskError, TaskEvent, TaskSpec, TaskStatus, sync::MutexExt,
+    time::unix_ms,
+};
 use serde::{Deserialize, Serialize};
 use tokio::{
     sync::{broadcast, mpsc},
@@ -29,78 +33,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     agent::AgentRuntime,
-    capabilities::{Capabilities, Load, unix_ms},
-    config::{TaskLimits, Tier},
-    llm::Usage,
-    router::Requirements,
+    capabilities::Capabilities,
+    config::TaskLimits,
     storage::{StoreError, Write},
 };
 
-/// Longest prompt accepted.
-pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 /// Most tasks `List` returns.
 pub const MAX_LIST: usize = 1000;
-
-/// What runs a task.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Target {
-    /// A role's model chain.
-    Role(String),
-    /// One model.
-    Model(String),
-    /// A persona (its role's chain, prompt, tools and tier).
-    Persona(String),
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Role(r) => write!(f, "role:{r}"),
-            Self::Model(m) => write!(f, "model:{m}"),
-            Self::Persona(p) => write!(f, "persona:{p}"),
-        }
-    }
-}
-
-/// A task as submitted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskSpec {
-    /// What to do.
-    pub prompt: String,
-    /// What runs it.
-    pub target: Target,
-    /// Highest tool tier.
-    pub tier: Tier,
-    /// Deadline from admission; `None` = the node's default.
-    pub timeout: Option<Duration>,
-    /// Max rounds; `None` = default.
-    pub max_rounds: Option<u32>,
-    /// Token budget; `None` = default.
-    pub token_budget: Option<u64>,
-    /// What the executing node must have (and `on`).
-    #[serde(default)]
-    pub require: Requirements,
-    /// Where the task comes from.
-    #[serde(default)]
-    pub lineage: Lineage,
-    /// Conversation session name.
-    #[serde(default)]
-    pub session: Option<String>,
-}
-
-/// Where a task comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct Lineage {
-    /// Set when another node forwarded this very task: keep its id.
-    pub task_id: Option<String>,
-    /// The task that started this one as a sub-task.
-    pub parent_id: Option<String>,
-    /// The node the task (or its root) was first submitted to; empty = this node.
-    pub origin: String,
-    /// Forwards and sub-task levels so far.
-    pub hops: u32,
-}
 
 /// Most forwards and sub-task levels a task may go through.
 pub const MAX_HOPS: u32 = 4;
@@ -141,256 +80,9 @@ pub trait Forwarder: Send + Sync + fmt::Debug {
         &self,
         addr: String,
         spec: TaskSpec,
-    ) -> crate::llm::BoxFuture<
-        'static,
-        Result<mpsc::Receiver<Result<TaskEvent, ForwardError>>, ForwardError>,
-    >;
+    ) -> BoxFuture<'static, Result<mpsc::Receiver<Result<TaskEvent, ForwardError>>, ForwardError>>;
     /// Asks the node at `addr` to cancel task `task_id` (best effort).
-    fn cancel(&self, addr: String, task_id: String) -> crate::llm::BoxFuture<'static, ()>;
-}
-
-/// Why a task failed: one hierarchy, with the fields of each kind.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum TaskError {
-    /// Every model tried failed.
-    #[error("model {name} failed: {message} (attempts: {})", attempts.join("; "))]
-    Model {
-        /// The last model tried.
-        name: String,
-        /// One line per attempt: `model: error`.
-        attempts: Vec<String>,
-        /// The last error.
-        message: String,
-    },
-    /// A supervisor rule stopped the task.
-    #[error("{message}")]
-    Gate {
-        /// The rule, e.g. `repeat`.
-        rule: String,
-        /// The action it stopped.
-        action: String,
-        /// What happened.
-        message: String,
-    },
-    /// A budget ran out.
-    #[error("budget exhausted: {used} {what} used of {limit}")]
-    Budget {
-        /// `tokens` or `rounds`.
-        what: String,
-        /// The limit.
-        limit: u64,
-        /// What was used.
-        used: u64,
-    },
-    /// Something on the wire or from the model was malformed.
-    #[error("{message}")]
-    Protocol {
-        /// What.
-        message: String,
-    },
-    /// Nothing can run the task.
-    #[error("{message}")]
-    Routing {
-        /// Why.
-        message: String,
-    },
-    /// Cancelled by a caller or by shutdown.
-    #[error("cancelled: {reason}")]
-    Cancelled {
-        /// By whom.
-        reason: String,
-    },
-    /// The deadline passed.
-    #[error("deadline of {seconds} s exceeded")]
-    Deadline {
-        /// The deadline.
-        seconds: u64,
-    },
-    /// A bug or a local failure (disk).
-    #[error("internal error: {message}")]
-    Internal {
-        /// What.
-        message: String,
-    },
-}
-
-impl TaskError {
-    /// The kind name, as on the wire.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Model { .. } => "model",
-            Self::Gate { .. } => "gate",
-            Self::Budget { .. } => "budget",
-            Self::Protocol { .. } => "protocol",
-            Self::Routing { .. } => "routing",
-            Self::Cancelled { .. } => "cancelled",
-            Self::Deadline { .. } => "deadline",
-            Self::Internal { .. } => "internal",
-        }
-    }
-
-    /// The kind's fields as strings (for the wire and for display).
-    pub fn fields(&self) -> BTreeMap<String, String> {
-        let value = serde_json::to_value(self).unwrap_or_default();
-        value
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| *k != "kind")
-            .map(|(k, v)| {
-                let text = match v {
-                    serde_json::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                (k.clone(), text)
-            })
-            .collect()
-    }
-}
-
-/// Lifecycle state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TaskStatus {
-    /// Waiting for a worker.
-    Queued,
-    /// Running.
-    Running,
-    /// Finished with an answer.
-    Completed,
-    /// Finished with an error.
-    Failed,
-}
-
-impl TaskStatus {
-    /// `queued`, `running`, `completed`, `failed`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Completed => "completed",
-            Self::Failed => "failed",
-        }
-    }
-
-    fn finished(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed)
-    }
-}
-
-/// What happened.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum EventKind {
-    /// Admitted.
-    Accepted {
-        /// Node that admitted it.
-        node: String,
-        /// Tasks ahead of it.
-        queue_position: u32,
-    },
-    /// A worker picked it up.
-    Started {
-        /// Node running it.
-        node: String,
-    },
-    /// A model call begins.
-    ModelCall {
-        /// Model.
-        model: String,
-        /// Loop round (1-based).
-        round: u32,
-        /// Attempt in the chain (1-based).
-        attempt: u32,
-    },
-    /// A model call failed.
-    ModelFailed {
-        /// Model.
-        model: String,
-        /// Error.
-        error: String,
-        /// Whether the next model is tried.
-        falling_through: bool,
-    },
-    /// The model called a tool.
-    ToolCalled {
-        /// Call id.
-        call_id: String,
-        /// Tool.
-        name: String,
-        /// Raw arguments.
-        arguments: String,
-    },
-    /// A tool call's result.
-    ToolResult {
-        /// Call id.
-        call_id: String,
-        /// Tool.
-        name: String,
-        /// Success.
-        ok: bool,
-        /// What the model sees.
-        output: String,
-        /// Consecutive failures of the tool.
-        consecutive_failures: u32,
-    },
-    /// The supervisor spoke.
-    Intervention {
-        /// Rule.
-        rule: String,
-        /// Message added to the conversation.
-        message: String,
-    },
-    /// Streamed output.
-    OutputDelta {
-        /// Text.
-        text: String,
-    },
-    /// Done.
-    Completed {
-        /// Final answer.
-        output: String,
-        /// Tokens used.
-        usage: Usage,
-        /// Node that ran it.
-        executed_on: String,
-        /// Rounds used.
-        rounds: u32,
-    },
-    /// Failed.
-    Failed {
-        /// Why.
-        error: TaskError,
-    },
-    /// Sent to another node.
-    Delegated {
-        /// The node.
-        node: String,
-        /// 1-based; more than 1 is a failover.
-        attempt: u32,
-        /// Why the previous attempt ended.
-        reason: String,
-    },
-}
-
-impl EventKind {
-    fn is_terminal(&self) -> bool {
-        matches!(self, Self::Completed { .. } | Self::Failed { .. })
-    }
-}
-
-/// One event of one task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskEvent {
-    /// Task id.
-    pub task_id: String,
-    /// Sequence, from 0.
-    pub seq: u64,
-    /// Unix ms.
-    pub at_ms: u64,
-    /// What happened.
-    pub kind: EventKind,
+    fn cancel(&self, addr: String, task_id: String) -> BoxFuture<'static, ()>;
 }
 
 /// A task's summary as stored and listed.
@@ -648,8 +340,7 @@ impl TaskManager {
         let sender = self
             .inner
             .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .clone()
             .ok_or(SubmitError::ShuttingDown)?;
         let permit = sender.try_reserve().map_err(|e| match e {
@@ -678,13 +369,7 @@ impl TaskManager {
         candidates: Vec<(String, String)>,
         forwarder: Arc<dyn Forwarder>,
     ) -> Result<String, SubmitError> {
-        if self
-            .inner
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
-        {
+        if self.inner.queue.lock_unpoisoned().is_none() {
             return Err(SubmitError::ShuttingDown);
         }
         let route = candidates
@@ -714,7 +399,7 @@ impl TaskManager {
             );
             let result = tokio::select! {
                 () = task.cancel.cancelled() => Err(TaskError::Cancelled {
-                    reason: task.cancel_reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+                    reason: task.cancel_reason.lock_unpoisoned().clone()
                         .unwrap_or_else(|| "cancelled by a caller".into()),
                 }),
                 () = tokio::time::sleep_until(task.deadline) => Err(TaskError::Deadline {
@@ -725,7 +410,7 @@ impl TaskManager {
             if matches!(
                 result,
                 Err(TaskError::Cancelled { .. } | TaskError::Deadline { .. })
-            ) && let Some(addr) = current.lock().unwrap_or_else(|p| p.into_inner()).take()
+            ) && let Some(addr) = current.lock_unpoisoned().take()
             {
                 tokio::spawn(forwarder.cancel(addr, task.id.clone()));
             }
@@ -786,7 +471,7 @@ impl TaskManager {
     /// Cancels a task; a finished task is left as it is. Returns its status.
     pub fn cancel(&self, id: &str, reason: &str) -> Result<TaskStatus, LookupError> {
         if let Some(task) = self.inner.live(id) {
-            let status = task.record.lock().unwrap_or_else(|p| p.into_inner()).status;
+            let status = task.record.lock_unpoisoned().status;
             if status == TaskStatus::Queued {
                 // Not started: finish it now instead of waiting for a worker.
                 self.inner.finish(
@@ -797,11 +482,10 @@ impl TaskManager {
                 );
             }
             task.cancel_reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+                .lock_unpoisoned()
                 .get_or_insert_with(|| reason.to_owned());
             task.cancel.cancel();
-            let record = task.record.lock().unwrap_or_else(|p| p.into_inner());
+            let record = task.record.lock_unpoisoned();
             return Ok(record.status);
         }
         self.record(id)?
@@ -812,12 +496,7 @@ impl TaskManager {
     /// A task's record.
     pub fn record(&self, id: &str) -> Result<Option<TaskRecord>, LookupError> {
         if let Some(task) = self.inner.live(id) {
-            return Ok(Some(
-                task.record
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone(),
-            ));
+            return Ok(Some(task.record.lock_unpoisoned().clone()));
         }
         self.inner.store.record(id).map_err(LookupError::Storage)
     }
@@ -836,17 +515,12 @@ impl TaskManager {
     /// Stops admitting tasks, gives running ones `grace` to finish, cancels the rest, and
     /// flushes the history. Workers exit once the queue is drained.
     pub async fn shutdown(&self, grace: Duration) {
-        self.inner
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.inner.queue.lock_unpoisoned().take();
         // Queued tasks are handed back at once: their callers can submit them elsewhere.
         let queued: Vec<_> = self
             .inner
             .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .values()
             .filter(|t| {
                 t.record
@@ -864,8 +538,7 @@ impl TaskManager {
         let live: Vec<_> = self
             .inner
             .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .values()
             .cloned()
             .collect();
@@ -921,19 +594,12 @@ impl Inner {
             events,
             record: Mutex::new(record),
         });
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, task.clone());
+        self.live.lock_unpoisoned().insert(id, task.clone());
         Ok(task)
     }
 
     fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-            .cloned()
+        self.live.lock_unpoisoned().get(id).cloned()
     }
 
     fn emitter(&self, task: &Arc<LiveTask>) -> Emitter {
@@ -954,8 +620,8 @@ impl Inner {
     }
 
     /// Records the end of a task (once), emits the terminal event and forgets it.
-    fn finish(&self, task: &Arc<LiveTask>, result: Result<crate::agent::Answer, TaskError>) {
-        let mut record = task.record.lock().unwrap_or_else(|p| p.into_inner());
+    fn finish(&self, task: &Arc<LiveTask>, result: Result<Answer, TaskError>) {
+        let mut record = task.record.lock_unpoisoned();
         if record.status.finished() {
             return;
         }
@@ -987,10 +653,7 @@ impl Inner {
         }
         drop(record);
         self.emitter(task).emit(event);
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&task.id);
+        self.live.lock_unpoisoned().remove(&task.id);
         self.publish_load();
     }
 }
@@ -1007,7 +670,7 @@ async fn worker(
         };
         let Some(task) = next else { return };
         {
-            let mut record = task.record.lock().unwrap_or_else(|p| p.into_inner());
+            let mut record = task.record.lock_unpoisoned();
             if record.status != TaskStatus::Queued {
                 continue; // cancelled while queued
             }
@@ -1032,8 +695,7 @@ async fn worker(
                     () = task.cancel.cancelled() => Err(TaskError::Cancelled {
                         reason: task
                             .cancel_reason
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
+                            .lock_unpoisoned()
                             .clone()
                             .unwrap_or_else(|| "cancelled by a caller".into()),
                     }),
@@ -1076,7 +738,7 @@ async fn forward(
     candidates: Vec<(String, String)>,
     forwarder: Arc<dyn Forwarder>,
     current: Arc<Mutex<Option<String>>>,
-) -> Result<crate::agent::Answer, TaskError> {
+) -> Result<Answer, TaskError> {
     let mut spec = task.spec.clone();
     spec.lineage.task_id = Some(task.id.clone());
     spec.lineage.hops += 1;
@@ -1097,14 +759,14 @@ async fn forward(
             reason: failures.last().cloned().unwrap_or_default(),
         });
         {
-            let mut record = task.record.lock().unwrap_or_else(|p| p.into_inner());
+            let mut record = task.record.lock_unpoisoned();
             if record.route.last() != Some(&name) {
                 record.route.push(name.clone());
             }
             record.executed_on = name.clone();
             let _ = inner.store.put_record(&record);
         }
-        *current.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr.clone());
+        *current.lock_unpoisoned() = Some(addr.clone());
         let mut stream = match forwarder.forward(addr.clone(), spec.clone()).await {
             Ok(stream) => stream,
             Err(ForwardError::Refused(why)) => {
@@ -1131,7 +793,7 @@ async fn forward(
                     executed_on,
                     rounds,
                 } => {
-                    return Ok(crate::agent::Answer {
+                    return Ok(Answer {
                         output,
                         usage,
                         rounds,
@@ -1207,27 +869,6 @@ fn recover(store: &Store) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn task_errors_expose_their_kind_and_fields() {
-        let error = TaskError::Budget {
-            what: "tokens".into(),
-            limit: 100,
-            used: 150,
-        };
-        assert_eq!(error.kind(), "budget");
-        let fields = error.fields();
-        assert_eq!(fields["limit"], "100");
-        assert_eq!(fields["used"], "150");
-        assert_eq!(fields["what"], "tokens");
-        let model = TaskError::Model {
-            name: "b".into(),
-            attempts: vec!["a: down".into(), "b: down".into()],
-            message: "down".into(),
-        };
-        assert!(model.to_string().contains("a: down; b: down"));
-        assert_eq!(model.fields()["attempts"], r#"["a: down","b: down"]"#);
-    }
 
     #[test]
     fn side_effects_are_write_and_shell_tools_and_delegations_above_read() {

@@ -19,6 +19,7 @@ use std::{
 };
 
 use hyper_util::rt::TokioIo;
+use mesh_domain::NodeId;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
@@ -36,7 +37,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint, ServerTlsConfig};
 
-use crate::identity::{CertIdentity, NodeId};
+use crate::identity::CertIdentity;
 
 /// File names inside a CA directory.
 pub const CA_CERT_FILE: &str = "ca.pem";

@@ -1,12 +1,14 @@
 //! The agentmesh wire contract (`agentmesh.v1`): generated protobuf messages, gRPC clients and
-//! servers, and the encoded file descriptor set that server reflection serves.
+//! servers, the encoded file descriptor set that server reflection serves, and the conversions
+//! between these messages and the shared domain types of `mesh-domain` ([`convert`]).
 //!
-//! This crate holds no behaviour. Conversions between these types and the node's domain types
-//! live in `mesh-node`'s `rpc` module, so prost types never travel further than that.
+//! This crate holds no behaviour: a node's `rpc` module and `mesh-cli` convert at their edges,
+//! so prost types travel no further than those.
 
-#![allow(missing_docs, clippy::all, missing_debug_implementations)]
+pub mod convert;
 
 /// Package `agentmesh.v1`.
+#[allow(missing_docs, clippy::all, missing_debug_implementations)]
 pub mod v1 {
     tonic::include_proto!("agentmesh.v1");
 }

@@ -12,9 +12,10 @@ use std::{
     time::Duration,
 };
 
+use mesh_domain::{ChatRequest, Message, Role, Sampling};
 use mesh_node::{
     embedded::{EmbeddedModel, EmbeddedOptions, FETCH_HINT},
-    llm::{ChatModel, ChatRequest, Message, ModelError, Role, Sampling},
+    llm::{ChatModel, ModelError},
 };
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
 use serde_json::Value;

@@ -4,13 +4,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use mesh_domain::{ChatRequest, NodeInfo, TaskEvent, TaskSpec};
 use mesh_node::{
-    capabilities::NodeInfo,
     cron::{Overlap, Timetable, check_name},
-    http::WireRequest,
-    llm::ChatRequest,
     memory::Entry,
-    tasks::{TaskEvent, TaskSpec},
 };
 use mesh_proto::v1 as pb;
 use prost::Message;
@@ -43,9 +40,9 @@ fuzz_target!(|data: &[u8]| {
         4 => {
             // Models.Chat: the request travels as JSON inside the protobuf.
             if let Ok(call) = pb::ChatCall::decode(bytes)
-                && let Ok(wire) = serde_json::from_slice::<WireRequest>(&call.request)
+                && let Ok(chat) = serde_json::from_slice::<ChatRequest>(&call.request)
             {
-                let _ = ChatRequest::from(wire).sampling.check();
+                let _ = chat.sampling.check();
             }
         }
         _ => {

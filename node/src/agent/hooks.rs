@@ -14,9 +14,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use mesh_domain::{TaskError, Tier};
 use serde_json::Value;
-
-use crate::{config::Tier, tasks::TaskError};
 
 /// Where in the loop a hook runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -14,13 +14,17 @@ pub mod tools;
 
 use std::{collections::BTreeMap, sync::Arc};
 
+use mesh_domain::{
+    Answer, ChatRequest, ChatResponse, EventKind, Message, Role, Target, TaskError, TaskSpec, Tier,
+    ToolCall, ToolSpec, Usage, text::truncate,
+};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::{
-    config::{PersonaConfig, TaskLimits, Tier},
-    llm::{ChatModel, ChatRequest, ChatResponse, Message, ModelRegistry, Role, ToolSpec, Usage},
-    tasks::{Emitter, EventKind, Target, TaskError, TaskSpec},
+    config::{PersonaConfig, TaskLimits},
+    llm::{ChatModel, ModelRegistry},
+    tasks::Emitter,
 };
 use hooks::{CallFacts, HookInput, Hooks, LoopState, Outcome, Stage, Verdict};
 use tools::ToolRegistry;
@@ -34,19 +38,6 @@ const CONTEXT_FILL: f64 = 0.75;
 const SHORTENED_KEEP: usize = 200;
 /// Cap on tool output copied into events (the model still gets up to 64 KiB).
 const EVENT_OUTPUT_CAP: usize = 4096;
-
-/// A finished task's answer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    /// The final text.
-    pub output: String,
-    /// Tokens used over all rounds.
-    pub usage: Usage,
-    /// Rounds used.
-    pub rounds: u32,
-    /// The node that ran it, when not this one (delegated tasks).
-    pub executed_on: Option<String>,
-}
 
 /// What a task resolves to on this node.
 #[derive(Debug)]
@@ -268,7 +259,7 @@ impl AgentRuntime {
     async fn tool_call(
         &self,
         ctx: &tools::ToolContext,
-        call: &crate::llm::ToolCall,
+        call: &ToolCall,
         state: &mut LoopState,
         events: &Emitter,
         interventions: &mut Vec<String>,
@@ -351,7 +342,7 @@ impl AgentRuntime {
             call_id: call.id.clone(),
             name: call.name.clone(),
             ok,
-            output: truncate(&output, EVENT_OUTPUT_CAP),
+            output: truncate(&output, EVENT_OUTPUT_CAP).to_owned(),
             consecutive_failures: state.failures.get(&call.name).copied().unwrap_or(0),
         });
         Ok(output)
@@ -456,24 +447,13 @@ fn compact(messages: &mut [Message], tools: &[ToolSpec], window: usize) -> usize
         }
         let message = &mut messages[i];
         if message.role == Role::Tool && message.content.len() > SHORTENED_KEEP + 64 {
-            let kept = truncate(&message.content, SHORTENED_KEEP);
+            let kept = truncate(&message.content, SHORTENED_KEEP).to_owned();
             message.content =
                 format!("{kept}\n[older tool output shortened to fit the context window]");
             shortened += 1;
         }
     }
     shortened
-}
-
-fn truncate(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    text[..cut].to_owned()
 }
 
 #[cfg(test)]
@@ -497,11 +477,5 @@ mod tests {
         assert_eq!(messages[3].content, big);
         // Nothing to do when it fits.
         assert_eq!(compact(&mut messages, &[], 100_000), 0);
-    }
-
-    #[test]
-    fn truncation_respects_character_boundaries() {
-        assert_eq!(truncate("héllo", 2), "h");
-        assert_eq!(truncate("abc", 10), "abc");
     }
 }

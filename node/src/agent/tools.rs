@@ -14,17 +14,13 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use mesh_domain::{
+    BoxFuture, Lineage, NodeInfo, Requirements, Target, TaskSpec, Tier, ToolSpec, text::truncate,
+};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use crate::{
-    capabilities::Capabilities,
-    config::Tier,
-    llm::{BoxFuture, ToolSpec},
-    memory::Memory,
-    peers::PeerTable,
-    tasks::{Lineage, Target, TaskSpec},
-};
+use crate::{capabilities::Capabilities, memory::Memory, peers::PeerTable};
 
 /// Cap on what one tool returns to the model (and on `shell_exec` output).
 pub const MAX_TOOL_OUTPUT: usize = 64 * 1024;
@@ -237,16 +233,11 @@ fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, String> {
         .ok_or_else(|| format!("missing string argument `{name}`"))
 }
 
-fn cap(mut text: String) -> String {
-    if text.len() > MAX_TOOL_OUTPUT {
-        let mut cut = MAX_TOOL_OUTPUT;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push_str("\n[truncated]");
+fn cap(text: String) -> String {
+    if text.len() <= MAX_TOOL_OUTPUT {
+        return text;
     }
-    text
+    format!("{}\n[truncated]", truncate(&text, MAX_TOOL_OUTPUT))
 }
 
 /// `list_nodes`: the peer table.
@@ -277,7 +268,7 @@ impl Tool for ListNodes {
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             let own = self.caps.snapshot();
-            let row = |info: &crate::capabilities::NodeInfo, state: &str| {
+            let row = |info: &NodeInfo, state: &str| {
                 json!({
                     "name": info.name,
                     "state": state,
@@ -767,7 +758,7 @@ impl Tool for Delegate {
                 timeout: ctx.spec.timeout,
                 max_rounds: None,
                 token_budget: ctx.spec.token_budget,
-                require: crate::router::Requirements {
+                require: Requirements {
                     on: pick("on"),
                     ..Default::default()
                 },
@@ -867,7 +858,7 @@ mod tests {
         let store = crate::storage::SledStore::new(sled::open(dir.path()).expect("db"));
         let (memory, _writes) = crate::memory::Memory::open(
             Arc::new(store),
-            crate::identity::NodeId::from_spki_der(b"me"),
+            mesh_domain::NodeId::from_spki_der(b"me"),
             crate::memory::MemoryOptions::default(),
         );
         let put = MemoryPut {

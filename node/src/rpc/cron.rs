@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
+use mesh_domain::TaskSpec;
 use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::{
     cron::{self, CronError, Firing, Overlap, Schedule, Scheduler, Timetable},
     memory::MemoryError,
-    tasks::TaskSpec,
 };
 
 /// Most firings one `History` answer carries.

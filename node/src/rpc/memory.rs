@@ -5,12 +5,11 @@ use std::{
     sync::Arc,
 };
 
-use mesh_proto::v1 as pb;
+use mesh_domain::{BoxFuture, NodeId, keys};
+use mesh_proto::{convert::check_len, v1 as pb};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    identity::NodeId,
-    llm::BoxFuture,
     memory::{self, Entry, Memory, MemoryError, MemoryPeers, Record, SyncBatch},
     storage::StoreError,
 };
@@ -98,9 +97,9 @@ impl TryFrom<pb::MemoryRecord> for Entry {
     type Error = Status;
 
     fn try_from(record: pb::MemoryRecord) -> Result<Self, Status> {
-        memory::check_namespace(&record.namespace).map_err(status)?;
-        memory::check_key(&record.key).map_err(status)?;
-        if record.value.len() > memory::MAX_VALUE {
+        keys::check_namespace(&record.namespace).map_err(|e| status(MemoryError::from(e)))?;
+        keys::check_key(&record.key).map_err(|e| status(MemoryError::from(e)))?;
+        if record.value.len() > keys::MAX_VALUE {
             return Err(Status::invalid_argument("value: too large"));
         }
         let origin = NodeId::parse(&record.origin)
@@ -171,7 +170,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryListRequest>,
     ) -> Result<Response<pb::MemoryListResponse>, Status> {
         let r = request.into_inner();
-        super::check_len("prefix", &r.prefix, memory::MAX_KEY)?;
+        check_len("prefix", &r.prefix, keys::MAX_KEY)?;
         let limit = match r.limit {
             0 => 100,
             n => (n as usize).min(10_000),

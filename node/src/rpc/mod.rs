@@ -11,8 +11,10 @@ pub mod memory;
 pub mod models;
 pub mod tasks;
 
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
+use mesh_domain::{NodeId, NodeInfo, PeerState, sync::MutexExt};
+use mesh_proto::convert::{check_len, peer_state};
 use mesh_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -20,20 +22,16 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, transport::Channel};
 
 use crate::{
-    capabilities::{
-        Capabilities, Gpu, Health, HealthStatus, Load, ModelInfo, NodeInfo, PersonaInfo, Resources,
-    },
-    config::Tier,
+    capabilities::Capabilities,
     discovery::{Claim, DiscoveryEvent, PeerSource},
-    identity::{CertIdentity, NodeId},
-    peers::{PeerState, PeerTable},
+    identity::CertIdentity,
+    peers::PeerTable,
 };
 
 /// Largest message a node accepts (decoded).
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
-/// Limits on lists and strings inside `NodeInfo`.
+/// Most peers taken from one `ListPeers` answer.
 const MAX_LIST: usize = 256;
-const MAX_STRING: usize = 1024;
 /// Bounds on the beat interval a watcher may ask for.
 const MIN_BEAT: Duration = Duration::from_millis(250);
 const MAX_BEAT: Duration = Duration::from_secs(2);
@@ -244,7 +242,7 @@ impl pb::node_server::Node for NodeService {
                 pb::Peer {
                     info: Some((&peer.info).into()),
                     addr: peer.addr.clone(),
-                    state: pb_state(peer.state) as i32,
+                    state: pb::PeerState::from(peer.state) as i32,
                     last_seen_ms: peer.last_seen_ms(),
                     source: peer.source.as_str().into(),
                     lag_records,
@@ -301,29 +299,20 @@ impl PeerChannels {
 
     /// The channel to `addr`, dialing it the first time.
     pub async fn get(&self, addr: &str) -> Result<Channel, crate::tls::DialError> {
-        let cached = self
-            .channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(addr)
-            .cloned();
+        let cached = self.channels.lock_unpoisoned().get(addr).cloned();
         if let Some(channel) = cached {
             return Ok(channel);
         }
         let channel = self.dialer.connect(addr).await?.channel;
         self.channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .insert(addr.to_owned(), channel.clone());
         Ok(channel)
     }
 
     /// Drops the channel to `addr` after a failure, so the next use dials afresh.
     pub fn forget(&self, addr: &str) {
-        self.channels
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(addr);
+        self.channels.lock_unpoisoned().remove(addr);
     }
 }
 
@@ -396,11 +385,7 @@ impl PeerClient {
             let Ok(info) = NodeInfo::try_from(info) else {
                 continue;
             };
-            let state = match pb::PeerState::try_from(peer.state) {
-                Ok(pb::PeerState::Up) => PeerState::Up,
-                Ok(pb::PeerState::Suspect) => PeerState::Suspect,
-                _ => PeerState::Down,
-            };
+            let state = peer_state(peer.state);
             if check_len("peers.addr", &peer.addr, 300).is_err() {
                 continue;
             }
@@ -412,331 +397,5 @@ impl PeerClient {
             });
         }
         Ok(FleetView { own, peers })
-    }
-}
-
-fn pb_state(state: PeerState) -> pb::PeerState {
-    match state {
-        PeerState::Up => pb::PeerState::Up,
-        PeerState::Suspect => pb::PeerState::Suspect,
-        PeerState::Down => pb::PeerState::Down,
-    }
-}
-
-pub(crate) fn pb_tier(tier: Tier) -> pb::Tier {
-    match tier {
-        Tier::Read => pb::Tier::Read,
-        Tier::Write => pb::Tier::Write,
-        Tier::Shell => pb::Tier::Shell,
-    }
-}
-
-impl From<&NodeInfo> for pb::NodeInfo {
-    fn from(info: &NodeInfo) -> Self {
-        Self {
-            name: info.name.clone(),
-            id: info.id.to_string(),
-            version: info.version.clone(),
-            protocol: info.protocol,
-            addrs: info.addrs.clone(),
-            roles: info.roles.clone(),
-            labels: info.labels.clone().into_iter().collect(),
-            personas: info
-                .personas
-                .iter()
-                .map(|p| pb::Persona {
-                    name: p.name.clone(),
-                    role: p.role.clone(),
-                })
-                .collect(),
-            models: info
-                .models
-                .iter()
-                .map(|m| pb::Model {
-                    name: m.name.clone(),
-                    backend: m.backend.clone(),
-                    model: m.model.clone(),
-                    base_url: m.base_url.clone(),
-                    tokens_per_s: m.tokens_per_s,
-                })
-                .collect(),
-            role_chains: info
-                .role_chains
-                .iter()
-                .map(|(role, models)| pb::RoleChain {
-                    role: role.clone(),
-                    models: models.clone(),
-                })
-                .collect(),
-            resources: Some(pb::Resources {
-                cpu_count: info.resources.cpu_count,
-                memory_total_bytes: info.resources.memory_total_bytes,
-                memory_available_bytes: info.resources.memory_available_bytes,
-                cpu_load: info.resources.cpu_load,
-                gpus: info
-                    .resources
-                    .gpus
-                    .iter()
-                    .map(|g| pb::Gpu {
-                        name: g.name.clone(),
-                        vram_mb: g.vram_mb,
-                        vram_free_mb: g.vram_free_mb,
-                        source: g.source.clone(),
-                    })
-                    .collect(),
-            }),
-            load: Some(pb::Load {
-                running: info.load.running,
-                queued: info.load.queued,
-                workers: info.load.workers,
-                queue_capacity: info.load.queue_capacity,
-            }),
-            health: Some(pb::Health {
-                status: match info.health.status {
-                    HealthStatus::Healthy => pb::HealthStatus::Healthy,
-                    HealthStatus::Degraded => pb::HealthStatus::Degraded,
-                    HealthStatus::Unhealthy => pb::HealthStatus::Unhealthy,
-                } as i32,
-                reasons: info.health.reasons.clone(),
-            }),
-            cert_fingerprint: info.cert_fingerprint.clone(),
-            started_at_ms: info.started_at_ms,
-            remote_max_tier: pb_tier(info.remote_max_tier) as i32,
-            memory_seq: info.memory_seq,
-        }
-    }
-}
-
-impl TryFrom<pb::NodeInfo> for NodeInfo {
-    type Error = Status;
-
-    fn try_from(info: pb::NodeInfo) -> Result<Self, Status> {
-        check_len("name", &info.name, 63)?;
-        if info.name.is_empty() {
-            return Err(Status::invalid_argument("name: must not be empty"));
-        }
-        let id =
-            NodeId::parse(&info.id).map_err(|e| Status::invalid_argument(format!("id: {e}")))?;
-        check_len("version", &info.version, 64)?;
-        check_len("cert_fingerprint", &info.cert_fingerprint, 64)?;
-        check_list("addrs", &info.addrs)?;
-        check_list("roles", &info.roles)?;
-        check_count("personas", info.personas.len())?;
-        check_count("models", info.models.len())?;
-        check_count("role_chains", info.role_chains.len())?;
-        check_count("labels", info.labels.len())?;
-        for (k, v) in &info.labels {
-            check_len("labels key", k, 63)?;
-            check_len("labels value", v, 253)?;
-        }
-        let resources = info.resources.unwrap_or_default();
-        check_count("resources.gpus", resources.gpus.len())?;
-        let health = info.health.unwrap_or_default();
-        check_list("health.reasons", &health.reasons)?;
-        let load = info.load.unwrap_or_default();
-        let mut role_chains = BTreeMap::new();
-        for chain in info.role_chains {
-            check_len("role_chains.role", &chain.role, 63)?;
-            check_list("role_chains.models", &chain.models)?;
-            role_chains.insert(chain.role, chain.models);
-        }
-        let mut models = Vec::with_capacity(info.models.len());
-        for m in info.models {
-            for (field, value) in [
-                ("models.name", &m.name),
-                ("models.backend", &m.backend),
-                ("models.model", &m.model),
-                ("models.base_url", &m.base_url),
-            ] {
-                check_len(field, value, MAX_STRING)?;
-            }
-            if !(m.tokens_per_s.is_finite() && m.tokens_per_s >= 0.0) {
-                return Err(Status::invalid_argument(format!(
-                    "models.tokens_per_s: {} is not a speed (a finite number, 0 or more)",
-                    m.tokens_per_s
-                )));
-            }
-            models.push(ModelInfo {
-                name: m.name,
-                backend: m.backend,
-                model: m.model,
-                base_url: m.base_url,
-                tokens_per_s: m.tokens_per_s,
-            });
-        }
-        let mut personas = Vec::with_capacity(info.personas.len());
-        for p in info.personas {
-            check_len("personas.name", &p.name, 63)?;
-            check_len("personas.role", &p.role, 63)?;
-            personas.push(PersonaInfo {
-                name: p.name,
-                role: p.role,
-            });
-        }
-        let mut gpus = Vec::with_capacity(resources.gpus.len());
-        for g in resources.gpus {
-            check_len("resources.gpus.name", &g.name, 128)?;
-            check_len("resources.gpus.source", &g.source, 32)?;
-            gpus.push(Gpu {
-                name: g.name,
-                vram_mb: g.vram_mb,
-                vram_free_mb: g.vram_free_mb,
-                source: g.source,
-            });
-        }
-        Ok(Self {
-            name: info.name,
-            id,
-            version: info.version,
-            protocol: info.protocol,
-            addrs: info.addrs,
-            roles: info.roles,
-            labels: info.labels.into_iter().collect(),
-            personas,
-            models,
-            role_chains,
-            resources: Resources {
-                cpu_count: resources.cpu_count,
-                memory_total_bytes: resources.memory_total_bytes,
-                memory_available_bytes: resources.memory_available_bytes,
-                cpu_load: if resources.cpu_load.is_finite() {
-                    resources.cpu_load
-                } else {
-                    0.0
-                },
-                gpus,
-            },
-            load: Load {
-                running: load.running,
-                queued: load.queued,
-                workers: load.workers,
-                queue_capacity: load.queue_capacity,
-            },
-            health: Health {
-                status: match pb::HealthStatus::try_from(health.status) {
-                    Ok(pb::HealthStatus::Healthy) => HealthStatus::Healthy,
-                    Ok(pb::HealthStatus::Degraded) => HealthStatus::Degraded,
-                    _ => HealthStatus::Unhealthy,
-                },
-                reasons: health.reasons,
-            },
-            cert_fingerprint: info.cert_fingerprint,
-            started_at_ms: info.started_at_ms,
-            remote_max_tier: match pb::Tier::try_from(info.remote_max_tier) {
-                Ok(pb::Tier::Shell) => Tier::Shell,
-                Ok(pb::Tier::Write) => Tier::Write,
-                _ => Tier::Read,
-            },
-            memory_seq: info.memory_seq,
-        })
-    }
-}
-
-pub(crate) fn check_len(field: &str, value: &str, max: usize) -> Result<(), Status> {
-    if value.len() > max {
-        Err(Status::invalid_argument(format!(
-            "{field}: {} bytes, at most {max} allowed",
-            value.len()
-        )))
-    } else {
-        Ok(())
-    }
-}
-
-fn check_count(field: &str, count: usize) -> Result<(), Status> {
-    if count > MAX_LIST {
-        Err(Status::invalid_argument(format!(
-            "{field}: {count} entries, at most {MAX_LIST} allowed"
-        )))
-    } else {
-        Ok(())
-    }
-}
-
-fn check_list(field: &str, values: &[String]) -> Result<(), Status> {
-    check_count(field, values.len())?;
-    values
-        .iter()
-        .try_for_each(|v| check_len(field, v, MAX_STRING))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample() -> NodeInfo {
-        NodeInfo {
-            name: "alpha".into(),
-            id: NodeId::from_spki_der(b"alpha"),
-            version: "0.1.0".into(),
-            protocol: 1,
-            addrs: vec!["127.0.0.1:7700".into()],
-            roles: vec!["coder".into()],
-            labels: [("site".to_owned(), "home".to_owned())].into(),
-            personas: vec![PersonaInfo {
-                name: "reviewer".into(),
-                role: "coder".into(),
-            }],
-            models: vec![ModelInfo {
-                name: "qwen".into(),
-                backend: "openai".into(),
-                model: "qwen2.5".into(),
-                base_url: "http://x/v1".into(),
-                tokens_per_s: 42.5,
-            }],
-            role_chains: [("coder".to_owned(), vec!["qwen".to_owned()])].into(),
-            resources: Resources {
-                cpu_count: 8,
-                memory_total_bytes: 1 << 34,
-                memory_available_bytes: 1 << 33,
-                cpu_load: 0.5,
-                gpus: vec![Gpu {
-                    name: "RTX".into(),
-                    vram_mb: 24576,
-                    vram_free_mb: Some(100),
-                    source: "declared".into(),
-                }],
-            },
-            load: Load {
-                running: 1,
-                queued: 2,
-                workers: 2,
-                queue_capacity: 16,
-            },
-            health: Health {
-                status: HealthStatus::Degraded,
-                reasons: vec!["mdns: off".into()],
-            },
-            cert_fingerprint: "ab".repeat(32),
-            started_at_ms: 42,
-            remote_max_tier: Tier::Write,
-            memory_seq: 9,
-        }
-    }
-
-    #[test]
-    fn node_info_round_trips_through_protobuf() {
-        let info = sample();
-        let back = NodeInfo::try_from(pb::NodeInfo::from(&info)).expect("valid");
-        assert_eq!(back, info);
-    }
-
-    #[test]
-    fn malformed_node_info_names_the_field() {
-        type Mutation = Box<dyn Fn(&mut pb::NodeInfo)>;
-        let cases: Vec<(Mutation, &str)> = vec![
-            (Box::new(|i| i.id = "nope".into()), "id"),
-            (Box::new(|i| i.name = String::new()), "name"),
-            (Box::new(|i| i.name = "x".repeat(64)), "name"),
-            (Box::new(|i| i.roles = vec!["r".into(); 1000]), "roles"),
-            (Box::new(|i| i.addrs = vec!["a".repeat(5000)]), "addrs"),
-        ];
-        for (mutate, field) in cases {
-            let mut wire = pb::NodeInfo::from(&sample());
-            mutate(&mut wire);
-            let status = NodeInfo::try_from(wire).expect_err(field);
-            assert_eq!(status.code(), tonic::Code::InvalidArgument);
-            assert!(status.message().starts_with(field), "{}", status.message());
-        }
     }
 }

@@ -3,16 +3,14 @@
 
 use std::{pin::Pin, sync::Arc};
 
+use mesh_domain::{ChatRequest, ChatResponse, Target};
+use mesh_proto::convert::check_len;
 use mesh_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::{
-    http::{WireRequest, WireResponse, chat_here},
-    llm::{ChatRequest, ModelRegistry},
-    tasks::Target,
-};
+use crate::{http::chat_here, llm::ModelRegistry};
 
 /// The Models service.
 #[derive(Debug, Clone)]
@@ -40,11 +38,9 @@ fn target(text: &str) -> Result<Target, Status> {
             "target: name a model or `role:<name>`",
         ));
     }
-    super::check_len("target", text, 256)?;
-    Ok(match text.strip_prefix("role:") {
-        Some(role) => Target::Role(role.to_owned()),
-        None => Target::Model(text.to_owned()),
-    })
+    check_len("target", text, 256)?;
+    text.parse()
+        .map_err(|e| Status::invalid_argument(format!("target: {e}")))
 }
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::ChatChunk, Status>> + Send>>;
@@ -56,9 +52,8 @@ impl pb::models_server::Models for ModelsService {
     async fn chat(&self, request: Request<pb::ChatCall>) -> Result<Response<ChunkStream>, Status> {
         let call = request.into_inner();
         let target = target(&call.target)?;
-        let wire: WireRequest = serde_json::from_slice(&call.request)
+        let chat: ChatRequest = serde_json::from_slice(&call.request)
             .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
-        let chat = ChatRequest::from(wire);
         if chat.messages.is_empty() {
             return Err(Status::invalid_argument(
                 "request.messages: must not be empty",
@@ -152,19 +147,15 @@ pub async fn chat_remote(
     target: &Target,
     request: &ChatRequest,
     deltas: &mpsc::UnboundedSender<String>,
-) -> Result<WireResponse, RemoteChatError> {
+) -> Result<ChatResponse, RemoteChatError> {
     let fail = |message: String| RemoteChatError::new(message, false);
     let channel = channels.get(addr).await.map_err(|e| fail(e.to_string()))?;
     let mut client = pb::models_client::ModelsClient::new(channel)
         .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES);
     let call = pb::ChatCall {
-        target: match target {
-            Target::Role(role) => format!("role:{role}"),
-            Target::Model(name) | Target::Persona(name) => name.clone(),
-        },
-        request: serde_json::to_vec(&WireRequest::from(request))
-            .map_err(|e| fail(e.to_string()))?,
+        target: target.model_id(),
+        request: serde_json::to_vec(request).map_err(|e| fail(e.to_string()))?,
     };
     let mut stream = match client.chat(call).await {
         Ok(response) => response.into_inner(),
@@ -212,8 +203,9 @@ mod tests {
     use mesh_proto::v1::models_server::Models as _;
     use serde_json::json;
 
+    use mesh_domain::{Message, Role};
+
     use super::*;
-    use crate::llm::{Message, Role};
 
     #[tokio::test]
     async fn a_peers_out_of_range_generation_setting_is_refused_naming_the_field() {
@@ -224,7 +216,7 @@ mod tests {
             ..Default::default()
         };
         let call = |sampling: serde_json::Value| {
-            let mut request = serde_json::to_value(WireRequest::from(&chat)).expect("json");
+            let mut request = serde_json::to_value(&chat).expect("json");
             request["sampling"] = sampling;
             pb::ChatCall {
                 target: "m".into(),

@@ -11,9 +11,10 @@
 use std::{path::PathBuf, process::ExitCode, time::Instant};
 
 use anyhow::{Context, bail};
+use mesh_domain::{ChatRequest, Message, Role};
 use mesh_node::{
     embedded::{EmbeddedModel, EmbeddedOptions},
-    llm::{ChatModel, ChatRequest, Message, Role},
+    llm::ChatModel,
 };
 
 fn main() -> ExitCode {

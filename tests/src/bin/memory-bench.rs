@@ -38,8 +38,8 @@ use std::{
 };
 
 use anyhow::{Context, bail, ensure};
+use mesh_domain::NodeId;
 use mesh_node::{
-    identity::NodeId,
     memory::{Memory, MemoryOptions},
     tls::MeshTls,
 };

@@ -1,0 +1,187 @@
+//! Conversations with a model: messages, tool calls and the tools offered, generation
+//! settings, requests and answers, token usage. The agent loop, the front door and the model
+//! backends all speak these; the front door and `Models/Chat` carry them as JSON.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions.
+    System,
+    /// The task or an intervention.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool result.
+    Tool,
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Author.
+    pub role: Role,
+    /// Text.
+    pub content: String,
+    /// Tool calls the assistant made (assistant messages only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Which call this answers (tool messages only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message with only text.
+    pub fn text(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// A tool result answering `call_id`.
+    pub fn tool_result(call_id: &str, content: impl Into<String>) -> Self {
+        Self {
+            role: Role::Tool,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: Some(call_id.to_owned()),
+        }
+    }
+}
+
+/// A tool call as the model made it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The model's id for the call.
+    pub id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments as the model wrote them: JSON text, possibly malformed.
+    pub arguments: String,
+}
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Name.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// JSON schema of its arguments.
+    #[serde(default)]
+    pub parameters: Value,
+}
+
+/// Token counts of one call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    /// Prompt + completion.
+    pub fn total(&self) -> u64 {
+        self.prompt_tokens + self.completion_tokens
+    }
+
+    /// Adds another call's usage.
+    pub fn add(&mut self, other: Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+    }
+}
+
+/// What is sent to a model: by the agent loop, by the front door, and between nodes (as JSON
+/// inside `agentmesh.v1.Models/Chat`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// The conversation so far.
+    pub messages: Vec<Message>,
+    /// Tools the model may call.
+    #[serde(default)]
+    pub tools: Vec<ToolSpec>,
+    /// How to generate, when a client of the front door said so.
+    #[serde(default)]
+    pub sampling: Sampling,
+}
+
+/// Generation settings a client asked for; unset ones leave the model's own defaults.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Most tokens to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature (0 to 2; an embedded model decodes greedily unless it is above 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling: the probability mass to draw from (above 0, at most 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Strings that end the answer (not part of it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Seed of the draw, for repeatable answers where the backend supports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+impl Sampling {
+    /// Most stop strings (OpenAI's limit), and their longest length in bytes.
+    pub const MAX_STOPS: usize = 4;
+    /// See [`Sampling::MAX_STOPS`].
+    pub const MAX_STOP_LEN: usize = 256;
+
+    /// Checks the ranges OpenAI allows; the error starts with the field's name.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_tokens == Some(0) {
+            return Err("max_tokens: must be at least 1".into());
+        }
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(format!("temperature: {t} is not between 0 and 2"));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(format!("top_p: {p} is not above 0 and at most 1"));
+        }
+        if self.stop.len() > Self::MAX_STOPS
+            || self.stop.iter().any(|s| s.len() > Self::MAX_STOP_LEN)
+        {
+            return Err(format!(
+                "stop: at most {} strings of at most {} bytes",
+                Self::MAX_STOPS,
+                Self::MAX_STOP_LEN
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A model's complete answer to one request; between nodes it travels as JSON at the end of a
+/// `agentmesh.v1.Models/Chat` stream.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatResponse {
+    /// The configured name of the model that answered (set by the chain that called it).
+    pub model: String,
+    /// Text (also streamed as deltas while it was generated).
+    pub content: String,
+    /// Tool calls, in order.
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    /// Usage as the server reported it; `None` when it did not.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}

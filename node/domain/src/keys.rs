@@ -1,0 +1,42 @@
+//! Names in the shared memory: which namespaces and keys are valid, and how large a value may
+//! be. The memory, the wire contract (a task's session is a key) and the config (local
+//! namespaces) all check names here.
+
+/// Longest namespace name.
+pub const MAX_NAMESPACE: usize = 64;
+/// Longest key.
+pub const MAX_KEY: usize = 512;
+/// Largest value.
+pub const MAX_VALUE: usize = 1024 * 1024;
+
+/// A namespace or key that is not valid; the message says what a valid one looks like.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidName(pub String);
+
+/// Checks a namespace name: 1-64 letters, digits, `-`, `_`, `.`.
+pub fn check_namespace(ns: &str) -> Result<(), InvalidName> {
+    let ok = !ns.is_empty()
+        && ns.len() <= MAX_NAMESPACE
+        && ns
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidName(format!(
+            "namespace `{}`: use 1-{MAX_NAMESPACE} letters, digits, `-`, `_`, `.`",
+            ns.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+/// Checks a key: 1-512 bytes without NUL.
+pub fn check_key(key: &str) -> Result<(), InvalidName> {
+    if key.is_empty() || key.len() > MAX_KEY || key.contains('\0') {
+        return Err(InvalidName(format!(
+            "key: must be 1-{MAX_KEY} bytes without NUL"
+        )));
+    }
+    Ok(())
+}

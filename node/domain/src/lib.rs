@@ -1,0 +1,43 @@
+//! agentmesh's shared vocabulary: the types every part of the mesh speaks, and nothing that
+//! does I/O.
+//!
+//! # Layout
+//!
+//! - [`id`]: [`NodeId`], a node's id (hash of its certificate's public key).
+//! - [`tier`]: [`Tier`], the permission tier of a task or a tool.
+//! - [`target`]: [`Target`], what runs a task or a chat (a role, a model or a persona).
+//! - [`task`]: [`TaskSpec`] and its [`Lineage`] and [`Requirements`], [`TaskError`],
+//!   [`TaskStatus`], the events of a task ([`TaskEvent`], [`EventKind`]) and its [`Answer`].
+//! - [`node`]: what a node says about itself ([`NodeInfo`] and its parts) and [`PeerState`].
+//! - [`chat`]: conversations with a model: [`Message`], tool calls and specs, [`Sampling`],
+//!   [`ChatRequest`], [`ChatResponse`], [`Usage`].
+//! - [`keys`]: which namespaces and keys of the shared memory are valid.
+//! - [`time`], [`text`], [`sync`], [`future`]: small helpers every layer needs once.
+//!
+//! This crate is the bottom layer (layer 0 in docs/architecture.md): it uses no other crate of
+//! the workspace, no async runtime, no network and no storage, so the node, the CLI and the wire
+//! contract (`mesh-proto`, which converts these types to and from protobuf) can all share it.
+
+pub mod chat;
+pub mod future;
+pub mod id;
+pub mod keys;
+pub mod node;
+pub mod sync;
+pub mod target;
+pub mod task;
+pub mod text;
+pub mod tier;
+pub mod time;
+
+pub use chat::{ChatRequest, ChatResponse, Message, Role, Sampling, ToolCall, ToolSpec, Usage};
+pub use future::BoxFuture;
+pub use id::NodeId;
+pub use node::{
+    Gpu, Health, HealthStatus, Load, ModelInfo, NodeInfo, PeerState, PersonaInfo, Resources,
+};
+pub use target::Target;
+pub use task::{
+    Answer, EventKind, Lineage, Requirements, TaskError, TaskEvent, TaskSpec, TaskStatus,
+};
+pub use tier::Tier;

@@ -1,0 +1,367 @@
+//! Tasks as the whole mesh sees them: what is asked ([`TaskSpec`], with its [`Lineage`] and
+//! [`Requirements`]), how it ends ([`Answer`] or [`TaskError`]), and what happens on the way
+//! ([`TaskEvent`]). Every node, the CLI and the wire contract share these.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{chat::Usage, target::Target, tier::Tier};
+
+/// Longest prompt accepted.
+pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
+
+/// A task as submitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// What to do.
+    pub prompt: String,
+    /// What runs it.
+    pub target: Target,
+    /// Highest tool tier.
+    pub tier: Tier,
+    /// Deadline from admission; `None` = the node's default.
+    pub timeout: Option<Duration>,
+    /// Max rounds; `None` = default.
+    pub max_rounds: Option<u32>,
+    /// Token budget; `None` = default.
+    pub token_budget: Option<u64>,
+    /// What the executing node must have (and `on`).
+    #[serde(default)]
+    pub require: Requirements,
+    /// Where the task comes from.
+    #[serde(default)]
+    pub lineage: Lineage,
+    /// Conversation session name.
+    #[serde(default)]
+    pub session: Option<String>,
+}
+
+/// Where a task comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Lineage {
+    /// Set when another node forwarded this very task: keep its id.
+    pub task_id: Option<String>,
+    /// The task that started this one as a sub-task.
+    pub parent_id: Option<String>,
+    /// The node the task (or its root) was first submitted to; empty = this node.
+    pub origin: String,
+    /// Forwards and sub-task levels so far.
+    pub hops: u32,
+}
+
+impl TaskSpec {
+    /// A task with only a prompt and a target: tier `read`, the node's default deadline and
+    /// budgets, no requirements, submitted here (no lineage), no session.
+    pub fn new(prompt: impl Into<String>, target: Target) -> Self {
+        Self {
+            prompt: prompt.into(),
+            target,
+            tier: Tier::Read,
+            timeout: None,
+            max_rounds: None,
+            token_budget: None,
+            require: Requirements::default(),
+            lineage: Lineage::default(),
+            session: None,
+        }
+    }
+}
+
+/// What a task needs from the node that runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Requirements {
+    /// At least one GPU.
+    pub gpu: bool,
+    /// A GPU with at least this much VRAM, MiB.
+    pub min_vram_mb: Option<u64>,
+    /// Labels that must match.
+    pub labels: BTreeMap<String, String>,
+    /// Only this node (by name).
+    pub on: Option<String>,
+}
+
+/// A finished task's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// The final text.
+    pub output: String,
+    /// Tokens used over all rounds.
+    pub usage: Usage,
+    /// Rounds used.
+    pub rounds: u32,
+    /// The node that ran it, when not this one (delegated tasks).
+    pub executed_on: Option<String>,
+}
+
+/// Why a task failed: one hierarchy, with the fields of each kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TaskError {
+    /// Every model tried failed.
+    #[error("model {name} failed: {message} (attempts: {})", attempts.join("; "))]
+    Model {
+        /// The last model tried.
+        name: String,
+        /// One line per attempt: `model: error`.
+        attempts: Vec<String>,
+        /// The last error.
+        message: String,
+    },
+    /// A supervisor rule stopped the task.
+    #[error("{message}")]
+    Gate {
+        /// The rule, e.g. `repeat`.
+        rule: String,
+        /// The action it stopped.
+        action: String,
+        /// What happened.
+        message: String,
+    },
+    /// A budget ran out.
+    #[error("budget exhausted: {used} {what} used of {limit}")]
+    Budget {
+        /// `tokens` or `rounds`.
+        what: String,
+        /// The limit.
+        limit: u64,
+        /// What was used.
+        used: u64,
+    },
+    /// Something on the wire or from the model was malformed.
+    #[error("{message}")]
+    Protocol {
+        /// What.
+        message: String,
+    },
+    /// Nothing can run the task.
+    #[error("{message}")]
+    Routing {
+        /// Why.
+        message: String,
+    },
+    /// Cancelled by a caller or by shutdown.
+    #[error("cancelled: {reason}")]
+    Cancelled {
+        /// By whom.
+        reason: String,
+    },
+    /// The deadline passed.
+    #[error("deadline of {seconds} s exceeded")]
+    Deadline {
+        /// The deadline.
+        seconds: u64,
+    },
+    /// A bug or a local failure (disk).
+    #[error("internal error: {message}")]
+    Internal {
+        /// What.
+        message: String,
+    },
+}
+
+impl TaskError {
+    /// The kind name, as on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Model { .. } => "model",
+            Self::Gate { .. } => "gate",
+            Self::Budget { .. } => "budget",
+            Self::Protocol { .. } => "protocol",
+            Self::Routing { .. } => "routing",
+            Self::Cancelled { .. } => "cancelled",
+            Self::Deadline { .. } => "deadline",
+            Self::Internal { .. } => "internal",
+        }
+    }
+
+    /// The kind's fields as strings (for the wire and for display).
+    pub fn fields(&self) -> BTreeMap<String, String> {
+        let value = serde_json::to_value(self).unwrap_or_default();
+        value
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| *k != "kind")
+            .map(|(k, v)| {
+                let text = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (k.clone(), text)
+            })
+            .collect()
+    }
+}
+
+/// Lifecycle state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Waiting for a worker.
+    Queued,
+    /// Running.
+    Running,
+    /// Finished with an answer.
+    Completed,
+    /// Finished with an error.
+    Failed,
+}
+
+impl TaskStatus {
+    /// `queued`, `running`, `completed`, `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Whether the task has ended (completed or failed).
+    pub fn finished(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed)
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// Admitted.
+    Accepted {
+        /// Node that admitted it.
+        node: String,
+        /// Tasks ahead of it.
+        queue_position: u32,
+    },
+    /// A worker picked it up.
+    Started {
+        /// Node running it.
+        node: String,
+    },
+    /// A model call begins.
+    ModelCall {
+        /// Model.
+        model: String,
+        /// Loop round (1-based).
+        round: u32,
+        /// Attempt in the chain (1-based).
+        attempt: u32,
+    },
+    /// A model call failed.
+    ModelFailed {
+        /// Model.
+        model: String,
+        /// Error.
+        error: String,
+        /// Whether the next model is tried.
+        falling_through: bool,
+    },
+    /// The model called a tool.
+    ToolCalled {
+        /// Call id.
+        call_id: String,
+        /// Tool.
+        name: String,
+        /// Raw arguments.
+        arguments: String,
+    },
+    /// A tool call's result.
+    ToolResult {
+        /// Call id.
+        call_id: String,
+        /// Tool.
+        name: String,
+        /// Success.
+        ok: bool,
+        /// What the model sees.
+        output: String,
+        /// Consecutive failures of the tool.
+        consecutive_failures: u32,
+    },
+    /// The supervisor spoke.
+    Intervention {
+        /// Rule.
+        rule: String,
+        /// Message added to the conversation.
+        message: String,
+    },
+    /// Streamed output.
+    OutputDelta {
+        /// Text.
+        text: String,
+    },
+    /// Done.
+    Completed {
+        /// Final answer.
+        output: String,
+        /// Tokens used.
+        usage: Usage,
+        /// Node that ran it.
+        executed_on: String,
+        /// Rounds used.
+        rounds: u32,
+    },
+    /// Failed.
+    Failed {
+        /// Why.
+        error: TaskError,
+    },
+    /// Sent to another node.
+    Delegated {
+        /// The node.
+        node: String,
+        /// 1-based; more than 1 is a failover.
+        attempt: u32,
+        /// Why the previous attempt ended.
+        reason: String,
+    },
+}
+
+impl EventKind {
+    /// Whether this is the last event of a task (completed or failed).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Self::Completed { .. } | Self::Failed { .. })
+    }
+}
+
+/// One event of one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    /// Task id.
+    pub task_id: String,
+    /// Sequence, from 0.
+    pub seq: u64,
+    /// Unix ms.
+    pub at_ms: u64,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_errors_expose_their_kind_and_fields() {
+        let error = TaskError::Budget {
+            what: "tokens".into(),
+            limit: 100,
+            used: 150,
+        };
+        assert_eq!(error.kind(), "budget");
+        let fields = error.fields();
+        assert_eq!(fields["limit"], "100");
+        assert_eq!(fields["used"], "150");
+        assert_eq!(fields["what"], "tokens");
+        let model = TaskError::Model {
+            name: "b".into(),
+            attempts: vec!["a: down".into(), "b: down".into()],
+            message: "down".into(),
+        };
+        assert!(model.to_string().contains("a: down; b: down"));
+        assert_eq!(model.fields()["attempts"], r#"["a: down","b: down"]"#);
+    }
+}

@@ -1,0 +1,765 @@
+//! Conversions between the wire types and the domain types of `mesh-domain`, in both
+//! directions. Everything that comes from the network is bounded and checked here: a bad value
+//! becomes `INVALID_ARGUMENT` with a message that starts with the field's name.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use mesh_domain::{
+    EventKind, Gpu, Health, HealthStatus, Lineage, Load, ModelInfo, NodeId, NodeInfo, PeerState,
+    PersonaInfo, Requirements, Resources, Target, TaskError, TaskEvent, TaskSpec, TaskStatus, Tier,
+    Usage, keys, task::MAX_PROMPT_BYTES,
+};
+use tonic::Status;
+
+use crate::v1 as pb;
+
+/// Limits on lists and strings inside `NodeInfo`.
+const MAX_LIST: usize = 256;
+const MAX_STRING: usize = 1024;
+/// Longest deadline a caller may ask for.
+pub const MAX_TIMEOUT_S: u32 = 86_400;
+
+impl From<Tier> for pb::Tier {
+    fn from(tier: Tier) -> Self {
+        match tier {
+            Tier::Read => pb::Tier::Read,
+            Tier::Write => pb::Tier::Write,
+            Tier::Shell => pb::Tier::Shell,
+        }
+    }
+}
+
+impl From<PeerState> for pb::PeerState {
+    fn from(state: PeerState) -> Self {
+        match state {
+            PeerState::Up => pb::PeerState::Up,
+            PeerState::Suspect => pb::PeerState::Suspect,
+            PeerState::Down => pb::PeerState::Down,
+        }
+    }
+}
+
+/// A peer state from the wire; anything unknown counts as `down`.
+pub fn peer_state(state: i32) -> PeerState {
+    match pb::PeerState::try_from(state) {
+        Ok(pb::PeerState::Up) => PeerState::Up,
+        Ok(pb::PeerState::Suspect) => PeerState::Suspect,
+        _ => PeerState::Down,
+    }
+}
+
+impl From<TaskStatus> for pb::TaskStatus {
+    fn from(status: TaskStatus) -> Self {
+        match status {
+            TaskStatus::Queued => pb::TaskStatus::Queued,
+            TaskStatus::Running => pb::TaskStatus::Running,
+            TaskStatus::Completed => pb::TaskStatus::Completed,
+            TaskStatus::Failed => pb::TaskStatus::Failed,
+        }
+    }
+}
+
+impl From<&TaskError> for pb::TaskError {
+    fn from(error: &TaskError) -> Self {
+        Self {
+            kind: error.kind().into(),
+            message: error.to_string(),
+            fields: error.fields().into_iter().collect(),
+        }
+    }
+}
+
+impl From<&Target> for pb::submit_request::Target {
+    fn from(target: &Target) -> Self {
+        match target {
+            Target::Role(r) => Self::Role(r.clone()),
+            Target::Model(m) => Self::Model(m.clone()),
+            Target::Persona(p) => Self::Persona(p.clone()),
+        }
+    }
+}
+
+impl From<pb::submit_request::Target> for Target {
+    fn from(target: pb::submit_request::Target) -> Self {
+        match target {
+            pb::submit_request::Target::Role(r) => Self::Role(r),
+            pb::submit_request::Target::Model(m) => Self::Model(m),
+            pb::submit_request::Target::Persona(p) => Self::Persona(p),
+        }
+    }
+}
+
+impl From<&NodeInfo> for pb::NodeInfo {
+    fn from(info: &NodeInfo) -> Self {
+        Self {
+            name: info.name.clone(),
+            id: info.id.to_string(),
+            version: info.version.clone(),
+            protocol: info.protocol,
+            addrs: info.addrs.clone(),
+            roles: info.roles.clone(),
+            labels: info.labels.clone().into_iter().collect(),
+            personas: info
+                .personas
+                .iter()
+                .map(|p| pb::Persona {
+                    name: p.name.clone(),
+                    role: p.role.clone(),
+                })
+                .collect(),
+            models: info
+                .models
+                .iter()
+                .map(|m| pb::Model {
+                    name: m.name.clone(),
+                    backend: m.backend.clone(),
+                    model: m.model.clone(),
+                    base_url: m.base_url.clone(),
+                    tokens_per_s: m.tokens_per_s,
+                })
+                .collect(),
+            role_chains: info
+                .role_chains
+                .iter()
+                .map(|(role, models)| pb::RoleChain {
+                    role: role.clone(),
+                    models: models.clone(),
+                })
+                .collect(),
+            resources: Some(pb::Resources {
+                cpu_count: info.resources.cpu_count,
+                memory_total_bytes: info.resources.memory_total_bytes,
+                memory_available_bytes: info.resources.memory_available_bytes,
+                cpu_load: info.resources.cpu_load,
+                gpus: info
+                    .resources
+                    .gpus
+                    .iter()
+                    .map(|g| pb::Gpu {
+                        name: g.name.clone(),
+                        vram_mb: g.vram_mb,
+                        vram_free_mb: g.vram_free_mb,
+                        source: g.source.clone(),
+                    })
+                    .collect(),
+            }),
+            load: Some(pb::Load {
+                running: info.load.running,
+                queued: info.load.queued,
+                workers: info.load.workers,
+                queue_capacity: info.load.queue_capacity,
+            }),
+            health: Some(pb::Health {
+                status: match info.health.status {
+                    HealthStatus::Healthy => pb::HealthStatus::Healthy,
+                    HealthStatus::Degraded => pb::HealthStatus::Degraded,
+                    HealthStatus::Unhealthy => pb::HealthStatus::Unhealthy,
+                } as i32,
+                reasons: info.health.reasons.clone(),
+            }),
+            cert_fingerprint: info.cert_fingerprint.clone(),
+            started_at_ms: info.started_at_ms,
+            remote_max_tier: pb::Tier::from(info.remote_max_tier) as i32,
+            memory_seq: info.memory_seq,
+        }
+    }
+}
+
+impl TryFrom<pb::NodeInfo> for NodeInfo {
+    type Error = Status;
+
+    fn try_from(info: pb::NodeInfo) -> Result<Self, Status> {
+        check_len("name", &info.name, 63)?;
+        if info.name.is_empty() {
+            return Err(Status::invalid_argument("name: must not be empty"));
+        }
+        let id =
+            NodeId::parse(&info.id).map_err(|e| Status::invalid_argument(format!("id: {e}")))?;
+        check_len("version", &info.version, 64)?;
+        check_len("cert_fingerprint", &info.cert_fingerprint, 64)?;
+        check_list("addrs", &info.addrs)?;
+        check_list("roles", &info.roles)?;
+        check_count("personas", info.personas.len())?;
+        check_count("models", info.models.len())?;
+        check_count("role_chains", info.role_chains.len())?;
+        check_count("labels", info.labels.len())?;
+        for (k, v) in &info.labels {
+            check_len("labels key", k, 63)?;
+            check_len("labels value", v, 253)?;
+        }
+        let resources = info.resources.unwrap_or_default();
+        check_count("resources.gpus", resources.gpus.len())?;
+        let health = info.health.unwrap_or_default();
+        check_list("health.reasons", &health.reasons)?;
+        let load = info.load.unwrap_or_default();
+        let mut role_chains = BTreeMap::new();
+        for chain in info.role_chains {
+            check_len("role_chains.role", &chain.role, 63)?;
+            check_list("role_chains.models", &chain.models)?;
+            role_chains.insert(chain.role, chain.models);
+        }
+        let mut models = Vec::with_capacity(info.models.len());
+        for m in info.models {
+            for (field, value) in [
+                ("models.name", &m.name),
+                ("models.backend", &m.backend),
+                ("models.model", &m.model),
+                ("models.base_url", &m.base_url),
+            ] {
+                check_len(field, value, MAX_STRING)?;
+            }
+            if !(m.tokens_per_s.is_finite() && m.tokens_per_s >= 0.0) {
+                return Err(Status::invalid_argument(format!(
+                    "models.tokens_per_s: {} is not a speed (a finite number, 0 or more)",
+                    m.tokens_per_s
+                )));
+            }
+            models.push(ModelInfo {
+                name: m.name,
+                backend: m.backend,
+                model: m.model,
+                base_url: m.base_url,
+                tokens_per_s: m.tokens_per_s,
+            });
+        }
+        let mut personas = Vec::with_capacity(info.personas.len());
+        for p in info.personas {
+            check_len("personas.name", &p.name, 63)?;
+            check_len("personas.role", &p.role, 63)?;
+            personas.push(PersonaInfo {
+                name: p.name,
+                role: p.role,
+            });
+        }
+        let mut gpus = Vec::with_capacity(resources.gpus.len());
+        for g in resources.gpus {
+            check_len("resources.gpus.name", &g.name, 128)?;
+            check_len("resources.gpus.source", &g.source, 32)?;
+            gpus.push(Gpu {
+                name: g.name,
+                vram_mb: g.vram_mb,
+                vram_free_mb: g.vram_free_mb,
+                source: g.source,
+            });
+        }
+        Ok(Self {
+            name: info.name,
+            id,
+            version: info.version,
+            protocol: info.protocol,
+            addrs: info.addrs,
+            roles: info.roles,
+            labels: info.labels.into_iter().collect(),
+            personas,
+            models,
+            role_chains,
+            resources: Resources {
+                cpu_count: resources.cpu_count,
+                memory_total_bytes: resources.memory_total_bytes,
+                memory_available_bytes: resources.memory_available_bytes,
+                cpu_load: if resources.cpu_load.is_finite() {
+                    resources.cpu_load
+                } else {
+                    0.0
+                },
+                gpus,
+            },
+            load: Load {
+                running: load.running,
+                queued: load.queued,
+                workers: load.workers,
+                queue_capacity: load.queue_capacity,
+            },
+            health: Health {
+                status: match pb::HealthStatus::try_from(health.status) {
+                    Ok(pb::HealthStatus::Healthy) => HealthStatus::Healthy,
+                    Ok(pb::HealthStatus::Degraded) => HealthStatus::Degraded,
+                    _ => HealthStatus::Unhealthy,
+                },
+                reasons: health.reasons,
+            },
+            cert_fingerprint: info.cert_fingerprint,
+            started_at_ms: info.started_at_ms,
+            remote_max_tier: match pb::Tier::try_from(info.remote_max_tier) {
+                Ok(pb::Tier::Shell) => Tier::Shell,
+                Ok(pb::Tier::Write) => Tier::Write,
+                _ => Tier::Read,
+            },
+            memory_seq: info.memory_seq,
+        })
+    }
+}
+
+/// `INVALID_ARGUMENT` naming `field` when `value` is longer than `max` bytes.
+pub fn check_len(field: &str, value: &str, max: usize) -> Result<(), Status> {
+    if value.len() > max {
+        Err(Status::invalid_argument(format!(
+            "{field}: {} bytes, at most {max} allowed",
+            value.len()
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+fn check_count(field: &str, count: usize) -> Result<(), Status> {
+    if count > MAX_LIST {
+        Err(Status::invalid_argument(format!(
+            "{field}: {count} entries, at most {MAX_LIST} allowed"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
+fn check_list(field: &str, values: &[String]) -> Result<(), Status> {
+    check_count(field, values.len())?;
+    values
+        .iter()
+        .try_for_each(|v| check_len(field, v, MAX_STRING))
+}
+
+impl TryFrom<pb::SubmitRequest> for TaskSpec {
+    type Error = Status;
+
+    fn try_from(request: pb::SubmitRequest) -> Result<Self, Status> {
+        if request.prompt.trim().is_empty() {
+            return Err(Status::invalid_argument("prompt: must not be empty"));
+        }
+        check_len("prompt", &request.prompt, MAX_PROMPT_BYTES)?;
+        let name = |field: &str, value: String| -> Result<String, Status> {
+            if value.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "{field}: must not be empty"
+                )));
+            }
+            check_len(field, &value, 63)?;
+            Ok(value)
+        };
+        let target = match request.target {
+            Some(pb::submit_request::Target::Role(role)) => Target::Role(name("role", role)?),
+            Some(pb::submit_request::Target::Model(model)) => Target::Model(name("model", model)?),
+            Some(pb::submit_request::Target::Persona(p)) => Target::Persona(name("persona", p)?),
+            None => {
+                return Err(Status::invalid_argument(
+                    "target: set one of role, model or persona",
+                ));
+            }
+        };
+        let tier = match pb::Tier::try_from(request.tier) {
+            Ok(pb::Tier::Unspecified | pb::Tier::Read) => Tier::Read,
+            Ok(pb::Tier::Write) => Tier::Write,
+            Ok(pb::Tier::Shell) => Tier::Shell,
+            Err(_) => return Err(Status::invalid_argument("tier: unknown value")),
+        };
+        if request.timeout_s > MAX_TIMEOUT_S {
+            return Err(Status::invalid_argument(format!(
+                "timeout_s: at most {MAX_TIMEOUT_S}"
+            )));
+        }
+        if request.max_rounds > 1000 {
+            return Err(Status::invalid_argument("max_rounds: at most 1000"));
+        }
+        let require = request.require.unwrap_or_default();
+        if require.labels.len() > 32 {
+            return Err(Status::invalid_argument("require.labels: at most 32"));
+        }
+        for (k, v) in &require.labels {
+            check_len("require.labels", k, 63)?;
+            check_len("require.labels", v, 253)?;
+        }
+        check_len("on", &request.on, 63)?;
+        let lineage = request.lineage.unwrap_or_default();
+        check_len("lineage.task_id", &lineage.task_id, 64)?;
+        check_len("lineage.parent_id", &lineage.parent_id, 64)?;
+        check_len("lineage.origin_node", &lineage.origin_node, 63)?;
+        if !request.session.is_empty() {
+            keys::check_key(&request.session)
+                .map_err(|e| Status::invalid_argument(format!("session: {e}")))?;
+        }
+        Ok(TaskSpec {
+            prompt: request.prompt,
+            target,
+            tier,
+            timeout: (request.timeout_s > 0)
+                .then(|| Duration::from_secs(u64::from(request.timeout_s))),
+            max_rounds: (request.max_rounds > 0).then_some(request.max_rounds),
+            token_budget: (request.token_budget > 0).then_some(request.token_budget),
+            require: Requirements {
+                gpu: require.gpu,
+                min_vram_mb: (require.min_vram_mb > 0).then_some(require.min_vram_mb),
+                labels: require.labels.into_iter().collect(),
+                on: Some(request.on).filter(|on| !on.is_empty()),
+            },
+            lineage: Lineage {
+                task_id: Some(lineage.task_id).filter(|id| !id.is_empty()),
+                parent_id: Some(lineage.parent_id).filter(|id| !id.is_empty()),
+                origin: lineage.origin_node,
+                hops: lineage.hops,
+            },
+            session: Some(request.session).filter(|s| !s.is_empty()),
+        })
+    }
+}
+
+impl From<&TaskEvent> for pb::TaskEvent {
+    fn from(event: &TaskEvent) -> Self {
+        use pb::task_event::Kind;
+        let kind = match &event.kind {
+            EventKind::Accepted {
+                node,
+                queue_position,
+            } => Kind::Accepted(pb::Accepted {
+                node: node.clone(),
+                queue_position: *queue_position,
+            }),
+            EventKind::Started { node } => Kind::Started(pb::Started { node: node.clone() }),
+            EventKind::ModelCall {
+                model,
+                round,
+                attempt,
+            } => Kind::ModelCall(pb::ModelCall {
+                model: model.clone(),
+                round: *round,
+                attempt: *attempt,
+            }),
+            EventKind::ModelFailed {
+                model,
+                error,
+                falling_through,
+            } => Kind::ModelFailed(pb::ModelFailed {
+                model: model.clone(),
+                error: error.clone(),
+                falling_through: *falling_through,
+            }),
+            EventKind::ToolCalled {
+                call_id,
+                name,
+                arguments,
+            } => Kind::ToolCalled(pb::ToolCalled {
+                call_id: call_id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            }),
+            EventKind::ToolResult {
+                call_id,
+                name,
+                ok,
+                output,
+                consecutive_failures,
+            } => Kind::ToolResult(pb::ToolResult {
+                call_id: call_id.clone(),
+                name: name.clone(),
+                ok: *ok,
+                output: output.clone(),
+                consecutive_failures: *consecutive_failures,
+            }),
+            EventKind::Intervention { rule, message } => Kind::Intervention(pb::Intervention {
+                rule: rule.clone(),
+                message: message.clone(),
+            }),
+            EventKind::OutputDelta { text } => {
+                Kind::OutputDelta(pb::OutputDelta { text: text.clone() })
+            }
+            EventKind::Completed {
+                output,
+                usage,
+                executed_on,
+                rounds,
+            } => Kind::Completed(pb::Completed {
+                output: output.clone(),
+                usage: Some(pb::Usage {
+                    prompt_tokens: usage.prompt_tokens,
+                    completion_tokens: usage.completion_tokens,
+                }),
+                executed_on: executed_on.clone(),
+                rounds: *rounds,
+            }),
+            EventKind::Failed { error } => Kind::Failed(pb::Failed {
+                error: Some(pb::TaskError::from(error)),
+            }),
+            EventKind::Delegated {
+                node,
+                attempt,
+                reason,
+            } => Kind::Delegated(pb::Delegated {
+                node: node.clone(),
+                attempt: *attempt,
+                reason: reason.clone(),
+            }),
+        };
+        Self {
+            task_id: event.task_id.clone(),
+            seq: event.seq,
+            at_ms: event.at_ms,
+            kind: Some(kind),
+        }
+    }
+}
+
+impl From<&TaskSpec> for pb::SubmitRequest {
+    fn from(spec: &TaskSpec) -> Self {
+        use pb::submit_request::Target as T;
+        Self {
+            prompt: spec.prompt.clone(),
+            target: Some(T::from(&spec.target)),
+            tier: pb::Tier::from(spec.tier) as i32,
+            timeout_s: spec
+                .timeout
+                .map(|t| t.as_secs().clamp(1, u64::from(MAX_TIMEOUT_S)) as u32)
+                .unwrap_or(0),
+            max_rounds: spec.max_rounds.unwrap_or(0),
+            token_budget: spec.token_budget.unwrap_or(0),
+            require: Some(pb::Requirements {
+                gpu: spec.require.gpu,
+                min_vram_mb: spec.require.min_vram_mb.unwrap_or(0),
+                labels: spec.require.labels.clone().into_iter().collect(),
+            }),
+            on: spec.require.on.clone().unwrap_or_default(),
+            lineage: Some(pb::Lineage {
+                task_id: spec.lineage.task_id.clone().unwrap_or_default(),
+                parent_id: spec.lineage.parent_id.clone().unwrap_or_default(),
+                origin_node: spec.lineage.origin.clone(),
+                hops: spec.lineage.hops,
+            }),
+            session: spec.session.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// A task event from another node, checked like any network input.
+impl TryFrom<pb::TaskEvent> for TaskEvent {
+    type Error = Status;
+
+    fn try_from(event: pb::TaskEvent) -> Result<Self, Status> {
+        use pb::task_event::Kind;
+        const TEXT: usize = 256 * 1024;
+        let text = |field: &str, value: String| check_len(field, &value, TEXT).map(|()| value);
+        let kind = match event
+            .kind
+            .ok_or_else(|| Status::invalid_argument("kind: missing"))?
+        {
+            Kind::Accepted(a) => EventKind::Accepted {
+                node: text("accepted.node", a.node)?,
+                queue_position: a.queue_position,
+            },
+            Kind::Started(s) => EventKind::Started {
+                node: text("started.node", s.node)?,
+            },
+            Kind::ModelCall(m) => EventKind::ModelCall {
+                model: text("model_call.model", m.model)?,
+                round: m.round,
+                attempt: m.attempt,
+            },
+            Kind::ModelFailed(m) => EventKind::ModelFailed {
+                model: text("model_failed.model", m.model)?,
+                error: text("model_failed.error", m.error)?,
+                falling_through: m.falling_through,
+            },
+            Kind::ToolCalled(t) => EventKind::ToolCalled {
+                call_id: text("tool_called.call_id", t.call_id)?,
+                name: text("tool_called.name", t.name)?,
+                arguments: text("tool_called.arguments", t.arguments)?,
+            },
+            Kind::ToolResult(t) => EventKind::ToolResult {
+                call_id: text("tool_result.call_id", t.call_id)?,
+                name: text("tool_result.name", t.name)?,
+                ok: t.ok,
+                output: text("tool_result.output", t.output)?,
+                consecutive_failures: t.consecutive_failures,
+            },
+            Kind::Intervention(i) => EventKind::Intervention {
+                rule: text("intervention.rule", i.rule)?,
+                message: text("intervention.message", i.message)?,
+            },
+            Kind::OutputDelta(d) => EventKind::OutputDelta {
+                text: text("output_delta.text", d.text)?,
+            },
+            Kind::Completed(c) => EventKind::Completed {
+                output: text("completed.output", c.output)?,
+                usage: c
+                    .usage
+                    .map(|u| Usage {
+                        prompt_tokens: u.prompt_tokens,
+                        completion_tokens: u.completion_tokens,
+                    })
+                    .unwrap_or_default(),
+                executed_on: text("completed.executed_on", c.executed_on)?,
+                rounds: c.rounds,
+            },
+            Kind::Failed(f) => EventKind::Failed {
+                error: task_error_from_wire(f.error.unwrap_or_default()),
+            },
+            Kind::Delegated(d) => EventKind::Delegated {
+                node: text("delegated.node", d.node)?,
+                attempt: d.attempt,
+                reason: text("delegated.reason", d.reason)?,
+            },
+        };
+        Ok(Self {
+            task_id: event.task_id,
+            seq: event.seq,
+            at_ms: event.at_ms,
+            kind,
+        })
+    }
+}
+
+/// Rebuilds a task error from its wire form (kind + fields); unknown kinds become `internal`.
+fn task_error_from_wire(error: pb::TaskError) -> TaskError {
+    let mut fields: serde_json::Map<String, serde_json::Value> = error
+        .fields
+        .into_iter()
+        .map(|(k, v)| {
+            let value = serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v));
+            (k, value)
+        })
+        .collect();
+    fields.insert("kind".into(), serde_json::Value::String(error.kind));
+    serde_json::from_value(serde_json::Value::Object(fields)).unwrap_or(TaskError::Internal {
+        message: error.message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> NodeInfo {
+        NodeInfo {
+            name: "alpha".into(),
+            id: NodeId::from_spki_der(b"alpha"),
+            version: "0.1.0".into(),
+            protocol: 1,
+            addrs: vec!["127.0.0.1:7700".into()],
+            roles: vec!["coder".into()],
+            labels: [("site".to_owned(), "home".to_owned())].into(),
+            personas: vec![PersonaInfo {
+                name: "reviewer".into(),
+                role: "coder".into(),
+            }],
+            models: vec![ModelInfo {
+                name: "qwen".into(),
+                backend: "openai".into(),
+                model: "qwen2.5".into(),
+                base_url: "http://x/v1".into(),
+                tokens_per_s: 42.5,
+            }],
+            role_chains: [("coder".to_owned(), vec!["qwen".to_owned()])].into(),
+            resources: Resources {
+                cpu_count: 8,
+                memory_total_bytes: 1 << 34,
+                memory_available_bytes: 1 << 33,
+                cpu_load: 0.5,
+                gpus: vec![Gpu {
+                    name: "RTX".into(),
+                    vram_mb: 24576,
+                    vram_free_mb: Some(100),
+                    source: "declared".into(),
+                }],
+            },
+            load: Load {
+                running: 1,
+                queued: 2,
+                workers: 2,
+                queue_capacity: 16,
+            },
+            health: Health {
+                status: HealthStatus::Degraded,
+                reasons: vec!["mdns: off".into()],
+            },
+            cert_fingerprint: "ab".repeat(32),
+            started_at_ms: 42,
+            remote_max_tier: Tier::Write,
+            memory_seq: 9,
+        }
+    }
+
+    #[test]
+    fn node_info_round_trips_through_protobuf() {
+        let info = sample();
+        let back = NodeInfo::try_from(pb::NodeInfo::from(&info)).expect("valid");
+        assert_eq!(back, info);
+    }
+
+    #[test]
+    fn malformed_node_info_names_the_field() {
+        type Mutation = Box<dyn Fn(&mut pb::NodeInfo)>;
+        let cases: Vec<(Mutation, &str)> = vec![
+            (Box::new(|i| i.id = "nope".into()), "id"),
+            (Box::new(|i| i.name = String::new()), "name"),
+            (Box::new(|i| i.name = "x".repeat(64)), "name"),
+            (Box::new(|i| i.roles = vec!["r".into(); 1000]), "roles"),
+            (Box::new(|i| i.addrs = vec!["a".repeat(5000)]), "addrs"),
+        ];
+        for (mutate, field) in cases {
+            let mut wire = pb::NodeInfo::from(&sample());
+            mutate(&mut wire);
+            let status = NodeInfo::try_from(wire).expect_err(field);
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(status.message().starts_with(field), "{}", status.message());
+        }
+    }
+
+    #[test]
+    fn submit_requests_are_validated_field_by_field() {
+        let good = pb::SubmitRequest {
+            prompt: "hi".into(),
+            target: Some(pb::submit_request::Target::Role("chat".into())),
+            ..Default::default()
+        };
+        let spec = TaskSpec::try_from(good.clone()).expect("valid");
+        assert_eq!(spec.tier, Tier::Read);
+        assert_eq!(spec.timeout, None);
+
+        let cases: Vec<(pb::SubmitRequest, &str)> = vec![
+            (
+                pb::SubmitRequest {
+                    prompt: " ".into(),
+                    ..good.clone()
+                },
+                "prompt",
+            ),
+            (
+                pb::SubmitRequest {
+                    target: None,
+                    ..good.clone()
+                },
+                "target",
+            ),
+            (
+                pb::SubmitRequest {
+                    target: Some(pb::submit_request::Target::Role("r".repeat(64))),
+                    ..good.clone()
+                },
+                "role",
+            ),
+            (
+                pb::SubmitRequest {
+                    tier: 42,
+                    ..good.clone()
+                },
+                "tier",
+            ),
+            (
+                pb::SubmitRequest {
+                    timeout_s: 90_000,
+                    ..good.clone()
+                },
+                "timeout_s",
+            ),
+            (
+                pb::SubmitRequest {
+                    prompt: "x".repeat(MAX_PROMPT_BYTES + 1),
+                    ..good.clone()
+                },
+                "prompt",
+            ),
+        ];
+        for (request, field) in cases {
+            let status = TaskSpec::try_from(request).expect_err(field);
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            assert!(status.message().starts_with(field), "{}", status.message());
+        }
+    }
+}

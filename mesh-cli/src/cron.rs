@@ -1,6 +1,7 @@
 //! `mesh-cli cron`: schedules that run tasks on the fleet at set times.
 
 use clap::Subcommand;
+use mesh_domain::Target;
 use mesh_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -84,13 +85,9 @@ fn rfc3339(ms: u64) -> String {
 }
 
 fn target(task: Option<&pb::SubmitRequest>) -> String {
-    use pb::submit_request::Target;
-    match task.and_then(|t| t.target.as_ref()) {
-        Some(Target::Role(r)) => format!("role:{r}"),
-        Some(Target::Model(m)) => format!("model:{m}"),
-        Some(Target::Persona(p)) => format!("persona:{p}"),
-        None => String::new(),
-    }
+    task.and_then(|t| t.target.clone())
+        .map(|target| Target::from(target).to_string())
+        .unwrap_or_default()
 }
 
 fn schedule_json(s: &pb::CronSchedule) -> Value {

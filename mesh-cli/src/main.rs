@@ -5,19 +5,15 @@
 //! 1 the operation failed, 2 bad usage.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::ExitCode,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, anyhow};
 use clap::{Args, Parser, Subcommand};
-use mesh_node::{
-    config::default_data_dir,
-    server::CLI_CERT_NAME,
-    tls::{self, Dialer, MeshTls, TlsFiles},
-};
-use mesh_proto::v1 as pb;
+use mesh_identity::{Dialer, MeshTls, TlsFiles, bootstrap, ca};
+use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
 
 mod cron;
@@ -133,7 +129,7 @@ enum CaCommand {
 }
 
 fn main() -> ExitCode {
-    mesh_node::install_crypto_provider();
+    mesh_identity::install_crypto_provider();
     let cli = Cli::parse();
     let result = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime.block_on(run(cli)),
@@ -159,7 +155,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Memory(command) => memory::run(&cli.conn, command).await,
         Command::Cron(command) => cron::run(&cli.conn, command).await,
         Command::Ca(CaCommand::Init { dir }) => {
-            let (cert, key) = tls::ca_init(&dir)?;
+            let (cert, key) = ca::ca_init(&dir)?;
             println!(
                 "created mesh CA\n  certificate: {}\n  private key: {}",
                 cert.display(),
@@ -172,7 +168,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Ca(CaCommand::Issue { dir, name, sans }) => {
-            let (cert, key) = tls::issue(&dir, &name, &sans)?;
+            let (cert, key) = ca::issue(&dir, &name, &sans)?;
             println!(
                 "issued certificate for {name}\n  certificate: {}\n  private key: {}",
                 cert.display(),
@@ -423,11 +419,7 @@ fn node_json(
             },
             "reasons": health.reasons,
         },
-        "remote_max_tier": match pb::Tier::try_from(info.remote_max_tier) {
-            Ok(pb::Tier::Shell) => "shell",
-            Ok(pb::Tier::Write) => "write",
-            _ => "read",
-        },
+        "remote_max_tier": tier_or_read(info.remote_max_tier).to_string(),
         "cert_fingerprint": info.cert_fingerprint,
         "last_seen_ms": last_seen_ms,
     })
@@ -445,10 +437,7 @@ fn dialer(conn: &ConnArgs) -> anyhow::Result<Dialer> {
             key: key.clone(),
         },
         _ => {
-            let dir = default_data_dir()
-                .map(|d| d.join("tls"))
-                .unwrap_or_default();
-            let files = local_files(&dir);
+            let files = bootstrap::cli_files(&bootstrap::default_data_dir().unwrap_or_default());
             if !files.cert.exists() {
                 return Err(anyhow!(
                     "no client certificate: pass --ca, --cert and --key (or set MESH_CA, MESH_CERT, MESH_KEY), \
@@ -460,14 +449,6 @@ fn dialer(conn: &ConnArgs) -> anyhow::Result<Dialer> {
         }
     };
     Ok(MeshTls::load(&files)?.dialer())
-}
-
-fn local_files(dir: &Path) -> TlsFiles {
-    TlsFiles {
-        ca: dir.join(tls::CA_CERT_FILE),
-        cert: dir.join(format!("{CLI_CERT_NAME}.pem")),
-        key: dir.join(format!("{CLI_CERT_NAME}.key")),
-    }
 }
 
 fn join(list: &Value, item: impl Fn(&Value) -> Option<String>) -> String {

@@ -2,7 +2,7 @@
 
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
-use mesh_proto::v1 as pb;
+use mesh_proto::{convert::tier_or_read, v1 as pb};
 use pb::task_event::Kind;
 use serde_json::{Value, json};
 
@@ -410,15 +410,7 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
         .and_then(|r| r.into_inner().tasks.into_iter().find(|t| t.task_id == id));
     if let Some(t) = summary {
         println!("  status:   {}", status_name(t.status));
-        println!(
-            "  target:   {} (tier {})",
-            t.target,
-            match pb::Tier::try_from(t.tier) {
-                Ok(pb::Tier::Shell) => "shell",
-                Ok(pb::Tier::Write) => "write",
-                _ => "read",
-            }
-        );
+        println!("  target:   {} (tier {})", t.target, tier_or_read(t.tier));
         let origin = if t.origin_node.is_empty() {
             "this node".to_owned()
         } else {

@@ -50,12 +50,12 @@ fn ca_init_and_issue_write_usable_files_and_never_overwrite() {
     for file in ["ca.pem", "ca.key", "gpu-box.pem", "gpu-box.key"] {
         assert!(std::path::Path::new(ca).join(file).exists(), "{file}");
     }
-    let files = mesh_node::tls::TlsFiles {
+    let files = mesh_identity::TlsFiles {
         ca: format!("{ca}/ca.pem").into(),
         cert: format!("{ca}/gpu-box.pem").into(),
         key: format!("{ca}/gpu-box.key").into(),
     };
-    let tls = mesh_node::tls::MeshTls::load(&files).expect("issued files load");
+    let tls = mesh_identity::MeshTls::load(&files).expect("issued files load");
     assert_eq!(tls.identity().common_name.as_deref(), Some("gpu-box"));
 
     let again = mesh_cli(&["ca", "init", "--dir", ca], dir.path());

@@ -12,9 +12,8 @@ use std::{
 };
 
 use mesh_domain::{Tier, keys};
+use mesh_identity::{TlsFiles, bootstrap::default_data_dir};
 use serde::Deserialize;
-
-use crate::tls::TlsFiles;
 
 /// The gRPC port a node listens on by default.
 pub const DEFAULT_PORT: u16 = 7700;
@@ -1093,11 +1092,6 @@ pub const MAX_THREADS: usize = 256;
 /// The default thread count of an embedded model: the number of CPU cores.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
-}
-
-/// `<platform data dir>/agentmesh`, e.g. `~/.local/share/agentmesh` on Linux.
-pub fn default_data_dir() -> Option<PathBuf> {
-    dirs::data_dir().map(|dir| dir.join("agentmesh"))
 }
 
 fn is_valid_name(name: &str) -> bool {

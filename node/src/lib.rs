@@ -6,8 +6,6 @@
 //! One module per concept; `rpc` translates, the others decide.
 //!
 //! - [`config`]: TOML config and flags → validated [`config::Config`]; every error names its key.
-//! - [`identity`]: node ids (hash of the certificate's public key) and certificate fingerprints.
-//! - [`tls`]: the mesh CA (`ca init`, `ca issue`) and mutual TLS for server and client.
 //! - [`discovery`]: where peers might be: mDNS advert/browse and static peers, as events.
 //! - [`peers`]: the peer table (up / suspect / down) and the watch sessions that keep it true.
 //! - [`capabilities`]: what this node is and has: roles, models, CPU, memory, GPUs, load, health.
@@ -33,7 +31,6 @@ pub mod cron;
 pub mod discovery;
 pub mod embedded;
 pub mod http;
-pub mod identity;
 pub mod llm;
 pub mod memory;
 pub mod metrics;
@@ -43,11 +40,3 @@ pub mod rpc;
 pub mod server;
 pub mod storage;
 pub mod tasks;
-pub mod tls;
-
-/// Installs the `ring` crypto provider as rustls's process default. Call once at the top of
-/// `main`; library code names the provider explicitly and does not depend on it.
-pub fn install_crypto_provider() {
-    // Err means a provider is already installed, which is what we want anyway.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}

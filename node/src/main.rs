@@ -58,7 +58,7 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
-    mesh_node::install_crypto_provider();
+    mesh_identity::install_crypto_provider();
     let args = Args::parse();
     init_tracing(args.log_format);
 

@@ -22,13 +22,13 @@ use mesh_domain::{
     sync::{MutexExt, RwLockExt},
     time::unix_ms,
 };
+use mesh_identity::{DialError, Dialer};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     discovery::{Claim, DiscoveryEvent, PeerSource},
     rpc::{Hello, PeerClient, RpcError},
-    tls::{DialError, Dialer},
 };
 
 /// Beat interval asked of peers.

@@ -15,6 +15,7 @@ use std::{
 };
 
 use mesh_domain::{HealthStatus, NodeId};
+use mesh_identity::{Dialer, MeshTls, TlsError, TlsFiles, bootstrap, ca};
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -29,7 +30,6 @@ use crate::{
     rpc::tasks::TasksService,
     rpc::{Hello, NodeService},
     tasks::TaskManager,
-    tls::{self, MeshTls, TlsError, TlsFiles},
 };
 
 /// How long in-flight RPCs get to finish once the node stops accepting.
@@ -40,8 +40,6 @@ pub const TASK_GRACE: Duration = Duration::from_secs(10);
 pub const ADDR_FILE: &str = "node.addr";
 /// The file in the data directory holding the front door's bound address.
 pub const HTTP_ADDR_FILE: &str = "http.addr";
-/// Certificate a bootstrapped node issues for the local `mesh-cli`.
-pub const CLI_CERT_NAME: &str = "mesh-cli";
 
 /// Errors starting a node.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +158,7 @@ impl Node {
                 );
                 (
                     None,
-                    tls::insecure_identity(&config.data_dir)?,
+                    ca::insecure_identity(&config.data_dir)?,
                     String::new(),
                 )
             }
@@ -189,7 +187,7 @@ impl Node {
 
         let dialer = match &mesh_tls {
             Some(tls) => tls.dialer(),
-            None => tls::Dialer::Plain,
+            None => Dialer::Plain,
         };
         let hello = Hello {
             name: config.name.clone(),
@@ -540,21 +538,10 @@ fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), Start
 /// Zero-config TLS: a CA of this node's own under `<data_dir>/tls`, created on first start with
 /// a certificate for the node and one for the local `mesh-cli`.
 fn bootstrap_tls(data_dir: &Path, name: &str) -> Result<TlsFiles, StartError> {
-    let dir = data_dir.join("tls");
-    let files = TlsFiles {
-        ca: dir.join(tls::CA_CERT_FILE),
-        cert: dir.join(format!("{name}.pem")),
-        key: dir.join(format!("{name}.key")),
-    };
-    if !files.ca.exists() {
-        tls::ca_init(&dir)?;
+    let (files, created) = bootstrap::bootstrap(data_dir, name)?;
+    if created {
+        let dir = bootstrap::tls_dir(data_dir);
         tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add nodes, issue their certificates with `mesh-cli ca issue --dir {}`", dir.display());
-    }
-    if !files.cert.exists() {
-        tls::issue(&dir, name, &[])?;
-    }
-    if !dir.join(format!("{CLI_CERT_NAME}.pem")).exists() {
-        tls::issue(&dir, CLI_CERT_NAME, &[])?;
     }
     Ok(files)
 }

@@ -39,6 +39,16 @@ impl From<PeerState> for pb::PeerState {
     }
 }
 
+/// A tier from the wire where an unknown value must not fail (what a node advertises, what a
+/// task record says): `read`, the least.
+pub fn tier_or_read(tier: i32) -> Tier {
+    match pb::Tier::try_from(tier) {
+        Ok(pb::Tier::Shell) => Tier::Shell,
+        Ok(pb::Tier::Write) => Tier::Write,
+        _ => Tier::Read,
+    }
+}
+
 /// A peer state from the wire; anything unknown counts as `down`.
 pub fn peer_state(state: i32) -> PeerState {
     match pb::PeerState::try_from(state) {
@@ -280,11 +290,7 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
             },
             cert_fingerprint: info.cert_fingerprint,
             started_at_ms: info.started_at_ms,
-            remote_max_tier: match pb::Tier::try_from(info.remote_max_tier) {
-                Ok(pb::Tier::Shell) => Tier::Shell,
-                Ok(pb::Tier::Write) => Tier::Write,
-                _ => Tier::Read,
-            },
+            remote_max_tier: tier_or_read(info.remote_max_tier),
             memory_seq: info.memory_seq,
         })
     }

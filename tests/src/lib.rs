@@ -21,7 +21,7 @@ pub mod fake_openai;
 pub mod soak;
 
 use anyhow::{Context, anyhow, bail};
-use mesh_node::tls::{self, TlsFiles};
+use mesh_identity::{TlsFiles, ca};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -415,10 +415,10 @@ impl Harness {
             .prefix("agentmesh-test")
             .tempdir()?;
         let ca_dir = dir.path().join("ca");
-        tls::ca_init(&ca_dir)?;
-        let (cert, key) = tls::issue(&ca_dir, "test-client", &[])?;
+        ca::ca_init(&ca_dir)?;
+        let (cert, key) = ca::issue(&ca_dir, "test-client", &[])?;
         let client = TlsFiles {
-            ca: ca_dir.join(tls::CA_CERT_FILE),
+            ca: ca_dir.join(ca::CA_CERT_FILE),
             cert,
             key,
         };
@@ -444,10 +444,10 @@ impl Harness {
         let cert = self.ca_dir.join(format!("{name}.pem"));
         let key = self.ca_dir.join(format!("{name}.key"));
         if !cert.exists() {
-            tls::issue(&self.ca_dir, name, &[])?;
+            ca::issue(&self.ca_dir, name, &[])?;
         }
         Ok(TlsFiles {
-            ca: self.ca_dir.join(tls::CA_CERT_FILE),
+            ca: self.ca_dir.join(ca::CA_CERT_FILE),
             cert,
             key,
         })
@@ -459,7 +459,7 @@ impl Harness {
         node: &NodeProcess,
     ) -> anyhow::Result<tonic::transport::Channel> {
         let member = self.issue("member")?;
-        let dialer = mesh_node::tls::MeshTls::load(&member)?.dialer();
+        let dialer = mesh_identity::MeshTls::load(&member)?.dialer();
         Ok(dialer.connect(&node.addr).await?.channel)
     }
 

@@ -29,7 +29,7 @@ fn model_path() -> PathBuf {
     let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
         Some(path) => PathBuf::from(path),
         None => mesh_node::embedded::default_model_path(
-            &mesh_node::config::default_data_dir().expect("this platform has a data dir"),
+            &mesh_identity::bootstrap::default_data_dir().expect("this platform has a data dir"),
         ),
     };
     assert!(

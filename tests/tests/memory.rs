@@ -249,7 +249,7 @@ async fn a_record_stamped_far_in_the_future_or_in_another_nodes_name_is_refused(
     };
     let future = now_ntp + (60u64 << 32);
     // The member certificate's id: a node pushes only its own writes.
-    let member = mesh_node::tls::MeshTls::load(&h.issue("member").expect("member"))
+    let member = mesh_identity::MeshTls::load(&h.issue("member").expect("member"))
         .expect("load")
         .identity()
         .id

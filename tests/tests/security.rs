@@ -14,10 +14,8 @@ use std::{
     time::Duration,
 };
 
-use mesh_node::{
-    rpc::PeerClient,
-    tls::{self, Dialer, MeshTls, TlsFiles},
-};
+use mesh_identity::{Dialer, MeshTls, TlsFiles, ca};
+use mesh_node::rpc::PeerClient;
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, wait_for};
 use rustls::{
@@ -64,12 +62,12 @@ async fn list_peers(dialer: &Dialer, addr: &str) -> anyhow::Result<usize> {
 
 fn foreign_identity(harness: &Harness, name: &str) -> TlsFiles {
     let dir = harness.path().join("foreign-ca");
-    if !dir.join(tls::CA_CERT_FILE).exists() {
-        tls::ca_init(&dir).expect("foreign ca");
+    if !dir.join(ca::CA_CERT_FILE).exists() {
+        ca::ca_init(&dir).expect("foreign ca");
     }
-    let (cert, key) = tls::issue(&dir, name, &[]).expect("foreign cert");
+    let (cert, key) = ca::issue(&dir, name, &[]).expect("foreign cert");
     TlsFiles {
-        ca: dir.join(tls::CA_CERT_FILE),
+        ca: dir.join(ca::CA_CERT_FILE),
         cert,
         key,
     }
@@ -131,9 +129,9 @@ fn a_node_from_another_ca_never_joins_the_fleet() {
 /// A certificate signed by our own CA whose validity ended yesterday.
 fn expired_identity(harness: &Harness) -> TlsFiles {
     let ca_dir = harness.ca_dir();
-    let ca_pem = std::fs::read_to_string(ca_dir.join(tls::CA_CERT_FILE)).expect("ca pem");
+    let ca_pem = std::fs::read_to_string(ca_dir.join(ca::CA_CERT_FILE)).expect("ca pem");
     let ca_key = rcgen::KeyPair::from_pem(
-        &std::fs::read_to_string(ca_dir.join(tls::CA_KEY_FILE)).expect("ca key"),
+        &std::fs::read_to_string(ca_dir.join(ca::CA_KEY_FILE)).expect("ca key"),
     )
     .expect("ca key pem");
     let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).expect("issuer");
@@ -150,7 +148,7 @@ fn expired_identity(harness: &Harness) -> TlsFiles {
     let dir = harness.path().join("expired");
     std::fs::create_dir_all(&dir).expect("dir");
     let files = TlsFiles {
-        ca: ca_dir.join(tls::CA_CERT_FILE),
+        ca: ca_dir.join(ca::CA_CERT_FILE),
         cert: dir.join("stale.pem"),
         key: dir.join("stale.key"),
     };

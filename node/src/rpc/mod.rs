@@ -14,6 +14,7 @@ pub mod tasks;
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use mesh_domain::{NodeId, NodeInfo, PeerState, sync::MutexExt};
+use mesh_identity::{CertIdentity, DialError, Dialer};
 use mesh_proto::convert::{check_len, peer_state};
 use mesh_proto::v1 as pb;
 use tokio::sync::mpsc;
@@ -24,7 +25,6 @@ use tonic::{Request, Response, Status, transport::Channel};
 use crate::{
     capabilities::Capabilities,
     discovery::{Claim, DiscoveryEvent, PeerSource},
-    identity::CertIdentity,
     peers::PeerTable,
 };
 
@@ -284,13 +284,13 @@ pub fn caller_identity<T>(request: &Request<T>) -> Result<CertIdentity, Status> 
 /// a forwarded task or a push does not pay a TCP and TLS handshake.
 #[derive(Debug, Clone)]
 pub struct PeerChannels {
-    dialer: crate::tls::Dialer,
+    dialer: Dialer,
     channels: Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>,
 }
 
 impl PeerChannels {
     /// Dials with `dialer` on first use of an address.
-    pub fn new(dialer: crate::tls::Dialer) -> Self {
+    pub fn new(dialer: Dialer) -> Self {
         Self {
             dialer,
             channels: Arc::default(),
@@ -298,7 +298,7 @@ impl PeerChannels {
     }
 
     /// The channel to `addr`, dialing it the first time.
-    pub async fn get(&self, addr: &str) -> Result<Channel, crate::tls::DialError> {
+    pub async fn get(&self, addr: &str) -> Result<Channel, DialError> {
         let cached = self.channels.lock_unpoisoned().get(addr).cloned();
         if let Some(channel) = cached {
             return Ok(channel);

@@ -8,7 +8,7 @@
 
 use std::{process::ExitCode, time::Instant};
 
-use mesh_node::tls::MeshTls;
+use mesh_identity::MeshTls;
 use mesh_proto::v1 as pb;
 use mesh_tests::{
     Harness, NodeOptions,
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
 }
 
 fn bench(runs: usize) -> anyhow::Result<()> {
-    mesh_node::install_crypto_provider();
+    mesh_identity::install_crypto_provider();
     let fake = FakeOpenAi::start();
     let harness = Harness::new()?;
     let laptop = harness.spawn(NodeOptions::new("laptop"))?;

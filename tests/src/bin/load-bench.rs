@@ -12,7 +12,7 @@
 use std::{collections::BTreeMap, process::ExitCode, time::Instant};
 
 use anyhow::{Context, bail, ensure};
-use mesh_node::tls::MeshTls;
+use mesh_identity::MeshTls;
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess, fake_openai::FakeOpenAi};
 
@@ -66,7 +66,7 @@ async fn run_task(
 }
 
 fn bench(tasks: usize, waves: usize) -> anyhow::Result<()> {
-    mesh_node::install_crypto_provider();
+    mesh_identity::install_crypto_provider();
     let fake = FakeOpenAi::start();
     let harness = Harness::new()?;
     let model = format!(

@@ -39,10 +39,8 @@ use std::{
 
 use anyhow::{Context, bail, ensure};
 use mesh_domain::NodeId;
-use mesh_node::{
-    memory::{Memory, MemoryOptions},
-    tls::MeshTls,
-};
+use mesh_identity::MeshTls;
+use mesh_node::memory::{Memory, MemoryOptions};
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess};
 use time::{OffsetDateTime, format_description::well_known::Rfc3339};
@@ -156,7 +154,7 @@ impl Report {
 }
 
 fn bench(settings: Settings) -> anyhow::Result<()> {
-    mesh_node::install_crypto_provider();
+    mesh_identity::install_crypto_provider();
     let runtime = tokio::runtime::Runtime::new()?;
     let mut report = Report::default();
     let mut failed = 0;

@@ -1,8 +1,6 @@
-//! Who a node is: its id, derived from its certificate's public key, and the fingerprint of the
-//! certificate itself.
-//!
-//! The id is what the peer table is keyed by and what every other module uses to name a node.
-//! This module only derives identities; it does not load files or decide trust (that is `tls`).
+//! What a certificate says about who presents it: the node id (the hash of its public key), the
+//! fingerprint of the certificate itself, its name and its expiry. Nothing here decides trust;
+//! that is the CA's chain, checked in [`crate::tls`].
 
 use mesh_domain::NodeId;
 use sha2::{Digest, Sha256};
@@ -23,9 +21,9 @@ pub struct CertIdentity {
 
 impl CertIdentity {
     /// Derives the identity from a DER certificate.
-    pub fn from_der(der: &[u8]) -> Result<Self, IdentityError> {
-        let (_, cert) = X509Certificate::from_der(der)
-            .map_err(|e| IdentityError::BadCertificate(e.to_string()))?;
+    pub fn from_der(der: &[u8]) -> Result<Self, CertError> {
+        let (_, cert) =
+            X509Certificate::from_der(der).map_err(|e| CertError::BadCertificate(e.to_string()))?;
         let common_name = cert
             .subject()
             .iter_common_name()
@@ -41,9 +39,9 @@ impl CertIdentity {
     }
 }
 
-/// Errors deriving an identity.
+/// Errors reading a certificate.
 #[derive(Debug, thiserror::Error)]
-pub enum IdentityError {
+pub enum CertError {
     /// A certificate could not be parsed.
     #[error("cannot parse certificate: {0}")]
     BadCertificate(String),

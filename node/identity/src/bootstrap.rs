@@ -1,0 +1,58 @@
+//! The zero-config layout: where a node keeps its data by default, and the mesh CA a node
+//! creates in `<data dir>/tls` on first start, with its own certificate and one for the local
+//! `mesh-cli` (so `mesh-cli status` on the same machine just works).
+
+use std::path::{Path, PathBuf};
+
+use crate::{
+    TlsError,
+    ca::{CA_CERT_FILE, ca_init, issue},
+    tls::TlsFiles,
+};
+
+/// The certificate a bootstrapped node issues for the local `mesh-cli`.
+pub const CLI_CERT_NAME: &str = "mesh-cli";
+
+/// The platform's data dir + `agentmesh` (e.g. `~/.local/share/agentmesh`); `None` where the
+/// platform has none.
+pub fn default_data_dir() -> Option<PathBuf> {
+    dirs::data_dir().map(|dir| dir.join("agentmesh"))
+}
+
+/// The directory of a node's zero-config CA.
+pub fn tls_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("tls")
+}
+
+/// The files of `name` in a CA directory.
+pub fn files_of(dir: &Path, name: &str) -> TlsFiles {
+    TlsFiles {
+        ca: dir.join(CA_CERT_FILE),
+        cert: dir.join(format!("{name}.pem")),
+        key: dir.join(format!("{name}.key")),
+    }
+}
+
+/// The files of the local `mesh-cli` in a zero-config node's data dir.
+pub fn cli_files(data_dir: &Path) -> TlsFiles {
+    files_of(&tls_dir(data_dir), CLI_CERT_NAME)
+}
+
+/// The files of node `name` in its zero-config CA under `data_dir`, creating on first use the
+/// CA, the node's certificate and the local `mesh-cli`'s certificate. The flag says whether the
+/// CA was created just now (the node tells its operator how to add devices).
+pub fn bootstrap(data_dir: &Path, name: &str) -> Result<(TlsFiles, bool), TlsError> {
+    let dir = tls_dir(data_dir);
+    let files = files_of(&dir, name);
+    let created = !files.ca.exists();
+    if created {
+        ca_init(&dir)?;
+    }
+    if !files.cert.exists() {
+        issue(&dir, name, &[])?;
+    }
+    if !cli_files(data_dir).cert.exists() {
+        issue(&dir, CLI_CERT_NAME, &[])?;
+    }
+    Ok((files, created))
+}

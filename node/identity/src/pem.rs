@@ -1,0 +1,46 @@
+//! Reading and writing the PEM files of certificates and keys.
+
+use std::{fs, path::Path};
+
+use rustls::pki_types::{CertificateDer, pem::PemObject};
+
+use crate::TlsError;
+
+pub(crate) fn pem_certs(path: &Path, pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Pem {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem {
+            path: path.to_owned(),
+            reason: "no CERTIFICATE block found".into(),
+        });
+    }
+    Ok(certs)
+}
+
+pub(crate) fn read(path: &Path) -> Result<String, TlsError> {
+    fs::read_to_string(path).map_err(|e| TlsError::io("read", path, e))
+}
+
+pub(crate) fn write_new(path: &Path, contents: &[u8], private: bool) -> Result<(), TlsError> {
+    use std::io::Write;
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    if private {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    #[cfg(not(unix))]
+    let _ = private;
+    let mut file = options
+        .open(path)
+        .map_err(|e| TlsError::io("create", path, e))?;
+    file.write_all(contents)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| TlsError::io("write", path, e))
+}

@@ -1,0 +1,259 @@
+//! Mutual TLS with the mesh CA: loading and checking a node's (or client's) PEM files
+//! ([`MeshTls`]), the server side, and the verifier every client uses.
+//!
+//! Trust is membership: a peer is accepted when its certificate chains to the mesh CA, and its
+//! identity is its public key (see [`crate::cert`]), not the name or address it was dialed at.
+//! So the client verifier checks the chain and ignores a name mismatch: a node found by mDNS at
+//! 10.0.0.7 or a static peer named by IP is verified the same way, and discovery checks the
+//! presented identity against what was advertised.
+//!
+//! Every rustls config here names the `ring` provider explicitly, so library users (tests, the
+//! CLI) do not depend on a process-wide default being installed.
+
+use std::{path::PathBuf, sync::Arc};
+
+use rustls::{
+    ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    client::{
+        WebPkiServerVerifier,
+        danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+    },
+    crypto::{CryptoProvider, ring},
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
+};
+
+use crate::{
+    TlsError,
+    cert::CertIdentity,
+    dial::Dialer,
+    pem::{pem_certs, read},
+};
+
+/// The paths of the three PEM files a node or client needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The mesh CA certificate.
+    pub ca: PathBuf,
+    /// This node's (or client's) certificate, issued by the CA.
+    pub cert: PathBuf,
+    /// The private key of `cert`.
+    pub key: PathBuf,
+}
+
+/// Loaded and checked TLS material of one node or client.
+#[derive(Clone)]
+pub struct MeshTls {
+    /// The PEM texts, for the server side (`server_config`).
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    ca_pem: String,
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    cert_pem: String,
+    #[cfg_attr(not(feature = "server"), allow(dead_code))]
+    key_pem: String,
+    identity: CertIdentity,
+    client: Arc<ClientConfig>,
+}
+
+impl std::fmt::Debug for MeshTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MeshTls")
+            .field("identity", &self.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MeshTls {
+    /// Reads the three files and checks that the certificate was issued by the CA and matches
+    /// the key, so a misconfigured node fails at start with the file to fix, not at first dial.
+    pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
+        let ca_pem = read(&files.ca)?;
+        let cert_pem = read(&files.cert)?;
+        let key_pem = read(&files.key)?;
+
+        let ca_certs = pem_certs(&files.ca, &ca_pem)?;
+        let chain = pem_certs(&files.cert, &cert_pem)?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| TlsError::Pem {
+            path: files.key.clone(),
+            reason: e.to_string(),
+        })?;
+        let identity = CertIdentity::from_der(&chain[0]).map_err(|e| TlsError::Pem {
+            path: files.cert.clone(),
+            reason: e.to_string(),
+        })?;
+
+        let mut roots = RootCertStore::empty();
+        for ca in ca_certs {
+            roots.add(ca).map_err(|e| TlsError::Pem {
+                path: files.ca.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+        let verifier = MeshServerVerifier::new(Arc::new(roots))?;
+        verifier.check_chain(&chain).map_err(|e| match e {
+            rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Expired
+                | rustls::CertificateError::ExpiredContext { .. }
+                | rustls::CertificateError::NotValidYet
+                | rustls::CertificateError::NotValidYetContext { .. },
+            ) => TlsError::OutOfDate {
+                cert: files.cert.clone(),
+                reason: e.to_string(),
+            },
+            e => TlsError::NotFromCa {
+                cert: files.cert.clone(),
+                ca: files.ca.clone(),
+                reason: e.to_string(),
+            },
+        })?;
+
+        let mut client = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| TlsError::KeyMismatch {
+                path: files.key.clone(),
+                reason: e.to_string(),
+            })?;
+        client.alpn_protocols = vec![b"h2".to_vec()];
+
+        Ok(Self {
+            ca_pem,
+            cert_pem,
+            key_pem,
+            identity,
+            client: Arc::new(client),
+        })
+    }
+
+    /// Who this certificate says we are.
+    pub fn identity(&self) -> &CertIdentity {
+        &self.identity
+    }
+
+    /// The server side: our certificate, and client certificates required from the mesh CA.
+    #[cfg(feature = "server")]
+    pub fn server_config(&self) -> tonic::transport::ServerTlsConfig {
+        tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(
+                &self.cert_pem,
+                &self.key_pem,
+            ))
+            .client_ca_root(tonic::transport::Certificate::from_pem(&self.ca_pem))
+            .client_auth_optional(false)
+    }
+
+    /// A dialer that presents our certificate and accepts only servers from the mesh CA.
+    pub fn dialer(&self) -> Dialer {
+        Dialer::Tls(self.client.clone())
+    }
+}
+
+/// Checks a server's chain against the mesh CA, ignoring the name it was dialed by (see the
+/// module docs for why).
+#[derive(Debug)]
+struct MeshServerVerifier {
+    inner: Arc<WebPkiServerVerifier>,
+}
+
+impl MeshServerVerifier {
+    fn new(roots: Arc<RootCertStore>) -> Result<Self, TlsError> {
+        let inner = WebPkiServerVerifier::builder_with_provider(roots, provider())
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        Ok(Self { inner })
+    }
+
+    fn check_chain(&self, chain: &[CertificateDer<'static>]) -> Result<(), rustls::Error> {
+        let name = ServerName::try_from("agentmesh.invalid").expect("a valid DNS name literal");
+        self.verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
+            .map(|_| ())
+    }
+}
+
+impl ServerCertVerifier for MeshServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // webpki verifies the chain before the name, so a name error means the chain is good.
+        match self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(ring::default_provider())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ca::{CA_CERT_FILE, ca_init, issue};
+    #[test]
+    fn issued_certificates_load_and_carry_the_node_identity() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ca_init(dir.path()).expect("ca init");
+        let (cert, key) = issue(dir.path(), "alpha", &["10.0.0.7".into()]).expect("issue");
+        let tls = MeshTls::load(&TlsFiles {
+            ca: dir.path().join(CA_CERT_FILE),
+            cert,
+            key,
+        })
+        .expect("load");
+        assert_eq!(tls.identity().common_name.as_deref(), Some("alpha"));
+    }
+
+    #[test]
+    fn a_certificate_from_another_ca_is_rejected_at_load() {
+        let ours = tempfile::tempdir().expect("tempdir");
+        let theirs = tempfile::tempdir().expect("tempdir");
+        ca_init(ours.path()).expect("ca");
+        ca_init(theirs.path()).expect("ca");
+        let (cert, key) = issue(theirs.path(), "mallory", &[]).expect("issue");
+        let err = MeshTls::load(&TlsFiles {
+            ca: ours.path().join(CA_CERT_FILE),
+            cert,
+            key,
+        })
+        .expect_err("foreign certificate must not load");
+        assert!(matches!(err, TlsError::NotFromCa { .. }), "{err}");
+    }
+}

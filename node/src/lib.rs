@@ -10,7 +10,6 @@
 //! - [`peers`]: the peer table (up / suspect / down) and the watch sessions that keep it true.
 //! - [`capabilities`]: what this node is and has: roles, models, CPU, memory, GPUs, load, health.
 //! - [`llm`]: the model registry (role → model chain) and backends (`openai`, `embedded`).
-//! - [`embedded`]: GGUF models run in-process by llama.cpp (ChatML prompts, stop handling).
 //! - [`agent`]: the tools loop, personas, the supervisor (hooks) and the tool table.
 //! - [`tasks`]: admission, the bounded queue and workers, events, cancellation, history in sled.
 //! - [`memory`]: replicated key-value records (HLC, last-writer-wins, sync and push).
@@ -29,7 +28,6 @@ pub mod capabilities;
 pub mod config;
 pub mod cron;
 pub mod discovery;
-pub mod embedded;
 pub mod http;
 pub mod llm;
 pub mod memory;

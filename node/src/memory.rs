@@ -26,7 +26,7 @@ use mesh_domain::{
     sync::MutexExt,
     time::now_ms,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -186,6 +186,8 @@ pub struct Memory {
     sync_interval: Duration,
     /// New local writes, for the replicator to push.
     pushes: mpsc::UnboundedSender<Entry>,
+    /// This node's latest write sequence number, published for whoever reports it.
+    own_seq: watch::Sender<u64>,
     /// When each peer was last synced successfully (for lag reporting).
     synced_at: std::sync::Mutex<BTreeMap<NodeId, std::time::Instant>>,
     /// Writers whose records were last refused as stamped too far ahead: how far, and when.
@@ -250,6 +252,12 @@ impl Memory {
             .with_max_delta(options.max_skew)
             .build();
         let (pushes, rx) = mpsc::unbounded_channel();
+        let stored_seq = store
+            .get(META, SEQ_KEY)
+            .ok()
+            .flatten()
+            .and_then(|v| be_u64(&v))
+            .unwrap_or(0);
         let memory = Self {
             store,
             writer: std::sync::Mutex::default(),
@@ -260,6 +268,7 @@ impl Memory {
             tombstone_window: options.tombstone_window,
             sync_interval: options.sync_interval,
             pushes,
+            own_seq: watch::Sender::new(stored_seq),
             synced_at: std::sync::Mutex::default(),
             ahead: std::sync::Mutex::default(),
         };
@@ -366,6 +375,9 @@ impl Memory {
                 reindex(&mut writes, ns, key, &record);
             }
             self.store.commit(writes)?;
+            if replicated {
+                self.own_seq.send_replace(seq);
+            }
             record
         };
         // Acknowledged only once durable: sled itself syncs only every ~500 ms.
@@ -563,7 +575,12 @@ impl Memory {
 
     /// This node's own latest write sequence number.
     pub fn own_seq(&self) -> u64 {
-        self.meta_u64(SEQ_KEY).unwrap_or(0)
+        *self.own_seq.borrow()
+    }
+
+    /// Follows this node's own latest write sequence number as writes happen.
+    pub fn follow_own_seq(&self) -> watch::Receiver<u64> {
+        self.own_seq.subscribe()
     }
 
     /// What we have pulled from `peer` about `origin`.

@@ -272,7 +272,7 @@ impl Node {
             memory_writes,
             background.child_token(),
         ));
-        caps.attach_memory(memory.clone());
+        caps.follow_memory_seq(memory.follow_own_seq());
         let (models, skipped) = ModelRegistry::from_config(&config);
         for (name, reason) in skipped {
             caps.set_check(
@@ -281,14 +281,21 @@ impl Node {
             );
         }
         let models = Arc::new(models);
-        caps.attach_models(models.clone());
+        caps.follow_model_speeds(models.speeds());
         {
             // Probed at start and then with the other health checks, so a model server that
             // comes up later clears the node's `degraded` reason.
             let (models, caps, stop) = (models.clone(), caps.clone(), leaving.clone());
             background_tasks.spawn(async move {
                 loop {
-                    models.probe_all(&caps).await;
+                    for (name, result) in models.probe_all().await {
+                        caps.set_check(
+                            &format!("model {name}"),
+                            result
+                                .err()
+                                .map(|e| (HealthStatus::Degraded, format!("unreachable ({e})"))),
+                        );
+                    }
                     tokio::select! {
                         () = stop.cancelled() => return,
                         () = tokio::time::sleep(HEALTH_CHECK_INTERVAL) => {}

@@ -14,7 +14,8 @@ use std::{
 
 use mesh_domain::{ChatRequest, Message, Role, Sampling};
 use mesh_node::{
-    embedded::{EmbeddedModel, EmbeddedOptions, FETCH_HINT},
+    config::FETCH_HINT,
+    llm::embedded::{EmbeddedModel, EmbeddedOptions},
     llm::{ChatModel, ModelError},
 };
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
@@ -28,7 +29,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 fn model_path() -> PathBuf {
     let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
         Some(path) => PathBuf::from(path),
-        None => mesh_node::embedded::default_model_path(
+        None => mesh_node::config::default_model_path(
             &mesh_identity::bootstrap::default_data_dir().expect("this platform has a data dir"),
         ),
     };

@@ -13,8 +13,8 @@ use std::{path::PathBuf, process::ExitCode, time::Instant};
 use anyhow::{Context, bail};
 use mesh_domain::{ChatRequest, Message, Role};
 use mesh_node::{
-    embedded::{EmbeddedModel, EmbeddedOptions},
     llm::ChatModel,
+    llm::embedded::{EmbeddedModel, EmbeddedOptions},
 };
 
 fn main() -> ExitCode {
@@ -31,7 +31,7 @@ fn main() -> ExitCode {
 fn model_path() -> anyhow::Result<PathBuf> {
     let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
         Some(path) => PathBuf::from(path),
-        None => mesh_node::embedded::default_model_path(
+        None => mesh_node::config::default_model_path(
             &mesh_identity::bootstrap::default_data_dir().context("no default data dir")?,
         ),
     };
@@ -71,7 +71,7 @@ fn bench(tokens: usize, threads: usize, runs: usize) -> anyhow::Result<()> {
         println!(
             "at load: {:.1} tok/s (the node's measurement, {} tokens)",
             model.tokens_per_s().unwrap_or(0.0),
-            mesh_node::embedded::MEASURE_TOKENS
+            mesh_node::llm::embedded::MEASURE_TOKENS
         );
         let mut rates = Vec::with_capacity(runs);
         for run in 1..=runs {

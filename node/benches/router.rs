@@ -91,6 +91,7 @@ fn main() {
             },
             local: i == 0,
             rtt_ms: Some(1.0 + i as f64 / 10.0),
+            addr: info.addrs.first().map_or("", String::as_str),
         })
         .collect();
     let target = Target::Role("coder".into());

@@ -329,3 +329,26 @@ pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
         })
         .collect()
 }
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::{path::Path, sync::Arc};
+
+    use mesh_domain::NodeId;
+
+    use super::Capabilities;
+    use crate::config::RawConfig;
+
+    /// The capabilities of a node configured with nothing (name `me`).
+    pub(crate) fn test_capabilities() -> Arc<Capabilities> {
+        let config = RawConfig::parse("[node]\nname = \"me\"\n", Path::new("test.toml"))
+            .and_then(|raw| raw.validate(None, &Default::default()))
+            .expect("an empty config is valid");
+        Arc::new(Capabilities::new(
+            &config,
+            NodeId::from_spki_der(b"me"),
+            String::new(),
+            Vec::new(),
+        ))
+    }
+}

@@ -1,14 +1,14 @@
 //! Cron across the mesh: schedules that submit a task at set times, fired by one live node.
 //!
-//! Schedules live in the replicated memory namespace [`SCHEDULES`] (key = name), so every node
-//! knows every schedule. Each schedule has one owner at a time: the live node (this one, or a
-//! peer not `down`) that scores highest for the schedule id by rendezvous hashing ([`owner`]),
+//! Schedules live in the replicated memory namespace [`CRON_SCHEDULES`] (key = name), so every
+//! node knows every schedule. Each schedule has one owner at a time: the live node (this one, or
+//! a peer not `down`) that scores highest for the schedule id by rendezvous hashing ([`owner`]),
 //! so when the owner goes away the next node takes over as soon as failure detection says so.
 //!
 //! A firing is one scheduled time of one schedule; its id is `schedule id @ scheduled ms`. The
-//! owner writes the firing record (namespace [`FIRINGS`]) before it submits the task, and the
-//! task id is derived from the firing id, so a node that is handed the same firing twice runs
-//! it once. After downtime the latest missed time still runs if it is within the schedule's
+//! owner writes the firing record (namespace [`CRON_FIRINGS`]) before it submits the task, and
+//! the task id is derived from the firing id, so a node that is handed the same firing twice
+//! runs it once. After downtime the latest missed time still runs if it is within the schedule's
 //! catch-up window; older ones are recorded `missed` ([`due`]).
 
 use std::{
@@ -21,7 +21,11 @@ use std::{
 
 use chrono::TimeZone;
 use chrono_tz::Tz;
-use mesh_domain::{EventKind, NodeId, PeerState, TaskEvent, TaskSpec, keys, sync::MutexExt};
+use mesh_domain::{
+    EventKind, NodeId, PeerState, TaskEvent, TaskSpec,
+    keys::{self, CRON_FIRINGS, CRON_SCHEDULES},
+    sync::MutexExt,
+};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -32,10 +36,6 @@ use crate::{
     peers::PeerTable,
 };
 
-/// Memory namespace of the schedules (key: name).
-pub const SCHEDULES: &str = "cron";
-/// Memory namespace of the firings (key: `schedule id/scheduled ms`).
-pub const FIRINGS: &str = "cron_firings";
 /// Catch-up window when a schedule does not set one.
 pub const DEFAULT_CATCH_UP_S: u32 = 3600;
 /// Firings kept per schedule; older ones are deleted as new ones come.
@@ -366,7 +366,7 @@ fn now_ms() -> i64 {
 }
 
 /// Starts tasks for firings: routes and submits a task whose `lineage.task_id` is set,
-/// returning its events (implemented by `rpc::tasks::TasksService`).
+/// returning its events (a port: the task manager implements it).
 pub trait Runner: Send + Sync + fmt::Debug {
     /// Submits `spec` where the router places it.
     fn start(&self, spec: TaskSpec) -> Result<mpsc::Receiver<TaskEvent>, String>;
@@ -422,7 +422,7 @@ impl Scheduler {
     pub fn schedules(&self) -> Result<Vec<Schedule>, CronError> {
         Ok(self
             .memory
-            .list(SCHEDULES, "", usize::MAX)?
+            .list(CRON_SCHEDULES, "", usize::MAX)?
             .into_iter()
             .filter_map(|entry| match serde_json::from_slice(&entry.record.value) {
                 Ok(schedule) => Some(schedule),
@@ -437,7 +437,7 @@ impl Scheduler {
     /// The schedule named `name`.
     pub fn get(&self, name: &str) -> Result<Schedule, CronError> {
         check_name(name)?;
-        match self.memory.get(SCHEDULES, name)? {
+        match self.memory.get(CRON_SCHEDULES, name)? {
             Some(record) if !record.tombstone => serde_json::from_slice(&record.value)
                 .map_err(|e| CronError::Invalid(format!("stored schedule `{name}`: {e}"))),
             _ => Err(CronError::NotFound(name.to_owned())),
@@ -455,7 +455,7 @@ impl Scheduler {
         let value = serde_json::to_vec(&schedule)
             .map_err(|e| CronError::Invalid(format!("schedule: {e}")))?;
         self.memory
-            .put(SCHEDULES, &schedule.name, Some(value))
+            .put(CRON_SCHEDULES, &schedule.name, Some(value))
             .await?;
         Ok(schedule)
     }
@@ -463,7 +463,7 @@ impl Scheduler {
     /// Deletes a schedule.
     pub async fn remove(&self, name: &str) -> Result<(), CronError> {
         self.get(name)?;
-        self.memory.put(SCHEDULES, name, None).await?;
+        self.memory.put(CRON_SCHEDULES, name, None).await?;
         Ok(())
     }
 
@@ -494,7 +494,7 @@ impl Scheduler {
     pub fn history(&self, schedule_id: &str) -> Result<Vec<Firing>, CronError> {
         Ok(self
             .memory
-            .list(FIRINGS, &format!("{schedule_id}/"), usize::MAX)?
+            .list(CRON_FIRINGS, &format!("{schedule_id}/"), usize::MAX)?
             .into_iter()
             .filter_map(|entry| serde_json::from_slice(&entry.record.value).ok())
             .collect())
@@ -506,7 +506,7 @@ impl Scheduler {
             serde_json::to_vec(&firing).map_err(|e| CronError::Invalid(format!("firing: {e}")))?;
         self.memory
             .put(
-                FIRINGS,
+                CRON_FIRINGS,
                 &firing_key(&firing.schedule_id, firing.scheduled_at_ms),
                 Some(value),
             )
@@ -518,10 +518,10 @@ impl Scheduler {
     async fn trim(&self, schedule_id: &str) -> Result<(), CronError> {
         let entries = self
             .memory
-            .list(FIRINGS, &format!("{schedule_id}/"), usize::MAX)?;
+            .list(CRON_FIRINGS, &format!("{schedule_id}/"), usize::MAX)?;
         let excess = entries.len().saturating_sub(HISTORY_KEPT);
         for entry in entries.into_iter().take(excess) {
-            self.memory.put(FIRINGS, &entry.key, None).await?;
+            self.memory.put(CRON_FIRINGS, &entry.key, None).await?;
         }
         Ok(())
     }
@@ -630,7 +630,7 @@ impl Scheduler {
     async fn record_missed(&self, schedule: &Schedule, at: i64) -> Result<(), CronError> {
         if self
             .memory
-            .get(FIRINGS, &firing_key(&schedule.id, at))?
+            .get(CRON_FIRINGS, &firing_key(&schedule.id, at))?
             .is_some()
         {
             return Ok(());
@@ -666,7 +666,9 @@ impl Scheduler {
         at: i64,
         manual: bool,
     ) -> Result<Firing, CronError> {
-        if let Some(record) = self.memory.get(FIRINGS, &firing_key(&schedule.id, at))?
+        if let Some(record) = self
+            .memory
+            .get(CRON_FIRINGS, &firing_key(&schedule.id, at))?
             && !record.tombstone
             && let Ok(existing) = serde_json::from_slice::<Firing>(&record.value)
         {

@@ -8,7 +8,7 @@
 //! `GET /healthz` and `GET /metrics` (Prometheus text) complete it. Errors use OpenAI's error
 //! JSON; with `http.api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`.
 
-use std::{convert::Infallible, sync::Arc, time::Instant};
+use std::{convert::Infallible, sync::Arc};
 
 use axum::{
     Json, Router,
@@ -20,8 +20,8 @@ use axum::{
     routing::{get, post},
 };
 use mesh_domain::{
-    ChatRequest, ChatResponse, HealthStatus, Message, PeerState, Requirements, Role, Sampling,
-    Target, Tier, ToolCall, ToolSpec, Usage,
+    ChatRequest, ChatResponse, HealthStatus, Message, PeerState, Role, Sampling, Target, ToolCall,
+    ToolSpec, Usage,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -29,12 +29,13 @@ use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
 use crate::{
+    admission::AdmissionError,
     capabilities::Capabilities,
-    llm::{ChatModel, ModelError, ModelRegistry},
+    chat::{ChatError, ChatService},
+    llm::ModelError,
+    memory::Memory,
     metrics::{labels, metrics},
     peers::PeerTable,
-    router::{self, Choice},
-    rpc::PeerChannels,
 };
 
 /// Largest request body.
@@ -43,18 +44,16 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 /// What the front door needs from the node.
 #[derive(Debug)]
 pub struct FrontDoor {
-    /// This node's models and role chains.
-    pub models: Arc<ModelRegistry>,
+    /// Places and runs chats: here, or on peers.
+    pub chat: Arc<ChatService>,
     /// This node's advertised info.
     pub caps: Arc<Capabilities>,
     /// Peers and what they serve.
     pub peers: Arc<PeerTable>,
-    /// Channels to peers.
-    pub channels: PeerChannels,
     /// Accepted bearer keys (empty: open).
     pub api_keys: Vec<String>,
     /// For `/metrics`: replication lag per peer.
-    pub memory: Arc<crate::memory::Memory>,
+    pub memory: Arc<Memory>,
 }
 
 /// A front-door failure, as OpenAI's error JSON.
@@ -78,6 +77,35 @@ impl ApiError {
 
     fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    fn from_admission(error: AdmissionError) -> Self {
+        let message = error.to_string();
+        match error {
+            AdmissionError::UnknownModel(_) => Self {
+                code: Some("model_not_found"),
+                ..Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+            },
+            AdmissionError::Nowhere(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "api_error", message)
+            }
+            AdmissionError::TierCap { .. } => {
+                Self::new(StatusCode::FORBIDDEN, "permission_error", message)
+            }
+            AdmissionError::HopLimit { .. } => Self::bad_request(message),
+        }
+    }
+
+    fn from_chat(error: ChatError) -> Self {
+        match error {
+            ChatError::Model(error) => Self::from_model(&error),
+            ChatError::NotLoaded => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "api_error",
+                error.to_string(),
+            ),
+            ChatError::Peers(failed) => Self::new(StatusCode::BAD_GATEWAY, "api_error", failed),
+        }
     }
 
     fn from_model(error: &ModelError) -> Self {
@@ -433,174 +461,6 @@ fn target_of(model: &str) -> Target {
     }
 }
 
-/// Runs a chat on this node's model, or its role's chain with fall-through, streaming deltas.
-/// `None` when this node serves neither.
-pub async fn chat_here(
-    models: &ModelRegistry,
-    target: &Target,
-    request: &ChatRequest,
-    deltas: &mpsc::UnboundedSender<String>,
-) -> Option<Result<ChatResponse, ModelError>> {
-    let chain: Vec<Arc<dyn ChatModel>> = match target {
-        Target::Role(role) => models.chain(role)?,
-        Target::Model(name) => vec![models.model(name)?],
-        Target::Persona(_) => return None,
-    };
-    let mut last = None;
-    for (i, model) in chain.iter().enumerate() {
-        let started = Instant::now();
-        let result = model.chat(request, deltas).await;
-        metrics().model_call(model.name(), started.elapsed().as_secs_f64());
-        match result {
-            Ok(response) => {
-                return Some(Ok(ChatResponse {
-                    model: model.name().to_owned(),
-                    ..response
-                }));
-            }
-            Err(error) if error.falls_through() && i + 1 < chain.len() => {
-                tracing::warn!(model = model.name(), %error, "front door: model failed, trying the next in the chain");
-                last = Some(error);
-            }
-            Err(error) => return Some(Err(error)),
-        }
-    }
-    last.map(Err)
-}
-
-/// Where a chat goes.
-enum Place {
-    Here,
-    /// These peers, best first: the next is tried when one fails before answering anything.
-    Peers(Vec<PeerAt>),
-}
-
-/// A peer a chat may go to.
-struct PeerAt {
-    name: String,
-    addr: String,
-}
-
-/// Most peers one chat is tried on (the best and two more), as for tasks.
-const MAX_CHAT_TRIES: usize = 3;
-
-impl FrontDoor {
-    fn place(&self, target: &Target) -> Result<Place, ApiError> {
-        let own = self.caps.snapshot();
-        let peers = self.peers.snapshot();
-        let ranked = router::rank_fleet(&own, &peers, target, Tier::Read, &Requirements::default());
-        match router::choose(&ranked, false) {
-            Choice::Local => {
-                metrics().routed("chat", "local");
-                Ok(Place::Here)
-            }
-            Choice::Remote(ids) => {
-                metrics().routed("chat", "remote");
-                let chosen: Vec<PeerAt> = ids
-                    .iter()
-                    .filter_map(|id| peers.iter().find(|p| &p.info.id == id))
-                    .take(MAX_CHAT_TRIES)
-                    .map(|p| PeerAt {
-                        name: p.info.name.clone(),
-                        addr: p.addr.clone(),
-                    })
-                    .collect();
-                if chosen.is_empty() {
-                    return Err(ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "api_error",
-                        "the chosen node vanished; retry",
-                    ));
-                }
-                Ok(Place::Peers(chosen))
-            }
-            Choice::Nowhere(why) => {
-                metrics().routed("chat", "nowhere");
-                let known = std::iter::once(&own)
-                    .chain(peers.iter().map(|p| &p.info))
-                    .any(|info| match target {
-                        Target::Model(m) => info.models.iter().any(|x| x.name == *m),
-                        Target::Role(r) => info.role_chains.get(r).is_some_and(|ch| !ch.is_empty()),
-                        Target::Persona(_) => false,
-                    });
-                if known {
-                    Err(ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "api_error",
-                        why,
-                    ))
-                } else {
-                    let name = match target {
-                        Target::Model(m) => m.clone(),
-                        Target::Role(r) => format!("role:{r}"),
-                        Target::Persona(p) => p.clone(),
-                    };
-                    Err(ApiError {
-                        code: Some("model_not_found"),
-                        ..ApiError::new(
-                            StatusCode::NOT_FOUND,
-                            "invalid_request_error",
-                            format!(
-                                "the model `{name}` does not exist on any node of the mesh; GET /v1/models lists them"
-                            ),
-                        )
-                    })
-                }
-            }
-        }
-    }
-
-    /// Runs `request` at `place`, streaming deltas; the complete answer at the end.
-    async fn run(
-        self: Arc<Self>,
-        place: Place,
-        target: Target,
-        request: ChatRequest,
-        deltas: mpsc::UnboundedSender<String>,
-    ) -> Result<ChatResponse, ApiError> {
-        match place {
-            Place::Here => match chat_here(&self.models, &target, &request, &deltas).await {
-                Some(Ok(response)) => Ok(response),
-                Some(Err(error)) => Err(ApiError::from_model(&error)),
-                None => Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "api_error",
-                    "this node advertised the model but does not have it loaded",
-                )),
-            },
-            Place::Peers(peers) => {
-                let mut failed = Vec::new();
-                for peer in peers {
-                    let result = crate::rpc::models::chat_remote(
-                        &self.channels,
-                        &peer.addr,
-                        &target,
-                        &request,
-                        &deltas,
-                    )
-                    .await;
-                    let error = match result {
-                        Ok(response) => return Ok(response),
-                        Err(error) => error,
-                    };
-                    failed.push(format!("node {}: {}", peer.name, error.message));
-                    // Once text went out, or when the request itself was refused, another node
-                    // would not do better.
-                    if error.streamed || error.invalid_request {
-                        break;
-                    }
-                    tracing::warn!(node = %peer.name, error = %error.message, "front door: a chat failed before answering; trying the next node");
-                }
-                Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "api_error",
-                    failed.join("; "),
-                ))
-            }
-        }
-    }
-}
-
 fn completion_id() -> String {
     format!("chatcmpl-{}", uuid::Uuid::now_v7().simple())
 }
@@ -649,12 +509,16 @@ async fn chat_completions(
     let (model, chat) = to_chat_request(request)?;
     let target = target_of(&model);
     // Placed before anything is sent, so a bad model answers with a status code.
-    let place = door.place(&target)?;
+    let placement = door.chat.place(&target).map_err(ApiError::from_admission)?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let id = completion_id();
     let created = unix_s();
     if !stream {
-        let response = door.run(place, target, chat, tx).await?;
+        let response = door
+            .chat
+            .run(placement, &target, &chat, &tx)
+            .await
+            .map_err(ApiError::from_chat)?;
         // OpenAI's shape: `content` null only beside tool calls; `tool_calls` only when there are.
         let mut message = json!({"role": "assistant", "content": response.content});
         if !response.tool_calls.is_empty() {
@@ -690,7 +554,12 @@ async fn chat_completions(
             }
         };
         send(chunk(json!({"role": "assistant", "content": ""}), None)).await;
-        let run = door.run(place, target, chat, tx);
+        let run = async {
+            door.chat
+                .run(placement, &target, &chat, &tx)
+                .await
+                .map_err(ApiError::from_chat)
+        };
         tokio::pin!(run);
         let result = loop {
             tokio::select! {

@@ -23,8 +23,10 @@
 //! discovery → `DiscoveryEvent` → peers::Membership → dials (tls) → `WatchInfo` stream (rpc)
 //! → `PeerTable` → `ListPeers` (rpc) → `mesh-cli status`.
 
+pub mod admission;
 pub mod agent;
 pub mod capabilities;
+pub mod chat;
 pub mod config;
 pub mod cron;
 pub mod discovery;

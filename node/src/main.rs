@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, ValueEnum};
 use mesh_node::{
     config::{Config, Overrides},
-    server::{self, Node},
+    server::{self, Node, StartError},
 };
 
 /// mimalloc instead of glibc's malloc: the front door allocates per request on many threads, where
@@ -89,7 +89,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            // A configuration the node could only check at start is still bad usage.
+            match e.downcast_ref::<StartError>() {
+                Some(StartError::Config(_)) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

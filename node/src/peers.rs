@@ -18,18 +18,15 @@ use std::{
 };
 
 use mesh_domain::{
-    NodeId, NodeInfo, PeerState,
+    BoxFuture, NodeId, NodeInfo, PeerState,
     sync::{MutexExt, RwLockExt},
     time::unix_ms,
 };
-use mesh_identity::{DialError, Dialer};
+use mesh_identity::{CertIdentity, DialError};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    discovery::{Claim, DiscoveryEvent, PeerSource},
-    rpc::{Hello, PeerClient, RpcError},
-};
+use crate::discovery::{Claim, DiscoveryEvent, PeerSource};
 
 /// Beat interval asked of peers.
 pub const BEAT_INTERVAL: Duration = Duration::from_secs(1);
@@ -44,6 +41,83 @@ pub const EXCHANGE_INTERVAL: Duration = Duration::from_secs(5);
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 /// How often states are re-evaluated against the clock.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A node introducing itself when it watches another (peer exchange and dial-back).
+#[derive(Debug, Clone)]
+pub struct Hello {
+    /// Node name.
+    pub name: String,
+    /// Node id.
+    pub id: NodeId,
+    /// Port it listens on.
+    pub port: u16,
+}
+
+/// One peer as another node reports it (`ListPeers`).
+#[derive(Debug, Clone)]
+pub struct PeerView {
+    /// Its latest info.
+    pub info: NodeInfo,
+    /// Address the reporting node reaches it at.
+    pub addr: String,
+    /// State in the reporting node's table.
+    pub state: PeerState,
+    /// Unix ms of its last beat.
+    pub last_seen_ms: u64,
+}
+
+/// A node's view of the fleet (`ListPeers`).
+#[derive(Debug, Clone)]
+pub struct FleetView {
+    /// The node that answered.
+    pub own: NodeInfo,
+    /// Its peers.
+    pub peers: Vec<PeerView>,
+}
+
+/// Why a call on a link to a peer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The peer answered with an error.
+    #[error("{0}")]
+    Failed(String),
+    /// The peer is shutting down.
+    #[error("peer is shutting down")]
+    Leaving,
+    /// The peer sent something that fails validation.
+    #[error("invalid message from peer: {0}")]
+    Invalid(String),
+}
+
+/// How membership reaches peers (a port: `rpc` implements it with the `Node` service over the
+/// node's mTLS dialer).
+pub trait PeerLink: Send + Sync + std::fmt::Debug {
+    /// Dials `addr` and completes the handshake, so a wrong CA or a dead peer fails here.
+    fn connect<'a>(
+        &'a self,
+        addr: &'a str,
+    ) -> BoxFuture<'a, Result<Box<dyn PeerConnection>, DialError>>;
+}
+
+/// An open connection to a peer.
+pub trait PeerConnection: Send {
+    /// The identity in the certificate the peer presented; `None` in insecure mode.
+    fn presented(&self) -> Option<&CertIdentity>;
+    /// Opens the peer's stream of `NodeInfo` beats (`WatchInfo`), introducing ourselves.
+    fn watch<'a>(
+        &'a mut self,
+        hello: &'a Hello,
+        interval: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn BeatStream>, LinkError>>;
+    /// The peer's view of the fleet (`ListPeers`).
+    fn list_peers(&mut self) -> BoxFuture<'_, Result<FleetView, LinkError>>;
+}
+
+/// A peer's stream of beats.
+pub trait BeatStream: Send {
+    /// The next beat, validated; `Ok(None)` when the peer closed the stream (it is leaving).
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<NodeInfo>, LinkError>>;
+}
 
 /// One row of the peer table.
 #[derive(Debug, Clone)]
@@ -178,7 +252,7 @@ impl PeerTable {
 struct Shared {
     own_id: NodeId,
     hello: Hello,
-    dialer: Dialer,
+    link: Arc<dyn PeerLink>,
     table: Arc<PeerTable>,
     /// Where sessions send peers learned by exchange.
     events: mpsc::Sender<DiscoveryEvent>,
@@ -207,7 +281,7 @@ impl Membership {
     pub fn new(
         own_id: NodeId,
         hello: Hello,
-        dialer: Dialer,
+        link: Arc<dyn PeerLink>,
         table: Arc<PeerTable>,
         events: mpsc::Sender<DiscoveryEvent>,
     ) -> Self {
@@ -215,7 +289,7 @@ impl Membership {
             shared: Arc::new(Shared {
                 own_id,
                 hello,
-                dialer,
+                link,
                 table,
                 events,
                 sessions: Mutex::default(),
@@ -381,7 +455,7 @@ async fn watch_once(
     for addr in addrs {
         let attempt = tokio::select! {
             () = cancel.cancelled() => return End::Cancelled,
-            attempt = shared.dialer.connect(addr) => attempt,
+            attempt = shared.link.connect(addr) => attempt,
         };
         match attempt {
             Ok(conn) => {
@@ -395,11 +469,11 @@ async fn watch_once(
             }
         }
     }
-    let Some((addr, conn)) = connected else {
+    let Some((addr, mut conn)) = connected else {
         return End::Retry { refused };
     };
 
-    if let (Some(presented), Some(claim)) = (&conn.peer, claim) {
+    if let (Some(presented), Some(claim)) = (conn.presented(), claim) {
         if presented.id != claim.id {
             tracing::warn!(%addr, advertised = %claim.id.short(), presented = %presented.id.short(), source = source.as_str(), "ignoring peer: its certificate does not match the advertised id");
             return End::Rejected;
@@ -412,8 +486,7 @@ async fn watch_once(
         }
     }
 
-    let mut client = PeerClient::new(conn.channel);
-    let mut stream = match client.watch(&shared.hello, BEAT_INTERVAL).await {
+    let mut stream = match conn.watch(&shared.hello, BEAT_INTERVAL).await {
         Ok(stream) => stream,
         Err(e) => {
             tracing::debug!(%addr, error = %e, "open WatchInfo");
@@ -433,7 +506,7 @@ async fn watch_once(
         }
         Err(_) => return End::Retry { refused: false },
     };
-    if let Some(presented) = &conn.peer
+    if let Some(presented) = conn.presented()
         && presented.id != info.id
     {
         tracing::warn!(%addr, claimed = %info.id.short(), presented = %presented.id.short(), "ignoring peer: NodeInfo id does not match its certificate");
@@ -458,15 +531,24 @@ async fn watch_once(
     *known = Some(id.clone());
     shared.table.beat(info, &addr, source);
 
-    let end = stream_beats(shared, &mut client, &mut stream, &addr, &id, source, cancel).await;
+    let end = stream_beats(
+        shared,
+        conn.as_mut(),
+        stream.as_mut(),
+        &addr,
+        &id,
+        source,
+        cancel,
+    )
+    .await;
     shared.lock().ids.remove(&id);
     end
 }
 
 async fn stream_beats(
     shared: &Shared,
-    client: &mut PeerClient,
-    stream: &mut crate::rpc::InfoStream,
+    conn: &mut dyn PeerConnection,
+    stream: &mut dyn BeatStream,
     addr: &str,
     id: &NodeId,
     source: PeerSource,
@@ -477,7 +559,7 @@ async fn stream_beats(
         tokio::select! {
             () = cancel.cancelled() => return End::Cancelled,
             _ = exchange.tick() => {
-                if let Err(e) = exchange_peers(shared, client).await {
+                if let Err(e) = exchange_peers(shared, conn).await {
                     tracing::debug!(%addr, error = %e, "peer exchange");
                 }
             }
@@ -494,7 +576,7 @@ async fn stream_beats(
                 }
                 Ok(Err(e)) => {
                     let why = e.to_string();
-                    let state = if matches!(e, RpcError::Leaving) { PeerState::Down } else { PeerState::Suspect };
+                    let state = if matches!(e, LinkError::Leaving) { PeerState::Down } else { PeerState::Suspect };
                     shared.table.mark(id, state, &why);
                     return End::Retry { refused: false };
                 }
@@ -508,10 +590,10 @@ async fn stream_beats(
 }
 
 /// Feeds the peers our peer knows (and considers up) back into discovery.
-async fn exchange_peers(shared: &Shared, client: &mut PeerClient) -> Result<(), RpcError> {
+async fn exchange_peers(shared: &Shared, conn: &mut dyn PeerConnection) -> Result<(), LinkError> {
     // The exchange call doubles as the round-trip measurement the router ranks by.
     let started = Instant::now();
-    let fleet = client.list_peers().await?;
+    let fleet = conn.list_peers().await?;
     shared.table.set_rtt(&fleet.own.id, started.elapsed());
     for peer in fleet.peers {
         if peer.state != PeerState::Up || peer.info.id == shared.own_id {

@@ -27,6 +27,8 @@ pub struct Candidate<'a> {
     pub local: bool,
     /// Round-trip time, when measured.
     pub rtt_ms: Option<f64>,
+    /// `host:port` it is reached at (empty for this node).
+    pub addr: &'a str,
 }
 
 /// The router's verdict on one node.
@@ -38,6 +40,8 @@ pub struct Ranked {
     pub id: NodeId,
     /// Whether it is this node.
     pub local: bool,
+    /// `host:port` it is reached at (empty for this node).
+    pub addr: String,
     /// `Ok(score)` when eligible (higher is better), `Err(reason)` when excluded.
     pub verdict: Result<f64, String>,
 }
@@ -58,6 +62,7 @@ pub fn rank(
                 node: c.info.name.clone(),
                 id: c.info.id.clone(),
                 local: c.local,
+                addr: c.addr.to_owned(),
                 verdict: match verdict {
                     Some(reason) => Err(reason),
                     None => Ok(key.score()),
@@ -89,12 +94,14 @@ pub fn rank_fleet(
         state: PeerState::Up,
         local: true,
         rtt_ms: None,
+        addr: "",
     }];
     candidates.extend(peers.iter().map(|p| Candidate {
         info: &p.info,
         state: p.state,
         local: false,
         rtt_ms: p.rtt_ms,
+        addr: &p.addr,
     }));
     rank(target, tier, require, &candidates)
 }
@@ -292,6 +299,7 @@ mod tests {
             state: PeerState::Up,
             local,
             rtt_ms: None,
+            addr: if local { "" } else { &info.name },
         }
     }
 
@@ -515,6 +523,44 @@ mod tests {
     }
 
     #[test]
+    fn the_choice_prefers_the_best_and_keeps_forwarded_tasks_where_they_landed() {
+        let here = node("here", &["coder"], &[], (1, 0));
+        let idle = node("idle", &["coder"], &[], (0, 0));
+        let other = node("other", &["coder"], &[], (0, 1));
+        let candidates = vec![up(&here, true), up(&idle, false), up(&other, false)];
+        let coder = Target::Role("coder".into());
+        let ranked = rank(&coder, Tier::Read, &Requirements::default(), &candidates);
+        let peers = |names: &[&str]| {
+            Placement::Remote(
+                names
+                    .iter()
+                    .map(|n| Destination {
+                        name: (*n).into(),
+                        addr: (*n).into(),
+                    })
+                    .collect(),
+            )
+        };
+        // A busier local node sends the task to the idle peers, best first, never to itself.
+        assert_eq!(choose(&ranked, false), Ok(peers(&["idle", "other"])));
+        // A task forwarded here stays here while this node can run it.
+        assert_eq!(choose(&ranked, true), Ok(Placement::Local));
+        // Nobody eligible: every node is named with its reason.
+        let ranked = rank(
+            &Target::Role("painter".into()),
+            Tier::Read,
+            &Requirements::default(),
+            &candidates,
+        );
+        let why = choose(&ranked, false).expect_err("nobody paints");
+        assert!(
+            why.contains("here (this node): serves no model for role `painter`"),
+            "{why}"
+        );
+        assert!(why.contains("idle: serves no model"), "{why}");
+    }
+
+    #[test]
     fn the_speed_is_that_of_the_model_that_would_serve_the_target() {
         let mut info = node("n", &["coder"], &[], (0, 0));
         info.models[0].tokens_per_s = 80.0;
@@ -542,20 +588,28 @@ mod tests {
     }
 }
 
-/// Where a task should go, decided from a ranking.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Choice {
-    /// Run it here.
+/// Where a task or a chat runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Here.
     Local,
-    /// Send it to these nodes, best first (failover goes down the list).
-    Remote(Vec<NodeId>),
-    /// Nobody can: every node and why, as one message.
-    Nowhere(String),
+    /// On these nodes, best first: the first, then (after a failure) the next.
+    Remote(Vec<Destination>),
 }
 
-/// Picks from a ranking. A task another node forwarded here runs here whenever this node is
-/// eligible, so delegation does not bounce around the fleet.
-pub fn choose(ranked: &[Ranked], forwarded: bool) -> Choice {
+/// A node a task or chat is sent to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Destination {
+    /// Its name.
+    pub name: String,
+    /// `host:port` it is reached at.
+    pub addr: String,
+}
+
+/// Picks from a ranking; `Err` says why no node can run it (every node with its reason). A task
+/// another node forwarded here runs here whenever this node is eligible, so delegation does not
+/// bounce around the fleet.
+pub fn choose(ranked: &[Ranked], forwarded: bool) -> Result<Placement, String> {
     let eligible: Vec<&Ranked> = ranked.iter().filter(|r| r.verdict.is_ok()).collect();
     if eligible.is_empty() {
         let reasons: Vec<String> = ranked
@@ -574,16 +628,19 @@ pub fn choose(ranked: &[Ranked], forwarded: bool) -> Choice {
                 )
             })
             .collect();
-        return Choice::Nowhere(format!("no node can run this task: {}", reasons.join("; ")));
+        return Err(format!("no node can run this task: {}", reasons.join("; ")));
     }
     if eligible[0].local || (forwarded && eligible.iter().any(|r| r.local)) {
-        return Choice::Local;
+        return Ok(Placement::Local);
     }
-    Choice::Remote(
+    Ok(Placement::Remote(
         eligible
             .iter()
             .filter(|r| !r.local)
-            .map(|r| r.id.clone())
+            .map(|r| Destination {
+                name: r.node.clone(),
+                addr: r.addr.clone(),
+            })
             .collect(),
-    )
+    ))
 }

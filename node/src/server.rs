@@ -21,15 +21,26 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
 use crate::{
+    admission::Admission,
     agent::{AgentRuntime, hooks::Hooks, tools::ToolRegistry},
     capabilities::Capabilities,
-    config::{Config, LAST_FALLBACK_PORT, Listen, TlsMode},
+    chat::ChatService,
+    config::{Config, ConfigError, DEFAULT_HTTP_PORT, LAST_FALLBACK_PORT, Listen, TlsMode},
+    cron::Scheduler,
     discovery::{Advert, Discovery, Mdns, StaticPeers},
+    http::{self, FrontDoor},
     llm::ModelRegistry,
-    peers::{Membership, PeerTable},
-    rpc::tasks::TasksService,
-    rpc::{Hello, NodeService},
-    tasks::TaskManager,
+    memory::{self, Memory, MemoryOptions},
+    peers::{Hello, Membership, PeerTable},
+    rpc::{
+        NodeLink, NodeService, PeerChannels,
+        cron::CronService,
+        memory::{MemoryService, RemoteMemory},
+        models::{ModelsService, RemoteModels},
+        tasks::{RemoteTasks, TasksService},
+    },
+    storage::{self, SledStore, Store},
+    tasks::{TaskManager, TaskParts},
 };
 
 /// How long in-flight RPCs get to finish once the node stops accepting.
@@ -71,6 +82,10 @@ pub enum StartError {
     /// Two hooks claim the same stage and order.
     #[error("hooks: {0}")]
     Hooks(String),
+    /// The configuration asks for something this node does not have (found once the parts it
+    /// names exist, such as the tool table).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     /// The sled database could not be opened.
     #[error("cannot open the database in {}: {source}; is another mesh-node using this data dir?", path.display())]
     Storage {
@@ -123,7 +138,7 @@ pub struct Node {
     caps: Arc<Capabilities>,
     peers: Arc<PeerTable>,
     health: tonic_health::server::HealthReporter,
-    store: Arc<crate::storage::SledStore>,
+    store: Arc<SledStore>,
     tasks: TaskManager,
     /// Stops the task workers once running tasks are finished or cancelled.
     task_stop: CancellationToken,
@@ -189,6 +204,97 @@ impl Node {
             Some(tls) => tls.dialer(),
             None => Dialer::Plain,
         };
+        let db_path = config.data_dir.join("db");
+        let db = sled::open(&db_path).map_err(|source| StartError::Storage {
+            path: db_path.clone(),
+            source,
+        })?;
+        let store =
+            Arc::new(SledStore::new(db).with_floor(config.data_dir.clone(), config.min_free_disk));
+        let channels = PeerChannels::new(dialer.clone());
+        let (memory, memory_writes) = Memory::open(
+            store.clone(),
+            id.clone(),
+            MemoryOptions {
+                local_namespaces: config.local_namespaces.clone(),
+                max_skew: config.max_clock_skew,
+                tombstone_window: config.tombstone_window,
+                sync_interval: config.sync_interval,
+            },
+        );
+        background_tasks.spawn(memory::replicate(
+            memory.clone(),
+            peers.clone(),
+            Arc::new(RemoteMemory::new(channels.clone(), id.clone())),
+            memory_writes,
+            background.child_token(),
+        ));
+        caps.follow_memory_seq(memory.follow_own_seq());
+        let (models, skipped) = ModelRegistry::from_config(&config);
+        for (name, reason) in skipped {
+            caps.set_check(
+                &format!("model {name}"),
+                Some((HealthStatus::Degraded, reason)),
+            );
+        }
+        let models = Arc::new(models);
+        caps.follow_model_speeds(models.speeds());
+        {
+            // Probed at start and then with the other health checks, so a model server that
+            // comes up later clears the node's `degraded` reason.
+            let (models, caps, stop) = (models.clone(), caps.clone(), leaving.clone());
+            background_tasks.spawn(async move {
+                loop {
+                    for (name, result) in models.probe_all().await {
+                        caps.set_check(
+                            &format!("model {name}"),
+                            result
+                                .err()
+                                .map(|e| (HealthStatus::Degraded, format!("unreachable ({e})"))),
+                        );
+                    }
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(HEALTH_CHECK_INTERVAL) => {}
+                    }
+                }
+            });
+        }
+        // One door for every task and chat, whichever way it comes.
+        let admission = Arc::new(Admission::new(caps.clone(), peers.clone()));
+        let tools = Arc::new(ToolRegistry::new(
+            caps.clone(),
+            peers.clone(),
+            config.tool_roots.clone(),
+            memory.clone(),
+        ));
+        check_persona_tools(&config, &tools)?;
+        let runtime = Arc::new(AgentRuntime::new(
+            memory.clone(),
+            models.clone(),
+            tools.clone(),
+            Hooks::supervisor().map_err(|e| StartError::Hooks(e.to_string()))?,
+            config.personas.clone(),
+            config.tasks,
+        ));
+        let task_stop = CancellationToken::new();
+        let mut task_workers = JoinSet::new();
+        let tasks = TaskManager::start(
+            TaskParts {
+                store: store.clone(),
+                runtime,
+                limits: config.tasks,
+                caps: caps.clone(),
+                admission: admission.clone(),
+                forwarder: Arc::new(RemoteTasks::new(channels.clone())),
+            },
+            &mut task_workers,
+            task_stop.clone(),
+        );
+        // The `delegate` tool's sub-tasks go through the same door as any task.
+        tools.connect_subtasks(Arc::new(tasks.clone()));
+
+        // Found by the fleet only once everything it may be asked for is in place.
         let hello = Hello {
             name: config.name.clone(),
             id: id.clone(),
@@ -197,7 +303,7 @@ impl Node {
         let membership = Membership::new(
             id.clone(),
             hello,
-            dialer.clone(),
+            Arc::new(NodeLink::new(dialer.clone())),
             peers.clone(),
             events_tx.clone(),
         );
@@ -242,94 +348,6 @@ impl Node {
             background_tasks.spawn(source.run(events_tx.clone(), background.child_token()));
         }
 
-        let db_path = config.data_dir.join("db");
-        let db = sled::open(&db_path).map_err(|source| StartError::Storage {
-            path: db_path.clone(),
-            source,
-        })?;
-        let store = Arc::new(
-            crate::storage::SledStore::new(db)
-                .with_floor(config.data_dir.clone(), config.min_free_disk),
-        );
-        let channels = crate::rpc::PeerChannels::new(dialer.clone());
-        let (memory, memory_writes) = crate::memory::Memory::open(
-            store.clone(),
-            id.clone(),
-            crate::memory::MemoryOptions {
-                local_namespaces: config.local_namespaces.clone(),
-                max_skew: config.max_clock_skew,
-                tombstone_window: config.tombstone_window,
-                sync_interval: config.sync_interval,
-            },
-        );
-        background_tasks.spawn(crate::memory::replicate(
-            memory.clone(),
-            peers.clone(),
-            Arc::new(crate::rpc::memory::RemoteMemory::new(
-                channels.clone(),
-                id.clone(),
-            )),
-            memory_writes,
-            background.child_token(),
-        ));
-        caps.follow_memory_seq(memory.follow_own_seq());
-        let (models, skipped) = ModelRegistry::from_config(&config);
-        for (name, reason) in skipped {
-            caps.set_check(
-                &format!("model {name}"),
-                Some((HealthStatus::Degraded, reason)),
-            );
-        }
-        let models = Arc::new(models);
-        caps.follow_model_speeds(models.speeds());
-        {
-            // Probed at start and then with the other health checks, so a model server that
-            // comes up later clears the node's `degraded` reason.
-            let (models, caps, stop) = (models.clone(), caps.clone(), leaving.clone());
-            background_tasks.spawn(async move {
-                loop {
-                    for (name, result) in models.probe_all().await {
-                        caps.set_check(
-                            &format!("model {name}"),
-                            result
-                                .err()
-                                .map(|e| (HealthStatus::Degraded, format!("unreachable ({e})"))),
-                        );
-                    }
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        () = tokio::time::sleep(HEALTH_CHECK_INTERVAL) => {}
-                    }
-                }
-            });
-        }
-        let mesh = crate::agent::tools::MeshSlot::default();
-        let tools = Arc::new(ToolRegistry::new(
-            caps.clone(),
-            peers.clone(),
-            config.tool_roots.clone(),
-            mesh.clone(),
-            memory.clone(),
-        ));
-        let runtime = Arc::new(AgentRuntime::new(
-            memory.clone(),
-            models.clone(),
-            tools,
-            Hooks::supervisor().map_err(|e| StartError::Hooks(e.to_string()))?,
-            config.personas.clone(),
-            config.tasks,
-        ));
-        let task_stop = CancellationToken::new();
-        let mut task_workers = JoinSet::new();
-        let tasks = TaskManager::start(
-            store.clone(),
-            runtime,
-            config.tasks,
-            caps.clone(),
-            &mut task_workers,
-            task_stop.clone(),
-        );
-
         let (health, health_service) = tonic_health::server::health_reporter();
         report_health(&health, &caps).await;
         background_tasks.spawn(health_loop(
@@ -357,20 +375,17 @@ impl Node {
 
         let tasks_service = TasksService::new(
             tasks.clone(),
-            caps.clone(),
+            admission.clone(),
             peers.clone(),
-            channels.clone(),
             mesh_tls.is_some(),
         );
-        // The `delegate` tool routes sub-tasks through the same service as any caller.
-        let _ = mesh.set(Arc::new(tasks_service.clone()));
-        // Schedules fire through the same routing too; firing stops as the node starts leaving.
-        let scheduler = crate::cron::Scheduler::new(
+        // Schedules fire through the same door too; firing stops as the node starts leaving.
+        let scheduler = Scheduler::new(
             memory.clone(),
             peers.clone(),
             id.clone(),
             config.name.clone(),
-            Arc::new(tasks_service.clone()),
+            Arc::new(tasks.clone()),
         );
         background_tasks.spawn(scheduler.clone().run(leaving.child_token()));
 
@@ -382,15 +397,19 @@ impl Node {
             builder = builder.tls_config(tls.server_config())?;
         }
         // The OpenAI-compatible front door; a node without one still serves the mesh.
-        let door = Arc::new(crate::http::FrontDoor {
-            models: models.clone(),
+        let chat = Arc::new(ChatService::new(
+            models.clone(),
+            admission,
+            Arc::new(RemoteModels::new(channels.clone())),
+        ));
+        let door = Arc::new(FrontDoor {
+            chat: chat.clone(),
             caps: caps.clone(),
             peers: peers.clone(),
-            channels: channels.clone(),
             api_keys: config.http.api_keys.clone(),
             memory: memory.clone(),
         });
-        match bind_up_to(config.http.listen, crate::config::DEFAULT_HTTP_PORT + 10).await {
+        match bind_up_to(config.http.listen, DEFAULT_HTTP_PORT + 10).await {
             Ok(listener) => {
                 let http_addr = listener.local_addr().ok();
                 if let Some(http_addr) = http_addr {
@@ -404,7 +423,7 @@ impl Node {
                     tracing::info!(%http_addr, "front door (OpenAI-compatible) listening");
                 }
                 // Stops taking requests as the node starts leaving.
-                background_tasks.spawn(crate::http::serve(listener, door, leaving.clone()));
+                background_tasks.spawn(http::serve(listener, door, leaving.clone()));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no front door: cannot bind http.listen");
@@ -423,11 +442,9 @@ impl Node {
             .add_service(reflection)
             .add_service(service.into_server())
             .add_service(tasks_service.into_server())
-            .add_service(crate::rpc::models::ModelsService::new(models.clone()).into_server())
-            .add_service(crate::rpc::cron::CronService::new(scheduler).into_server())
-            .add_service(
-                crate::rpc::memory::MemoryService::new(memory, mesh_tls.is_some()).into_server(),
-            );
+            .add_service(ModelsService::new(chat).into_server())
+            .add_service(CronService::new(scheduler).into_server())
+            .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server());
         let stop = serve.clone();
         // `serve_with_incoming` ignores the builder's TCP options, so set them on the incoming
         // side; without TCP_NODELAY a streamed event can wait out a delayed ACK (~40 ms).
@@ -525,14 +542,34 @@ impl Node {
                 self.server_task.abort();
             }
         }
-        let store: Arc<dyn crate::storage::Store> = self.store.clone();
-        if let Err(e) = crate::storage::flush(&store).await {
+        let store: Arc<dyn Store> = self.store.clone();
+        if let Err(e) = storage::flush(&store).await {
             tracing::error!(error = %e, "flush the database");
         }
         let _ = std::fs::remove_file(self.data_dir.join(ADDR_FILE));
         let _ = std::fs::remove_file(self.data_dir.join(HTTP_ADDR_FILE));
         tracing::info!("stopped");
     }
+}
+
+/// Every tool a persona lists must be in the node's tool table.
+fn check_persona_tools(config: &Config, tools: &ToolRegistry) -> Result<(), ConfigError> {
+    for (i, persona) in config.personas.iter().enumerate() {
+        for (t, tool) in persona.tools.iter().flatten().enumerate() {
+            if tools.get(tool).is_none() {
+                return Err(ConfigError::Invalid {
+                    origin: config.source.as_ref().map_or_else(
+                        || "configuration".to_owned(),
+                        |path| path.display().to_string(),
+                    ),
+                    key: format!("personas[{i}].tools[{t}]"),
+                    problem: format!("names tool `{tool}`, which does not exist"),
+                    fix: format!("use some of: {}", tools.names().join(", ")),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), StartError> {
@@ -589,8 +626,8 @@ fn run_health_checks(caps: &Capabilities, data_dir: &Path, not_after: Option<i64
 async fn health_loop(
     caps: Arc<Capabilities>,
     health: tonic_health::server::HealthReporter,
-    store: Arc<crate::storage::SledStore>,
-    memory: Arc<crate::memory::Memory>,
+    store: Arc<SledStore>,
+    memory: Arc<Memory>,
     data_dir: PathBuf,
     not_after: Option<i64>,
     leaving: CancellationToken,
@@ -616,7 +653,7 @@ async fn health_loop(
     }
 }
 
-fn check_disk(caps: &Capabilities, store: &crate::storage::SledStore) {
+fn check_disk(caps: &Capabilities, store: &SledStore) {
     caps.set_check(
         "disk",
         match store.disk_problem() {

@@ -9,6 +9,16 @@ pub const MAX_KEY: usize = 512;
 /// Largest value.
 pub const MAX_VALUE: usize = 1024 * 1024;
 
+/// Namespace of the cron schedules (key: schedule name).
+pub const CRON_SCHEDULES: &str = "cron";
+/// Namespace of the cron firings (key: `schedule id/scheduled ms`).
+pub const CRON_FIRINGS: &str = "cron_firings";
+/// Namespace of the conversation sessions (key: session name).
+pub const SESSIONS: &str = "sessions";
+/// Namespaces the node writes for itself, through its own services only: the cron schedules
+/// and firings, and the conversation sessions. Agents and clients may not write them.
+pub const SYSTEM_NAMESPACES: &[&str] = &[CRON_SCHEDULES, CRON_FIRINGS, SESSIONS];
+
 /// A namespace or key that is not valid; the message says what a valid one looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]

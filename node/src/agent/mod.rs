@@ -16,21 +16,28 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use mesh_domain::{
     Answer, ChatRequest, ChatResponse, EventKind, Message, Role, Target, TaskError, TaskSpec, Tier,
-    ToolCall, ToolSpec, Usage, text::truncate,
+    ToolCall, ToolSpec, Usage, keys::SESSIONS, text::truncate,
 };
 use serde_json::Value;
-use tokio::sync::mpsc;
 
-use crate::{
-    config::{PersonaConfig, TaskLimits},
-    llm::{ChatModel, ModelRegistry},
-    tasks::Emitter,
+use self::{
+    hooks::{CallFacts, HookInput, Hooks, LoopState, Outcome, Stage, Verdict},
+    tools::{ToolContext, ToolRegistry},
 };
-use hooks::{CallFacts, HookInput, Hooks, LoopState, Outcome, Stage, Verdict};
-use tools::ToolRegistry;
+use crate::{
+    chat::{ChainObserver, fall_through},
+    config::{PersonaConfig, TaskLimits},
+    llm::{ChatModel, ModelError, ModelRegistry},
+    memory::Memory,
+};
 
-/// The replicated memory namespace holding conversation sessions.
-pub const SESSIONS: &str = "sessions";
+/// Where a running task's events go (a port: the task manager records and broadcasts them).
+pub trait EventSink: Send + Sync {
+    /// The task's id.
+    fn task_id(&self) -> &str;
+    /// Records `kind` as the task's next event.
+    fn emit(&self, kind: EventKind);
+}
 
 /// Share of the context window the conversation may fill before old tool results are shortened.
 const CONTEXT_FILL: f64 = 0.75;
@@ -52,7 +59,7 @@ struct Plan {
 #[derive(Debug)]
 pub struct AgentRuntime {
     /// Conversation sessions live in the replicated `sessions` namespace.
-    memory: Arc<crate::memory::Memory>,
+    memory: Arc<Memory>,
     models: Arc<ModelRegistry>,
     tools: Arc<ToolRegistry>,
     hooks: Hooks,
@@ -63,7 +70,7 @@ pub struct AgentRuntime {
 impl AgentRuntime {
     /// Builds the runtime.
     pub fn new(
-        memory: Arc<crate::memory::Memory>,
+        memory: Arc<Memory>,
         models: Arc<ModelRegistry>,
         tools: Arc<ToolRegistry>,
         hooks: Hooks,
@@ -78,6 +85,11 @@ impl AgentRuntime {
             personas: personas.into_iter().map(|p| (p.name.clone(), p)).collect(),
             limits,
         }
+    }
+
+    /// The tool table tasks here may use.
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.tools
     }
 
     /// Whether `spec` can run here (its role, model or persona exists).
@@ -127,7 +139,7 @@ impl AgentRuntime {
     }
 
     /// Runs the tools loop to an answer or a typed error.
-    pub async fn run(&self, spec: &TaskSpec, events: &Emitter) -> Result<Answer, TaskError> {
+    pub async fn run(&self, spec: &TaskSpec, events: &dyn EventSink) -> Result<Answer, TaskError> {
         let plan = self.plan(spec)?;
         let max_rounds = spec.max_rounds.unwrap_or(self.limits.max_rounds);
         let budget = spec.token_budget.unwrap_or(self.limits.token_budget);
@@ -155,7 +167,7 @@ impl AgentRuntime {
             ..LoopState::default()
         };
         let mut usage = Usage::default();
-        let ctx = tools::ToolContext {
+        let ctx = ToolContext {
             task_id: events.task_id().to_owned(),
             spec: spec.clone(),
         };
@@ -258,10 +270,10 @@ impl AgentRuntime {
     /// Runs one tool call through the supervisor; returns what the model sees.
     async fn tool_call(
         &self,
-        ctx: &tools::ToolContext,
+        ctx: &ToolContext,
         call: &ToolCall,
         state: &mut LoopState,
-        events: &Emitter,
+        events: &dyn EventSink,
         interventions: &mut Vec<String>,
     ) -> Result<String, TaskError> {
         events.emit(EventKind::ToolCalled {
@@ -282,11 +294,7 @@ impl AgentRuntime {
             name: &call.name,
             raw_arguments: &call.arguments,
             arguments: parsed.as_ref(),
-            tool_tier: tool.as_ref().map(|t| {
-                parsed
-                    .as_ref()
-                    .map_or(t.tier(), |args| t.effective_tier(args))
-            }),
+            tool_tier: self.tools.call_tier(&call.name, parsed.as_ref()),
         };
         let before = self.hooks.run(
             Stage::BeforeTool,
@@ -349,58 +357,57 @@ impl AgentRuntime {
     }
 }
 
+/// Turns a chain's progress into task events.
+struct ChainEvents<'a> {
+    events: &'a dyn EventSink,
+    round: u32,
+}
+
+impl ChainObserver for ChainEvents<'_> {
+    fn attempt(&mut self, model: &str, attempt: u32) {
+        self.events.emit(EventKind::ModelCall {
+            model: model.to_owned(),
+            round: self.round,
+            attempt,
+        });
+    }
+
+    fn delta(&mut self, text: String) {
+        self.events.emit(EventKind::OutputDelta { text });
+    }
+
+    fn failed(&mut self, model: &str, error: &ModelError, falling_through: bool) {
+        self.events.emit(EventKind::ModelFailed {
+            model: model.to_owned(),
+            error: error.to_string(),
+            falling_through,
+        });
+    }
+}
+
 /// Calls the chain in order until one model answers; transient failures fall through.
 async fn call_chain(
     chain: &[Arc<dyn ChatModel>],
     request: &ChatRequest,
     round: u32,
-    events: &Emitter,
+    events: &dyn EventSink,
 ) -> Result<ChatResponse, TaskError> {
-    let mut attempts = Vec::new();
-    for (i, model) in chain.iter().enumerate() {
-        events.emit(EventKind::ModelCall {
-            model: model.name().to_owned(),
-            round,
-            attempt: i as u32 + 1,
-        });
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let started = std::time::Instant::now();
-        let call = model.chat(request, &tx);
-        tokio::pin!(call);
-        let result = loop {
-            tokio::select! {
-                result = &mut call => break result,
-                Some(text) = rx.recv() => events.emit(EventKind::OutputDelta { text }),
-            }
-        };
-        crate::metrics::metrics().model_call(model.name(), started.elapsed().as_secs_f64());
-        while let Ok(text) = rx.try_recv() {
-            events.emit(EventKind::OutputDelta { text });
-        }
-        match result {
-            Ok(response) => return Ok(response),
-            Err(error) => {
-                let last = i + 1 == chain.len();
-                let falling_through = error.falls_through() && !last;
-                events.emit(EventKind::ModelFailed {
-                    model: model.name().to_owned(),
-                    error: error.to_string(),
-                    falling_through,
-                });
-                attempts.push(format!("{}: {error}", model.name()));
-                if !falling_through {
-                    return Err(TaskError::Model {
-                        name: model.name().to_owned(),
-                        attempts,
-                        message: error.to_string(),
-                    });
-                }
-            }
-        }
-    }
-    Err(TaskError::Routing {
-        message: "the model chain is empty".into(),
-    })
+    fall_through(chain, request, &mut ChainEvents { events, round })
+        .await
+        .map_err(|failure| match failure.last() {
+            Some((name, error)) => TaskError::Model {
+                name: name.clone(),
+                attempts: failure
+                    .attempts
+                    .iter()
+                    .map(|(model, error)| format!("{model}: {error}"))
+                    .collect(),
+                message: error.to_string(),
+            },
+            None => TaskError::Routing {
+                message: "the model chain is empty".into(),
+            },
+        })
 }
 
 /// Rough token count: four characters a token, plus a little per message.
@@ -458,7 +465,175 @@ fn compact(messages: &mut [Message], tools: &[ToolSpec], window: usize) -> usize
 
 #[cfg(test)]
 mod tests {
+    use std::{collections::VecDeque, sync::Mutex};
+
+    use mesh_domain::{BoxFuture, NodeId, sync::MutexExt};
+    use tokio::sync::mpsc;
+
     use super::*;
+    use crate::{
+        capabilities::test_support::test_capabilities, memory::MemoryOptions, storage::SledStore,
+    };
+
+    /// A model that answers from a script, one response per call.
+    #[derive(Debug)]
+    struct Scripted(Mutex<VecDeque<ChatResponse>>);
+
+    impl ChatModel for Scripted {
+        fn name(&self) -> &str {
+            "scripted"
+        }
+
+        fn context_window(&self) -> usize {
+            8192
+        }
+
+        fn chat<'a>(
+            &'a self,
+            _request: &'a ChatRequest,
+            deltas: &'a mpsc::UnboundedSender<String>,
+        ) -> BoxFuture<'a, Result<ChatResponse, ModelError>> {
+            Box::pin(async move {
+                let response = self
+                    .0
+                    .lock_unpoisoned()
+                    .pop_front()
+                    .ok_or_else(|| ModelError::Protocol("the script ran out".into()))?;
+                if !response.content.is_empty() {
+                    let _ = deltas.send(response.content.clone());
+                }
+                Ok(response)
+            })
+        }
+
+        fn probe(&self) -> BoxFuture<'_, Result<(), ModelError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Collects a task's events.
+    #[derive(Debug, Default)]
+    struct VecSink(Mutex<Vec<EventKind>>);
+
+    impl EventSink for VecSink {
+        fn task_id(&self) -> &str {
+            "task"
+        }
+
+        fn emit(&self, kind: EventKind) {
+            self.0.lock_unpoisoned().push(kind);
+        }
+    }
+
+    fn tool_call(name: &str, arguments: &str) -> ChatResponse {
+        ChatResponse {
+            tool_calls: vec![ToolCall {
+                id: format!("call-{name}"),
+                name: name.into(),
+                arguments: arguments.into(),
+            }],
+            ..ChatResponse::default()
+        }
+    }
+
+    fn answer(text: &str) -> ChatResponse {
+        ChatResponse {
+            content: text.into(),
+            ..ChatResponse::default()
+        }
+    }
+
+    /// A runtime whose role `chat` is served by `script`; the temp dir holds its memory.
+    fn runtime(script: Vec<ChatResponse>) -> (tempfile::TempDir, AgentRuntime) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::new(sled::open(dir.path().join("db")).expect("db"));
+        let (memory, _writes) = Memory::open(
+            Arc::new(store),
+            NodeId::from_spki_der(b"me"),
+            MemoryOptions::default(),
+        );
+        let models = ModelRegistry::new(
+            vec![Arc::new(Scripted(Mutex::new(script.into())))],
+            [("chat".to_owned(), vec!["scripted".to_owned()])].into(),
+        );
+        let tools = ToolRegistry::new(
+            test_capabilities(),
+            Arc::default(),
+            vec![dir.path().join("ws")],
+            memory.clone(),
+        );
+        let runtime = AgentRuntime::new(
+            memory,
+            Arc::new(models),
+            Arc::new(tools),
+            Hooks::supervisor().expect("hooks"),
+            Vec::new(),
+            TaskLimits::default(),
+        );
+        (dir, runtime)
+    }
+
+    #[tokio::test]
+    async fn a_tool_call_runs_and_its_result_goes_back_to_the_model() {
+        let (_dir, runtime) = runtime(vec![tool_call("list_nodes", "{}"), answer("one node")]);
+        let events = VecSink::default();
+        let spec = TaskSpec::new("how many nodes?", Target::Role("chat".into()));
+        let done = runtime.run(&spec, &events).await.expect("completes");
+        assert_eq!((done.output.as_str(), done.rounds), ("one node", 2));
+        let events = events.0.into_inner().expect("events");
+        let kinds: Vec<&str> = events
+            .iter()
+            .map(|e| match e {
+                EventKind::ModelCall { .. } => "model",
+                EventKind::ToolCalled { .. } => "called",
+                EventKind::ToolResult { ok: true, .. } => "ok",
+                EventKind::OutputDelta { .. } => "delta",
+                _ => "other",
+            })
+            .collect();
+        assert_eq!(kinds, ["model", "called", "ok", "model", "delta"]);
+        let EventKind::ToolResult { output, .. } = &events[2] else {
+            panic!("not a tool result: {:?}", events[2]);
+        };
+        assert!(output.contains("\"name\":\"me\""), "{output}");
+    }
+
+    #[tokio::test]
+    async fn a_call_above_the_tasks_tier_is_refused_and_the_model_is_told() {
+        let (_dir, runtime) = runtime(vec![
+            tool_call("shell_exec", r#"{"command": "true"}"#),
+            answer("could not"),
+        ]);
+        let events = VecSink::default();
+        let spec = TaskSpec::new("run it", Target::Role("chat".into()));
+        runtime.run(&spec, &events).await.expect("completes");
+        let events = events.0.into_inner().expect("events");
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                EventKind::ToolResult { name, ok: false, .. } if name == "shell_exec"
+            )),
+            "{events:?}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, EventKind::Intervention { rule, .. } if rule == "tier")),
+            "{events:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_same_call_over_and_over_is_stopped_as_a_loop() {
+        let (_dir, runtime) = runtime(vec![tool_call("list_nodes", "{}"); 5]);
+        let events = VecSink::default();
+        let spec = TaskSpec::new("loop", Target::Role("chat".into()));
+        let error = runtime.run(&spec, &events).await.expect_err("stopped");
+        assert!(
+            matches!(&error, TaskError::Gate { rule, .. } if rule == "repeat"),
+            "{error:?}"
+        );
+    }
 
     #[test]
     fn compaction_shortens_the_oldest_tool_results_first_and_only_as_needed() {

@@ -6,10 +6,7 @@ use mesh_domain::TaskSpec;
 use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::{
-    cron::{self, CronError, Firing, Overlap, Schedule, Scheduler, Timetable},
-    memory::MemoryError,
-};
+use crate::cron::{self, CronError, Firing, Overlap, Schedule, Scheduler, Timetable};
 
 /// Most firings one `History` answer carries.
 const MAX_HISTORY: usize = 1000;
@@ -54,18 +51,16 @@ impl CronService {
     }
 }
 
-/// Every cron error has one status code.
-fn status(error: CronError) -> Status {
-    match &error {
-        CronError::Invalid(_) => Status::invalid_argument(error.to_string()),
-        CronError::NotFound(_) => Status::not_found(error.to_string()),
-        CronError::Exists(_) => Status::already_exists(error.to_string()),
-        CronError::Memory(MemoryError::Invalid(_)) => Status::invalid_argument(error.to_string()),
-        CronError::Memory(MemoryError::Corrupt(_)) => Status::data_loss(error.to_string()),
-        CronError::Memory(MemoryError::Storage(crate::storage::StoreError::DiskFull(_))) => {
-            Status::resource_exhausted(error.to_string())
+/// Every cron error has one status code; the memory's errors keep theirs.
+impl From<CronError> for Status {
+    fn from(error: CronError) -> Self {
+        let message = error.to_string();
+        match error {
+            CronError::Invalid(_) => Status::invalid_argument(message),
+            CronError::NotFound(_) => Status::not_found(message),
+            CronError::Exists(_) => Status::already_exists(message),
+            CronError::Memory(memory) => memory.into(),
         }
-        CronError::Memory(_) => Status::unavailable(error.to_string()),
     }
 }
 
@@ -92,9 +87,9 @@ impl pb::cron_server::Cron for CronService {
         request: Request<pb::CronAddRequest>,
     ) -> Result<Response<pb::CronSchedule>, Status> {
         let r = request.into_inner();
-        cron::check_name(&r.name).map_err(status)?;
-        Timetable::parse(&r.schedule, &r.timezone).map_err(status)?;
-        let overlap: Overlap = r.overlap.parse().map_err(status)?;
+        cron::check_name(&r.name)?;
+        Timetable::parse(&r.schedule, &r.timezone)?;
+        let overlap: Overlap = r.overlap.parse()?;
         let task = r
             .task
             .ok_or_else(|| Status::invalid_argument("task: required (prompt and target)"))?;
@@ -120,7 +115,7 @@ impl pb::cron_server::Cron for CronService {
             created_at_ms: chrono::Utc::now().timestamp_millis(),
             created_on: self.scheduler.node_name().to_owned(),
         };
-        let schedule = self.scheduler.add(schedule).await.map_err(status)?;
+        let schedule = self.scheduler.add(schedule).await?;
         Ok(Response::new(self.to_pb(&schedule)))
     }
 
@@ -128,7 +123,7 @@ impl pb::cron_server::Cron for CronService {
         &self,
         _request: Request<pb::CronListRequest>,
     ) -> Result<Response<pb::CronListResponse>, Status> {
-        let schedules = self.scheduler.schedules().map_err(status)?;
+        let schedules = self.scheduler.schedules()?;
         Ok(Response::new(pb::CronListResponse {
             schedules: schedules.iter().map(|s| self.to_pb(s)).collect(),
         }))
@@ -138,10 +133,7 @@ impl pb::cron_server::Cron for CronService {
         &self,
         request: Request<pb::CronRemoveRequest>,
     ) -> Result<Response<pb::CronRemoveResponse>, Status> {
-        self.scheduler
-            .remove(&request.into_inner().name)
-            .await
-            .map_err(status)?;
+        self.scheduler.remove(&request.into_inner().name).await?;
         Ok(Response::new(pb::CronRemoveResponse {}))
     }
 
@@ -149,15 +141,11 @@ impl pb::cron_server::Cron for CronService {
         &self,
         request: Request<pb::CronRunNowRequest>,
     ) -> Result<Response<pb::CronFiring>, Status> {
-        let schedule = self
-            .scheduler
-            .get(&request.into_inner().name)
-            .map_err(status)?;
+        let schedule = self.scheduler.get(&request.into_inner().name)?;
         let firing = self
             .scheduler
             .fire(&schedule, chrono::Utc::now().timestamp_millis(), true)
-            .await
-            .map_err(status)?;
+            .await?;
         Ok(Response::new(firing_pb(&firing)))
     }
 
@@ -166,12 +154,12 @@ impl pb::cron_server::Cron for CronService {
         request: Request<pb::CronHistoryRequest>,
     ) -> Result<Response<pb::CronHistoryResponse>, Status> {
         let r = request.into_inner();
-        let schedule = self.scheduler.get(&r.name).map_err(status)?;
+        let schedule = self.scheduler.get(&r.name)?;
         let limit = match r.limit {
             0 => 100,
             n => (n as usize).min(MAX_HISTORY),
         };
-        let firings = self.scheduler.history(&schedule.id).map_err(status)?;
+        let firings = self.scheduler.history(&schedule.id)?;
         let skip = firings.len().saturating_sub(limit);
         Ok(Response::new(pb::CronHistoryResponse {
             firings: firings.iter().skip(skip).map(firing_pb).collect(),

@@ -9,10 +9,7 @@ use mesh_domain::{BoxFuture, NodeId, keys};
 use mesh_proto::{convert::check_len, v1 as pb};
 use tonic::{Request, Response, Status};
 
-use crate::{
-    memory::{self, Entry, Memory, MemoryError, MemoryPeers, Record, SyncBatch},
-    storage::StoreError,
-};
+use crate::memory::{self, Entry, Memory, MemoryError, MemoryPeers, Record, SyncBatch};
 
 /// Most records one `Push` may carry.
 const MAX_PUSH: usize = 4096;
@@ -67,17 +64,17 @@ impl MemoryService {
 }
 
 /// Every memory error has one status code.
-fn status(error: MemoryError) -> Status {
-    match error {
-        MemoryError::Invalid(_) | MemoryError::FromTheFuture { .. } => {
-            Status::invalid_argument(error.to_string())
+impl From<MemoryError> for Status {
+    fn from(error: MemoryError) -> Self {
+        let message = error.to_string();
+        match error {
+            MemoryError::Invalid(_) | MemoryError::FromTheFuture { .. } => {
+                Status::invalid_argument(message)
+            }
+            MemoryError::Corrupt(_) => Status::data_loss(message),
+            MemoryError::Storage(store) => super::store_status(&store, message),
+            MemoryError::Resyncing => Status::failed_precondition(message),
         }
-        MemoryError::Corrupt(_) => Status::data_loss(error.to_string()),
-        MemoryError::Storage(StoreError::DiskFull(_)) => {
-            Status::resource_exhausted(error.to_string())
-        }
-        MemoryError::Storage(StoreError::Engine(_)) => Status::unavailable(error.to_string()),
-        MemoryError::Resyncing => Status::failed_precondition(error.to_string()),
     }
 }
 
@@ -97,8 +94,8 @@ impl TryFrom<pb::MemoryRecord> for Entry {
     type Error = Status;
 
     fn try_from(record: pb::MemoryRecord) -> Result<Self, Status> {
-        keys::check_namespace(&record.namespace).map_err(|e| status(MemoryError::from(e)))?;
-        keys::check_key(&record.key).map_err(|e| status(MemoryError::from(e)))?;
+        keys::check_namespace(&record.namespace).map_err(MemoryError::from)?;
+        keys::check_key(&record.key).map_err(MemoryError::from)?;
         if record.value.len() > keys::MAX_VALUE {
             return Err(Status::invalid_argument("value: too large"));
         }
@@ -133,7 +130,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryGetRequest>,
     ) -> Result<Response<pb::MemoryGetResponse>, Status> {
         let r = request.into_inner();
-        let record = self.memory.get(&r.namespace, &r.key).map_err(status)?;
+        let record = self.memory.get(&r.namespace, &r.key)?;
         Ok(Response::new(pb::MemoryGetResponse {
             record: record.map(|rec| to_pb(&entry(&r.namespace, &r.key, rec))),
         }))
@@ -144,11 +141,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryPutRequest>,
     ) -> Result<Response<pb::MemoryRecord>, Status> {
         let r = request.into_inner();
-        let record = self
-            .memory
-            .put(&r.namespace, &r.key, Some(r.value))
-            .await
-            .map_err(status)?;
+        let record = self.memory.put(&r.namespace, &r.key, Some(r.value)).await?;
         Ok(Response::new(to_pb(&entry(&r.namespace, &r.key, record))))
     }
 
@@ -157,11 +150,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryDeleteRequest>,
     ) -> Result<Response<pb::MemoryRecord>, Status> {
         let r = request.into_inner();
-        let record = self
-            .memory
-            .put(&r.namespace, &r.key, None)
-            .await
-            .map_err(status)?;
+        let record = self.memory.put(&r.namespace, &r.key, None).await?;
         Ok(Response::new(to_pb(&entry(&r.namespace, &r.key, record))))
     }
 
@@ -175,10 +164,7 @@ impl pb::memory_server::Memory for MemoryService {
             0 => 100,
             n => (n as usize).min(10_000),
         };
-        let entries = self
-            .memory
-            .list(&r.namespace, &r.prefix, limit)
-            .map_err(status)?;
+        let entries = self.memory.list(&r.namespace, &r.prefix, limit)?;
         Ok(Response::new(pb::MemoryListResponse {
             records: entries.iter().map(to_pb).collect(),
         }))
@@ -195,7 +181,7 @@ impl pb::memory_server::Memory for MemoryService {
             after: parse_seqs("after", r.after).map_err(Status::invalid_argument)?,
             frontier: parse_seqs("frontier", r.frontier).map_err(Status::invalid_argument)?,
         };
-        let batch = memory::answer_sync(&self.memory, &sync).map_err(status)?;
+        let batch = memory::answer_sync(&self.memory, &sync)?;
         Ok(Response::new(pb::MemorySyncResponse {
             records: batch.entries.iter().map(to_pb).collect(),
             more: batch.more,
@@ -236,7 +222,7 @@ impl pb::memory_server::Memory for MemoryService {
         }
         let (applied, refused, frontier) = self.memory.accept_push(sender.as_ref(), &entries);
         if applied > 0 || frontier > 0 {
-            self.memory.flush().await.map_err(status)?;
+            self.memory.flush().await?;
         }
         Ok(Response::new(pb::MemoryPushResponse {
             applied,

@@ -13,7 +13,7 @@ pub mod tasks;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use mesh_domain::{NodeId, NodeInfo, PeerState, sync::MutexExt};
+use mesh_domain::{BoxFuture, NodeId, NodeInfo, sync::MutexExt};
 use mesh_identity::{CertIdentity, DialError, Dialer};
 use mesh_proto::convert::{check_len, peer_state};
 use mesh_proto::v1 as pb;
@@ -25,7 +25,10 @@ use tonic::{Request, Response, Status, transport::Channel};
 use crate::{
     capabilities::Capabilities,
     discovery::{Claim, DiscoveryEvent, PeerSource},
-    peers::PeerTable,
+    peers::{
+        BeatStream, FleetView, Hello, LinkError, PeerConnection, PeerLink, PeerTable, PeerView,
+    },
+    storage::StoreError,
 };
 
 /// Largest message a node accepts (decoded).
@@ -36,59 +39,12 @@ const MAX_LIST: usize = 256;
 const MIN_BEAT: Duration = Duration::from_millis(250);
 const MAX_BEAT: Duration = Duration::from_secs(2);
 
-/// A node introducing itself when it watches another (peer exchange and dial-back).
-#[derive(Debug, Clone)]
-pub struct Hello {
-    /// Node name.
-    pub name: String,
-    /// Node id.
-    pub id: NodeId,
-    /// Port it listens on.
-    pub port: u16,
-}
-
-/// One peer as another node reports it (`ListPeers`).
-#[derive(Debug, Clone)]
-pub struct PeerView {
-    /// Its latest info.
-    pub info: NodeInfo,
-    /// Address the reporting node reaches it at.
-    pub addr: String,
-    /// State in the reporting node's table.
-    pub state: PeerState,
-    /// Unix ms of its last beat.
-    pub last_seen_ms: u64,
-}
-
-/// A node's answer to `ListPeers`.
-#[derive(Debug, Clone)]
-pub struct FleetView {
-    /// The node that answered.
-    pub own: NodeInfo,
-    /// Its peers.
-    pub peers: Vec<PeerView>,
-}
-
-/// Errors calling a peer.
-#[derive(Debug, thiserror::Error)]
-pub enum RpcError {
-    /// The peer answered with an error status.
-    #[error("{}: {}", .0.code(), .0.message())]
-    Status(Status),
-    /// The peer is shutting down.
-    #[error("peer is shutting down")]
-    Leaving,
-    /// The peer sent something that fails validation.
-    #[error("invalid message from peer: {0}")]
-    Invalid(String),
-}
-
-impl From<Status> for RpcError {
+impl From<Status> for LinkError {
     fn from(status: Status) -> Self {
         if status.code() == tonic::Code::Unavailable && status.message().contains(LEAVING) {
             Self::Leaving
         } else {
-            Self::Status(status)
+            Self::Failed(format!("{}: {}", status.code(), status.message()))
         }
     }
 }
@@ -269,6 +225,15 @@ where
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
+/// A storage failure as a status: a full disk is `RESOURCE_EXHAUSTED` (callers, the router
+/// among them, try another node), anything else `UNAVAILABLE`. `message` is the whole error's.
+pub(crate) fn store_status(error: &StoreError, message: String) -> Status {
+    match error {
+        StoreError::DiskFull(_) => Status::resource_exhausted(message),
+        StoreError::Engine(_) => Status::unavailable(message),
+    }
+}
+
 /// The identity in the client certificate of a request.
 pub fn caller_identity<T>(request: &Request<T>) -> Result<CertIdentity, Status> {
     let certs = request.peer_certs().ok_or_else(|| {
@@ -328,15 +293,72 @@ pub struct InfoStream {
     inner: tonic::Streaming<pb::NodeInfo>,
 }
 
-impl InfoStream {
-    /// The next beat; `Ok(None)` when the peer closed the stream (it is leaving).
-    pub async fn next(&mut self) -> Result<Option<NodeInfo>, RpcError> {
-        match self.inner.message().await? {
-            None => Ok(None),
-            Some(info) => NodeInfo::try_from(info)
-                .map(Some)
-                .map_err(|status| RpcError::Invalid(status.message().to_owned())),
-        }
+impl BeatStream for InfoStream {
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<NodeInfo>, LinkError>> {
+        Box::pin(async move {
+            match self.inner.message().await? {
+                None => Ok(None),
+                Some(info) => NodeInfo::try_from(info)
+                    .map(Some)
+                    .map_err(|status| LinkError::Invalid(status.message().to_owned())),
+            }
+        })
+    }
+}
+
+/// Membership's link to peers: dials with the node's dialer and speaks their `Node` service.
+#[derive(Debug, Clone)]
+pub struct NodeLink {
+    dialer: Dialer,
+}
+
+impl NodeLink {
+    /// Dials with `dialer`.
+    pub fn new(dialer: Dialer) -> Self {
+        Self { dialer }
+    }
+}
+
+impl PeerLink for NodeLink {
+    fn connect<'a>(
+        &'a self,
+        addr: &'a str,
+    ) -> BoxFuture<'a, Result<Box<dyn PeerConnection>, DialError>> {
+        Box::pin(async move {
+            let connection = self.dialer.connect(addr).await?;
+            Ok(Box::new(NodeConnection {
+                client: PeerClient::new(connection.channel),
+                presented: connection.peer,
+            }) as Box<dyn PeerConnection>)
+        })
+    }
+}
+
+/// An open connection to a peer's `Node` service.
+#[derive(Debug)]
+struct NodeConnection {
+    client: PeerClient,
+    presented: Option<CertIdentity>,
+}
+
+impl PeerConnection for NodeConnection {
+    fn presented(&self) -> Option<&CertIdentity> {
+        self.presented.as_ref()
+    }
+
+    fn watch<'a>(
+        &'a mut self,
+        hello: &'a Hello,
+        interval: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn BeatStream>, LinkError>> {
+        Box::pin(async move {
+            let stream = self.client.watch(hello, interval).await?;
+            Ok(Box::new(stream) as Box<dyn BeatStream>)
+        })
+    }
+
+    fn list_peers(&mut self) -> BoxFuture<'_, Result<FleetView, LinkError>> {
+        Box::pin(self.client.list_peers())
     }
 }
 
@@ -354,7 +376,7 @@ impl PeerClient {
         &mut self,
         hello: &Hello,
         interval: Duration,
-    ) -> Result<InfoStream, RpcError> {
+    ) -> Result<InfoStream, LinkError> {
         let request = pb::WatchInfoRequest {
             hello: Some(pb::PeerHello {
                 name: hello.name.clone(),
@@ -368,16 +390,16 @@ impl PeerClient {
     }
 
     /// Calls `ListPeers`.
-    pub async fn list_peers(&mut self) -> Result<FleetView, RpcError> {
+    pub async fn list_peers(&mut self) -> Result<FleetView, LinkError> {
         let response = self
             .inner
             .list_peers(pb::ListPeersRequest {})
             .await?
             .into_inner();
-        let invalid = |s: Status| RpcError::Invalid(s.message().to_owned());
+        let invalid = |s: Status| LinkError::Invalid(s.message().to_owned());
         let own = response
             .node
-            .ok_or_else(|| RpcError::Invalid("ListPeersResponse.node is missing".into()))
+            .ok_or_else(|| LinkError::Invalid("ListPeersResponse.node is missing".into()))
             .and_then(|info| NodeInfo::try_from(info).map_err(invalid))?;
         let mut peers = Vec::new();
         for peer in response.peers.into_iter().take(MAX_LIST) {

@@ -3,25 +3,24 @@
 
 use std::{pin::Pin, sync::Arc};
 
-use mesh_domain::{ChatRequest, ChatResponse, Target};
-use mesh_proto::convert::check_len;
-use mesh_proto::v1 as pb;
+use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Target};
+use mesh_proto::{convert::check_len, v1 as pb};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::{http::chat_here, llm::ModelRegistry};
+use crate::chat::{ChatService, RemoteChat, RemoteChatError};
 
-/// The Models service.
+/// The Models service: runs a chat that another node's front door placed here.
 #[derive(Debug, Clone)]
 pub struct ModelsService {
-    models: Arc<ModelRegistry>,
+    chat: Arc<ChatService>,
 }
 
 impl ModelsService {
-    /// Serves this node's models.
-    pub fn new(models: Arc<ModelRegistry>) -> Self {
-        Self { models }
+    /// Serves chats on this node's models.
+    pub fn new(chat: Arc<ChatService>) -> Self {
+        Self { chat }
     }
 
     /// The tonic server, with message size limits.
@@ -62,22 +61,17 @@ impl pb::models_server::Models for ModelsService {
         chat.sampling
             .check()
             .map_err(|e| Status::invalid_argument(format!("request.sampling.{e}")))?;
-        let serves = match &target {
-            Target::Role(role) => self.models.chain(role).is_some(),
-            Target::Model(name) => self.models.model(name).is_some(),
-            Target::Persona(_) => false,
-        };
-        if !serves {
+        if !self.chat.serves(&target) {
             return Err(Status::not_found(format!(
                 "this node does not serve `{}`",
                 call.target
             )));
         }
-        let models = self.models.clone();
+        let service = self.chat.clone();
         Ok(Response::new(Box::pin(super::stream_from(
             move |tx| async move {
                 let (deltas, mut rx) = mpsc::unbounded_channel();
-                let run = chat_here(&models, &target, &chat, &deltas);
+                let run = service.serve_here(&target, &chat, &deltas);
                 tokio::pin!(run);
                 let result = loop {
                     tokio::select! {
@@ -111,44 +105,56 @@ impl pb::models_server::Models for ModelsService {
     }
 }
 
-/// Why a chat on a peer failed.
-#[derive(Debug, Clone)]
-pub struct RemoteChatError {
-    /// What happened.
-    pub message: String,
-    /// Some of the answer was already passed on.
-    pub streamed: bool,
-    /// The peer refused the request itself (`INVALID_ARGUMENT`): no node would take it.
-    pub invalid_request: bool,
+fn remote_chat_error(status: &Status, streamed: bool) -> RemoteChatError {
+    RemoteChatError {
+        message: format!("{}: {}", status.code(), status.message()),
+        streamed,
+        invalid_request: status.code() == tonic::Code::InvalidArgument,
+    }
 }
 
-impl RemoteChatError {
-    fn new(message: impl Into<String>, streamed: bool) -> Self {
-        Self {
-            message: message.into(),
-            streamed,
-            invalid_request: false,
-        }
+fn failure(message: impl Into<String>, streamed: bool) -> RemoteChatError {
+    RemoteChatError {
+        message: message.into(),
+        streamed,
+        invalid_request: false,
     }
+}
 
-    fn status(status: &Status, streamed: bool) -> Self {
-        Self {
-            message: format!("{}: {}", status.code(), status.message()),
-            streamed,
-            invalid_request: status.code() == tonic::Code::InvalidArgument,
-        }
+/// Chats on peers' models through their `Models.Chat`, over the node's kept peer channels.
+#[derive(Debug, Clone)]
+pub struct RemoteModels {
+    channels: super::PeerChannels,
+}
+
+impl RemoteModels {
+    /// Reaches peers through `channels`.
+    pub fn new(channels: super::PeerChannels) -> Self {
+        Self { channels }
+    }
+}
+
+impl RemoteChat for RemoteModels {
+    fn chat<'a>(
+        &'a self,
+        addr: &'a str,
+        target: &'a Target,
+        request: &'a ChatRequest,
+        deltas: &'a mpsc::UnboundedSender<String>,
+    ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
+        Box::pin(chat_remote(&self.channels, addr, target, request, deltas))
     }
 }
 
 /// Runs a chat on the peer at `addr`, forwarding its deltas; the complete answer at the end.
-pub async fn chat_remote(
+async fn chat_remote(
     channels: &super::PeerChannels,
     addr: &str,
     target: &Target,
     request: &ChatRequest,
     deltas: &mpsc::UnboundedSender<String>,
 ) -> Result<ChatResponse, RemoteChatError> {
-    let fail = |message: String| RemoteChatError::new(message, false);
+    let fail = |message: String| failure(message, false);
     let channel = channels.get(addr).await.map_err(|e| fail(e.to_string()))?;
     let mut client = pb::models_client::ModelsClient::new(channel)
         .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
@@ -163,7 +169,7 @@ pub async fn chat_remote(
             if status.code() == tonic::Code::Unavailable {
                 channels.forget(addr);
             }
-            return Err(RemoteChatError::status(&status, false));
+            return Err(remote_chat_error(&status, false));
         }
     };
     let mut streamed = false;
@@ -184,16 +190,13 @@ pub async fn chat_remote(
                 // bench hit as a failed request.
                 while let Ok(Some(_)) = stream.message().await {}
                 return serde_json::from_slice(&bytes)
-                    .map_err(|e| RemoteChatError::new(format!("bad answer: {e}"), streamed));
+                    .map_err(|e| failure(format!("bad answer: {e}"), streamed));
             }
             Ok(Some(pb::ChatChunk { kind: None })) => {}
             Ok(None) => {
-                return Err(RemoteChatError::new(
-                    "the stream ended without an answer",
-                    streamed,
-                ));
+                return Err(failure("the stream ended without an answer", streamed));
             }
-            Err(status) => return Err(RemoteChatError::status(&status, streamed)),
+            Err(status) => return Err(remote_chat_error(&status, streamed)),
         }
     }
 }
@@ -206,11 +209,19 @@ mod tests {
     use mesh_domain::{Message, Role};
 
     use super::*;
+    use crate::{
+        admission::Admission, capabilities::test_support::test_capabilities, llm::ModelRegistry,
+    };
 
     #[tokio::test]
     async fn a_peers_out_of_range_generation_setting_is_refused_naming_the_field() {
-        let service =
-            ModelsService::new(Arc::new(ModelRegistry::new(Vec::new(), Default::default())));
+        let service = ModelsService::new(Arc::new(ChatService::new(
+            Arc::new(ModelRegistry::new(Vec::new(), Default::default())),
+            Arc::new(Admission::new(test_capabilities(), Arc::default())),
+            Arc::new(RemoteModels::new(super::super::PeerChannels::new(
+                mesh_identity::Dialer::Plain,
+            ))),
+        )));
         let chat = ChatRequest {
             messages: vec![Message::text(Role::User, "hi")],
             ..Default::default()

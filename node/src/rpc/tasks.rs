@@ -2,108 +2,50 @@
 
 use std::{pin::Pin, sync::Arc};
 
-use mesh_domain::{BoxFuture, EventKind, TaskError, TaskEvent, TaskSpec};
-use mesh_proto::convert::check_len;
-use mesh_proto::v1 as pb;
+use mesh_domain::{BoxFuture, TaskError, TaskEvent, TaskSpec};
+use mesh_proto::{convert::check_len, v1 as pb};
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    capabilities::Capabilities,
+    admission::{Admission, AdmissionError, Caller},
     peers::PeerTable,
-    router::{self, Choice},
-    tasks::{
-        ForwardError, Forwarder, LookupError, MAX_HOPS, Placement, SubmitError, TaskManager,
-        TaskRecord,
-    },
+    tasks::{ForwardError, Forwarder, LookupError, SubmitError, TaskManager, TaskRecord},
 };
 
-/// The Tasks service: validates, routes (here or to a peer) and hands tasks to `TaskManager`.
+/// The Tasks service: validates requests and hands tasks to the task manager, which admits
+/// and places them.
 #[derive(Debug, Clone)]
 pub struct TasksService {
     tasks: TaskManager,
-    caps: Arc<Capabilities>,
+    admission: Arc<Admission>,
     peers: Arc<PeerTable>,
-    forwarder: Arc<RemoteTasks>,
     /// Whether callers present certificates (false in insecure mode).
     tls: bool,
 }
 
 impl TasksService {
-    /// Wraps the task manager with what routing needs.
+    /// Serves `tasks`; `admission` explains placements, `peers` tells nodes from clients.
     pub fn new(
         tasks: TaskManager,
-        caps: Arc<Capabilities>,
+        admission: Arc<Admission>,
         peers: Arc<PeerTable>,
-        channels: super::PeerChannels,
         tls: bool,
     ) -> Self {
         Self {
             tasks,
-            caps,
+            admission,
             peers,
-            forwarder: Arc::new(RemoteTasks { channels }),
             tls,
         }
     }
 
-    /// Whether the caller is another node (its certificate belongs to a peer), or says it
-    /// forwards on a node's behalf: then `security.remote_max_tier` applies.
-    fn remote_caller<T>(&self, request: &Request<T>) -> bool {
-        self.tls
+    /// Who the caller is: another node when its certificate belongs to a peer, else a client.
+    fn caller<T>(&self, request: &Request<T>) -> Caller {
+        let peer = self.tls
             && super::caller_identity(request)
-                .is_ok_and(|caller| self.peers.get(&caller.id).is_some())
-    }
-
-    fn rank(&self, spec: &TaskSpec) -> Vec<router::Ranked> {
-        router::rank_fleet(
-            &self.caps.snapshot(),
-            &self.peers.snapshot(),
-            &spec.target,
-            spec.tier,
-            &spec.require,
-        )
-    }
-
-    /// Checks caps and hops, then decides where the task runs.
-    fn place(&self, spec: &TaskSpec, remote: bool) -> Result<Placement, Status> {
-        if spec.lineage.hops > MAX_HOPS {
-            return Err(Status::failed_precondition(format!(
-                "hop limit: this task has been forwarded or nested {} times (at most {MAX_HOPS}); a delegation loop?",
-                spec.lineage.hops
-            )));
-        }
-        let cap = self.caps.snapshot().remote_max_tier;
-        if remote && spec.tier > cap {
-            return Err(Status::permission_denied(format!(
-                "this node runs remote tasks up to tier `{cap}` and this one asks for `{}` (security.remote_max_tier)",
-                spec.tier
-            )));
-        }
-        let choice = router::choose(&self.rank(spec), spec.lineage.task_id.is_some());
-        crate::metrics::metrics().routed(
-            "task",
-            match &choice {
-                Choice::Local => "local",
-                Choice::Remote(_) => "remote",
-                Choice::Nowhere(_) => "nowhere",
-            },
-        );
-        match choice {
-            Choice::Local => Ok(Placement::Local),
-            Choice::Nowhere(message) => Err(Status::failed_precondition(message)),
-            Choice::Remote(ids) => {
-                let candidates = ids
-                    .iter()
-                    .filter_map(|id| self.peers.get(id))
-                    .map(|peer| (peer.info.name, peer.addr))
-                    .collect();
-                Ok(Placement::Remote {
-                    candidates,
-                    forwarder: self.forwarder.clone(),
-                })
-            }
-        }
+                .is_ok_and(|caller| self.peers.get(&caller.id).is_some());
+        if peer { Caller::Peer } else { Caller::Client }
     }
 
     /// The tonic server, with message size limits.
@@ -136,11 +78,10 @@ impl pb::tasks_server::Tasks for TasksService {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<Self::SubmitStream>, Status> {
-        let peer_caller = self.remote_caller(&request);
+        let caller = self.caller(&request);
         let spec = TaskSpec::try_from(request.into_inner())?;
-        let placement = self.place(&spec, peer_caller || spec.lineage.hops > 0)?;
-        let id = self.tasks.submit(spec, placement).map_err(submit_status)?;
-        let events = self.tasks.watch(&id, true).map_err(lookup_status)?;
+        let id = self.tasks.submit(spec, caller)?;
+        let events = self.tasks.watch(&id, true)?;
         Ok(Response::new(event_stream(events)))
     }
 
@@ -153,8 +94,7 @@ impl pb::tasks_server::Tasks for TasksService {
         let request = request.into_inner();
         let events = self
             .tasks
-            .watch(task_id(&request.task_id)?, request.follow)
-            .map_err(lookup_status)?;
+            .watch(task_id(&request.task_id)?, request.follow)?;
         Ok(Response::new(event_stream(events)))
     }
 
@@ -165,8 +105,7 @@ impl pb::tasks_server::Tasks for TasksService {
         let request = request.into_inner();
         let status = self
             .tasks
-            .cancel(task_id(&request.task_id)?, "cancelled by a caller")
-            .map_err(lookup_status)?;
+            .cancel(task_id(&request.task_id)?, "cancelled by a caller")?;
         Ok(Response::new(pb::CancelResponse {
             status: pb::TaskStatus::from(status) as i32,
         }))
@@ -178,7 +117,8 @@ impl pb::tasks_server::Tasks for TasksService {
     ) -> Result<Response<pb::Explanation>, Status> {
         let spec = TaskSpec::try_from(request.into_inner())?;
         let candidates = self
-            .rank(&spec)
+            .admission
+            .rank(&spec.target, spec.tier, &spec.require)
             .into_iter()
             .map(|r| pb::Candidate {
                 node: r.node,
@@ -226,24 +166,39 @@ pub fn task_error_status(error: &TaskError) -> Status {
     }
 }
 
-fn submit_status(error: SubmitError) -> Status {
-    match error {
-        SubmitError::QueueFull { .. } => Status::resource_exhausted(error.to_string()),
-        SubmitError::ShuttingDown => Status::unavailable(error.to_string()),
-        SubmitError::Duplicate(_) => Status::already_exists(error.to_string()),
-        SubmitError::Rejected(task_error) => task_error_status(&task_error),
-        // The router takes this as "try the next node", like a full queue.
-        SubmitError::Storage(crate::storage::StoreError::DiskFull(_)) => {
-            Status::resource_exhausted(error.to_string())
+impl From<SubmitError> for Status {
+    fn from(error: SubmitError) -> Self {
+        let message = error.to_string();
+        match error {
+            SubmitError::Admission(admission) => admission.into(),
+            SubmitError::QueueFull { .. } => Status::resource_exhausted(message),
+            SubmitError::ShuttingDown => Status::unavailable(message),
+            SubmitError::Duplicate(_) => Status::already_exists(message),
+            SubmitError::Rejected(task_error) => task_error_status(&task_error),
+            SubmitError::Storage(store) => super::store_status(&store, message),
         }
-        SubmitError::Storage(_) => Status::unavailable(error.to_string()),
     }
 }
 
-fn lookup_status(error: LookupError) -> Status {
-    match error {
-        LookupError::NotFound(_) => Status::not_found(error.to_string()),
-        LookupError::Storage(_) => Status::internal(error.to_string()),
+impl From<AdmissionError> for Status {
+    fn from(error: AdmissionError) -> Self {
+        let message = error.to_string();
+        match error {
+            AdmissionError::HopLimit { .. }
+            | AdmissionError::Nowhere(_)
+            | AdmissionError::UnknownModel(_) => Status::failed_precondition(message),
+            AdmissionError::TierCap { .. } => Status::permission_denied(message),
+        }
+    }
+}
+
+impl From<LookupError> for Status {
+    fn from(error: LookupError) -> Self {
+        let message = error.to_string();
+        match error {
+            LookupError::NotFound(_) => Status::not_found(message),
+            LookupError::Storage(_) => Status::internal(message),
+        }
     }
 }
 
@@ -267,48 +222,6 @@ impl From<&TaskRecord> for pb::TaskSummary {
     }
 }
 
-impl crate::agent::tools::Mesh for TasksService {
-    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, String>> {
-        let service = self.clone();
-        Box::pin(async move {
-            let placement = service
-                .place(&spec, false)
-                .map_err(|s| s.message().to_owned())?;
-            let id = service
-                .tasks
-                .submit(spec, placement)
-                .map_err(|e| e.to_string())?;
-            let mut events = service.tasks.watch(&id, true).map_err(|e| e.to_string())?;
-            while let Some(event) = events.recv().await {
-                match event.kind {
-                    EventKind::Completed { output, .. } => return Ok(output),
-                    EventKind::Failed { error } => {
-                        return Err(format!("sub-task {id} failed: {error}"));
-                    }
-                    _ => {}
-                }
-            }
-            Err(format!("sub-task {id} ended without an outcome"))
-        })
-    }
-}
-
-impl crate::cron::Runner for TasksService {
-    fn start(&self, spec: TaskSpec) -> Result<tokio::sync::mpsc::Receiver<TaskEvent>, String> {
-        // Ranked like any new task: the fixed id only makes a second submission a duplicate.
-        let mut ranked = spec.clone();
-        ranked.lineage.task_id = None;
-        let placement = self
-            .place(&ranked, false)
-            .map_err(|s| s.message().to_owned())?;
-        let id = self
-            .tasks
-            .submit(spec, placement)
-            .map_err(|e| e.to_string())?;
-        self.tasks.watch(&id, true).map_err(|e| e.to_string())
-    }
-}
-
 /// Forwards tasks to other nodes' `Tasks.Submit` over mTLS.
 #[derive(Debug, Clone)]
 pub struct RemoteTasks {
@@ -316,6 +229,11 @@ pub struct RemoteTasks {
 }
 
 impl RemoteTasks {
+    /// Forwards over the node's kept peer channels.
+    pub fn new(channels: super::PeerChannels) -> Self {
+        Self { channels }
+    }
+
     async fn channel(&self, addr: &str) -> Result<tonic::transport::Channel, ForwardError> {
         self.channels
             .get(addr)

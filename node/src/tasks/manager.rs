@@ -1,29 +1,26 @@
-//! Tasks: admission, a bounded queue with a fixed number of workers, events, cancellation,
-//! deadlines, and their history in sled.
+//! The task manager: admission (through `admission`), the bounded queue with a fixed number of
+//! workers, the live tasks with their events, cancellation and deadlines, and tasks placed on
+//! other nodes (run through `forward`).
 //!
-//! [`TaskManager::submit`] admits a task or answers at once that the queue is full. Each task's
-//! events are numbered from 0, persisted (tree `task_events`, key = task id + sequence), and
-//! broadcast to whoever watches; a watcher replays the stored events first, so joining late or
-//! lagging loses nothing. A task's summary lives in tree `tasks` (keyed by its UUIDv7 id, so
-//! newest last). Tasks that were queued or running when the node died are marked failed on the
-//! next start. This module runs tasks but decides nothing about how: that is `agent`.
+//! [`TaskManager::submit`] admits a task or answers at once why not (the hop limit, a tier cap,
+//! no node can run it, a full queue). Each task's events are numbered from 0, recorded in the
+//! history and broadcast to whoever watches; a watcher replays the recorded events first, so
+//! joining late or lagging loses nothing. This module runs tasks but decides nothing about how
+//! (that is `agent`) or where (that is `admission`).
 
 use std::{
     collections::HashMap,
-    fmt,
-    ops::Bound,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU32, AtomicU64, Ordering},
     },
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 
 use mesh_domain::{
     Answer, BoxFuture, EventKind, Load, TaskError, TaskEvent, TaskSpec, TaskStatus, sync::MutexExt,
-    time::unix_ms,
+    time::now_ms,
 };
-use serde::{Deserialize, Serialize};
 use tokio::{
     sync::{broadcast, mpsc},
     task::JoinSet,
@@ -32,86 +29,29 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    agent::AgentRuntime,
+    admission::{Admission, AdmissionError, Caller},
+    agent::{AgentRuntime, EventSink, tools::SubtaskRunner},
     capabilities::Capabilities,
     config::TaskLimits,
-    storage::{StoreError, Write},
+    cron::Runner,
+    metrics::{labels, metrics},
+    router::{Destination, Placement},
+    storage::{Store, StoreError},
+    tasks::{
+        forward::{Forwarder, Journey, forward},
+        history::{History, TaskRecord, recover},
+    },
 };
 
 /// Most tasks `List` returns.
 pub const MAX_LIST: usize = 1000;
 
-/// Most forwards and sub-task levels a task may go through.
-pub const MAX_HOPS: u32 = 4;
-
-/// Where an admitted task runs.
-#[derive(Debug, Clone)]
-pub enum Placement {
-    /// On this node's workers.
-    Local,
-    /// On other nodes, tried in order (the first, then failover to the next).
-    Remote {
-        /// `(name, address)` of the candidates, best first.
-        candidates: Vec<(String, String)>,
-        /// How to reach them.
-        forwarder: Arc<dyn Forwarder>,
-    },
-}
-
-/// Why forwarding a task to one node did not produce an outcome.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ForwardError {
-    /// The node's queue is full (`RESOURCE_EXHAUSTED`): try the next.
-    #[error("queue full: {0}")]
-    Exhausted(String),
-    /// The node refused the task or could not be reached: try the next.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The node refused the task for good (tier, hop limit, bad request).
-    #[error("{0}")]
-    Refused(String),
-}
-
-/// Sends a task to another node and streams back its events.
-pub trait Forwarder: Send + Sync + fmt::Debug {
-    /// Submits `spec` to the node at `addr`; the stream ends with its terminal event, or with an
-    /// error when the connection breaks.
-    fn forward(
-        &self,
-        addr: String,
-        spec: TaskSpec,
-    ) -> BoxFuture<'static, Result<mpsc::Receiver<Result<TaskEvent, ForwardError>>, ForwardError>>;
-    /// Asks the node at `addr` to cancel task `task_id` (best effort).
-    fn cancel(&self, addr: String, task_id: String) -> BoxFuture<'static, ()>;
-}
-
-/// A task's summary as stored and listed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TaskRecord {
-    /// Id (UUIDv7).
-    pub id: String,
-    /// State.
-    pub status: TaskStatus,
-    /// What it asked for.
-    pub spec: TaskSpec,
-    /// Unix ms.
-    pub created_at_ms: u64,
-    /// Unix ms, when finished.
-    pub finished_at_ms: Option<u64>,
-    /// Node that runs / ran it.
-    pub executed_on: String,
-    /// Final answer.
-    pub output: Option<String>,
-    /// Why it failed.
-    pub error: Option<TaskError>,
-    /// Nodes it was sent to, in order (empty when it ran here).
-    #[serde(default)]
-    pub route: Vec<String>,
-}
-
-/// Admission errors.
+/// Why a task was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
+    /// It may not run, or cannot run anywhere.
+    #[error(transparent)]
+    Admission(AdmissionError),
     /// Queue full.
     #[error("queue full: {queued} tasks waiting for {workers} workers; try another node or later")]
     QueueFull {
@@ -149,16 +89,16 @@ pub enum LookupError {
 #[derive(Debug)]
 pub struct Emitter {
     task: Arc<LiveTask>,
-    store: Store,
+    history: History,
 }
 
-impl Emitter {
+impl EventSink for Emitter {
     /// Records an event. Storage errors are logged; the event still reaches live watchers.
-    pub fn emit(&self, kind: EventKind) {
+    fn emit(&self, kind: EventKind) {
         let event = TaskEvent {
             task_id: self.task.id.clone(),
             seq: self.task.seq.fetch_add(1, Ordering::SeqCst),
-            at_ms: unix_ms(SystemTime::now()),
+            at_ms: now_ms(),
             kind,
         };
         let outcome = match &event.kind {
@@ -167,19 +107,18 @@ impl Emitter {
             _ => None,
         };
         if let Some(status) = outcome {
-            crate::metrics::metrics()
+            metrics()
                 .tasks
-                .get_or_create(&crate::metrics::labels(&[("status", status)]))
+                .get_or_create(&labels(&[("status", status)]))
                 .inc();
         }
-        if let Err(e) = self.store.put_event(&event) {
+        if let Err(e) = self.history.put_event(&event) {
             tracing::error!(task = %event.task_id, error = %e, "record task event");
         }
         let _ = self.task.events.send(event);
     }
 
-    /// The task id.
-    pub fn task_id(&self) -> &str {
+    fn task_id(&self) -> &str {
         &self.task.id
     }
 }
@@ -197,91 +136,46 @@ struct LiveTask {
     record: Mutex<TaskRecord>,
 }
 
-/// The task history: records in one tree, events in another.
-#[derive(Clone)]
-struct Store(Arc<dyn crate::storage::Store>);
-
-impl std::fmt::Debug for Store {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Store")
-    }
-}
-
-const RECORDS: &str = "tasks";
-const EVENTS: &str = "task_events";
-
-impl Store {
-    fn put(&self, tree: &str, key: Vec<u8>, value: &impl Serialize) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(value).map_err(|e| StoreError::Engine(e.to_string()))?;
-        self.0.commit(vec![Write::Put(tree.to_owned(), key, value)])
-    }
-
-    fn put_record(&self, record: &TaskRecord) -> Result<(), StoreError> {
-        self.put(RECORDS, record.id.as_bytes().to_vec(), record)
-    }
-
-    fn put_event(&self, event: &TaskEvent) -> Result<(), StoreError> {
-        self.put(EVENTS, event_key(&event.task_id, event.seq), event)
-    }
-
-    fn record(&self, id: &str) -> Result<Option<TaskRecord>, String> {
-        match self
-            .0
-            .get(RECORDS, id.as_bytes())
-            .map_err(|e| e.to_string())?
-        {
-            None => Ok(None),
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| format!("task {id}: undecodable record: {e}")),
-        }
-    }
-
-    fn events_from(&self, id: &str, from: u64) -> Vec<TaskEvent> {
-        let start = event_key(id, from);
-        let end = event_key(id, u64::MAX);
-        self.0
-            .range(EVENTS, Bound::Included(start), Bound::Included(end))
-            .filter_map(|entry| entry.ok())
-            .filter_map(|(_, value)| serde_json::from_slice(&value).ok())
-            .collect()
-    }
-
-    /// Every stored record, in id order.
-    fn records(&self) -> impl DoubleEndedIterator<Item = TaskRecord> {
-        self.0
-            .range(RECORDS, Bound::Unbounded, Bound::Unbounded)
-            .filter_map(|entry| entry.ok())
-            .filter_map(|(_, value)| serde_json::from_slice(&value).ok())
-    }
-
-    async fn flush(&self) {
-        if let Err(e) = crate::storage::flush(&self.0).await {
-            tracing::error!(error = %e, "flush task history");
-        }
-    }
-}
-
-fn event_key(id: &str, seq: u64) -> Vec<u8> {
-    let mut key = Vec::with_capacity(id.len() + 9);
-    key.extend_from_slice(id.as_bytes());
-    key.push(0);
-    key.extend_from_slice(&seq.to_be_bytes());
-    key
-}
-
 #[derive(Debug)]
 struct Inner {
     node: String,
     runtime: Arc<AgentRuntime>,
     limits: TaskLimits,
-    store: Store,
+    history: History,
+    /// Decides whether and where each task runs.
+    admission: Arc<Admission>,
+    /// Reaches the nodes tasks placed elsewhere run on.
+    forwarder: Arc<dyn Forwarder>,
     live: Mutex<HashMap<String, Arc<LiveTask>>>,
     queue: Mutex<Option<mpsc::Sender<Arc<LiveTask>>>>,
     caps: Arc<Capabilities>,
     /// Tasks executing; a watch so shutdown can wait for zero instead of polling.
     running: tokio::sync::watch::Sender<u32>,
     queued: AtomicU32,
+}
+
+/// What a task manager works with (the server wires them).
+pub struct TaskParts {
+    /// Where the task history is kept.
+    pub store: Arc<dyn Store>,
+    /// Runs tasks placed here.
+    pub runtime: Arc<AgentRuntime>,
+    /// Queue, workers and the default budgets.
+    pub limits: TaskLimits,
+    /// This node's name, and the load gauge the manager keeps current.
+    pub caps: Arc<Capabilities>,
+    /// Decides whether and where each task runs.
+    pub admission: Arc<Admission>,
+    /// Reaches the nodes tasks placed elsewhere run on.
+    pub forwarder: Arc<dyn Forwarder>,
+}
+
+impl std::fmt::Debug for TaskParts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskParts")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Admits, queues, runs, watches and cancels tasks.
@@ -291,24 +185,27 @@ pub struct TaskManager {
 }
 
 impl TaskManager {
-    /// Opens the task trees, marks tasks interrupted by a previous crash as failed, and starts
-    /// the workers in `workers` (stopped by `stop`).
-    pub fn start(
-        store: Arc<dyn crate::storage::Store>,
-        runtime: Arc<AgentRuntime>,
-        limits: TaskLimits,
-        caps: Arc<Capabilities>,
-        workers: &mut JoinSet<()>,
-        stop: CancellationToken,
-    ) -> Self {
-        let store = Store(store);
-        recover(&store);
+    /// Opens the task history in the store, marks tasks interrupted by a previous crash as
+    /// failed, and starts the workers in `workers` (stopped by `stop`).
+    pub fn start(parts: TaskParts, workers: &mut JoinSet<()>, stop: CancellationToken) -> Self {
+        let TaskParts {
+            store,
+            runtime,
+            limits,
+            caps,
+            admission,
+            forwarder,
+        } = parts;
+        let history = History::new(store);
+        recover(&history);
         let (tx, rx) = mpsc::channel(limits.queue);
         let inner = Arc::new(Inner {
             node: caps.name().to_owned(),
             runtime,
             limits,
-            store,
+            history,
+            admission,
+            forwarder,
             live: Mutex::default(),
             queue: Mutex::new(Some(tx)),
             caps,
@@ -323,16 +220,22 @@ impl TaskManager {
         Self { inner }
     }
 
-    /// Admits a task: checks it can run here, reserves a queue slot (or refuses), records it
-    /// and emits `Accepted`. Returns the task id.
-    pub fn submit(&self, spec: TaskSpec, placement: Placement) -> Result<String, SubmitError> {
-        if let Placement::Remote {
-            candidates,
-            forwarder,
-        } = placement
+    /// Admits a task started by `caller`: checks it may run and where, then queues it here
+    /// (reserving a queue slot, or refusing) or starts forwarding it; records it and emits
+    /// `Accepted`. Returns the task id.
+    pub fn submit(&self, spec: TaskSpec, caller: Caller) -> Result<String, SubmitError> {
+        match self
+            .inner
+            .admission
+            .admit(&spec, caller)
+            .map_err(SubmitError::Admission)?
         {
-            return self.submit_remote(spec, candidates, forwarder);
+            Placement::Local => self.submit_local(spec),
+            Placement::Remote(candidates) => self.submit_remote(spec, candidates),
         }
+    }
+
+    fn submit_local(&self, spec: TaskSpec) -> Result<String, SubmitError> {
         self.inner
             .runtime
             .check(&spec)
@@ -366,15 +269,14 @@ impl TaskManager {
     fn submit_remote(
         &self,
         spec: TaskSpec,
-        candidates: Vec<(String, String)>,
-        forwarder: Arc<dyn Forwarder>,
+        candidates: Vec<Destination>,
     ) -> Result<String, SubmitError> {
         if self.inner.queue.lock_unpoisoned().is_none() {
             return Err(SubmitError::ShuttingDown);
         }
         let route = candidates
             .first()
-            .map(|(name, _)| vec![name.clone()])
+            .map(|first| vec![first.name.clone()])
             .unwrap_or_default();
         let task = self.inner.admit(spec, TaskStatus::Running, route)?;
         let id = task.id.clone();
@@ -387,15 +289,31 @@ impl TaskManager {
         let inner = self.inner.clone();
         tokio::spawn(async move {
             let emitter = inner.emitter(&task);
-            // The node currently running it, so a cancel or deadline here stops it there too.
-            let current: Arc<Mutex<Option<String>>> = Arc::default();
+            let current = Mutex::new(None);
+            let routed = |name: &str| {
+                let mut record = task.record.lock_unpoisoned();
+                if record.route.last().map(String::as_str) != Some(name) {
+                    record.route.push(name.to_owned());
+                }
+                name.clone_into(&mut record.executed_on);
+                let _ = inner.history.put_record(&record);
+            };
+            let tools = inner.runtime.tools();
+            let side_effects =
+                |tool: &str, arguments: &str| tools.has_side_effects(tool, arguments);
             let run = forward(
-                &inner,
-                &task,
-                &emitter,
+                Journey {
+                    node: &inner.node,
+                    task_id: &task.id,
+                    spec: &task.spec,
+                    deadline: task.deadline,
+                    events: &emitter,
+                    routed: &routed,
+                    side_effects: &side_effects,
+                    current: &current,
+                },
                 candidates,
-                forwarder.clone(),
-                current.clone(),
+                inner.forwarder.as_ref(),
             );
             let result = tokio::select! {
                 () = task.cancel.cancelled() => Err(TaskError::Cancelled {
@@ -412,7 +330,7 @@ impl TaskManager {
                 Err(TaskError::Cancelled { .. } | TaskError::Deadline { .. })
             ) && let Some(addr) = current.lock_unpoisoned().take()
             {
-                tokio::spawn(forwarder.cancel(addr, task.id.clone()));
+                tokio::spawn(inner.forwarder.cancel(addr, task.id.clone()));
             }
             inner.finish(&task, result);
             inner.running.send_modify(|n| *n -= 1);
@@ -429,14 +347,14 @@ impl TaskManager {
             return Err(LookupError::NotFound(id.to_owned()));
         }
         let mut receiver = live.as_ref().map(|task| task.events.subscribe());
-        let store = self.inner.store.clone();
+        let history = self.inner.history.clone();
         let id = id.to_owned();
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             let mut next = 0;
             // Replay from the store; on lag, replay again from where the live stream broke.
             loop {
-                for event in store.events_from(&id, next) {
+                for event in history.events_from(&id, next) {
                     next = event.seq + 1;
                     let terminal = event.kind.is_terminal();
                     if tx.send(event).await.is_err() || terminal {
@@ -498,13 +416,13 @@ impl TaskManager {
         if let Some(task) = self.inner.live(id) {
             return Ok(Some(task.record.lock_unpoisoned().clone()));
         }
-        self.inner.store.record(id).map_err(LookupError::Storage)
+        self.inner.history.record(id).map_err(LookupError::Storage)
     }
 
     /// The newest `limit` tasks, newest first.
     pub fn list(&self, limit: usize) -> Vec<TaskRecord> {
         self.inner
-            .store
+            .history
             .records()
             .rev()
             .take(limit.min(MAX_LIST))
@@ -546,7 +464,7 @@ impl TaskManager {
             self.cancel(&task.id, "the node is shutting down").ok();
         }
         let _ = running.wait_for(|n| *n == 0).await;
-        self.inner.store.flush().await;
+        self.inner.history.flush().await;
     }
 }
 
@@ -560,7 +478,7 @@ impl Inner {
     ) -> Result<Arc<LiveTask>, SubmitError> {
         let id = match &spec.lineage.task_id {
             Some(id) => {
-                if self.live(id).is_some() || self.store.record(id).ok().flatten().is_some() {
+                if self.live(id).is_some() || self.history.record(id).ok().flatten().is_some() {
                     return Err(SubmitError::Duplicate(id.clone()));
                 }
                 id.clone()
@@ -573,14 +491,14 @@ impl Inner {
             id: id.clone(),
             status,
             spec: spec.clone(),
-            created_at_ms: unix_ms(SystemTime::now()),
+            created_at_ms: now_ms(),
             finished_at_ms: None,
             executed_on,
             output: None,
             error: None,
             route,
         };
-        self.store
+        self.history
             .put_record(&record)
             .map_err(SubmitError::Storage)?;
         let (events, _) = broadcast::channel(1024);
@@ -605,7 +523,7 @@ impl Inner {
     fn emitter(&self, task: &Arc<LiveTask>) -> Emitter {
         Emitter {
             task: task.clone(),
-            store: self.store.clone(),
+            history: self.history.clone(),
         }
     }
 
@@ -628,7 +546,7 @@ impl Inner {
         if record.status == TaskStatus::Queued {
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
-        record.finished_at_ms = Some(unix_ms(SystemTime::now()));
+        record.finished_at_ms = Some(now_ms());
         let event = match result {
             Ok(answer) => {
                 record.status = TaskStatus::Completed;
@@ -648,7 +566,7 @@ impl Inner {
                 EventKind::Failed { error }
             }
         };
-        if let Err(e) = self.store.put_record(&record) {
+        if let Err(e) = self.history.put_record(&record) {
             tracing::error!(task = %task.id, error = %e, "record task result");
         }
         drop(record);
@@ -675,7 +593,7 @@ async fn worker(
                 continue; // cancelled while queued
             }
             record.status = TaskStatus::Running;
-            if let Err(e) = inner.store.put_record(&record) {
+            if let Err(e) = inner.history.put_record(&record) {
                 tracing::error!(task = %task.id, error = %e, "record task start");
             }
         }
@@ -715,181 +633,35 @@ async fn worker(
     }
 }
 
-/// Whether a tool call may have changed something (tier `write` or `shell`): once one ran on a
-/// node, the task is not re-run elsewhere. `delegate` counts as the tier it asked for.
-fn has_side_effects(tool: &str, arguments: &str) -> bool {
-    match tool {
-        "file_write" | "shell_exec" | "memory_put" => true,
-        "delegate" => serde_json::from_str::<serde_json::Value>(arguments)
-            .ok()
-            .and_then(|args| args.get("tier").and_then(|t| t.as_str().map(str::to_owned)))
-            .is_some_and(|tier| tier != "read"),
-        _ => false,
-    }
-}
-
-/// Runs a task on other nodes: forwards it to each candidate in turn, relaying its events,
-/// until one gives an outcome. A broken stream or a full queue moves on to the next candidate
-/// (at most [`MAX_FAILOVERS`] times after the first), unless a side-effecting tool already ran.
-async fn forward(
-    inner: &Inner,
-    task: &LiveTask,
-    events: &Emitter,
-    candidates: Vec<(String, String)>,
-    forwarder: Arc<dyn Forwarder>,
-    current: Arc<Mutex<Option<String>>>,
-) -> Result<Answer, TaskError> {
-    let mut spec = task.spec.clone();
-    spec.lineage.task_id = Some(task.id.clone());
-    spec.lineage.hops += 1;
-    if spec.lineage.origin.is_empty() {
-        spec.lineage.origin = inner.node.clone();
-    }
-    let mut failures: Vec<String> = Vec::new();
-    for (index, (name, addr)) in candidates.into_iter().enumerate() {
-        let attempt = index as u32 + 1;
-        if attempt > MAX_FAILOVERS + 1 {
-            break;
-        }
-        let remaining = task.deadline.saturating_duration_since(Instant::now());
-        spec.timeout = Some(remaining.max(Duration::from_secs(1)));
-        events.emit(EventKind::Delegated {
-            node: name.clone(),
-            attempt,
-            reason: failures.last().cloned().unwrap_or_default(),
-        });
-        {
-            let mut record = task.record.lock_unpoisoned();
-            if record.route.last() != Some(&name) {
-                record.route.push(name.clone());
-            }
-            record.executed_on = name.clone();
-            let _ = inner.store.put_record(&record);
-        }
-        *current.lock_unpoisoned() = Some(addr.clone());
-        let mut stream = match forwarder.forward(addr.clone(), spec.clone()).await {
-            Ok(stream) => stream,
-            Err(ForwardError::Refused(why)) => {
-                return Err(TaskError::Routing {
-                    message: format!("{name} refused the task: {why}"),
-                });
-            }
-            Err(e) => {
-                failures.push(format!("{name}: {e}"));
-                continue;
-            }
-        };
-        let mut side_effect: Option<String> = None;
-        let lost = loop {
-            let event = match stream.recv().await {
-                Some(Ok(event)) => event,
-                Some(Err(e)) => break e,
-                None => break ForwardError::Unavailable("stream ended without an outcome".into()),
-            };
-            match event.kind {
-                EventKind::Completed {
-                    output,
-                    usage,
-                    executed_on,
-                    rounds,
-                } => {
-                    return Ok(Answer {
-                        output,
-                        usage,
-                        rounds,
-                        executed_on: Some(executed_on),
-                    });
-                }
-                EventKind::Failed { error } => return Err(error),
-                // The executing node's own admission is not news to our caller.
-                EventKind::Accepted { .. } => {}
-                kind => {
-                    if let EventKind::ToolCalled {
-                        name: tool,
-                        arguments,
-                        ..
-                    } = &kind
-                        && has_side_effects(tool, arguments)
-                    {
-                        side_effect = Some(tool.clone());
+/// The `delegate` tool's sub-tasks are admitted like any task, as this node's own.
+impl SubtaskRunner for TaskManager {
+    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, String>> {
+        let tasks = self.clone();
+        Box::pin(async move {
+            let id = tasks
+                .submit(spec, Caller::Subtask)
+                .map_err(|e| e.to_string())?;
+            let mut events = tasks.watch(&id, true).map_err(|e| e.to_string())?;
+            while let Some(event) = events.recv().await {
+                match event.kind {
+                    EventKind::Completed { output, .. } => return Ok(output),
+                    EventKind::Failed { error } => {
+                        return Err(format!("sub-task {id} failed: {error}"));
                     }
-                    events.emit(kind);
+                    _ => {}
                 }
             }
-        };
-        if let Some(tool) = side_effect {
-            return Err(TaskError::Routing {
-                message: format!(
-                    "node {name} was lost after running `{tool}` (its side effects may have happened), so the task is not re-run elsewhere: {lost}"
-                ),
-            });
-        }
-        failures.push(format!("{name}: {lost}"));
-    }
-    Err(TaskError::Routing {
-        message: format!("no node completed the task: {}", failures.join("; ")),
-    })
-}
-
-/// Re-routes after the first node at most this many times.
-pub const MAX_FAILOVERS: u32 = 2;
-
-/// Marks tasks left queued or running by a previous process as failed.
-fn recover(store: &Store) {
-    for mut record in store.records() {
-        if record.status.finished() {
-            continue;
-        }
-        let error = TaskError::Internal {
-            message: "the node stopped while the task was running; submit it again".into(),
-        };
-        record.status = TaskStatus::Failed;
-        record.error = Some(error.clone());
-        record.finished_at_ms = Some(unix_ms(SystemTime::now()));
-        let next = store
-            .events_from(&record.id, 0)
-            .last()
-            .map_or(0, |e| e.seq + 1);
-        let event = TaskEvent {
-            task_id: record.id.clone(),
-            seq: next,
-            at_ms: unix_ms(SystemTime::now()),
-            kind: EventKind::Failed { error },
-        };
-        if store
-            .put_event(&event)
-            .and_then(|()| store.put_record(&record))
-            .is_err()
-        {
-            tracing::error!(task = %record.id, "cannot mark interrupted task as failed");
-        }
+            Err(format!("sub-task {id} ended without an outcome"))
+        })
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn side_effects_are_write_and_shell_tools_and_delegations_above_read() {
-        assert!(has_side_effects("shell_exec", "{}"));
-        assert!(has_side_effects("file_write", "{}"));
-        assert!(!has_side_effects("file_read", "{}"));
-        assert!(!has_side_effects(
-            "delegate",
-            r#"{"role": "coder", "prompt": "x"}"#
-        ));
-        assert!(has_side_effects(
-            "delegate",
-            r#"{"role": "coder", "prompt": "x", "tier": "shell"}"#
-        ));
-    }
-
-    #[test]
-    fn event_keys_sort_by_task_then_sequence() {
-        let a = event_key("task", 2);
-        let b = event_key("task", 10);
-        assert!(a < b);
-        assert!(event_key("task", u64::MAX) < event_key("task0", 0));
+/// Cron firings are admitted like any task, placed as new ones.
+impl Runner for TaskManager {
+    fn start(&self, spec: TaskSpec) -> Result<mpsc::Receiver<TaskEvent>, String> {
+        let id = self
+            .submit(spec, Caller::Schedule)
+            .map_err(|e| e.to_string())?;
+        self.watch(&id, true).map_err(|e| e.to_string())
     }
 }

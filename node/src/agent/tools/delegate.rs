@@ -1,0 +1,113 @@
+//! `delegate`: a sub-task on the mesh, placed like any submitted task, whose answer becomes the
+//! tool's result. It counts as the tier it asks for, which may not exceed its task's.
+
+use std::sync::{Arc, OnceLock};
+
+use mesh_domain::{BoxFuture, Lineage, Requirements, Target, TaskSpec, Tier, ToolSpec};
+use serde_json::{Value, json};
+
+use crate::agent::tools::framework::{Tool, ToolContext, str_arg};
+
+/// Runs the `delegate` tool's sub-tasks: places them like any submitted task and waits for the
+/// outcome (a port: the task manager implements it).
+pub trait SubtaskRunner: Send + Sync + std::fmt::Debug {
+    /// Runs `spec` to an outcome: its output, or why it failed.
+    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, String>>;
+}
+
+/// Where `delegate` finds its runner: connected once the task manager exists, since that needs
+/// the tool table first.
+pub(crate) type RunnerSlot = Arc<OnceLock<Arc<dyn SubtaskRunner>>>;
+
+/// `delegate`: runs a sub-task on the mesh and returns its output.
+#[derive(Debug)]
+pub(crate) struct Delegate {
+    pub(crate) runner: RunnerSlot,
+}
+
+fn tier_arg(args: &Value) -> Result<Tier, String> {
+    match args.get("tier").and_then(Value::as_str) {
+        None => Ok(Tier::Read),
+        Some(text) => {
+            Tier::parse(text).ok_or_else(|| format!("`tier` is `{text}`: use read, write or shell"))
+        }
+    }
+}
+
+impl Tool for Delegate {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "delegate".into(),
+            description: "Run a sub-task on the mesh (wherever it fits best) and get its answer. Name exactly one of role, model or persona.".into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "prompt": {"type": "string"},
+                    "role": {"type": "string"},
+                    "model": {"type": "string"},
+                    "persona": {"type": "string"},
+                    "tier": {"type": "string", "enum": ["read", "write", "shell"], "description": "default read; at most this task's tier"},
+                    "on": {"type": "string", "description": "a node name"},
+                },
+                "required": ["prompt"],
+            }),
+        }
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Read
+    }
+
+    fn effective_tier(&self, args: &Value) -> Tier {
+        tier_arg(args).unwrap_or(Tier::Shell)
+    }
+
+    fn call<'a>(
+        &'a self,
+        args: &'a Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let runner = self
+                .runner
+                .get()
+                .cloned()
+                .ok_or("the mesh is not ready yet")?;
+            let prompt = str_arg(args, "prompt")?.to_owned();
+            let pick = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_owned);
+            let target = match (pick("role"), pick("model"), pick("persona")) {
+                (Some(r), None, None) => Target::Role(r),
+                (None, Some(m), None) => Target::Model(m),
+                (None, None, Some(p)) => Target::Persona(p),
+                _ => return Err("name exactly one of `role`, `model` or `persona`".into()),
+            };
+            let tier = tier_arg(args)?;
+            if tier > ctx.spec.tier {
+                return Err(format!(
+                    "a sub-task may not ask for tier `{tier}`: this task runs at `{}`",
+                    ctx.spec.tier
+                ));
+            }
+            let spec = TaskSpec {
+                prompt,
+                target,
+                tier,
+                timeout: ctx.spec.timeout,
+                max_rounds: None,
+                token_budget: ctx.spec.token_budget,
+                require: Requirements {
+                    on: pick("on"),
+                    ..Default::default()
+                },
+                lineage: Lineage {
+                    task_id: None,
+                    parent_id: Some(ctx.task_id.clone()),
+                    origin: ctx.spec.lineage.origin.clone(),
+                    hops: ctx.spec.lineage.hops + 1,
+                },
+                session: None,
+            };
+            runner.run_subtask(spec).await
+        })
+    }
+}

@@ -1,0 +1,158 @@
+//! The tool table: every tool an agent can call, registered once with its permission tier.
+//!
+//! Only tools that really work are registered: `list_nodes` ([`nodes`]); `file_read` and
+//! `file_write` ([`fs`], confined to the roots of [`roots`]); `shell_exec` ([`shell`]);
+//! `memory_get`, `memory_search` and `memory_put` ([`memory`]); `delegate` ([`delegate`]). The
+//! table is the one place that knows their names and tiers: persona tool lists are checked
+//! against it, and whether a call may have changed something (its tier is above `read`) is read
+//! from it. Tier checks happen before a call, in the supervisor's hooks, not here.
+
+mod delegate;
+mod framework;
+mod fs;
+mod memory;
+mod nodes;
+mod roots;
+mod shell;
+
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+
+use mesh_domain::{Tier, ToolSpec};
+use serde_json::Value;
+
+pub use self::{
+    delegate::SubtaskRunner,
+    framework::{MAX_TOOL_OUTPUT, Tool, ToolContext},
+};
+use self::{
+    delegate::{Delegate, RunnerSlot},
+    fs::{FileRead, FileWrite},
+    memory::{MemoryGet, MemoryPut, MemorySearch},
+    nodes::ListNodes,
+    roots::Roots,
+    shell::ShellExec,
+};
+use crate::{capabilities::Capabilities, memory::Memory, peers::PeerTable};
+
+/// The one table of tools.
+#[derive(Debug, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    /// What `delegate` runs its sub-tasks through, once connected.
+    subtasks: RunnerSlot,
+}
+
+impl ToolRegistry {
+    /// Registers every tool this node has; file tools get `roots` (created if missing).
+    pub fn new(
+        caps: Arc<Capabilities>,
+        peers: Arc<PeerTable>,
+        roots: Vec<PathBuf>,
+        memory: Arc<Memory>,
+    ) -> Self {
+        let roots = Arc::new(Roots::new(roots));
+        let subtasks = RunnerSlot::default();
+        let tools: Vec<Arc<dyn Tool>> = vec![
+            Arc::new(Delegate {
+                runner: subtasks.clone(),
+            }),
+            Arc::new(MemoryGet {
+                memory: memory.clone(),
+            }),
+            Arc::new(MemorySearch {
+                memory: memory.clone(),
+            }),
+            Arc::new(MemoryPut { memory }),
+            Arc::new(ListNodes { caps, peers }),
+            Arc::new(FileRead {
+                roots: roots.clone(),
+            }),
+            Arc::new(FileWrite {
+                roots: roots.clone(),
+            }),
+            Arc::new(ShellExec { roots }),
+        ];
+        Self {
+            tools: tools
+                .into_iter()
+                .map(|tool| (tool.spec().name, tool))
+                .collect(),
+            subtasks,
+        }
+    }
+
+    /// Connects `delegate` to what runs sub-tasks (the task manager, which needs this table
+    /// first). Only the first connection counts.
+    pub fn connect_subtasks(&self, runner: Arc<dyn SubtaskRunner>) {
+        let _ = self.subtasks.set(runner);
+    }
+
+    /// The tool named `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.tools.get(name).cloned()
+    }
+
+    /// Specs of the tools with tier ≤ `tier` and, when `allowed` is given, named in it.
+    pub fn specs(&self, tier: Tier, allowed: Option<&[String]>) -> Vec<ToolSpec> {
+        self.tools
+            .values()
+            .filter(|tool| tool.tier() <= tier)
+            .map(|tool| tool.spec())
+            .filter(|spec| allowed.is_none_or(|names| names.contains(&spec.name)))
+            .collect()
+    }
+
+    /// Names of all tools.
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+
+    /// The tier a call of `name` with these arguments counts as (`delegate` counts as the tier
+    /// it asks for); `None` when there is no such tool.
+    pub fn call_tier(&self, name: &str, arguments: Option<&Value>) -> Option<Tier> {
+        let tool = self.tools.get(name)?;
+        Some(arguments.map_or(tool.tier(), |args| tool.effective_tier(args)))
+    }
+
+    /// Whether a call as the model wrote it may have changed something (its tier is above
+    /// `read`): once one ran on a node, a task is not re-run elsewhere. A tool this node does not
+    /// have counts as harmless, since it cannot have run.
+    pub fn has_side_effects(&self, name: &str, arguments: &str) -> bool {
+        let arguments: Option<Value> = serde_json::from_str(arguments).ok();
+        self.call_tier(name, arguments.as_ref())
+            .is_some_and(|tier| tier > Tier::Read)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn side_effects_are_write_and_shell_tools_and_delegations_above_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = crate::storage::SledStore::new(sled::open(dir.path()).expect("db"));
+        let (memory, _writes) = Memory::open(
+            Arc::new(store),
+            mesh_domain::NodeId::from_spki_der(b"me"),
+            crate::memory::MemoryOptions::default(),
+        );
+        let tools = ToolRegistry::new(
+            crate::capabilities::test_support::test_capabilities(),
+            Arc::default(),
+            vec![dir.path().join("ws")],
+            memory,
+        );
+        assert!(tools.has_side_effects("shell_exec", "{}"));
+        assert!(tools.has_side_effects("file_write", "{}"));
+        assert!(tools.has_side_effects("memory_put", "{}"));
+        assert!(!tools.has_side_effects("file_read", "{}"));
+        assert!(!tools.has_side_effects("no_such_tool", "{}"));
+        assert!(!tools.has_side_effects("delegate", r#"{"role": "coder", "prompt": "x"}"#));
+        assert!(tools.has_side_effects(
+            "delegate",
+            r#"{"role": "coder", "prompt": "x", "tier": "shell"}"#
+        ));
+        assert!(!tools.has_side_effects("delegate", "not json"));
+    }
+}

@@ -1,0 +1,248 @@
+//! Chats with models, wherever they run: falling through a chain of models on this node
+//! ([`fall_through`], which the agent loop and the front door both use), and running one chat
+//! where the mesh places it ([`ChatService`]): here, or on the best peers in turn through the
+//! [`RemoteChat`] port (implemented by `rpc` over `agentmesh.v1.Models/Chat`).
+//!
+//! It decides where a chat may go through `admission`, and it never runs tools or creates
+//! tasks; it speaks no protobuf and no HTTP.
+
+use std::{sync::Arc, time::Instant};
+
+use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Target};
+use tokio::sync::mpsc;
+
+use crate::{
+    admission::{Admission, AdmissionError},
+    llm::{ChatModel, ModelError, ModelRegistry},
+    metrics::metrics,
+    router::Placement,
+};
+
+/// Most peers one chat is tried on (the best and two more), as for tasks.
+pub const MAX_CHAT_TRIES: usize = 3;
+
+/// What the caller of [`fall_through`] hears while a chain runs.
+pub trait ChainObserver: Send {
+    /// A model of the chain is about to be called (`attempt` counts from 1).
+    fn attempt(&mut self, _model: &str, _attempt: u32) {}
+    /// Text the model produced, in order.
+    fn delta(&mut self, text: String);
+    /// A call failed; `falling_through` says whether the next model is tried.
+    fn failed(&mut self, _model: &str, _error: &ModelError, _falling_through: bool) {}
+}
+
+/// Every model of a chain failed, or the last one failed in a way the next would not fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainFailure {
+    /// Each attempt: the model and how it failed, in order (empty for an empty chain).
+    pub attempts: Vec<(String, ModelError)>,
+}
+
+impl ChainFailure {
+    /// The last attempt: which model, and how it failed.
+    pub fn last(&self) -> Option<&(String, ModelError)> {
+        self.attempts.last()
+    }
+}
+
+/// Calls the chain in order until one model answers; a transient failure (connect error, 5xx,
+/// timeout) falls through to the next model, anything else ends the chain. The answer names the
+/// model that gave it.
+pub async fn fall_through(
+    chain: &[Arc<dyn ChatModel>],
+    request: &ChatRequest,
+    observer: &mut dyn ChainObserver,
+) -> Result<ChatResponse, ChainFailure> {
+    let mut attempts = Vec::new();
+    for (i, model) in chain.iter().enumerate() {
+        observer.attempt(model.name(), i as u32 + 1);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let started = Instant::now();
+        let call = model.chat(request, &tx);
+        tokio::pin!(call);
+        let result = loop {
+            tokio::select! {
+                result = &mut call => break result,
+                Some(text) = rx.recv() => observer.delta(text),
+            }
+        };
+        metrics().model_call(model.name(), started.elapsed().as_secs_f64());
+        while let Ok(text) = rx.try_recv() {
+            observer.delta(text);
+        }
+        match result {
+            Ok(response) => {
+                return Ok(ChatResponse {
+                    model: model.name().to_owned(),
+                    ..response
+                });
+            }
+            Err(error) => {
+                let falling_through = error.falls_through() && i + 1 < chain.len();
+                observer.failed(model.name(), &error, falling_through);
+                attempts.push((model.name().to_owned(), error));
+                if !falling_through {
+                    break;
+                }
+            }
+        }
+    }
+    Err(ChainFailure { attempts })
+}
+
+/// Why a chat on a peer failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteChatError {
+    /// What happened.
+    pub message: String,
+    /// Some of the answer was already passed on.
+    pub streamed: bool,
+    /// The peer refused the request itself: no node would take it.
+    pub invalid_request: bool,
+}
+
+/// Runs a chat on a peer's models (a port: `rpc` implements it with `Models/Chat`).
+pub trait RemoteChat: Send + Sync + std::fmt::Debug {
+    /// Runs `request` for `target` on the node at `addr`, passing its text on to `deltas`; the
+    /// complete answer at the end.
+    fn chat<'a>(
+        &'a self,
+        addr: &'a str,
+        target: &'a Target,
+        request: &'a ChatRequest,
+        deltas: &'a mpsc::UnboundedSender<String>,
+    ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>>;
+}
+
+/// Why a placed chat did not produce an answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChatError {
+    /// This node's model (or every model of its chain) failed.
+    #[error("{0}")]
+    Model(ModelError),
+    /// This node was chosen but does not have the model loaded (its advert was stale).
+    #[error("this node advertised the model but does not have it loaded")]
+    NotLoaded,
+    /// Every peer tried failed; one line per peer.
+    #[error("{0}")]
+    Peers(String),
+}
+
+/// Runs chats on this node's models, or on the peers the mesh places them on.
+#[derive(Debug)]
+pub struct ChatService {
+    models: Arc<ModelRegistry>,
+    admission: Arc<Admission>,
+    remote: Arc<dyn RemoteChat>,
+}
+
+/// Passes a local chain's text on to a channel and logs its fall-throughs.
+struct Forward<'a>(&'a mpsc::UnboundedSender<String>);
+
+impl ChainObserver for Forward<'_> {
+    fn delta(&mut self, text: String) {
+        let _ = self.0.send(text);
+    }
+
+    fn failed(&mut self, model: &str, error: &ModelError, falling_through: bool) {
+        if falling_through {
+            tracing::warn!(
+                model,
+                %error,
+                "front door: model failed, trying the next in the chain"
+            );
+        }
+    }
+}
+
+impl ChatService {
+    /// Chats on `models` here, and through `remote` on the peers `admission` chooses.
+    pub fn new(
+        models: Arc<ModelRegistry>,
+        admission: Arc<Admission>,
+        remote: Arc<dyn RemoteChat>,
+    ) -> Self {
+        Self {
+            models,
+            admission,
+            remote,
+        }
+    }
+
+    /// The chain that serves `target` on this node; `None` when this node serves neither the
+    /// role nor the model (personas run tasks, not chats).
+    fn chain(&self, target: &Target) -> Option<Vec<Arc<dyn ChatModel>>> {
+        match target {
+            Target::Role(role) => self.models.chain(role),
+            Target::Model(name) => Some(vec![self.models.model(name)?]),
+            Target::Persona(_) => None,
+        }
+    }
+
+    /// Whether this node serves `target`.
+    pub fn serves(&self, target: &Target) -> bool {
+        self.chain(target).is_some()
+    }
+
+    /// Runs a chat on this node's model, or its role's chain with fall-through, streaming
+    /// deltas to `deltas`. `None` when this node serves neither.
+    pub async fn serve_here(
+        &self,
+        target: &Target,
+        request: &ChatRequest,
+        deltas: &mpsc::UnboundedSender<String>,
+    ) -> Option<Result<ChatResponse, ModelError>> {
+        let chain = self.chain(target)?;
+        match fall_through(&chain, request, &mut Forward(deltas)).await {
+            Ok(response) => Some(Ok(response)),
+            Err(failure) => failure.attempts.into_iter().last().map(|(_, e)| Err(e)),
+        }
+    }
+
+    /// Where a chat for `target` goes: here, or the best peers (at most [`MAX_CHAT_TRIES`]).
+    pub fn place(&self, target: &Target) -> Result<Placement, AdmissionError> {
+        Ok(match self.admission.place_chat(target)? {
+            Placement::Remote(mut peers) => {
+                peers.truncate(MAX_CHAT_TRIES);
+                Placement::Remote(peers)
+            }
+            local => local,
+        })
+    }
+
+    /// Runs `request` where `placement` says, streaming deltas; the complete answer at the end.
+    /// On peers, the next is tried when one fails before passing anything on.
+    pub async fn run(
+        &self,
+        placement: Placement,
+        target: &Target,
+        request: &ChatRequest,
+        deltas: &mpsc::UnboundedSender<String>,
+    ) -> Result<ChatResponse, ChatError> {
+        let peers = match placement {
+            Placement::Local => {
+                return match self.serve_here(target, request, deltas).await {
+                    Some(Ok(response)) => Ok(response),
+                    Some(Err(error)) => Err(ChatError::Model(error)),
+                    None => Err(ChatError::NotLoaded),
+                };
+            }
+            Placement::Remote(peers) => peers,
+        };
+        let mut failed = Vec::new();
+        for peer in peers {
+            let error = match self.remote.chat(&peer.addr, target, request, deltas).await {
+                Ok(response) => return Ok(response),
+                Err(error) => error,
+            };
+            failed.push(format!("node {}: {}", peer.name, error.message));
+            // Once text went out, or when the request itself was refused, another node would
+            // not do better.
+            if error.streamed || error.invalid_request {
+                break;
+            }
+            tracing::warn!(node = %peer.name, error = %error.message, "front door: a chat failed before answering; trying the next node");
+        }
+        Err(ChatError::Peers(failed.join("; ")))
+    }
+}

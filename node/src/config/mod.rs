@@ -3,7 +3,8 @@
 //! Read in two steps: [`RawConfig`] mirrors the file (serde, unknown keys rejected), then
 //! [`RawConfig::validate`] turns it into [`Config`], the types the node uses. Every error names
 //! the key and the file and says how to fix it. This module reads no certificates and opens no
-//! sockets; it only decides what the operator asked for.
+//! sockets; it only decides what the operator asked for. It does not check the tool names a
+//! persona lists: the tool registry knows them, config does not.
 //!
 //! Layout; a file uses only the files listed above it, and none uses this one, which only
 //! re-exports them and loads a file with [`Config::load`]:

@@ -171,7 +171,8 @@ pub struct PersonaConfig {
     pub role: String,
     /// The system prompt its tasks start with.
     pub system_prompt: String,
-    /// Allowed tools; `None` = all.
+    /// Allowed tools; `None` = all. The names are not checked against the tools a node has
+    /// here: the tool registry knows them.
     pub tools: Option<Vec<String>>,
     /// Highest tool tier its tasks may use.
     pub max_tier: Tier,

@@ -3,7 +3,8 @@
 //! personas built on those roles. With no models and no roles it adds the zero-config embedded
 //! model when its file is in the data dir (the one file it looks at, and only whether it is
 //! there). It must not load a model or reach a server: a GGUF path is kept and a base URL is only
-//! checked for its scheme.
+//! checked for its scheme. Tool names in `personas[i].tools` are not checked here; the tool
+//! registry knows them.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,19 +24,6 @@ use crate::config::{
     types::{Backend, GpuDecl, ModelConfig, PersonaConfig},
     validate::syntax::is_valid_name,
 };
-
-/// Names of the tools a node registers (see `agent::tools`); persona `tools` lists are checked
-/// against it.
-const KNOWN_TOOLS: &[&str] = &[
-    "list_nodes",
-    "file_read",
-    "file_write",
-    "shell_exec",
-    "delegate",
-    "memory_get",
-    "memory_search",
-    "memory_put",
-];
 
 /// `resources.gpus`.
 pub(super) fn resources(raw: RawResources, origin: &Origin) -> Result<Vec<GpuDecl>, ConfigError> {
@@ -261,7 +249,7 @@ fn model(
     })
 }
 
-/// `[[personas]]`: unique names, a role the node serves (`roles`), a known tier, known tools.
+/// `[[personas]]`: unique names, a role the node serves (`roles`), a known tier.
 pub(super) fn personas(
     raw: Vec<RawPersona>,
     roles: &BTreeSet<String>,
@@ -298,17 +286,6 @@ pub(super) fn personas(
                 )
             })?,
         };
-        if let Some(tools) = &persona.tools {
-            for (t, tool) in tools.iter().enumerate() {
-                if !KNOWN_TOOLS.contains(&tool.as_str()) {
-                    return Err(origin.invalid(
-                        &format!("personas[{i}].tools[{t}]"),
-                        format!("names tool `{tool}`, which does not exist"),
-                        &format!("use some of: {}", KNOWN_TOOLS.join(", ")),
-                    ));
-                }
-            }
-        }
         personas.push(PersonaConfig {
             name: persona.name,
             role: persona.role,
@@ -368,6 +345,19 @@ mod tests {
         let e = err("[[models]]\nname = \"m\"\nbackend = \"embedded\"\n");
         assert!(e.contains("`models[0].path`"), "{e}");
         assert!(e.contains("deploy/fetch-model.sh"), "{e}");
+    }
+
+    /// Tool names belong to the tool registry, not to config: a persona's list is kept as
+    /// written, names config has never heard of included.
+    #[test]
+    fn persona_tool_lists_are_kept_as_written() {
+        let config = parse(
+            "[node]\nroles = [\"chat\"]\n[[personas]]\nname = \"p\"\nrole = \"chat\"\n\
+             tools = [\"file_read\", \"a_tool_from_a_plugin\"]\n",
+        )
+        .expect("valid");
+        let tools = config.personas[0].tools.clone().expect("a tool list");
+        assert_eq!(tools, vec!["file_read", "a_tool_from_a_plugin"]);
     }
 
     #[test]

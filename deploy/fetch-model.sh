@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# The same directory as `dirs::data_dir()` + `agentmesh` in node/src/config.rs.
+# The same directory as `dirs::data_dir()` + `agentmesh` in node/identity/src/bootstrap.rs.
 if [ -z "$dir" ]; then
   case "$(uname -s)" in
     Darwin) data="$HOME/Library/Application Support" ;;

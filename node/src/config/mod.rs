@@ -1,0 +1,56 @@
+//! Node configuration: the TOML file, command-line overrides, defaults, and validation.
+//!
+//! Read in two steps: [`RawConfig`] mirrors the file (serde, unknown keys rejected), then
+//! [`RawConfig::validate`] turns it into [`Config`], the types the node uses. Every error names
+//! the key and the file and says how to fix it. This module reads no certificates and opens no
+//! sockets; it only decides what the operator asked for. It does not check the tool names a
+//! persona lists: the tool registry knows them, config does not.
+//!
+//! Layout; a file uses only the files listed above it, and none uses this one, which only
+//! re-exports them and loads a file with [`Config::load`]:
+//! - `error.rs`: [`ConfigError`], and the origin (file) every error names;
+//! - `defaults.rs`: ports, the default name and thread count, the zero-config embedded model;
+//! - `types.rs`: [`Config`] and its parts, the validated types the rest of the node uses;
+//! - `raw.rs`: [`RawConfig`] and one `Raw*` struct per section, every default documented, and
+//!   [`Overrides`] (the flags);
+//! - `validate/`: [`RawConfig::validate`], one function per section, grouped in files.
+
+mod defaults;
+mod error;
+mod raw;
+mod types;
+mod validate;
+
+use std::{fs, path::Path};
+
+pub use defaults::{
+    DEFAULT_CONTEXT_WINDOW, DEFAULT_HTTP_PORT, DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME,
+    DEFAULT_PORT, DEFAULT_ROLE, FETCH_HINT, LAST_FALLBACK_PORT, MAX_NAME_LEN, MAX_THREADS,
+    default_model_path, default_name, default_threads,
+};
+pub use error::ConfigError;
+pub use raw::{
+    Overrides, RawConfig, RawDiscovery, RawGpu, RawHttp, RawMemory, RawModel, RawNode, RawPersona,
+    RawResources, RawSecurity, RawTasks, RawTls, RawTools,
+};
+pub use types::{
+    Backend, Config, Discovery, GpuDecl, HttpConfig, Listen, ModelConfig, PersonaConfig,
+    TaskLimits, TlsMode,
+};
+
+impl Config {
+    /// Loads `path` (or nothing, for zero-config), applies `overrides`, and validates.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let raw = match path {
+            Some(path) => {
+                let text = fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
+                RawConfig::parse(&text, path)?
+            }
+            None => RawConfig::default(),
+        };
+        raw.validate(path, overrides)
+    }
+}

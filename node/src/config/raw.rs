@@ -1,0 +1,274 @@
+//! The config file as written: [`RawConfig`] and one `Raw*` struct per section, mirrored with
+//! serde, plus [`Overrides`], the command-line flags that win over the file. Every key is
+//! optional unless its doc says otherwise, and its doc gives the default; an unknown key is an
+//! error that names the key and the file. It must not check values or fill in defaults that
+//! depend on anything else (that is validation); it only says what the text holds.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use serde::Deserialize;
+
+use crate::config::error::ConfigError;
+
+/// The config file as written. Every section and field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[node]`
+    pub node: RawNode,
+    /// `[discovery]`
+    pub discovery: RawDiscovery,
+    /// `[tls]`
+    pub tls: RawTls,
+    /// `[resources]`
+    pub resources: RawResources,
+    /// `[[models]]`. Default: none; a node with no models and no `[roles]` serves the
+    /// zero-config embedded model when its file is in the data dir.
+    pub models: Vec<RawModel>,
+    /// `[roles]`: role → ordered model names, primary first. Default: none.
+    pub roles: BTreeMap<String, Vec<String>>,
+    /// `[[personas]]`. Default: none.
+    pub personas: Vec<RawPersona>,
+    /// `[security]`
+    pub security: RawSecurity,
+    /// `[tasks]`
+    pub tasks: RawTasks,
+    /// `[tools]`
+    pub tools: RawTools,
+    /// `[memory]`
+    pub memory: RawMemory,
+    /// `[http]`
+    pub http: RawHttp,
+}
+
+impl RawConfig {
+    /// Parses TOML text; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: format!(
+                "{}\n(every key is listed in docs/operations.md)",
+                e.to_string().trim_end()
+            ),
+        })
+    }
+}
+
+/// `[node]`: who the node is, where it listens and where it keeps its state.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawNode {
+    /// Default: the host name.
+    pub name: Option<String>,
+    /// `host:port`. Default: `0.0.0.0:7700`, falling back to the next free port up to 7710.
+    pub listen: Option<String>,
+    /// Default: the platform data dir + `agentmesh` (e.g. `~/.local/share/agentmesh`).
+    pub data_dir: Option<PathBuf>,
+    /// Writes are refused (and the node is `degraded`) while the data dir's disk has less free
+    /// space than this, in MiB. Default 100; 0 turns the floor off.
+    pub min_free_disk_mb: Option<u64>,
+    /// Roles this node serves besides those in `[roles]`. Default: none.
+    pub roles: Vec<String>,
+    /// Free-form labels the router can require (`--label gpu=fast`). Default: none.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// `[discovery]`: how the node finds its peers.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawDiscovery {
+    /// Advertise and browse over mDNS. Default: true.
+    pub mdns: bool,
+    /// Restrict mDNS to these interfaces. Default: all.
+    pub interfaces: Vec<String>,
+    /// `host:port` of peers to dial at start (bootstrap; the rest is learned from them).
+    /// Default: none.
+    pub static_peers: Vec<String>,
+}
+
+impl Default for RawDiscovery {
+    fn default() -> Self {
+        Self {
+            mdns: true,
+            interfaces: Vec::new(),
+            static_peers: Vec::new(),
+        }
+    }
+}
+
+/// `[tls]`: how peers authenticate each other. With none of `ca`, `cert` and `key` (the
+/// default), the node uses its own CA in `<data_dir>/tls`, created on first start.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTls {
+    /// The mesh CA certificate (PEM). Default: none.
+    pub ca: Option<PathBuf>,
+    /// This node's certificate (PEM), issued by the CA. Default: none.
+    pub cert: Option<PathBuf>,
+    /// This node's private key (PEM). Default: none.
+    pub key: Option<PathBuf>,
+    /// Plain TCP without authentication. For local experiments only. Default: false.
+    pub insecure: bool,
+    /// Allow `insecure` on a non-loopback address. Default: false.
+    pub insecure_allow_remote: bool,
+}
+
+/// `[resources]`: hardware the operator declares.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawResources {
+    /// GPUs declared by the operator, shown in addition to those nvidia-smi reports.
+    /// Default: none.
+    pub gpus: Vec<RawGpu>,
+}
+
+/// One `[[resources.gpus]]` entry; both keys are required.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGpu {
+    /// E.g. `RTX 4090`.
+    pub name: String,
+    /// Total VRAM in MiB.
+    pub vram_mb: u64,
+}
+
+/// One `[[models]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    /// The name roles refer to. Required.
+    pub name: String,
+    /// `openai` or `embedded`. Required.
+    pub backend: String,
+    /// For `openai` (required there): the server's base URL, e.g. `http://127.0.0.1:11434/v1`.
+    pub base_url: Option<String>,
+    /// For `openai` (required there): the model name the server knows.
+    pub model: Option<String>,
+    /// For `embedded` (required there): the GGUF file.
+    pub path: Option<PathBuf>,
+    /// For `openai`: the environment variable holding the API key. Default: none (the
+    /// placeholder key `none` is sent).
+    pub api_key_env: Option<String>,
+    /// Context window in tokens. Default: 8192 (`openai`), 2048 (`embedded`).
+    pub context_window: Option<usize>,
+    /// Longest a single model call may take, seconds. Default: 120.
+    pub timeout_s: Option<u64>,
+    /// For `embedded`: threads for inference. Default: the number of CPU cores.
+    pub threads: Option<usize>,
+}
+
+/// One `[[personas]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPersona {
+    /// Unique persona name. Required.
+    pub name: String,
+    /// The role whose model chain the persona uses. Required.
+    pub role: String,
+    /// The system prompt. Default: empty.
+    #[serde(default)]
+    pub system_prompt: String,
+    /// Tools the persona may use (default: every registered tool).
+    pub tools: Option<Vec<String>>,
+    /// Highest tool tier the persona may use (default: `read`).
+    pub max_tier: Option<String>,
+}
+
+/// `[tasks]`: how much work the node takes on, and the default budget of each task.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTasks {
+    /// Tasks run at once. Default: 2.
+    pub workers: Option<usize>,
+    /// Tasks that may wait for a worker. Default: 16.
+    pub queue: Option<usize>,
+    /// Default model rounds per task. Default: 10.
+    pub max_rounds: Option<u32>,
+    /// Default token budget per task. Default: 200000.
+    pub token_budget: Option<u64>,
+    /// Default deadline per task, seconds. Default: 600.
+    pub timeout_s: Option<u64>,
+}
+
+/// `[tools]`: where the file and shell tools may work.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawTools {
+    /// Directories `file_read` / `file_write` may touch; the first is `shell_exec`'s default
+    /// working directory. Default: `<data_dir>/workspace`.
+    pub roots: Vec<PathBuf>,
+}
+
+/// `[security]`: what other nodes may ask of this one.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawSecurity {
+    /// `read`, `write` or `shell`. Default: `read`.
+    pub remote_max_tier: Option<String>,
+}
+
+/// `[memory]`: what the shared memory keeps to itself and how it replicates.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawMemory {
+    /// Namespaces kept on this node only (not replicated). Default: none.
+    pub local_namespaces: Vec<String>,
+    /// How far ahead of this node's clock a replicated record may be stamped. Default: 500.
+    pub max_clock_skew_ms: Option<u64>,
+    /// How long a tombstone is kept at most, in seconds. Default: 604800 (7 days).
+    pub tombstone_window_s: Option<u64>,
+    /// How often every up peer is synced even without news, in seconds. Default: 30.
+    pub sync_interval_s: Option<u64>,
+}
+
+/// `[http]`: the OpenAI-compatible front door.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawHttp {
+    /// Address to listen on. Default: `127.0.0.1:7780` (the next free port up to 7790).
+    pub listen: Option<String>,
+    /// Bearer keys; when set, `/v1/*` requests need one. Default: none (no authentication).
+    pub api_keys: Vec<String>,
+}
+
+/// Command-line flags that override the file. Each is unset (or false) unless given.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--name`
+    pub name: Option<String>,
+    /// `--listen`
+    pub listen: Option<String>,
+    /// `--data-dir`
+    pub data_dir: Option<PathBuf>,
+    /// `--static-peer` (added to the file's list)
+    pub static_peers: Vec<String>,
+    /// `--no-mdns`
+    pub no_mdns: bool,
+    /// `--insecure`
+    pub insecure: bool,
+    /// `--insecure-allow-remote`
+    pub insecure_allow_remote: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        RawConfig::parse(text, Path::new("node.toml"))
+            .expect_err("config must be rejected")
+            .to_string()
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_the_file() {
+        let message = err("[node]\nnmae = \"x\"\n");
+        assert!(message.contains("nmae"), "{message}");
+        assert!(message.contains("node.toml"), "{message}");
+        let message = err("[dicsovery]\nmdns = true\n");
+        assert!(message.contains("dicsovery"), "{message}");
+    }
+}

@@ -1,0 +1,188 @@
+//! The validated configuration the node runs on: [`Config`] and its parts ([`Listen`],
+//! [`Discovery`], [`TlsMode`], [`GpuDecl`], [`ModelConfig`] with its [`Backend`],
+//! [`PersonaConfig`], [`TaskLimits`], [`HttpConfig`]). A value of these types has passed every
+//! check, so code that holds one need not check again. Plain data: it must not parse, check or
+//! look anything up (the raw file is `raw.rs`, the checks are under `validate/`).
+
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
+
+use mesh_domain::Tier;
+use mesh_identity::TlsFiles;
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from, if any (for messages).
+    pub source: Option<PathBuf>,
+    /// Node name (mDNS instance name).
+    pub name: String,
+    /// Where the gRPC server listens.
+    pub listen: Listen,
+    /// Where the node keeps its state.
+    pub data_dir: PathBuf,
+    /// `node.min_free_disk_mb`, in bytes.
+    pub min_free_disk: u64,
+    /// Roles served: `node.roles` plus the keys of `[roles]`, sorted.
+    pub roles: Vec<String>,
+    /// `node.labels`.
+    pub labels: BTreeMap<String, String>,
+    /// `[discovery]`: how peers are found.
+    pub discovery: Discovery,
+    /// `[tls]`: how peers authenticate each other.
+    pub tls: TlsMode,
+    /// `resources.gpus`.
+    pub gpus: Vec<GpuDecl>,
+    /// `[[models]]`, or the zero-config embedded model.
+    pub models: Vec<ModelConfig>,
+    /// `[roles]`: role → model chain.
+    pub role_chains: BTreeMap<String, Vec<String>>,
+    /// `[[personas]]`.
+    pub personas: Vec<PersonaConfig>,
+    /// `security.remote_max_tier`.
+    pub remote_max_tier: Tier,
+    /// `[tasks]`: worker count, queue length and default task budgets.
+    pub tasks: TaskLimits,
+    /// `tools.roots`.
+    pub tool_roots: Vec<PathBuf>,
+    /// `memory.local_namespaces`.
+    pub local_namespaces: Vec<String>,
+    /// `memory.max_clock_skew_ms`.
+    pub max_clock_skew: Duration,
+    /// `memory.tombstone_window_s`.
+    pub tombstone_window: Duration,
+    /// `memory.sync_interval_s`.
+    pub sync_interval: Duration,
+    /// `[http]`: the front door.
+    pub http: HttpConfig,
+}
+
+/// Validated `[tasks]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskLimits {
+    /// Concurrent tasks.
+    pub workers: usize,
+    /// Waiting tasks before `RESOURCE_EXHAUSTED`.
+    pub queue: usize,
+    /// Model rounds of a task that does not set its own.
+    pub max_rounds: u32,
+    /// Token budget of a task that does not set its own.
+    pub token_budget: u64,
+    /// Deadline of a task that does not set its own.
+    pub timeout: Duration,
+}
+
+impl Default for TaskLimits {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            queue: 16,
+            max_rounds: 10,
+            token_budget: 200_000,
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Where to listen, and whether a taken default port may fall back to the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen {
+    /// The address asked for.
+    pub addr: SocketAddr,
+    /// True when the port was not chosen explicitly: try up to
+    /// [`LAST_FALLBACK_PORT`](crate::config::LAST_FALLBACK_PORT).
+    pub fallback: bool,
+}
+
+/// Validated `[discovery]`.
+#[derive(Debug, Clone)]
+pub struct Discovery {
+    /// mDNS on or off.
+    pub mdns: bool,
+    /// Interfaces mDNS is restricted to (empty: all).
+    pub interfaces: Vec<String>,
+    /// Bootstrap peers, `host:port`.
+    pub static_peers: Vec<String>,
+}
+
+/// How the node talks to its peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TlsMode {
+    /// mTLS with the mesh CA.
+    Mtls(TlsFiles),
+    /// No TLS in the config: use `<data_dir>/tls`, creating a single-node CA there on first start.
+    Bootstrap,
+    /// Plain TCP.
+    Insecure,
+}
+
+/// A GPU declared in config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuDecl {
+    /// The name shown for it, e.g. `RTX 4090`.
+    pub name: String,
+    /// VRAM in MiB.
+    pub vram_mb: u64,
+}
+
+/// A model backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Any OpenAI-compatible server.
+    OpenAi {
+        /// Base URL (`…/v1`).
+        base_url: String,
+        /// Model name on that server.
+        model: String,
+        /// Environment variable with the API key.
+        api_key_env: Option<String>,
+        /// Context window in tokens.
+        context_window: usize,
+        /// Longest one call may take.
+        timeout: Duration,
+    },
+    /// The in-process GGUF engine.
+    Embedded {
+        /// The GGUF file.
+        path: PathBuf,
+        /// Inference threads.
+        threads: usize,
+        /// Context window in tokens.
+        context_window: usize,
+        /// Longest one call may take.
+        timeout: Duration,
+    },
+}
+
+/// A validated `[[models]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// The name roles refer to.
+    pub name: String,
+    /// How it is reached.
+    pub backend: Backend,
+}
+
+/// A validated `[[personas]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersonaConfig {
+    /// The name a task or a chat targets it by; unique on the node.
+    pub name: String,
+    /// Role whose chain it uses.
+    pub role: String,
+    /// The system prompt its tasks start with.
+    pub system_prompt: String,
+    /// Allowed tools; `None` = all. The names are not checked against the tools a node has
+    /// here: the tool registry knows them.
+    pub tools: Option<Vec<String>>,
+    /// Highest tool tier its tasks may use.
+    pub max_tier: Tier,
+}
+
+/// Validated `[http]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Where to listen.
+    pub listen: Listen,
+    /// Accepted bearer keys (empty: no authentication).
+    pub api_keys: Vec<String>,
+}

@@ -1,0 +1,207 @@
+//! [`RawConfig::validate`]: applies the command-line flags and checks the file section by section,
+//! stopping at the first mistake, into a [`Config`]. The checks live in the files below, one
+//! function per section, each returning its validated part or a [`ConfigError`] that names the
+//! key, the file and the fix:
+//! - `node.rs`: `[node]`, `[discovery]`, `[tls]`, `[http]` (who the node is, how it is reached);
+//! - `models.rs`: `[resources]`, `[[models]]` with `[roles]`, `[[personas]]` (what it runs);
+//! - `limits.rs`: `[security]`, `[tasks]`, `[tools]`, `[memory]` (the bounds work runs within);
+//! - `syntax.rs`: the shape of names and `host:port` peers, shared by the above.
+//!
+//! It must not read certificates, load models or open sockets; the one file it looks at is the
+//! zero-config model's (only whether it is there).
+
+mod limits;
+mod models;
+mod node;
+mod syntax;
+
+use std::path::Path;
+
+use crate::config::{
+    error::{ConfigError, Origin},
+    raw::{Overrides, RawConfig},
+    types::Config,
+};
+
+impl RawConfig {
+    /// Applies overrides and checks every value.
+    ///
+    /// The order of the steps decides which mistake a file with several is told about: it is
+    /// kept as the node has always reported them, so `node.roles` comes after `[roles]` (it adds
+    /// to the roles the chains define) and `node.min_free_disk_mb` comes last.
+    pub fn validate(
+        self,
+        path: Option<&Path>,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let origin = Origin::new(path);
+        let node_section = node::node(&self.node, overrides, &origin)?;
+        let discovery = node::discovery(self.discovery, overrides, &origin)?;
+        let tls = node::tls(self.tls, overrides, node_section.listen, &origin)?;
+        let gpus = models::resources(self.resources, &origin)?;
+        let model_section =
+            models::models(self.models, self.roles, &node_section.data_dir, &origin)?;
+        let roles = node::served_roles(&model_section.role_chains, self.node.roles, &origin)?;
+        let personas = models::personas(self.personas, &roles, &origin)?;
+        let remote_max_tier = limits::security(self.security, &origin)?;
+        let tasks = limits::tasks(self.tasks, &origin)?;
+        let tool_roots = limits::tools(self.tools, &node_section.data_dir, &origin)?;
+        let memory = limits::memory(self.memory, &origin)?;
+        let http = node::http(self.http, &origin)?;
+        let min_free_disk = node::min_free_disk(self.node.min_free_disk_mb, &origin)?;
+
+        Ok(Config {
+            source: path.map(Path::to_owned),
+            name: node_section.name,
+            listen: node_section.listen,
+            data_dir: node_section.data_dir,
+            min_free_disk,
+            roles: roles.into_iter().collect(),
+            labels: node_section.labels,
+            discovery,
+            tls,
+            gpus,
+            models: model_section.models,
+            role_chains: model_section.role_chains,
+            personas,
+            remote_max_tier,
+            tasks,
+            tool_roots,
+            local_namespaces: memory.local_namespaces,
+            max_clock_skew: memory.max_clock_skew,
+            tombstone_window: memory.tombstone_window,
+            sync_interval: memory.sync_interval,
+            http,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_domain::Tier;
+
+    use super::*;
+    use crate::config::{defaults::DEFAULT_PORT, types::TlsMode};
+
+    /// `text` as the file `node.toml`, with no flags.
+    pub(super) fn parse(text: &str) -> Result<Config, ConfigError> {
+        let path = Path::new("node.toml");
+        RawConfig::parse(text, path)?.validate(Some(path), &Overrides::default())
+    }
+
+    /// The message `text` is rejected with.
+    pub(super) fn err(text: &str) -> String {
+        parse(text)
+            .expect_err("config must be rejected")
+            .to_string()
+    }
+
+    #[test]
+    fn empty_file_gives_the_documented_defaults() {
+        let config = parse("").expect("valid");
+        assert_eq!(config.listen.addr.port(), DEFAULT_PORT);
+        assert!(config.listen.fallback);
+        assert!(config.discovery.mdns);
+        assert_eq!(config.tls, TlsMode::Bootstrap);
+        assert_eq!(config.remote_max_tier, Tier::Read);
+        assert!(!config.name.is_empty());
+    }
+
+    #[test]
+    fn a_full_config_parses() {
+        let config = parse(
+            r#"
+            [node]
+            name = "gpu-box"
+            listen = "0.0.0.0:7700"
+            data_dir = "/var/lib/agentmesh"
+            roles = ["chat"]
+            labels = { site = "home" }
+
+            [discovery]
+            mdns = false
+            interfaces = ["eth0"]
+            static_peers = ["10.0.0.2:7700", "laptop.lan:7700"]
+
+            [tls]
+            ca = "ca.pem"
+            cert = "gpu-box.pem"
+            key = "gpu-box.key"
+
+            [[resources.gpus]]
+            name = "RTX 4090"
+            vram_mb = 24576
+
+            [[models]]
+            name = "qwen-coder"
+            backend = "openai"
+            base_url = "http://127.0.0.1:11434/v1"
+            model = "qwen2.5-coder:7b"
+
+            [roles]
+            coder = ["qwen-coder"]
+
+            [[personas]]
+            name = "reviewer"
+            role = "coder"
+            system_prompt = "You review code."
+
+            [security]
+            remote_max_tier = "write"
+            "#,
+        )
+        .expect("valid");
+        assert_eq!(config.name, "gpu-box");
+        assert!(!config.listen.fallback);
+        assert_eq!(config.roles, vec!["chat", "coder"]);
+        assert_eq!(config.discovery.static_peers.len(), 2);
+        assert!(matches!(config.tls, TlsMode::Mtls(_)));
+        assert_eq!(config.gpus[0].vram_mb, 24576);
+        assert_eq!(config.remote_max_tier, Tier::Write);
+        assert_eq!(config.personas[0].role, "coder");
+    }
+
+    #[test]
+    fn every_invalid_value_names_its_key() {
+        let cases = [
+            ("[node]\nlisten = \"nowhere\"", "node.listen"),
+            ("[node]\nname = \"bad name!\"", "node.name"),
+            (
+                "[discovery]\nstatic_peers = [\"no-port\"]",
+                "discovery.static_peers[0]",
+            ),
+            (
+                "[discovery]\nstatic_peers = [\"1.2.3.4:0\"]",
+                "discovery.static_peers[0]",
+            ),
+            ("[tls]\nca = \"ca.pem\"", "tls.cert"),
+            ("[tls]\ninsecure = true", "tls.insecure"),
+            (
+                "[[resources.gpus]]\nname = \"x\"\nvram_mb = 0",
+                "resources.gpus[0].vram_mb",
+            ),
+            (
+                "[[models]]\nname = \"m\"\nbackend = \"magic\"",
+                "models[0].backend",
+            ),
+            (
+                "[[models]]\nname = \"m\"\nbackend = \"openai\"",
+                "models[0].base_url",
+            ),
+            ("[roles]\ncoder = [\"ghost\"]", "roles.coder[0]"),
+            (
+                "[[personas]]\nname = \"p\"\nrole = \"nobody\"",
+                "personas[0].role",
+            ),
+            (
+                "[security]\nremote_max_tier = \"root\"",
+                "security.remote_max_tier",
+            ),
+        ];
+        for (text, key) in cases {
+            let message = err(text);
+            assert!(message.contains(&format!("`{key}`")), "{key}: {message}");
+            assert!(message.contains("node.toml"), "{key}: {message}");
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! Checks `[node]`, `[discovery]`, `[tls]` and `[http]`: who the node is, where it listens and
+//! keeps its state, how it finds and authenticates its peers, and where its front door is. The
+//! flags (`--name`, `--listen`, `--data-dir`, `--static-peer`, `--no-mdns`, `--insecure`,
+//! `--insecure-allow-remote`) are applied here. It must not touch the network or the certificate
+//! files: an address is parsed, never bound; a certificate path is kept, never read.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    path::PathBuf,
+};
+
+use mesh_identity::{TlsFiles, bootstrap::default_data_dir};
+
+use crate::config::{
+    defaults::{DEFAULT_HTTP_PORT, DEFAULT_PORT, default_name},
+    error::{ConfigError, Origin},
+    raw::{Overrides, RawDiscovery, RawHttp, RawNode, RawTls},
+    types::{Discovery, HttpConfig, Listen, TlsMode},
+    validate::syntax::{is_host_port, is_valid_name},
+};
+
+/// The `[node]` keys that say who the node is and where it listens and keeps its state.
+#[derive(Debug)]
+pub(super) struct NodeSection {
+    /// `node.name` or `--name`, else the host name.
+    pub(super) name: String,
+    /// `node.listen` or `--listen`, else the default port with fallback.
+    pub(super) listen: Listen,
+    /// `node.data_dir` or `--data-dir`, else the platform's data dir.
+    pub(super) data_dir: PathBuf,
+    /// `node.labels`.
+    pub(super) labels: BTreeMap<String, String>,
+}
+
+/// `node.name`, `node.listen`, `node.data_dir` and `node.labels`; a flag wins over the file.
+/// `node.roles` and `node.min_free_disk_mb` have functions of their own ([`served_roles`],
+/// [`min_free_disk`]).
+pub(super) fn node(
+    raw: &RawNode,
+    overrides: &Overrides,
+    origin: &Origin,
+) -> Result<NodeSection, ConfigError> {
+    let name = overrides
+        .name
+        .clone()
+        .or_else(|| raw.name.clone())
+        .unwrap_or_else(default_name);
+    if !is_valid_name(&name) {
+        return Err(origin.invalid(
+            "node.name",
+            format!("is `{name}`, which is not a valid node name"),
+            "use 1-63 ASCII letters, digits, `-` or `_` (it is the mDNS instance name)",
+        ));
+    }
+
+    let listen = match overrides.listen.clone().or_else(|| raw.listen.clone()) {
+        None => Listen {
+            addr: SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT)),
+            fallback: true,
+        },
+        Some(text) => Listen {
+            addr: text.parse().map_err(|_| {
+                origin.invalid(
+                    "node.listen",
+                    format!("is `{text}`, not an IP:port address"),
+                    "write it like `0.0.0.0:7700` or `127.0.0.1:7700` (`[::]:7700` for IPv6)",
+                )
+            })?,
+            fallback: false,
+        },
+    };
+
+    let data_dir = match overrides.data_dir.clone().or_else(|| raw.data_dir.clone()) {
+        Some(dir) if dir.as_os_str().is_empty() => {
+            return Err(origin.invalid(
+                "node.data_dir",
+                "is empty".into(),
+                "set a directory the node may write to, or remove the key for the default",
+            ));
+        }
+        Some(dir) => dir,
+        None => default_data_dir().ok_or_else(|| {
+            origin.invalid(
+                "node.data_dir",
+                "has no default on this platform".into(),
+                "set node.data_dir or pass --data-dir",
+            )
+        })?,
+    };
+
+    let mut labels = BTreeMap::new();
+    for (key, value) in &raw.labels {
+        if key.is_empty() || key.len() > 63 || value.len() > 253 {
+            return Err(origin.invalid(
+                &format!("node.labels.{key}"),
+                "is too long or empty".into(),
+                "use label keys of 1-63 characters and values of at most 253",
+            ));
+        }
+        labels.insert(key.clone(), value.clone());
+    }
+
+    Ok(NodeSection {
+        name,
+        listen,
+        data_dir,
+        labels,
+    })
+}
+
+/// `node.roles`, added to the roles that have a model chain (`role_chains`): every role the
+/// node serves.
+pub(super) fn served_roles(
+    role_chains: &BTreeMap<String, Vec<String>>,
+    node_roles: Vec<String>,
+    origin: &Origin,
+) -> Result<BTreeSet<String>, ConfigError> {
+    let mut roles: BTreeSet<String> = role_chains.keys().cloned().collect();
+    for (i, role) in node_roles.into_iter().enumerate() {
+        if !is_valid_name(&role) {
+            return Err(origin.invalid(
+                &format!("node.roles[{i}]"),
+                format!("is `{role}`"),
+                "use 1-63 letters, digits, `-`, `_`",
+            ));
+        }
+        roles.insert(role);
+    }
+    Ok(roles)
+}
+
+/// `node.min_free_disk_mb` (default 100), in bytes.
+pub(super) fn min_free_disk(
+    min_free_disk_mb: Option<u64>,
+    origin: &Origin,
+) -> Result<u64, ConfigError> {
+    let min_free_disk_mb = min_free_disk_mb.unwrap_or(100);
+    min_free_disk_mb.checked_mul(1 << 20).ok_or_else(|| {
+        origin.invalid(
+            "node.min_free_disk_mb",
+            format!("is {min_free_disk_mb} MiB, more than any disk holds"),
+            "give the free space to keep in MiB, e.g. 100, or 0 to turn the floor off",
+        )
+    })
+}
+
+/// `[discovery]`, with `--static-peer` added to the file's peers and `--no-mdns` turning mDNS
+/// off.
+pub(super) fn discovery(
+    raw: RawDiscovery,
+    overrides: &Overrides,
+    origin: &Origin,
+) -> Result<Discovery, ConfigError> {
+    let mut static_peers = raw.static_peers;
+    static_peers.extend(overrides.static_peers.iter().cloned());
+    for (i, peer) in static_peers.iter().enumerate() {
+        if !is_host_port(peer) {
+            return Err(origin.invalid(
+                &format!("discovery.static_peers[{i}]"),
+                format!("is `{peer}`, not host:port"),
+                "write peers like `192.168.1.20:7700` or `gpu-box.lan:7700`",
+            ));
+        }
+    }
+    static_peers.dedup();
+    for (i, ifname) in raw.interfaces.iter().enumerate() {
+        if ifname.is_empty() {
+            return Err(origin.invalid(
+                &format!("discovery.interfaces[{i}]"),
+                "is empty".into(),
+                "list interface names as `ip link` shows them, e.g. `eth0`",
+            ));
+        }
+    }
+    Ok(Discovery {
+        mdns: raw.mdns && !overrides.no_mdns,
+        interfaces: raw.interfaces,
+        static_peers,
+    })
+}
+
+/// `[tls]`, with `--insecure` and `--insecure-allow-remote`. Plain TCP is refused on a
+/// non-loopback `listen` address unless remote use is allowed explicitly.
+pub(super) fn tls(
+    raw: RawTls,
+    overrides: &Overrides,
+    listen: Listen,
+    origin: &Origin,
+) -> Result<TlsMode, ConfigError> {
+    let insecure = raw.insecure || overrides.insecure;
+    let allow_remote = raw.insecure_allow_remote || overrides.insecure_allow_remote;
+    let tls = match (insecure, raw.ca, raw.cert, raw.key) {
+        (true, None, None, None) => TlsMode::Insecure,
+        (true, ..) if overrides.insecure => TlsMode::Insecure,
+        (true, ..) => {
+            return Err(origin.invalid(
+                "tls.insecure",
+                "is true while tls.ca / tls.cert / tls.key are also set".into(),
+                "choose one: remove tls.insecure, or remove the certificate paths",
+            ));
+        }
+        (false, None, None, None) => TlsMode::Bootstrap,
+        (false, Some(ca), Some(cert), Some(key)) => TlsMode::Mtls(TlsFiles { ca, cert, key }),
+        (false, ca, cert, _) => {
+            let missing = if ca.is_none() {
+                "tls.ca"
+            } else if cert.is_none() {
+                "tls.cert"
+            } else {
+                "tls.key"
+            };
+            return Err(origin.invalid(
+                missing,
+                "is missing".into(),
+                "set all three of tls.ca, tls.cert and tls.key (see `mesh-cli ca --help`), or none to use the node's own CA in its data dir",
+            ));
+        }
+    };
+    if tls == TlsMode::Insecure && !listen.addr.ip().is_loopback() && !allow_remote {
+        return Err(origin.invalid(
+            "tls.insecure",
+            format!(
+                "is set while listening on {}, which is not a loopback address",
+                listen.addr
+            ),
+            "listen on 127.0.0.1, use mTLS, or add --insecure-allow-remote if you accept unauthenticated plain-text traffic on your network",
+        ));
+    }
+    Ok(tls)
+}
+
+/// `[http]`: the front door stays on loopback unless `http.listen` says otherwise (`--listen`
+/// moves the gRPC server only).
+pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigError> {
+    let listen = match raw.listen {
+        None => Listen {
+            addr: SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT)),
+            fallback: true,
+        },
+        Some(text) => Listen {
+            addr: text.parse().map_err(|_| {
+                origin.invalid(
+                    "http.listen",
+                    format!("is `{text}`, not an IP:port address"),
+                    "write it like `127.0.0.1:7780` (loopback only) or `0.0.0.0:7780` (with http.api_keys)",
+                )
+            })?,
+            fallback: false,
+        },
+    };
+    if let Some(i) = raw
+        .api_keys
+        .iter()
+        .position(|k| k.len() < 8 || k.chars().any(char::is_whitespace))
+    {
+        return Err(origin.invalid(
+            &format!("http.api_keys[{i}]"),
+            "is shorter than 8 characters or contains spaces".into(),
+            "use long random keys, e.g. from `openssl rand -hex 24`",
+        ));
+    }
+    Ok(HttpConfig {
+        listen,
+        api_keys: raw.api_keys,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::{raw::RawConfig, validate::tests::parse};
+
+    #[test]
+    fn the_front_door_listens_on_loopback_unless_an_address_is_given() {
+        let loopback = SocketAddr::from(([127, 0, 0, 1], DEFAULT_HTTP_PORT));
+        let texts = [
+            "",
+            "[node]\nlisten = \"0.0.0.0:7700\"\n",
+            "[http]\n",
+            "[http]\napi_keys = [\"0123456789abcdef\"]\n",
+        ];
+        for text in texts {
+            let http = parse(text).expect("valid").http;
+            assert_eq!(http.listen.addr, loopback, "{text:?}");
+            assert!(http.listen.fallback, "{text:?}");
+        }
+        // The `--listen` flag moves the gRPC server only.
+        let path = Path::new("node.toml");
+        let overrides = Overrides {
+            listen: Some("0.0.0.0:7700".into()),
+            ..Overrides::default()
+        };
+        let config = RawConfig::parse("", path)
+            .expect("parse")
+            .validate(Some(path), &overrides)
+            .expect("valid");
+        assert!(config.listen.addr.ip().is_unspecified());
+        assert_eq!(config.http.listen.addr, loopback);
+        // Only an explicit address leaves loopback.
+        let http = parse("[http]\nlisten = \"0.0.0.0:7780\"\n")
+            .expect("valid")
+            .http;
+        assert!(http.listen.addr.ip().is_unspecified());
+        assert!(!http.listen.fallback);
+    }
+
+    #[test]
+    fn insecure_needs_loopback_or_explicit_permission() {
+        let text = "[node]\nlisten = \"127.0.0.1:7700\"\n[tls]\ninsecure = true";
+        assert_eq!(
+            parse(text).expect("loopback is fine").tls,
+            TlsMode::Insecure
+        );
+        let remote = "[node]\nlisten = \"0.0.0.0:7700\"\n[tls]\ninsecure = true\ninsecure_allow_remote = true";
+        assert_eq!(parse(remote).expect("allowed").tls, TlsMode::Insecure);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let path = Path::new("node.toml");
+        let raw = RawConfig::parse(
+            "[node]\nname = \"file\"\nlisten = \"127.0.0.1:7000\"\n[discovery]\nstatic_peers = [\"a:1\"]",
+            path,
+        )
+        .expect("parse");
+        let overrides = Overrides {
+            name: Some("flag".into()),
+            listen: Some("127.0.0.1:0".into()),
+            static_peers: vec!["b:2".into()],
+            no_mdns: true,
+            insecure: true,
+            ..Overrides::default()
+        };
+        let config = raw.validate(Some(path), &overrides).expect("valid");
+        assert_eq!(config.name, "flag");
+        assert_eq!(config.listen.addr.port(), 0);
+        assert_eq!(config.discovery.static_peers, vec!["a:1", "b:2"]);
+        assert!(!config.discovery.mdns);
+        assert_eq!(config.tls, TlsMode::Insecure);
+    }
+}

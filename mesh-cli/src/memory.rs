@@ -15,7 +15,7 @@ pub(crate) enum MemoryCommand {
     Put {
         /// Namespace, e.g. `notes`.
         namespace: String,
-        /// Key.
+        /// The key within the namespace (1-512 bytes).
         #[arg(id = "memory_key", value_name = "KEY")]
         key: String,
         /// The value (or use --file).
@@ -27,9 +27,9 @@ pub(crate) enum MemoryCommand {
     },
     /// Print a value alone (exit 1 when the key is absent or deleted).
     Get {
-        /// Namespace.
+        /// The namespace, e.g. `notes` (letters, digits, `-`, `_`, `.`).
         namespace: String,
-        /// Key.
+        /// The key within the namespace (1-512 bytes).
         #[arg(id = "memory_key", value_name = "KEY")]
         key: String,
         /// Print the whole record (timestamp, origin, sequence) as JSON.
@@ -38,15 +38,15 @@ pub(crate) enum MemoryCommand {
     },
     /// Delete a key (a tombstone, replicated like any write).
     Rm {
-        /// Namespace.
+        /// The namespace, e.g. `notes` (letters, digits, `-`, `_`, `.`).
         namespace: String,
-        /// Key.
+        /// The key within the namespace (1-512 bytes).
         #[arg(id = "memory_key", value_name = "KEY")]
         key: String,
     },
     /// List keys of a namespace.
     Ls {
-        /// Namespace.
+        /// The namespace, e.g. `notes` (letters, digits, `-`, `_`, `.`).
         namespace: String,
         /// Only keys starting with this.
         #[arg(long, default_value = "")]

@@ -347,7 +347,7 @@ pub struct Firing {
     pub executed_on: String,
     /// Task id.
     pub task_id: String,
-    /// Status.
+    /// How the firing went.
     pub status: FiringStatus,
     /// Why it failed or was skipped.
     pub error: String,
@@ -789,6 +789,7 @@ mod tests {
     use mesh_domain::{Target, Tier};
 
     use super::*;
+    use crate::{memory::MemoryOptions, storage::SledStore};
 
     /// 2026-01-01T00:00:00Z.
     const T0: i64 = 1_767_225_600_000;
@@ -1023,11 +1024,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("db");
         let own = NodeId::from_spki_der(b"me");
-        let (memory, _writes) = Memory::open(
-            Arc::new(crate::storage::SledStore::new(db)),
-            own,
-            crate::memory::MemoryOptions::default(),
-        );
+        let (memory, _writes) =
+            Memory::open(Arc::new(SledStore::new(db)), own, MemoryOptions::default());
         (dir, memory)
     }
 

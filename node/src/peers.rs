@@ -126,7 +126,7 @@ pub struct Peer {
     pub info: NodeInfo,
     /// `host:port` it is reached at.
     pub addr: String,
-    /// Liveness.
+    /// Whether its beats arrive (up), stopped lately (suspect) or stopped (down).
     pub state: PeerState,
     /// Wall-clock time of the last beat.
     pub last_seen: SystemTime,

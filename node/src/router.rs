@@ -591,7 +591,7 @@ mod tests {
 /// Where a task or a chat runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Placement {
-    /// Here.
+    /// On this node.
     Local,
     /// On these nodes, best first: the first, then (after a failure) the next.
     Remote(Vec<Destination>),

@@ -9,7 +9,7 @@ use serde_json::Value;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// Instructions.
+    /// Instructions for the model (a system prompt).
     System,
     /// The task or an intervention.
     User,
@@ -22,9 +22,9 @@ pub enum Role {
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
-    /// Author.
+    /// Who wrote it.
     pub role: Role,
-    /// Text.
+    /// Its text.
     pub content: String,
     /// Tool calls the assistant made (assistant messages only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -70,7 +70,7 @@ pub struct ToolCall {
 /// A tool offered to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {
-    /// Name.
+    /// The name the model calls it by.
     pub name: String,
     /// What it does, for the model.
     #[serde(default)]

@@ -20,11 +20,11 @@ pub struct NodeInfo {
     pub addrs: Vec<String>,
     /// Roles it serves.
     pub roles: Vec<String>,
-    /// Labels.
+    /// Free-form labels (`site = "home"`) tasks can require.
     pub labels: BTreeMap<String, String>,
     /// Personas (name, role).
     pub personas: Vec<PersonaInfo>,
-    /// Models.
+    /// Its models, each with its measured speed.
     pub models: Vec<ModelInfo>,
     /// Role → model chain.
     pub role_chains: BTreeMap<String, Vec<String>>,
@@ -47,9 +47,9 @@ pub struct NodeInfo {
 /// A persona as advertised.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PersonaInfo {
-    /// Name.
+    /// The persona's name, which tasks ask for.
     pub name: String,
-    /// Role.
+    /// The role whose model chain it runs on.
     pub role: String,
 }
 
@@ -86,7 +86,7 @@ pub struct Resources {
 /// One GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gpu {
-    /// Name.
+    /// The GPU's name as reported or declared.
     pub name: String,
     /// Total VRAM, MiB.
     pub vram_mb: u64,
@@ -133,7 +133,7 @@ pub struct Health {
 /// Liveness of a peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PeerState {
-    /// Beating.
+    /// Its beats arrive.
     Up,
     /// Missed beats or a broken stream; may come back.
     Suspect,

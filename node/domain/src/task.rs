@@ -131,13 +131,13 @@ pub enum TaskError {
     /// Something on the wire or from the model was malformed.
     #[error("{message}")]
     Protocol {
-        /// What.
+        /// What was malformed, and where.
         message: String,
     },
     /// Nothing can run the task.
     #[error("{message}")]
     Routing {
-        /// Why.
+        /// Why no node could, naming the nodes.
         message: String,
     },
     /// Cancelled by a caller or by shutdown.
@@ -155,7 +155,7 @@ pub enum TaskError {
     /// A bug or a local failure (disk).
     #[error("internal error: {message}")]
     Internal {
-        /// What.
+        /// What failed.
         message: String,
     },
 }
@@ -200,7 +200,7 @@ impl TaskError {
 pub enum TaskStatus {
     /// Waiting for a worker.
     Queued,
-    /// Running.
+    /// A worker (or another node) is running it.
     Running,
     /// Finished with an answer.
     Completed,
@@ -225,11 +225,11 @@ impl TaskStatus {
     }
 }
 
-/// What happened.
+/// What happened to a task: one step of its life, as its events report it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
-    /// Admitted.
+    /// A node admitted it.
     Accepted {
         /// Node that admitted it.
         node: String,
@@ -243,7 +243,7 @@ pub enum EventKind {
     },
     /// A model call begins.
     ModelCall {
-        /// Model.
+        /// The model called (its configured name).
         model: String,
         /// Loop round (1-based).
         round: u32,
@@ -252,29 +252,29 @@ pub enum EventKind {
     },
     /// A model call failed.
     ModelFailed {
-        /// Model.
+        /// The model that failed.
         model: String,
-        /// Error.
+        /// How it failed.
         error: String,
         /// Whether the next model is tried.
         falling_through: bool,
     },
     /// The model called a tool.
     ToolCalled {
-        /// Call id.
+        /// The model's id for the call.
         call_id: String,
-        /// Tool.
+        /// The tool's name.
         name: String,
-        /// Raw arguments.
+        /// The arguments as the model wrote them (JSON text, possibly malformed).
         arguments: String,
     },
     /// A tool call's result.
     ToolResult {
-        /// Call id.
+        /// The id of the call this answers.
         call_id: String,
-        /// Tool.
+        /// The tool's name.
         name: String,
-        /// Success.
+        /// Whether the call succeeded.
         ok: bool,
         /// What the model sees.
         output: String,
@@ -283,17 +283,17 @@ pub enum EventKind {
     },
     /// The supervisor spoke.
     Intervention {
-        /// Rule.
+        /// The supervisor's rule that spoke (`repeat`, `tier`, …).
         rule: String,
         /// Message added to the conversation.
         message: String,
     },
     /// Streamed output.
     OutputDelta {
-        /// Text.
+        /// The next piece of the answer.
         text: String,
     },
-    /// Done.
+    /// The task completed with an answer.
     Completed {
         /// Final answer.
         output: String,
@@ -304,9 +304,9 @@ pub enum EventKind {
         /// Rounds used.
         rounds: u32,
     },
-    /// Failed.
+    /// The task failed.
     Failed {
-        /// Why.
+        /// Why, as one typed error.
         error: TaskError,
     },
     /// Sent to another node.

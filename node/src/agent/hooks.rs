@@ -111,7 +111,7 @@ pub trait Hook: Send + Sync + std::fmt::Debug {
     fn stage(&self) -> Stage;
     /// Its position within the stage (ascending).
     fn order(&self) -> u32;
-    /// Decides.
+    /// Looks at the facts and answers with a verdict.
     fn run(&self, input: &HookInput<'_>, state: &mut LoopState) -> Verdict;
 }
 
@@ -129,9 +129,9 @@ pub enum HookError {
         "hooks `{first}` and `{second}` both run at {stage:?} with order {order}; give one another order number"
     )]
     Duplicate {
-        /// Stage.
+        /// The stage both claim.
         stage: Stage,
-        /// Order.
+        /// The order number both claim.
         order: u32,
         /// First hook.
         first: &'static str,

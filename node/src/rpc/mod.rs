@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status, transport::Channel};
 use crate::{
     capabilities::Capabilities,
     discovery::{Claim, DiscoveryEvent, PeerSource},
+    memory::Memory,
     peers::{
         BeatStream, FleetView, Hello, LinkError, PeerConnection, PeerLink, PeerTable, PeerView,
     },
@@ -63,7 +64,7 @@ pub struct NodeService {
     /// Whether callers present certificates (false in insecure mode).
     tls: bool,
     /// For replication lag in `ListPeers`.
-    memory: Option<Arc<crate::memory::Memory>>,
+    memory: Option<Arc<Memory>>,
 }
 
 impl NodeService {
@@ -86,7 +87,7 @@ impl NodeService {
     }
 
     /// Reports replication lag from `memory` in `ListPeers`.
-    pub fn with_memory(mut self, memory: Arc<crate::memory::Memory>) -> Self {
+    pub fn with_memory(mut self, memory: Arc<Memory>) -> Self {
         self.memory = Some(memory);
         self
     }

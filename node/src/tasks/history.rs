@@ -16,7 +16,7 @@ use crate::storage::{Store, StoreError, Write, flush};
 pub struct TaskRecord {
     /// Id (UUIDv7).
     pub id: String,
-    /// State.
+    /// Where it is in its life.
     pub status: TaskStatus,
     /// What it asked for.
     pub spec: TaskSpec,

@@ -55,9 +55,9 @@ pub enum SubmitError {
     /// Queue full.
     #[error("queue full: {queued} tasks waiting for {workers} workers; try another node or later")]
     QueueFull {
-        /// Waiting tasks.
+        /// Tasks waiting.
         queued: usize,
-        /// Workers.
+        /// Tasks that run at once.
         workers: usize,
     },
     /// The node is shutting down.

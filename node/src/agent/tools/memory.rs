@@ -170,16 +170,18 @@ mod tests {
     use mesh_domain::NodeId;
 
     use super::*;
-    use crate::agent::tools::framework::test_support::ctx;
+    use crate::{
+        agent::tools::framework::test_support::ctx, memory::MemoryOptions, storage::SledStore,
+    };
 
     #[tokio::test]
     async fn memory_put_refuses_the_nodes_own_namespaces() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = crate::storage::SledStore::new(sled::open(dir.path()).expect("db"));
-        let (memory, _writes) = crate::memory::Memory::open(
+        let store = SledStore::new(sled::open(dir.path()).expect("db"));
+        let (memory, _writes) = Memory::open(
             Arc::new(store),
             NodeId::from_spki_der(b"me"),
-            crate::memory::MemoryOptions::default(),
+            MemoryOptions::default(),
         );
         let put = MemoryPut {
             memory: memory.clone(),

@@ -127,18 +127,21 @@ impl ToolRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        capabilities::test_support::test_capabilities, memory::MemoryOptions, storage::SledStore,
+    };
 
     #[tokio::test]
     async fn side_effects_are_write_and_shell_tools_and_delegations_above_read() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = crate::storage::SledStore::new(sled::open(dir.path()).expect("db"));
+        let store = SledStore::new(sled::open(dir.path()).expect("db"));
         let (memory, _writes) = Memory::open(
             Arc::new(store),
             mesh_domain::NodeId::from_spki_der(b"me"),
-            crate::memory::MemoryOptions::default(),
+            MemoryOptions::default(),
         );
         let tools = ToolRegistry::new(
-            crate::capabilities::test_support::test_capabilities(),
+            test_capabilities(),
             Arc::default(),
             vec![dir.path().join("ws")],
             memory,

@@ -22,7 +22,7 @@ use std::{
 
 use mesh_domain::{
     BoxFuture, NodeId, PeerState,
-    keys::{self, InvalidName, MAX_VALUE},
+    keys::{self, MAX_VALUE},
     sync::MutexExt,
     time::now_ms,
 };
@@ -31,8 +31,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     peers::PeerTable,
-    storage::{Store, StoreError, Write},
+    storage::{Store, Write},
 };
+
+mod error;
+mod record;
+#[cfg(test)]
+mod test_support;
+
+pub use error::MemoryError;
+pub use record::{Entry, Record};
 
 /// Most records one `Sync` answer or `Push` carries; the rest follows in the next one.
 pub const SYNC_BATCH: usize = 512;
@@ -60,116 +68,6 @@ impl Default for MemoryOptions {
             tombstone_window: Duration::from_secs(7 * 24 * 3600),
             sync_interval: Duration::from_secs(30),
         }
-    }
-}
-
-/// One stored record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    /// The value (empty for tombstones).
-    pub value: Vec<u8>,
-    /// HLC timestamp (NTP64 bits).
-    pub hlc: u64,
-    /// The node that wrote it.
-    pub origin: NodeId,
-    /// The origin's write sequence number.
-    pub seq: u64,
-    /// A delete.
-    pub tombstone: bool,
-}
-
-impl Record {
-    /// Last-writer-wins: the greater (timestamp, origin id) wins, identically everywhere.
-    pub fn wins_over(&self, other: &Record) -> bool {
-        (self.hlc, &self.origin) > (other.hlc, &other.origin)
-    }
-
-    /// The storage encoding: version, flags, hlc, seq, origin (64 hex bytes), value.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(1 + 1 + 8 + 8 + 64 + self.value.len());
-        out.push(1);
-        out.push(u8::from(self.tombstone));
-        out.extend_from_slice(&self.hlc.to_be_bytes());
-        out.extend_from_slice(&self.seq.to_be_bytes());
-        out.extend_from_slice(self.origin.as_str().as_bytes());
-        out.extend_from_slice(&self.value);
-        out
-    }
-
-    /// Decodes [`Record::encode`]'s output; anything else is an error, never a panic.
-    pub fn decode(bytes: &[u8]) -> Result<Self, MemoryError> {
-        let bad = |why: &str| MemoryError::Corrupt(why.to_owned());
-        if bytes.len() < 2 + 16 + NodeId::HEX_LEN {
-            return Err(bad("record too short"));
-        }
-        if bytes[0] != 1 {
-            return Err(bad("unknown record version"));
-        }
-        let tombstone = match bytes[1] {
-            0 => false,
-            1 => true,
-            _ => return Err(bad("bad tombstone flag")),
-        };
-        let hlc = u64::from_be_bytes(bytes[2..10].try_into().map_err(|_| bad("hlc"))?);
-        let seq = u64::from_be_bytes(bytes[10..18].try_into().map_err(|_| bad("seq"))?);
-        let origin = std::str::from_utf8(&bytes[18..18 + NodeId::HEX_LEN])
-            .map_err(|_| bad("origin is not text"))
-            .and_then(|s| NodeId::parse(s).map_err(|e| bad(&e.to_string())))?;
-        Ok(Self {
-            value: bytes[18 + NodeId::HEX_LEN..].to_vec(),
-            hlc,
-            origin,
-            seq,
-            tombstone,
-        })
-    }
-}
-
-/// A record with its place.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// Namespace.
-    pub namespace: String,
-    /// Key.
-    pub key: String,
-    /// The record.
-    pub record: Record,
-}
-
-/// Memory errors.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum MemoryError {
-    /// A name, key or value breaks a limit.
-    #[error("{0}")]
-    Invalid(String),
-    /// A remote record is stamped too far in the future.
-    #[error(
-        "record from {origin} is stamped {ahead_ms} ms ahead of this node's clock (at most {max_ms} ms allowed); check the clocks"
-    )]
-    FromTheFuture {
-        /// Writer.
-        origin: String,
-        /// How far ahead.
-        ahead_ms: u64,
-        /// The limit.
-        max_ms: u64,
-    },
-    /// Stored bytes do not decode.
-    #[error("stored record is corrupt: {0}")]
-    Corrupt(String),
-    /// Storage failed, or the disk is full.
-    #[error("storage: {0}")]
-    Storage(#[from] StoreError),
-    /// This node was away longer than the tombstone window and has not resynced yet.
-    #[error(
-        "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"
-    )]
-    Resyncing,
-}
-
-impl From<InvalidName> for MemoryError {
-    fn from(error: InvalidName) -> Self {
-        Self::Invalid(error.0)
     }
 }
 
@@ -1344,49 +1242,7 @@ pub async fn replicate(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn id(n: &str) -> NodeId {
-        NodeId::from_spki_der(n.as_bytes())
-    }
-
-    fn record(hlc: u64, origin: &NodeId, tombstone: bool) -> Record {
-        Record {
-            value: if tombstone { vec![] } else { b"v".to_vec() },
-            hlc,
-            origin: origin.clone(),
-            seq: 1,
-            tombstone,
-        }
-    }
-
-    #[test]
-    fn the_later_timestamp_wins_and_ties_go_to_the_greater_node_id() {
-        let (a, b) = (id("a"), id("b"));
-        let (low, high) = if a < b { (a, b) } else { (b, a) };
-        assert!(record(2, &low, false).wins_over(&record(1, &high, false)));
-        assert!(record(5, &high, false).wins_over(&record(5, &low, false)));
-        assert!(!record(5, &low, false).wins_over(&record(5, &high, false)));
-        // A delete is a record like any other: a later tombstone wins, an earlier one loses.
-        assert!(record(6, &low, true).wins_over(&record(5, &high, false)));
-    }
-
-    #[test]
-    fn records_round_trip_and_garbage_is_an_error() {
-        let r = Record {
-            value: b"hello".to_vec(),
-            hlc: 42,
-            origin: id("x"),
-            seq: 7,
-            tombstone: false,
-        };
-        assert_eq!(Record::decode(&r.encode()).expect("decode"), r);
-        for bad in [&b""[..], &b"\x02"[..], &[1u8; 20][..]] {
-            assert!(Record::decode(bad).is_err());
-        }
-        let mut flag = r.encode();
-        flag[1] = 9;
-        assert!(Record::decode(&flag).is_err());
-    }
+    use crate::memory::test_support::{id, record};
 
     #[tokio::test]
     async fn writes_are_indexed_by_origin_and_overwrites_leave_one_index_entry() {

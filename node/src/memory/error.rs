@@ -1,0 +1,44 @@
+//! What can go wrong in the memory: one error enum for every file of it, so callers branch on
+//! one type (`rpc::memory` maps each variant to a gRPC status once). It describes failures and
+//! decides nothing; in particular it knows no status codes.
+
+use mesh_domain::keys::InvalidName;
+
+use crate::storage::StoreError;
+
+/// Why a memory operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MemoryError {
+    /// A name, key or value breaks a limit.
+    #[error("{0}")]
+    Invalid(String),
+    /// A remote record is stamped too far in the future.
+    #[error(
+        "record from {origin} is stamped {ahead_ms} ms ahead of this node's clock (at most {max_ms} ms allowed); check the clocks"
+    )]
+    FromTheFuture {
+        /// The writing node (its short id).
+        origin: String,
+        /// How far ahead of this node's clock the record is stamped.
+        ahead_ms: u64,
+        /// The allowed skew (`memory.max_clock_skew_ms`).
+        max_ms: u64,
+    },
+    /// Stored bytes do not decode.
+    #[error("stored record is corrupt: {0}")]
+    Corrupt(String),
+    /// Storage failed, or the disk is full.
+    #[error("storage: {0}")]
+    Storage(#[from] StoreError),
+    /// This node was away longer than the tombstone window and has not resynced yet.
+    #[error(
+        "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"
+    )]
+    Resyncing,
+}
+
+impl From<InvalidName> for MemoryError {
+    fn from(error: InvalidName) -> Self {
+        Self::Invalid(error.0)
+    }
+}

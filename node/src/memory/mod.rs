@@ -1,0 +1,54 @@
+//! Shared memory: namespaced key-value records in sled, ordered by a hybrid logical clock and
+//! replicated to every peer.
+//!
+//! A [`Record`] carries its value, an HLC timestamp, the writing node's id, that node's write
+//! sequence number and a tombstone flag; the greater `(timestamp, node id)` wins, the same on
+//! every node ([`Record::wins_over`]). Each node numbers its own writes; the index tree maps
+//! `(origin, seq)` to the one key whose latest record has it, so "records from origin X after
+//! sequence n" is a range scan whose size is bounded by the data, not by history. Peers pull
+//! with `Sync` (when they come up and every 30 s) and are pushed new writes at once. A remote
+//! record stamped further ahead of our clock than the allowed skew is refused and logged.
+//!
+//! This module owns the stores and the replication loop. It must not speak protobuf or open
+//! connections: it reaches peers through the [`MemoryPeers`] port, which `rpc::memory`
+//! implements over gRPC; `rpc::memory` translates the wire format, and decides nothing.
+//!
+//! # Layout
+//!
+//! One concern per file, modelled on garage's `src/table/`; each file adds its own
+//! `impl Memory` block:
+//!
+//! - `record`: [`Record`] and [`Entry`], the last-writer-wins rule and the storage encoding.
+//! - `error`: [`MemoryError`], shared by every file.
+//! - `store`: [`Memory`] itself and [`MemoryOptions`]; open, put, get, list, applying peers'
+//!   records, reads of the `(origin, seq)` index, and the trees and their key layout.
+//! - `clock`: the HLC, the skew bound on peers' stamps and [`Memory::clock_problem`].
+//! - `frontier`: own sequence, watermarks, peers' frontiers, the nodes heard of
+//!   ([`Memory::known`]), the contact clock and [`Memory::lag`].
+//! - `gc`: tombstone collection, forgetting nodes not heard of, [`Memory::stale`], and dropping
+//!   what a peer deleted while this node was away.
+//! - `sync`: the `Sync` exchange ([`SyncRequest`], [`SyncBatch`], [`answer_sync`],
+//!   [`sync_from`], [`resync_from`]), pushes, the [`MemoryPeers`] port and [`replicate`].
+//!
+//! Imports point one way: `record` and `error` at the bottom, then `store`, which names no
+//! sibling above it; `clock`, `frontier`, `gc` and `sync` name `store` (and `gc` names
+//! `frontier`), never the reverse. `store` reaches them by calling methods only. This file
+//! declares and re-exports; it defines nothing.
+
+mod clock;
+mod error;
+mod frontier;
+mod gc;
+mod record;
+mod store;
+mod sync;
+#[cfg(test)]
+mod test_support;
+
+pub use error::MemoryError;
+pub use record::{Entry, Record};
+pub use store::{Memory, MemoryOptions};
+pub use sync::{
+    BATCH_BYTES, MemoryPeers, RESYNCING, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync,
+    replicate, resync_from, sync_from,
+};

@@ -1,0 +1,524 @@
+//! Anti-entropy between memories: the `Sync` exchange (a [`SyncRequest`] answered with
+//! [`SyncBatch`]es by [`answer_sync`], pulled by [`sync_from`], or in full by [`resync_from`]
+//! after a node was away too long), pushes of new writes (batched here, taken in by
+//! [`Memory::accept_push`]), and [`replicate`], the loop that keeps every up peer in sync.
+//! Peers are reached through the [`MemoryPeers`] port: this file must not speak protobuf or open
+//! connections (`rpc::memory` implements the port over gRPC).
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    fmt,
+    sync::Arc,
+    time::Duration,
+};
+
+use mesh_domain::{BoxFuture, NodeId, PeerState, sync::MutexExt};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    error::MemoryError,
+    record::Entry,
+    store::{Memory, RESYNC, index_value},
+};
+use crate::{peers::PeerTable, storage::Write};
+
+/// Most records one `Sync` answer or `Push` carries; the rest follows in the next one.
+pub const SYNC_BATCH: usize = 512;
+/// Most value bytes one `Sync` answer or `Push` carries (well under the 16 MiB message limit).
+pub const BATCH_BYTES: usize = 8 * 1024 * 1024;
+
+/// What [`MemoryPeers::sync`] fails with when the peer is resyncing itself.
+pub const RESYNCING: &str = "the peer is resyncing";
+
+/// A `Sync` call.
+#[derive(Debug, Clone, Default)]
+pub struct SyncRequest {
+    /// The caller (when known).
+    pub node: Option<NodeId>,
+    /// Per origin, the last sequence the caller has from the answering node.
+    pub after: BTreeMap<NodeId, u64>,
+    /// The caller's [`Memory::frontier`].
+    pub frontier: BTreeMap<NodeId, u64>,
+}
+
+/// A batch a peer answered `Sync` with.
+#[derive(Debug, Clone, Default)]
+pub struct SyncBatch {
+    /// Records, oldest first per origin.
+    pub entries: Vec<Entry>,
+    /// Whether the peer has more.
+    pub more: bool,
+    /// With the last batch: the highest sequence per origin the peer has seen (its own writes
+    /// included), so overwritten writes still count as held.
+    pub heads: BTreeMap<NodeId, u64>,
+    /// With the last batch: the peer's [`Memory::frontier`].
+    pub frontier: BTreeMap<NodeId, u64>,
+    /// With the last batch: the nodes the peer heard of within the window ([`Memory::known`]).
+    pub known: BTreeMap<NodeId, u64>,
+}
+
+/// How the replicator reaches peers (implemented over gRPC in `rpc::memory`).
+pub trait MemoryPeers: Send + Sync + fmt::Debug {
+    /// Asks the peer at `addr` for records after the given per-origin watermarks.
+    fn sync(
+        &self,
+        addr: String,
+        request: SyncRequest,
+    ) -> BoxFuture<'static, Result<SyncBatch, String>>;
+    /// Sends our new records to the peer at `addr`; answers the peer's frontier for our writes.
+    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<u64, String>>;
+}
+
+/// Answers a peer's `Sync`: for each origin we hold, the records after the peer's watermark.
+/// Refused while this node is [`Memory::stale`]: its old records might bring back deletes.
+pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, MemoryError> {
+    if memory.stale() {
+        return Err(MemoryError::Resyncing);
+    }
+    if let Some(caller) = &request.node {
+        memory.note_peer(caller, &request.frontier)?;
+    }
+    let after = &request.after;
+    // Heads before the walk: every write up to a head is then visible to the walk, so the
+    // caller may count writes up to the heads as held.
+    let mut heads = memory.origins()?;
+    let own = memory.own_seq();
+    if own > 0 {
+        heads.insert(memory.own_id().clone(), own);
+    }
+    let mut batch = SyncBatch::default();
+    let mut bytes = 0;
+    for (origin, _) in memory.origins()? {
+        let from = after.get(&origin).copied().unwrap_or(0);
+        let room = SYNC_BATCH - batch.entries.len();
+        let entries = memory.since(&origin, from, room + 1)?;
+        let complete = entries.len() <= room;
+        for entry in entries.into_iter().take(room) {
+            // Per origin the records go oldest first, so stopping anywhere keeps the
+            // caller's watermark honest: it resumes right after the last record it got.
+            if bytes + entry.record.value.len() > BATCH_BYTES && !batch.entries.is_empty() {
+                batch.more = true;
+                return Ok(batch);
+            }
+            bytes += entry.record.value.len() + entry.key.len();
+            batch.entries.push(entry);
+        }
+        if !complete {
+            batch.more = true;
+            return Ok(batch);
+        }
+    }
+    batch.heads = heads;
+    batch.frontier = memory.frontier();
+    batch.known = memory.known();
+    Ok(batch)
+}
+
+impl Memory {
+    /// Applies a peer's push of its own writes. A write that follows the last one we hold from
+    /// the sender advances our watermark for it, so the sender learns at once (from the
+    /// returned frontier) that we hold it.
+    pub fn accept_push(
+        &self,
+        sender: Option<&NodeId>,
+        entries: &[Entry],
+    ) -> (u32, Vec<String>, u64) {
+        let mut applied = 0;
+        let mut refused = Vec::new();
+        for (entry, result) in entries.iter().zip(self.apply_all(entries)) {
+            match result {
+                Ok(stored) => {
+                    applied += u32::from(stored);
+                    if let Some(sender) = sender
+                        && &entry.record.origin == sender
+                        && entry.record.seq == self.watermark(sender, sender) + 1
+                        && let Err(e) = self.set_watermark(sender, sender, entry.record.seq)
+                    {
+                        refused.push(format!("{}/{}: {e}", entry.namespace, entry.key));
+                    }
+                }
+                Err(e) => refused.push(format!("{}/{}: {e}", entry.namespace, entry.key)),
+            }
+        }
+        // A node whose only news came by pushes has never synced, so it has no contact time,
+        // and would not know it was away too long: its first record starts the clock.
+        if applied > 0
+            && let Err(e) = self.start_contact_clock()
+        {
+            refused.push(format!("record contact: {e}"));
+        }
+        let frontier = sender.map_or(0, |s| self.watermark(s, s));
+        (applied, refused, frontier)
+    }
+}
+
+/// Pulls everything `peer` has that we lack, batch by batch, and advances our watermarks.
+pub async fn sync_from(
+    memory: &Memory,
+    peers: &dyn MemoryPeers,
+    peer: &NodeId,
+    addr: &str,
+) -> Result<usize, String> {
+    let mut applied = 0;
+    loop {
+        let after = memory.watermarks(peer);
+        let request = SyncRequest {
+            node: Some(memory.own_id().clone()),
+            after: after.clone(),
+            frontier: memory.frontier(),
+        };
+        let batch = peers.sync(addr.to_owned(), request).await?;
+        let mut highest: BTreeMap<NodeId, u64> = BTreeMap::new();
+        let mut refused: HashSet<NodeId> = HashSet::new();
+        for (entry, result) in batch.entries.iter().zip(memory.apply_all(&batch.entries)) {
+            match result {
+                Ok(true) => applied += 1,
+                Ok(false) => {}
+                // Refused (logged by `apply`): keep the watermark below it so it is fetched
+                // again once the clocks agree.
+                Err(_) => {
+                    refused.insert(entry.record.origin.clone());
+                    continue;
+                }
+            }
+            if refused.contains(&entry.record.origin) {
+                continue;
+            }
+            let seen = highest.entry(entry.record.origin.clone()).or_default();
+            *seen = (*seen).max(entry.record.seq);
+        }
+        for (origin, seq) in highest {
+            if seq > after.get(&origin).copied().unwrap_or(0) {
+                memory
+                    .set_watermark(peer, &origin, seq)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        memory.flush().await.map_err(|e| e.to_string())?;
+        if !batch.more || batch.entries.is_empty() {
+            for (origin, head) in &batch.heads {
+                if !refused.contains(origin) && *head > memory.watermark(peer, origin) {
+                    memory
+                        .set_watermark(peer, origin, *head)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            memory
+                .note_peer(peer, &batch.frontier)
+                .and_then(|()| memory.merge_known(&batch.known))
+                .and_then(|()| memory.touch_contact())
+                .map_err(|e| e.to_string())?;
+            memory
+                .synced_at
+                .lock_unpoisoned()
+                .insert(peer.clone(), std::time::Instant::now());
+            return Ok(applied);
+        }
+    }
+}
+
+/// The full resync of a node that was out of touch longer than the tombstone window: pulls
+/// everything `peer` holds, then drops each record the peer has seen but no longer holds (its
+/// delete was collected meanwhile). Returns (records applied, records dropped).
+pub async fn resync_from(
+    memory: &Memory,
+    peers: &dyn MemoryPeers,
+    peer: &NodeId,
+    addr: &str,
+) -> Result<(usize, usize), String> {
+    let fail = |e: MemoryError| e.to_string();
+    memory.store.drop_tree(RESYNC).map_err(|e| e.to_string())?;
+    let mut after: BTreeMap<NodeId, u64> = BTreeMap::new();
+    let mut applied = 0;
+    let batch = loop {
+        let request = SyncRequest {
+            node: Some(memory.own_id().clone()),
+            after: after.clone(),
+            frontier: memory.frontier(),
+        };
+        let batch = peers.sync(addr.to_owned(), request).await?;
+        let results = memory.apply_all(&batch.entries);
+        applied += results.iter().filter(|r| matches!(r, Ok(true))).count();
+        let held = batch.entries.iter().map(|entry| {
+            Write::Put(
+                RESYNC.into(),
+                index_value(&entry.namespace, &entry.key),
+                Vec::new(),
+            )
+        });
+        memory
+            .store
+            .commit(held.collect())
+            .map_err(|e| e.to_string())?;
+        for entry in &batch.entries {
+            let seen = after.entry(entry.record.origin.clone()).or_default();
+            *seen = (*seen).max(entry.record.seq);
+        }
+        if !batch.more || batch.entries.is_empty() {
+            break batch;
+        }
+    };
+    let dropped = memory.drop_collected(&batch.frontier).map_err(fail)?;
+    for (origin, seq) in after.iter().chain(&batch.heads) {
+        memory.set_watermark(peer, origin, *seq).map_err(fail)?;
+    }
+    memory
+        .note_peer(peer, &batch.frontier)
+        .and_then(|()| memory.merge_known(&batch.known))
+        .and_then(|()| memory.touch_contact())
+        .map_err(fail)?;
+    memory.flush().await.map_err(fail)?;
+    let _ = memory.store.drop_tree(RESYNC);
+    Ok((applied, dropped))
+}
+
+/// Splits pending writes into pushes of at most [`SYNC_BATCH`] records and [`BATCH_BYTES`].
+fn push_batches(entries: Vec<Entry>) -> Vec<Vec<Entry>> {
+    let mut batches: Vec<Vec<Entry>> = Vec::new();
+    let mut bytes = 0;
+    for entry in entries {
+        let size = entry.record.value.len() + entry.key.len();
+        let full = batches
+            .last()
+            .is_none_or(|b| b.len() >= SYNC_BATCH || bytes + size > BATCH_BYTES);
+        if full {
+            batches.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += size;
+        if let Some(batch) = batches.last_mut() {
+            batch.push(entry);
+        }
+    }
+    batches
+}
+
+/// Keeps every up peer in sync: pushes local writes at once, pulls from a peer when it comes
+/// up and every sync interval, when tombstones are also collected. A node out of touch longer
+/// than the tombstone window first resyncs fully from one peer.
+pub async fn replicate(
+    memory: Arc<Memory>,
+    peers: Arc<PeerTable>,
+    link: Arc<dyn MemoryPeers>,
+    mut writes: mpsc::UnboundedReceiver<Entry>,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut was_up: HashSet<NodeId> = HashSet::new();
+    let mut last_full = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            Some(entry) = writes.recv() => {
+                let mut pending = vec![entry];
+                while let Ok(more) = writes.try_recv() {
+                    pending.push(more);
+                }
+                for batch in push_batches(pending) {
+                    for peer in peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up) {
+                        let push = link.push(peer.addr.clone(), batch.clone());
+                        let memory = memory.clone();
+                        tokio::spawn(async move {
+                            match push.await {
+                                // The peer's frontier for our writes: what lets us collect our
+                                // tombstones early.
+                                Ok(held) => {
+                                    let own = memory.own_id().clone();
+                                    let frontier = BTreeMap::from([(own, held)]);
+                                    if let Err(e) = memory.note_peer(&peer.info.id, &frontier) {
+                                        tracing::warn!(error = %e, "record a peer's frontier");
+                                    }
+                                }
+                                Err(e) => tracing::debug!(peer = %peer.info.name, error = %e, "push memory (the next sync catches up)"),
+                            }
+                        });
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                let up: Vec<_> = peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up).collect();
+                let now_up: HashSet<NodeId> = up.iter().map(|p| p.info.id.clone()).collect();
+                if memory.stale() {
+                    // Nothing else until one peer has brought us back: our old records may be
+                    // deletes we missed.
+                    let mut all_away = !up.is_empty();
+                    for peer in &up {
+                        match resync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
+                            Ok((applied, dropped)) => {
+                                tracing::warn!(
+                                    peer = %peer.info.name, applied, dropped,
+                                    "resynced memory after being out of touch longer than the tombstone window"
+                                );
+                                all_away = false;
+                                break;
+                            }
+                            Err(e) => {
+                                all_away &= e == RESYNCING;
+                                tracing::warn!(peer = %peer.info.name, error = %e, "resync memory");
+                            }
+                        }
+                    }
+                    if all_away {
+                        // The whole reachable fleet was away together: nobody collected deletes
+                        // meanwhile, so everybody's records stand; go on as usual.
+                        tracing::warn!("every reachable peer was out of touch too; resuming memory replication");
+                        if let Err(e) = memory.touch_contact() {
+                            tracing::warn!(error = %e, "record contact");
+                        }
+                    }
+                    continue;
+                }
+                let full = last_full.elapsed() >= memory.sync_interval;
+                if full {
+                    last_full = tokio::time::Instant::now();
+                    let ids: Vec<NodeId> = now_up.iter().cloned().collect();
+                    if let Err(e) = memory.collect_tombstones(&ids) {
+                        tracing::warn!(error = %e, "collect tombstones");
+                    }
+                }
+                for peer in up {
+                    // A peer that advertises writes we lack gets synced too (pushes can be lost),
+                    // at most every couple of seconds.
+                    let lagging = memory.lag(&peer.info.id, peer.info.memory_seq).0 > 0
+                        && memory.since_sync(&peer.info.id) > Duration::from_secs(2);
+                    if full || lagging || !was_up.contains(&peer.info.id) {
+                        let (memory, link) = (memory.clone(), link.clone());
+                        tokio::spawn(async move {
+                            match sync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
+                                Ok(0) => {}
+                                Ok(n) => tracing::info!(peer = %peer.info.name, records = n, "memory synced"),
+                                Err(e) => tracing::debug!(peer = %peer.info.name, error = %e, "sync memory"),
+                            }
+                        });
+                    }
+                }
+                was_up = now_up;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_domain::{keys::MAX_VALUE, time::now_ms};
+
+    use super::*;
+    use crate::memory::{
+        frontier::{CONTACT_KEY, seen_key},
+        record::Record,
+        store::{META, MemoryOptions},
+        test_support::{InProcess, id, open_memory, record, tombstone_of},
+    };
+
+    #[test]
+    fn pushes_are_split_by_count_and_by_bytes() {
+        let entry = |size: usize| Entry {
+            namespace: "n".into(),
+            key: "k".into(),
+            record: Record {
+                value: vec![0; size],
+                ..record(1, &id("o"), false)
+            },
+        };
+        let many: Vec<Entry> = (0..SYNC_BATCH + 1).map(|_| entry(1)).collect();
+        let sizes: Vec<usize> = push_batches(many).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [SYNC_BATCH, 1]);
+        let big: Vec<Entry> = (0..10).map(|_| entry(MAX_VALUE)).collect();
+        let batches = push_batches(big);
+        assert!(batches.len() >= 2, "{} batches", batches.len());
+        assert!(
+            batches
+                .iter()
+                .all(|b| b.iter().map(|e| e.record.value.len()).sum::<usize>() <= BATCH_BYTES)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_push_advances_the_frontier_only_when_it_follows_what_is_held() {
+        let (me, sender) = (id("me"), id("sender"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        let now = uhlc::system_time_clock().as_u64();
+        let write = |seq: u64, key: &str| Entry {
+            namespace: "notes".into(),
+            key: key.into(),
+            record: Record {
+                seq,
+                ..record(now + seq, &sender, false)
+            },
+        };
+        assert_eq!(memory.accept_push(Some(&sender), &[write(1, "a")]).2, 1);
+        // 3 arrives before 2 (a lost push): the frontier waits for a sync to fill the gap.
+        assert_eq!(memory.accept_push(Some(&sender), &[write(3, "c")]).2, 1);
+        assert_eq!(memory.accept_push(Some(&sender), &[write(2, "b")]).2, 2);
+        // Someone else's writes never move the sender's frontier.
+        let (applied, refused, held) = memory.accept_push(Some(&me), &[write(4, "d")]);
+        assert_eq!((applied, refused.len(), held), (1, 0, 0));
+        assert_eq!(memory.frontier()[&sender], 2);
+    }
+
+    #[tokio::test]
+    async fn a_node_away_longer_than_the_window_drops_what_was_deleted_meanwhile_and_keeps_its_news()
+     {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(3600),
+            ..MemoryOptions::default()
+        };
+        let (active, away) = (id("active"), id("away"));
+        let (_da, ma) = open_memory(&active, options.clone());
+        let (_db, mb) = open_memory(&away, options);
+        let link = InProcess::default();
+        link.0
+            .lock()
+            .expect("lock")
+            .insert(active.to_string(), ma.clone());
+        link.0
+            .lock()
+            .expect("lock")
+            .insert(away.to_string(), mb.clone());
+        for key in ["gone", "kept"] {
+            ma.put("notes", key, Some(b"v".to_vec()))
+                .await
+                .expect("put");
+        }
+        sync_from(&mb, &link, &active, active.as_str())
+            .await
+            .expect("sync");
+        assert_eq!(tombstone_of(&mb, "gone"), Some(false));
+        // Meanwhile the active node deletes `gone` and collects the tombstone; the away node
+        // writes `news` that nobody has seen.
+        // The away node is heard of no more (its last contact is older than the window).
+        ma.put("notes", "gone", None).await.expect("delete");
+        assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 0);
+        let long_ago = now_ms() - 2 * 3600 * 1000;
+        let age = |key: Vec<u8>| Write::Put(META.into(), key, long_ago.to_be_bytes().to_vec());
+        ma.store.commit(vec![age(seen_key(&away))]).expect("age");
+        assert_eq!(ma.collect_tombstones(&[]).expect("collect"), 1);
+        mb.put("notes", "news", Some(b"n".to_vec()))
+            .await
+            .expect("put");
+        mb.store
+            .commit(vec![age(CONTACT_KEY.to_vec())])
+            .expect("age contact");
+        assert!(mb.stale());
+        let refused = answer_sync(&mb, &SyncRequest::default());
+        assert!(
+            matches!(refused, Err(MemoryError::Resyncing)),
+            "{refused:?}"
+        );
+        let (_, dropped) = resync_from(&mb, &link, &active, active.as_str())
+            .await
+            .expect("resync");
+        assert_eq!(dropped, 1);
+        assert!(!mb.stale());
+        assert_eq!(tombstone_of(&mb, "gone"), None, "the delete is not undone");
+        assert_eq!(tombstone_of(&mb, "kept"), Some(false));
+        assert_eq!(tombstone_of(&mb, "news"), Some(false));
+        // And the news reaches the active node the usual way.
+        sync_from(&ma, &link, &away, away.as_str())
+            .await
+            .expect("sync");
+        assert_eq!(tombstone_of(&ma, "news"), Some(false));
+        assert_eq!(tombstone_of(&ma, "gone"), None);
+    }
+}

@@ -1,27 +1,41 @@
-//! agentmesh node: a gRPC node that finds its fleet, shows what it can do, and (in later parts)
-//! runs and delegates agent tasks.
+//! agentmesh node: finds its fleet, shows what it can do, runs agent tasks on its own models,
+//! places tasks and chats where they fit best in the mesh, and keeps the fleet's shared memory
+//! and schedules.
 //!
 //! # Layout
 //!
-//! One module per concept; `rpc` translates, the others decide.
+//! One module per concept, in layers (docs/architecture.md, "Layers"; `node/tests/layers.rs`
+//! checks them): a module uses its own layer and those below; where a lower one must call up, it
+//! defines a port (a trait) that a higher one implements and [`server`] wires them. The shared
+//! types (ids, tasks, events, node descriptions, chat messages) are the crate `mesh-domain`;
+//! identity, the mesh CA and mTLS are the crate `mesh-identity`; the wire contract and its
+//! conversions are `mesh-proto`.
 //!
-//! - [`config`]: TOML config and flags → validated [`config::Config`]; every error names its key.
-//! - [`discovery`]: where peers might be: mDNS advert/browse and static peers, as events.
-//! - [`peers`]: the peer table (up / suspect / down) and the watch sessions that keep it true.
-//! - [`capabilities`]: what this node is and has: roles, models, CPU, memory, GPUs, load, health.
-//! - [`llm`]: the model registry (role → model chain) and backends (`openai`, `embedded`).
-//! - [`agent`]: the tools loop, personas, the supervisor (hooks) and the tool table.
-//! - [`tasks`]: admission, the bounded queue and workers, events, cancellation, history in sled.
-//! - [`memory`]: replicated key-value records (HLC, last-writer-wins, sync and push).
-//! - [`storage`]: the ordered key-value store memory keeps its trees in (sled behind a trait).
-//! - [`router`]: pure ranking of candidate nodes for a task, with exclusion reasons.
-//! - [`rpc`]: tonic adapters for the `agentmesh.v1` services, server and client side.
-//! - [`server`]: binds, starts and stops a node, in a documented order.
+//! 1. [`config`] (the TOML file and flags, validated), [`storage`] (the ordered store, sled
+//!    behind a trait), [`metrics`] (the Prometheus registry).
+//! 2. [`discovery`] (mDNS and static peers, as events), [`peers`] (the peer table and the
+//!    sessions that keep it true; dials through the `PeerLink` port), [`capabilities`] (what
+//!    this node is and has), [`llm`] (the model registry and its backends), [`router`] (pure
+//!    ranking and choice), [`memory`] (replicated records; reaches peers through `MemoryPeers`).
+//! 3. [`admission`] (the one door: whether and where a task or chat runs), [`chat`] (model
+//!    chains with fall-through, chats on peers through `RemoteChat`), [`agent`] (the tools loop,
+//!    the supervisor, the tool table; reports through `EventSink`), [`cron`] (schedules; fires
+//!    through `Runner`).
+//! 4. [`tasks`] (the task manager: queue, workers, events, history, forwarding through
+//!    `Forwarder`).
+//! 5. [`rpc`] and [`http`]: the edges, protobuf and JSON in, domain types out; they implement
+//!    the ports.
+//! 6. [`server`]: binds, wires, starts and stops a node, in a documented order.
 //!
 //! # Data flow
 //!
-//! discovery → `DiscoveryEvent` → peers::Membership → dials (tls) → `WatchInfo` stream (rpc)
-//! → `PeerTable` → `ListPeers` (rpc) → `mesh-cli status`.
+//! A task: `rpc` (or `http`, `delegate`, `cron`) → [`tasks::TaskManager::submit`] →
+//! [`admission::Admission::admit`] (hop limit, tier cap, [`router`]) → a worker here
+//! ([`agent::AgentRuntime::run`], models through [`chat::fall_through`]) or another node
+//! ([`tasks::forward`](tasks::forward)) → events to every watcher.
+//!
+//! The fleet: [`discovery`] → `DiscoveryEvent` → [`peers::Membership`] → `PeerLink` (rpc) →
+//! `WatchInfo` beats → [`peers::PeerTable`] → `ListPeers` (rpc) → `mesh-cli status`.
 
 pub mod admission;
 pub mod agent;

@@ -1,10 +1,10 @@
 //! Running a task on other nodes: the [`Forwarder`] port (implemented by `rpc` over
-//! `Tasks.Submit`), and [`forward`], which sends the task to each chosen node in turn, relays
+//! `Tasks.Submit`), and `forward`, which sends the task to each chosen node in turn, relays
 //! its events and fails over to the next when a node is lost or full, unless a tool that may
 //! have changed something already ran there.
 //!
 //! It does not choose the nodes (that is `admission`) and keeps no task state of its own: what
-//! it learns about the task goes through the [`Journey`] its manager gives it.
+//! it learns about the task goes through the `Journey` its manager gives it.
 
 use std::{fmt, sync::Mutex, time::Duration};
 

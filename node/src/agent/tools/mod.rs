@@ -1,8 +1,8 @@
 //! The tool table: every tool an agent can call, registered once with its permission tier.
 //!
-//! Only tools that really work are registered: `list_nodes` ([`nodes`]); `file_read` and
-//! `file_write` ([`fs`], confined to the roots of [`roots`]); `shell_exec` ([`shell`]);
-//! `memory_get`, `memory_search` and `memory_put` ([`memory`]); `delegate` ([`delegate`]). The
+//! Only tools that really work are registered: `list_nodes` (`nodes.rs`); `file_read` and
+//! `file_write` (`fs.rs`, confined to the roots of `roots.rs`); `shell_exec` (`shell.rs`);
+//! `memory_get`, `memory_search` and `memory_put` (`memory.rs`); `delegate` (`delegate.rs`). The
 //! table is the one place that knows their names and tiers: persona tool lists are checked
 //! against it, and whether a call may have changed something (its tier is above `read`) is read
 //! from it. Tier checks happen before a call, in the supervisor's hooks, not here.

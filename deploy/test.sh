@@ -12,10 +12,18 @@
 #     test runs it, and fails without it;
 #   - python-zeroconf: a third-party mDNS client that must see our adverts;
 #   - the official `openai` Python package, a real client of the front door.
+# The two Python packages go into a virtual environment, target/venv (python3-venv), not into
+# the system Python, which a stock Debian 12 or Ubuntu 24.04 refuses to `pip install` into
+# (PEP 668, "externally managed"); the tests run target/venv/bin/python3 (or $MESH_PYTHON).
 # Usage: deploy/test.sh [extra cargo test args]
-#        deploy/test.sh --setup-only   install what the build and the tests need, run nothing
+#        deploy/test.sh --setup-only    install what the build and the tests need, run nothing
+#        deploy/test.sh --setup-build   install only what the build and deploy/demo.sh need
+#                                       (cmake, g++, libclang-dev, iproute2, python3), run nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+build_only=false
+if [ "${1:-}" = --setup-build ]; then build_only=true; fi
 
 if ! command -v ip >/dev/null; then
   if [ "$(id -u)" = 0 ]; then
@@ -30,18 +38,42 @@ command -v c++ >/dev/null || build_deps+=(g++)
 if command -v dpkg >/dev/null && ! dpkg -s libclang-dev >/dev/null 2>&1; then
   build_deps+=(libclang-dev)
 fi
-command -v systemd-analyze >/dev/null || build_deps+=(systemd)
-command -v faketime >/dev/null || build_deps+=(faketime)
-command -v nft >/dev/null || build_deps+=(nftables)
+# The demo and deploy/fetch-model.sh need python3 itself, with nothing but its standard library.
+command -v python3 >/dev/null || build_deps+=(python3)
+if ! $build_only; then
+  command -v systemd-analyze >/dev/null || build_deps+=(systemd)
+  command -v faketime >/dev/null || build_deps+=(faketime)
+  command -v nft >/dev/null || build_deps+=(nftables)
+fi
 if [ ${#build_deps[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && apt-get install -y -qq "${build_deps[@]}" >/dev/null
   else
-    echo "warning: ${build_deps[*]} missing; building llama.cpp for the embedded model backend (cmake, g++, libclang-dev) the deploy_files test (systemd), the clock-skew test (faketime) or the lossy-link test (nftables) will fail" >&2
+    echo "warning: ${build_deps[*]} missing; building llama.cpp for the embedded model backend (cmake, g++, libclang-dev), the demo and deploy/fetch-model.sh (python3), the deploy_files test (systemd), the clock-skew test (faketime) or the lossy-link test (nftables) will fail" >&2
   fi
 fi
-if ! python3 -c 'import zeroconf, openai' 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check zeroconf openai
+if $build_only; then
+  exit 0
+fi
+
+venv=target/venv
+if ! "$venv/bin/python3" -c 'import zeroconf, openai' 2>/dev/null; then
+  if ! "$venv/bin/python3" -m pip --version >/dev/null 2>&1; then
+    # Not there, or half made: `python3 -m venv` without python3-venv leaves one without pip.
+    rm -rf "$venv"
+    if ! out=$(python3 -m venv "$venv" 2>&1); then
+      rm -rf "$venv"
+      if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+        python3 -m venv "$venv"
+      else
+        echo "$out" >&2
+        echo "error: cannot create the tests' Python virtual environment $venv with \`python3 -m venv\`; install the package python3-venv (Debian/Ubuntu: sudo apt-get install python3-venv), or run deploy/test.sh --setup-only as root, which does" >&2
+        exit 1
+      fi
+    fi
+  fi
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check zeroconf openai
 fi
 if [ "$(id -u)" != 0 ]; then
   echo "note: not root: the mDNS and multi-host tests need network namespaces and will fail; run as root (CI does)" >&2

@@ -122,10 +122,18 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 }
 
 fn init_tracing(format: LogFormat) {
+    use std::io::IsTerminal;
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,h2=warn,hyper=warn,tower=warn,mdns_sd=warn"));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only on a terminal, so that a log written to a file, a pipe or journald carries no
+    // escape codes, and not when NO_COLOR is set to anything but "" (https://no-color.org).
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let builder = fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

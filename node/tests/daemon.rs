@@ -109,3 +109,53 @@ fn insecure_is_refused_on_a_non_loopback_address_unless_allowed() {
         "warning missing: {stderr}"
     );
 }
+
+#[test]
+fn a_log_written_to_a_pipe_carries_no_colour_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("node");
+    // The front door on a port of its own, not the default 7780.
+    let config = dir.path().join("node.toml");
+    std::fs::write(&config, "[http]\nlisten = \"127.0.0.1:0\"\n").expect("write config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-node"))
+        .args(["--insecure", "--no-mdns", "--listen", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(&data)
+        .env_remove("MESH_NODE_CONFIG")
+        .env_remove("MESH_LOG_FORMAT")
+        .env_remove("RUST_LOG")
+        // tracing-subscriber leaves colour out by itself under NO_COLOR: test the pipe alone.
+        .env_remove("NO_COLOR")
+        .env("HOME", dir.path())
+        .env("XDG_DATA_HOME", dir.path().join("data"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let addr_file = data.join("node.addr");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !addr_file.exists() {
+        assert!(Instant::now() < deadline, "node did not start");
+        assert!(
+            child.try_wait().expect("poll").is_none(),
+            "node exited early"
+        );
+        std::thread::sleep(Duration::from_millis(50)); // poll until the deadline
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let output = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // A WARN line: on a terminal its level is coloured.
+    assert!(stderr.contains("--insecure: plain TCP"), "no log: {stderr}");
+    assert!(
+        !output.stderr.contains(&0x1b),
+        "ANSI escape codes in a log written to a pipe: {stderr:?}"
+    );
+}

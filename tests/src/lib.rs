@@ -47,6 +47,28 @@ pub fn bin(name: &str) -> PathBuf {
         })
 }
 
+/// The Python interpreter that has the tests' Python clients (`openai`, `zeroconf`):
+/// `MESH_PYTHON` when set, else the virtual environment `deploy/test.sh --setup-only` creates in
+/// `<workspace>/target/venv` (a stock Debian or Ubuntu refuses `pip install` into the system
+/// Python, PEP 668).
+pub fn python3() -> PathBuf {
+    if let Some(python) = std::env::var_os("MESH_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(python);
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the workspace");
+    let venv = workspace.join("target/venv/bin/python3");
+    assert!(
+        venv.exists(),
+        "{} not found: run `deploy/test.sh --setup-only` first (it creates that virtual \
+         environment with the tests' Python clients, `openai` and `zeroconf`), or set \
+         MESH_PYTHON to a python3 that has them",
+        venv.display()
+    );
+    venv
+}
+
 /// How often [`wait_for`] polls.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 

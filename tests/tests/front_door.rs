@@ -8,6 +8,7 @@ use std::{process::Command, time::Duration};
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
     fake_openai::{FakeOpenAi, Scripted},
+    python3,
 };
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -44,7 +45,7 @@ fn mesh() -> Mesh {
 
 fn python_client(url: &str, key: Option<&str>) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/front_door.py");
-    let mut cmd = Command::new("python3");
+    let mut cmd = Command::new(python3());
     cmd.arg(script)
         .arg(url)
         .arg("hello from the gpu")
@@ -54,7 +55,7 @@ fn python_client(url: &str, key: Option<&str>) {
     }
     let output = cmd
         .output()
-        .expect("python3 (deploy/test.sh installs `openai`)");
+        .expect("run python3 (deploy/test.sh --setup-only installs `openai`)");
     assert!(
         output.status.success(),
         "front_door.py failed:\n{}\n{}",
@@ -65,12 +66,12 @@ fn python_client(url: &str, key: Option<&str>) {
 
 /// Runs a Python script (`python3 -c`) with arguments; its stdout, once it succeeded.
 fn python(script: &str, args: &[&str]) -> String {
-    let output = Command::new("python3")
+    let output = Command::new(python3())
         .arg("-c")
         .arg(script)
         .args(args)
         .output()
-        .expect("python3 (deploy/test.sh installs it)");
+        .expect("run python3 (deploy/test.sh --setup-only installs `openai`)");
     assert!(
         output.status.success(),
         "python failed:\n{}",

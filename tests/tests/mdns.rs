@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use mesh_tests::{Harness, Lan, Netns, NodeOptions, bin, wait_for};
+use mesh_tests::{Harness, Lan, Netns, NodeOptions, bin, python3, wait_for};
 
 const DEADLINE: Duration = Duration::from_secs(15);
 
@@ -59,9 +59,12 @@ zc.unregister_service(info)
 zc.close()
 "#;
 
+/// `python3 -c` inside `ns`, with the tests' Python (which has zeroconf).
 fn python(ns: &Netns) -> Command {
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns.name(), "python3", "-c"]);
+    cmd.args(["netns", "exec", ns.name()])
+        .arg(python3())
+        .arg("-c");
     cmd
 }
 
@@ -108,10 +111,10 @@ fn python_zeroconf_sees_the_advert_and_its_txt_keys() {
         .arg(BROWSE)
         .arg("1")
         .output()
-        .expect("run python3 (install python3 and `pip install zeroconf`)");
+        .expect("run python3 (deploy/test.sh --setup-only installs zeroconf)");
     assert!(
         output.status.success(),
-        "python-zeroconf browser failed (is `pip install zeroconf` done?): {}",
+        "python-zeroconf browser failed (did `deploy/test.sh --setup-only` install zeroconf?): {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let found: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");

@@ -77,15 +77,16 @@ impl Admission {
         Self { caps, peers }
     }
 
-    /// Every node ranked for a task (what `--explain` shows).
-    pub fn rank(&self, target: &Target, tier: Tier, require: &Requirements) -> Vec<Ranked> {
-        router::rank_fleet(
-            &self.caps.snapshot(),
-            &self.peers.snapshot(),
-            target,
-            tier,
-            require,
-        )
+    /// Every node ranked for a task, handed to `read` (what `--explain` shows).
+    pub fn rank<R>(
+        &self,
+        target: &Target,
+        tier: Tier,
+        require: &Requirements,
+        read: impl FnOnce(&[Ranked<'_>]) -> R,
+    ) -> R {
+        let (own, peers) = (self.caps.snapshot(), self.peers.snapshot());
+        read(&router::rank_fleet(&own, &peers, target, tier, require))
     }
 
     /// Whether `spec`, started by `caller`, may run, and where.
@@ -108,8 +109,9 @@ impl Admission {
             });
         }
         let forwarded = caller != Caller::Schedule && spec.lineage.task_id.is_some();
-        let ranked = self.rank(&spec.target, spec.tier, &spec.require);
-        let choice = router::choose(&ranked, forwarded);
+        let choice = self.rank(&spec.target, spec.tier, &spec.require, |ranked| {
+            router::choose(ranked, forwarded)
+        });
         record("task", &choice);
         choice.map_err(AdmissionError::Nowhere)
     }

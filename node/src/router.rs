@@ -31,38 +31,39 @@ pub struct Candidate<'a> {
     pub addr: &'a str,
 }
 
-/// The router's verdict on one node.
+/// The router's verdict on one node, borrowing the candidate's name, id and address (ranking
+/// runs for every task, so it allocates nothing per node but the reasons).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Ranked {
+pub struct Ranked<'a> {
     /// Node name.
-    pub node: String,
+    pub node: &'a str,
     /// Node id.
-    pub id: NodeId,
+    pub id: &'a NodeId,
     /// Whether it is this node.
     pub local: bool,
     /// `host:port` it is reached at (empty for this node).
-    pub addr: String,
+    pub addr: &'a str,
     /// `Ok(score)` when eligible (higher is better), `Err(reason)` when excluded.
     pub verdict: Result<f64, String>,
 }
 
 /// Ranks `candidates` for a task: eligible ones best first, then the excluded ones by name.
-pub fn rank(
+pub fn rank<'a>(
     target: &Target,
     tier: Tier,
     require: &Requirements,
-    candidates: &[Candidate<'_>],
-) -> Vec<Ranked> {
-    let mut ranked: Vec<(Ranked, Key)> = candidates
+    candidates: &[Candidate<'a>],
+) -> Vec<Ranked<'a>> {
+    let mut ranked: Vec<(Ranked<'a>, Key)> = candidates
         .iter()
         .map(|c| {
             let verdict = exclusion(target, tier, require, c);
             let key = Key::of(c, target);
             let ranked = Ranked {
-                node: c.info.name.clone(),
-                id: c.info.id.clone(),
+                node: &c.info.name,
+                id: &c.info.id,
                 local: c.local,
-                addr: c.addr.to_owned(),
+                addr: c.addr,
                 verdict: match verdict {
                     Some(reason) => Err(reason),
                     None => Ok(key.score()),
@@ -74,21 +75,21 @@ pub fn rank(
     ranked.sort_by(|(a, ka), (b, kb)| match (&a.verdict, &b.verdict) {
         (Ok(_), Err(_)) => std::cmp::Ordering::Less,
         (Err(_), Ok(_)) => std::cmp::Ordering::Greater,
-        (Err(_), Err(_)) => a.node.cmp(&b.node),
-        (Ok(_), Ok(_)) => ka.cmp(kb).then_with(|| a.node.cmp(&b.node)),
+        (Err(_), Err(_)) => a.node.cmp(b.node),
+        (Ok(_), Ok(_)) => ka.cmp(kb).then_with(|| a.node.cmp(b.node)),
     });
     ranked.into_iter().map(|(r, _)| r).collect()
 }
 
 /// Ranks this node (`own`, always up) and its `peers`: what task routing and the front door
 /// both ask.
-pub fn rank_fleet(
-    own: &NodeInfo,
-    peers: &[Peer],
+pub fn rank_fleet<'a>(
+    own: &'a NodeInfo,
+    peers: &'a [Peer],
     target: &Target,
     tier: Tier,
     require: &Requirements,
-) -> Vec<Ranked> {
+) -> Vec<Ranked<'a>> {
     let mut candidates = vec![Candidate {
         info: own,
         state: PeerState::Up,
@@ -303,15 +304,15 @@ mod tests {
         }
     }
 
-    fn names(ranked: &[Ranked]) -> Vec<&str> {
+    fn names<'a>(ranked: &[Ranked<'a>]) -> Vec<&'a str> {
         ranked
             .iter()
             .filter(|r| r.verdict.is_ok())
-            .map(|r| r.node.as_str())
+            .map(|r| r.node)
             .collect()
     }
 
-    fn reason<'a>(ranked: &'a [Ranked], node: &str) -> &'a str {
+    fn reason<'a>(ranked: &'a [Ranked<'_>], node: &str) -> &'a str {
         ranked
             .iter()
             .find(|r| r.node == node)
@@ -609,8 +610,8 @@ pub struct Destination {
 /// Picks from a ranking; `Err` says why no node can run it (every node with its reason). A task
 /// another node forwarded here runs here whenever this node is eligible, so delegation does not
 /// bounce around the fleet.
-pub fn choose(ranked: &[Ranked], forwarded: bool) -> Result<Placement, String> {
-    let eligible: Vec<&Ranked> = ranked.iter().filter(|r| r.verdict.is_ok()).collect();
+pub fn choose(ranked: &[Ranked<'_>], forwarded: bool) -> Result<Placement, String> {
+    let eligible: Vec<&Ranked<'_>> = ranked.iter().filter(|r| r.verdict.is_ok()).collect();
     if eligible.is_empty() {
         let reasons: Vec<String> = ranked
             .iter()
@@ -638,8 +639,8 @@ pub fn choose(ranked: &[Ranked], forwarded: bool) -> Result<Placement, String> {
             .iter()
             .filter(|r| !r.local)
             .map(|r| Destination {
-                name: r.node.clone(),
-                addr: r.addr.clone(),
+                name: r.node.to_owned(),
+                addr: r.addr.to_owned(),
             })
             .collect(),
     ))

@@ -118,17 +118,19 @@ impl pb::tasks_server::Tasks for TasksService {
         let spec = TaskSpec::try_from(request.into_inner())?;
         let candidates = self
             .admission
-            .rank(&spec.target, spec.tier, &spec.require)
-            .into_iter()
-            .map(|r| pb::Candidate {
-                node: r.node,
-                node_id: r.id.to_string(),
-                local: r.local,
-                eligible: r.verdict.is_ok(),
-                score: *r.verdict.as_ref().unwrap_or(&0.0),
-                reason: r.verdict.err().unwrap_or_default(),
-            })
-            .collect();
+            .rank(&spec.target, spec.tier, &spec.require, |ranked| {
+                ranked
+                    .iter()
+                    .map(|r| pb::Candidate {
+                        node: r.node.to_owned(),
+                        node_id: r.id.to_string(),
+                        local: r.local,
+                        eligible: r.verdict.is_ok(),
+                        score: *r.verdict.as_ref().unwrap_or(&0.0),
+                        reason: r.verdict.clone().err().unwrap_or_default(),
+                    })
+                    .collect()
+            });
         Ok(Response::new(pb::Explanation { candidates }))
     }
 

@@ -204,6 +204,59 @@ impl Node {
             Some(tls) => tls.dialer(),
             None => Dialer::Plain,
         };
+        let hello = Hello {
+            name: config.name.clone(),
+            id: id.clone(),
+            port: addr.port(),
+        };
+        let membership = Membership::new(
+            id.clone(),
+            hello,
+            Arc::new(NodeLink::new(dialer.clone())),
+            peers.clone(),
+            events_tx.clone(),
+        );
+        background_tasks.spawn(membership.run(events_rx, background.child_token()));
+
+        let mut sources: Vec<Box<dyn Discovery>> = Vec::new();
+        if !config.discovery.static_peers.is_empty() {
+            sources.push(Box::new(StaticPeers::new(
+                config.discovery.static_peers.clone(),
+            )));
+        }
+        if config.discovery.mdns {
+            let advert = Advert {
+                name: config.name.clone(),
+                id: id.clone(),
+                port: addr.port(),
+                roles: config.roles.clone(),
+                gpus: caps.snapshot().resources.gpus.len(),
+                fingerprint: fingerprint.clone(),
+            };
+            match Mdns::new(advert, &config.discovery.interfaces) {
+                Ok(mdns) => sources.push(Box::new(mdns)),
+                Err(e) => caps.set_check(
+                    "mdns",
+                    Some((
+                        HealthStatus::Degraded,
+                        format!("cannot start ({e}); only static peers are used"),
+                    )),
+                ),
+            }
+        } else {
+            caps.set_check(
+                "mdns",
+                Some((
+                    HealthStatus::Degraded,
+                    "disabled; peers come from static_peers and exchange".into(),
+                )),
+            );
+        }
+        for source in sources {
+            tracing::info!(source = source.name(), "discovery started");
+            background_tasks.spawn(source.run(events_tx.clone(), background.child_token()));
+        }
+
         let db_path = config.data_dir.join("db");
         let db = sled::open(&db_path).map_err(|source| StartError::Storage {
             path: db_path.clone(),
@@ -293,60 +346,6 @@ impl Node {
         );
         // The `delegate` tool's sub-tasks go through the same door as any task.
         tools.connect_subtasks(Arc::new(tasks.clone()));
-
-        // Found by the fleet only once everything it may be asked for is in place.
-        let hello = Hello {
-            name: config.name.clone(),
-            id: id.clone(),
-            port: addr.port(),
-        };
-        let membership = Membership::new(
-            id.clone(),
-            hello,
-            Arc::new(NodeLink::new(dialer.clone())),
-            peers.clone(),
-            events_tx.clone(),
-        );
-        background_tasks.spawn(membership.run(events_rx, background.child_token()));
-
-        let mut sources: Vec<Box<dyn Discovery>> = Vec::new();
-        if !config.discovery.static_peers.is_empty() {
-            sources.push(Box::new(StaticPeers::new(
-                config.discovery.static_peers.clone(),
-            )));
-        }
-        if config.discovery.mdns {
-            let advert = Advert {
-                name: config.name.clone(),
-                id: id.clone(),
-                port: addr.port(),
-                roles: config.roles.clone(),
-                gpus: caps.snapshot().resources.gpus.len(),
-                fingerprint: fingerprint.clone(),
-            };
-            match Mdns::new(advert, &config.discovery.interfaces) {
-                Ok(mdns) => sources.push(Box::new(mdns)),
-                Err(e) => caps.set_check(
-                    "mdns",
-                    Some((
-                        HealthStatus::Degraded,
-                        format!("cannot start ({e}); only static peers are used"),
-                    )),
-                ),
-            }
-        } else {
-            caps.set_check(
-                "mdns",
-                Some((
-                    HealthStatus::Degraded,
-                    "disabled; peers come from static_peers and exchange".into(),
-                )),
-            );
-        }
-        for source in sources {
-            tracing::info!(source = source.name(), "discovery started");
-            background_tasks.spawn(source.run(events_tx.clone(), background.child_token()));
-        }
 
         let (health, health_service) = tonic_health::server::health_reporter();
         report_health(&health, &caps).await;

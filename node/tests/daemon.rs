@@ -27,7 +27,7 @@ fn a_config_error_names_the_key_and_the_file_and_exits_2() {
             "[security]\nremote_max_tier = \"root\"\n",
             "security.remote_max_tier",
         ),
-        // Checked against the node's tool table at start, before the node is found by anyone.
+        // Checked against the node's tool table once it is built at start.
         (
             "[discovery]\nmdns = false\n[node]\nlisten = \"127.0.0.1:0\"\nroles = [\"chat\"]\n\
              [[personas]]\nname = \"p\"\nrole = \"chat\"\ntools = [\"file_read\", \"rm_rf\"]\n",

@@ -17,6 +17,27 @@ fn mesh_node(args: &[&str], dir: &std::path::Path) -> Output {
         .expect("run mesh-node")
 }
 
+/// Waits until the node `child` has started (it wrote `node.addr` into `data`), stops it with
+/// SIGTERM and returns what it printed.
+fn run_until_started(mut child: std::process::Child, data: &std::path::Path) -> Output {
+    let addr_file = data.join("node.addr");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !addr_file.exists() {
+        assert!(Instant::now() < deadline, "node did not start");
+        assert!(
+            child.try_wait().expect("poll").is_none(),
+            "node exited early"
+        );
+        std::thread::sleep(Duration::from_millis(50)); // poll until the deadline
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    child.wait_with_output().expect("wait")
+}
+
 #[test]
 fn a_config_error_names_the_key_and_the_file_and_exits_2() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -72,7 +93,7 @@ fn insecure_is_refused_on_a_non_loopback_address_unless_allowed() {
     assert!(stderr.contains("--insecure-allow-remote"), "{stderr}");
 
     // Allowed explicitly, it starts (and warns); SIGTERM stops it cleanly.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-node"))
+    let child = Command::new(env!("CARGO_BIN_EXE_mesh-node"))
         .args([
             "--insecure",
             "--insecure-allow-remote",
@@ -86,22 +107,7 @@ fn insecure_is_refused_on_a_non_loopback_address_unless_allowed() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let addr_file = std::path::Path::new(data).join("node.addr");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !addr_file.exists() {
-        assert!(Instant::now() < deadline, "node did not start");
-        assert!(
-            child.try_wait().expect("poll").is_none(),
-            "node exited early"
-        );
-        std::thread::sleep(Duration::from_millis(50)); // poll until the deadline
-    }
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let output = child.wait_with_output().expect("wait");
+    let output = run_until_started(child, std::path::Path::new(data));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(
@@ -117,7 +123,7 @@ fn a_log_written_to_a_pipe_carries_no_colour_codes() {
     // The front door on a port of its own, not the default 7780.
     let config = dir.path().join("node.toml");
     std::fs::write(&config, "[http]\nlisten = \"127.0.0.1:0\"\n").expect("write config");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-node"))
+    let child = Command::new(env!("CARGO_BIN_EXE_mesh-node"))
         .args(["--insecure", "--no-mdns", "--listen", "127.0.0.1:0"])
         .arg("--config")
         .arg(&config)
@@ -135,22 +141,7 @@ fn a_log_written_to_a_pipe_carries_no_colour_codes() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let addr_file = data.join("node.addr");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !addr_file.exists() {
-        assert!(Instant::now() < deadline, "node did not start");
-        assert!(
-            child.try_wait().expect("poll").is_none(),
-            "node exited early"
-        );
-        std::thread::sleep(Duration::from_millis(50)); // poll until the deadline
-    }
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
-    let output = child.wait_with_output().expect("wait");
+    let output = run_until_started(child, &data);
     let stderr = String::from_utf8_lossy(&output.stderr);
     // A WARN line: on a terminal its level is coloured.
     assert!(stderr.contains("--insecure: plain TCP"), "no log: {stderr}");

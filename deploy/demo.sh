@@ -73,9 +73,10 @@ fi
 ca="$work/ca"
 if [ ! -f "$ca/ca.pem" ]; then
   "$bin/mesh-cli" ca init --dir "$ca" >/dev/null
-  for name in gpu laptop server mesh-cli; do
-    "$bin/mesh-cli" ca issue --dir "$ca" --name "$name" >/dev/null
+  for name in gpu laptop server; do
+    "$bin/mesh-cli" ca issue --dir "$ca" --role node --name "$name" >/dev/null
   done
+  "$bin/mesh-cli" ca issue --dir "$ca" --role client --name mesh-cli >/dev/null
 fi
 
 # gpu: the GPU box, the only node with a model. `threads = 1` keeps llama.cpp from spinning

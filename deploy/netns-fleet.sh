@@ -91,7 +91,7 @@ up() {
   echo "$n" > "$dir/count"
 
   "$(bin)/mesh-cli" ca init --dir "$dir/ca" >/dev/null
-  "$(bin)/mesh-cli" ca issue --dir "$dir/ca" --name mesh-cli >/dev/null
+  "$(bin)/mesh-cli" ca issue --dir "$dir/ca" --role client --name mesh-cli >/dev/null
   for i in $(seq 1 "$n"); do
     local ns
     ns=$(host_ns "$i")
@@ -101,7 +101,7 @@ up() {
     ip -n "$hub" link set "p$i" master br0 up
     ip -n "$ns" addr add "$(addr "$i")/24" dev eth0
     ip -n "$ns" link set eth0 up
-    "$(bin)/mesh-cli" ca issue --dir "$dir/ca" --name "host$i" --san "$(addr "$i")" >/dev/null
+    "$(bin)/mesh-cli" ca issue --dir "$dir/ca" --role node --name "host$i" --san "$(addr "$i")" >/dev/null
     {
       echo "[node]"
       echo "name = \"host$i\""

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context, anyhow};
 use clap::{Args, Parser, Subcommand};
-use mesh_identity::{Dialer, MeshTls, TlsFiles, bootstrap, ca};
+use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, bootstrap, ca};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
 
@@ -111,10 +111,12 @@ enum CaCommand {
         #[arg(long)]
         dir: PathBuf,
     },
-    /// Issue a certificate for a node or client: writes DIR/NAME.pem and DIR/NAME.key.
+    /// Issue a certificate for a node or a client: writes DIR/NAME.pem and DIR/NAME.key.
     ///
-    /// The certificate works as server and client certificate. It always covers NAME, localhost,
-    /// 127.0.0.1 and ::1; add the node's other addresses with --san.
+    /// `--role node` for a device that runs mesh-node (it serves the mesh and calls other nodes;
+    /// it always covers NAME, localhost, 127.0.0.1 and ::1: add its other addresses with --san).
+    /// `--role client` for an operator's mesh-cli: it can call nodes but never serve as one, and
+    /// nodes cap its tasks at their `security.client_max_tier`.
     Issue {
         /// Directory holding ca.pem and ca.key.
         #[arg(long)]
@@ -122,6 +124,9 @@ enum CaCommand {
         /// Node (or client) name.
         #[arg(long)]
         name: String,
+        /// What the certificate is for: `node` or `client`.
+        #[arg(long, value_parser = ["node", "client"])]
+        role: String,
         /// Extra subject alternative name, IP address or DNS name; repeatable.
         #[arg(long = "san", value_name = "IP_OR_DNS")]
         sans: Vec<String>,
@@ -162,15 +167,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 key.display()
             );
             println!(
-                "next: mesh-cli ca issue --dir {} --name <node>",
+                "next: mesh-cli ca issue --dir {} --role node --name <node>",
                 dir.display()
             );
             Ok(())
         }
-        Command::Ca(CaCommand::Issue { dir, name, sans }) => {
-            let (cert, key) = ca::issue(&dir, &name, &sans)?;
+        Command::Ca(CaCommand::Issue {
+            dir,
+            name,
+            sans,
+            role,
+        }) => {
+            let role: CertRole = role.parse().map_err(|e: String| anyhow!(e))?;
+            let (cert, key) = ca::issue(&dir, &name, &sans, role)?;
             println!(
-                "issued certificate for {name}\n  certificate: {}\n  private key: {}",
+                "issued {role} certificate for {name}\n  certificate: {}\n  private key: {}",
                 cert.display(),
                 key.display()
             );

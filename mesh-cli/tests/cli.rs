@@ -31,6 +31,8 @@ fn ca_init_and_issue_write_usable_files_and_never_overwrite() {
         &[
             "ca",
             "issue",
+            "--role",
+            "node",
             "--dir",
             ca,
             "--name",

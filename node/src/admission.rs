@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use mesh_domain::{Requirements, Target, TaskSpec, Tier};
+use mesh_domain::{CertRole, Principal, Requirements, Target, TaskSpec, Tier};
 
 use crate::{
     capabilities::Capabilities,
@@ -20,19 +20,99 @@ use crate::{
 /// Most forwards and sub-task levels a task may go through.
 pub const MAX_HOPS: u32 = 4;
 
-/// Who started a task, as far as this node can tell: what it may ask of this node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a task reached this node, as far as this node can tell: what it may ask of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
-    /// A client talking to this node directly (`mesh-cli`); a task it says was forwarded or
-    /// nested (hops above 0) counts as a peer's.
-    Client,
-    /// Another node of the mesh (its certificate is a peer's).
-    Peer,
-    /// A task running here, through the `delegate` tool.
+    /// A certificate calling this node directly (`Tasks.Submit`, `Cron.Add`): an operator's
+    /// client certificate, another node's (forwarding a task, or `mesh-cli` with a node
+    /// certificate), or a legacy one without a role.
+    Certificate(Principal),
+    /// A caller without a certificate (insecure mode, loopback experiments): no identities, so
+    /// only a task that says it was forwarded or nested (hops above 0) is capped, as remote.
+    Unauthenticated {
+        /// Whether the task says it was forwarded or nested.
+        forwarded: bool,
+    },
+    /// A sub-task of a task running here (the `delegate` tool): it acts for whoever started
+    /// its parent.
     Subtask,
-    /// A cron firing on this node (its task id is fixed so a second firing is a duplicate, but it
-    /// is placed like a new task).
-    Schedule,
+    /// A firing of a schedule: it acts for the schedule's creator. `written_here` when this node
+    /// wrote the schedule (a client called its `Cron.Add`); otherwise the schedule came from
+    /// another node, and so does the task.
+    Schedule {
+        /// Whether this node wrote the schedule's record.
+        written_here: bool,
+    },
+}
+
+/// What a node lets each kind of caller do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// `security.remote_max_tier`: anything not started by this node's operators.
+    pub remote_max_tier: Tier,
+    /// `security.client_max_tier`: an operator's client certificate.
+    pub client_max_tier: Tier,
+}
+
+impl Policy {
+    /// The highest tier a task that reached this node as `caller`, started by `starter` (its
+    /// lineage's claim), may run at; `None` when nothing caps it. Every rule only lowers: a
+    /// claim can never raise what the way in allows, and a task that came through another node
+    /// never gets more than `remote_max_tier`, whoever it says started it.
+    pub fn cap(&self, caller: &Caller, starter: Option<&Principal>) -> Option<Tier> {
+        self.cap_by(caller, starter).map(|(tier, _)| tier)
+    }
+
+    /// [`Policy::cap`], with the setting that made it (`security.remote_max_tier` or
+    /// `security.client_max_tier`), for the error a refused caller sees.
+    pub fn cap_by(
+        &self,
+        caller: &Caller,
+        starter: Option<&Principal>,
+    ) -> Option<(Tier, &'static str)> {
+        const REMOTE: &str = "security.remote_max_tier";
+        const CLIENT: &str = "security.client_max_tier";
+        let (remote, client) = (
+            (self.remote_max_tier, REMOTE),
+            (self.client_max_tier, CLIENT),
+        );
+        let mut cap: Option<(Tier, &'static str)> = None;
+        let mut lower = |limit: (Tier, &'static str)| {
+            if cap.is_none_or(|(tier, _)| limit.0 < tier) {
+                cap = Some(limit);
+            }
+        };
+        let by_role = |role: Option<CertRole>, lower: &mut dyn FnMut((Tier, &'static str))| {
+            match role {
+                Some(CertRole::Client) => lower(client),
+                Some(CertRole::Node) => lower(remote),
+                // A legacy certificate is trusted least: both caps.
+                None => {
+                    lower(remote);
+                    lower(client);
+                }
+            }
+        };
+        match caller {
+            Caller::Certificate(principal) => by_role(principal.role, &mut lower),
+            Caller::Unauthenticated { forwarded: true } => lower(remote),
+            Caller::Unauthenticated { forwarded: false } | Caller::Subtask => {}
+            Caller::Schedule { written_here } => {
+                if !written_here {
+                    lower(remote);
+                }
+                // A schedule stored without its creator (written before creators were kept)
+                // is trusted least.
+                if starter.is_none() {
+                    by_role(None, &mut lower);
+                }
+            }
+        }
+        if let Some(starter) = starter {
+            by_role(starter.role, &mut lower);
+        }
+        cap
+    }
 }
 
 /// Why a task or a chat may not run, or cannot run anywhere.
@@ -48,13 +128,15 @@ pub enum AdmissionError {
     },
     /// It asks this node for more than it allows its caller.
     #[error(
-        "this node runs remote tasks up to tier `{cap}` and this one asks for `{asked}` (security.remote_max_tier)"
+        "this node runs tasks from this caller up to tier `{cap}` and this one asks for `{asked}` ({setting})"
     )]
     TierCap {
         /// What this node allows.
         cap: Tier,
         /// What the task asks for.
         asked: Tier,
+        /// The setting that says so.
+        setting: &'static str,
     },
     /// No node can run it; the message names every node and why.
     #[error("{0}")]
@@ -64,17 +146,50 @@ pub enum AdmissionError {
     UnknownModel(String),
 }
 
-/// The door: this node's description and its view of the fleet.
+/// The door: this node's description, its view of the fleet and its policy.
 #[derive(Debug)]
 pub struct Admission {
     caps: Arc<Capabilities>,
     peers: Arc<PeerTable>,
+    /// `security.client_max_tier` (`remote_max_tier` is advertised, so it is read from the
+    /// capabilities).
+    client_max_tier: Tier,
 }
 
 impl Admission {
-    /// Decides with this node's capabilities and peer table.
-    pub fn new(caps: Arc<Capabilities>, peers: Arc<PeerTable>) -> Self {
-        Self { caps, peers }
+    /// Decides with this node's capabilities, peer table and `security.client_max_tier`.
+    pub fn new(caps: Arc<Capabilities>, peers: Arc<PeerTable>, client_max_tier: Tier) -> Self {
+        Self {
+            caps,
+            peers,
+            client_max_tier,
+        }
+    }
+
+    /// This node's policy.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            remote_max_tier: self.caps.snapshot().remote_max_tier,
+            client_max_tier: self.client_max_tier,
+        }
+    }
+
+    /// Whether a task at `tier` that reached this node as `caller`, started by `starter`, may
+    /// run here at all (the tier cap alone).
+    pub fn allows(
+        &self,
+        tier: Tier,
+        caller: &Caller,
+        starter: Option<&Principal>,
+    ) -> Result<(), AdmissionError> {
+        match self.policy().cap_by(caller, starter) {
+            Some((cap, setting)) if tier > cap => Err(AdmissionError::TierCap {
+                cap,
+                asked: tier,
+                setting,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Every node ranked for a task, handed to `read` (what `--explain` shows).
@@ -89,26 +204,24 @@ impl Admission {
         read(&router::rank_fleet(&own, &peers, target, tier, require))
     }
 
-    /// Whether `spec`, started by `caller`, may run, and where.
-    pub fn admit(&self, spec: &TaskSpec, caller: Caller) -> Result<Placement, AdmissionError> {
+    /// Whether `spec`, arriving as `caller`, may run, and where. It also records in the lineage
+    /// who started the task: a client (or legacy) certificate calling directly is the starter
+    /// whatever the request claims; a node's claim is kept (it can only lower the tier), else
+    /// the node is the starter.
+    pub fn admit(&self, spec: &mut TaskSpec, caller: &Caller) -> Result<Placement, AdmissionError> {
         if spec.lineage.hops > MAX_HOPS {
             return Err(AdmissionError::HopLimit {
                 hops: spec.lineage.hops,
             });
         }
-        let capped = match caller {
-            Caller::Peer => true,
-            Caller::Client => spec.lineage.hops > 0,
-            Caller::Subtask | Caller::Schedule => false,
-        };
-        let cap = self.caps.snapshot().remote_max_tier;
-        if capped && spec.tier > cap {
-            return Err(AdmissionError::TierCap {
-                cap,
-                asked: spec.tier,
-            });
+        if let Caller::Certificate(principal) = caller
+            && (principal.role != Some(CertRole::Node) || spec.lineage.started_by.is_none())
+        {
+            spec.lineage.started_by = Some(principal.clone());
         }
-        let forwarded = caller != Caller::Schedule && spec.lineage.task_id.is_some();
+        self.allows(spec.tier, caller, spec.lineage.started_by.as_ref())?;
+        let forwarded =
+            !matches!(caller, Caller::Schedule { .. }) && spec.lineage.task_id.is_some();
         let choice = self.rank(&spec.target, spec.tier, &spec.require, |ranked| {
             router::choose(ranked, forwarded)
         });
@@ -150,4 +263,78 @@ fn record(kind: &str, choice: &Result<Placement, String>) {
             Err(_) => "nowhere",
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_domain::NodeId;
+
+    use super::*;
+
+    fn principal(role: Option<CertRole>) -> Principal {
+        Principal {
+            id: NodeId::from_spki_der(b"someone"),
+            name: "someone".into(),
+            role,
+        }
+    }
+
+    #[test]
+    fn every_way_in_is_capped_by_who_started_the_task_and_how_it_came() {
+        let client = Some(principal(Some(CertRole::Client)));
+        let node = Some(principal(Some(CertRole::Node)));
+        let legacy = Some(principal(None));
+        let cert = |p: &Option<Principal>| Caller::Certificate(p.clone().expect("principal"));
+        let here = Caller::Schedule { written_here: true };
+        let elsewhere = Caller::Schedule {
+            written_here: false,
+        };
+        use Tier::{Read, Shell, Write};
+        /// remote_max_tier, client_max_tier, way in, starter, cap.
+        type Case<'a> = (Tier, Tier, Caller, &'a Option<Principal>, Option<Tier>);
+        let cases: Vec<Case<'_>> = vec![
+            (Read, Write, cert(&client), &None, Some(Write)),
+            (Read, Write, cert(&node), &None, Some(Read)),
+            (Read, Write, cert(&legacy), &None, Some(Read)),
+            (Shell, Write, cert(&legacy), &None, Some(Write)),
+            // A node's claim that a client started it can only lower its cap.
+            (Shell, Write, cert(&node), &client, Some(Write)),
+            (Read, Shell, cert(&node), &client, Some(Read)),
+            (Read, Write, Caller::Subtask, &client, Some(Write)),
+            (Read, Write, Caller::Subtask, &node, Some(Read)),
+            (Read, Write, Caller::Subtask, &None, None),
+            (Read, Write, here.clone(), &client, Some(Write)),
+            (Read, Shell, here.clone(), &client, Some(Shell)),
+            (Read, Shell, elsewhere.clone(), &client, Some(Read)),
+            (Shell, Write, elsewhere, &client, Some(Write)),
+            (Read, Write, here.clone(), &node, Some(Read)),
+            // A schedule kept without its creator is trusted least.
+            (Shell, Write, here, &None, Some(Write)),
+            (
+                Read,
+                Write,
+                Caller::Unauthenticated { forwarded: true },
+                &None,
+                Some(Read),
+            ),
+            (
+                Read,
+                Write,
+                Caller::Unauthenticated { forwarded: false },
+                &None,
+                None,
+            ),
+        ];
+        for (remote, client_max, caller, starter, expected) in cases {
+            let policy = Policy {
+                remote_max_tier: remote,
+                client_max_tier: client_max,
+            };
+            assert_eq!(
+                policy.cap(&caller, starter.as_ref()),
+                expected,
+                "remote {remote}, client {client_max}, {caller:?}, started by {starter:?}"
+            );
+        }
+    }
 }

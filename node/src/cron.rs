@@ -22,7 +22,7 @@ use std::{
 use chrono::TimeZone;
 use chrono_tz::Tz;
 use mesh_domain::{
-    EventKind, NodeId, PeerState, TaskEvent, TaskSpec,
+    EventKind, Lineage, NodeId, PeerState, Principal, TaskEvent, TaskSpec,
     keys::{self, CRON_FIRINGS, CRON_SCHEDULES},
     sync::MutexExt,
 };
@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    memory::{Memory, MemoryError},
+    memory::{Memory, MemoryError, Record},
     peers::PeerTable,
 };
 
@@ -124,6 +124,30 @@ pub struct Schedule {
     pub created_at_ms: i64,
     /// Name of the node that created it.
     pub created_on: String,
+    /// Who created it (the certificate that called `Cron.Add`); each firing runs as a task
+    /// started by them. `None` for a schedule created before creators were kept, or in insecure
+    /// mode: such firings are trusted least.
+    #[serde(default)]
+    pub creator: Option<Principal>,
+    /// The node whose record this is (set when read from the memory, not stored): a firing of a
+    /// schedule another node wrote reaches this node's tasks as that node's.
+    #[serde(skip)]
+    pub origin: Option<NodeId>,
+}
+
+impl Schedule {
+    /// Checks a stored schedule as `Cron.Add` checked it when it was added, since a replicated
+    /// record may come from anywhere: its name, its expression and time zone, and its task (a
+    /// schedule's task carries no lineage of its own).
+    pub fn check(&self) -> Result<(), String> {
+        check_name(&self.name).map_err(|e| e.to_string())?;
+        Timetable::parse(&self.expression, &self.timezone).map_err(|e| e.to_string())?;
+        self.task.check().map_err(|e| format!("task.{e}"))?;
+        if self.task.lineage != Lineage::default() {
+            return Err("task.lineage: set by nodes only".into());
+        }
+        Ok(())
+    }
 }
 
 /// Checks a schedule name.
@@ -368,8 +392,13 @@ fn now_ms() -> i64 {
 /// Starts tasks for firings: routes and submits a task whose `lineage.task_id` is set,
 /// returning its events (a port: the task manager implements it).
 pub trait Runner: Send + Sync + fmt::Debug {
-    /// Submits `spec` where the router places it.
-    fn start(&self, spec: TaskSpec) -> Result<mpsc::Receiver<TaskEvent>, String>;
+    /// Submits `spec`, started by its `lineage.started_by` (the schedule's creator), where the
+    /// router places it; `written_here` when this node wrote the schedule.
+    fn start(
+        &self,
+        spec: TaskSpec,
+        written_here: bool,
+    ) -> Result<mpsc::Receiver<TaskEvent>, String>;
 }
 
 /// The node's scheduler.
@@ -383,6 +412,8 @@ pub struct Scheduler {
     last: Mutex<HashMap<String, i64>>,
     /// Firings this node started and still follows.
     open: Mutex<HashSet<String>>,
+    /// Stored schedules refused, with why, so each is logged once.
+    refused: Mutex<HashSet<(String, String)>>,
 }
 
 impl fmt::Debug for Scheduler {
@@ -410,6 +441,7 @@ impl Scheduler {
             runner,
             last: Mutex::default(),
             open: Mutex::default(),
+            refused: Mutex::default(),
         })
     }
 
@@ -418,19 +450,14 @@ impl Scheduler {
         &self.own_name
     }
 
-    /// Every schedule, by name (a record that does not decode is logged and left out).
+    /// Every schedule, by name. A record that does not decode, or that `Cron.Add` would have
+    /// refused, is logged (once) and left out: it never fires.
     pub fn schedules(&self) -> Result<Vec<Schedule>, CronError> {
         Ok(self
             .memory
             .list(CRON_SCHEDULES, "", usize::MAX)?
             .into_iter()
-            .filter_map(|entry| match serde_json::from_slice(&entry.record.value) {
-                Ok(schedule) => Some(schedule),
-                Err(e) => {
-                    tracing::warn!(schedule = %entry.key, error = %e, "unreadable schedule");
-                    None
-                }
-            })
+            .filter_map(|entry| self.stored(&entry.key, &entry.record).ok())
             .collect())
     }
 
@@ -438,9 +465,34 @@ impl Scheduler {
     pub fn get(&self, name: &str) -> Result<Schedule, CronError> {
         check_name(name)?;
         match self.memory.get(CRON_SCHEDULES, name)? {
-            Some(record) if !record.tombstone => serde_json::from_slice(&record.value)
-                .map_err(|e| CronError::Invalid(format!("stored schedule `{name}`: {e}"))),
+            Some(record) if !record.tombstone => self.stored(name, &record),
             _ => Err(CronError::NotFound(name.to_owned())),
+        }
+    }
+
+    /// The schedule a stored record holds, checked like a new one; a refused record is logged
+    /// once per schedule and reason.
+    fn stored(&self, name: &str, record: &Record) -> Result<Schedule, CronError> {
+        let checked = serde_json::from_slice::<Schedule>(&record.value)
+            .map_err(|e| e.to_string())
+            .and_then(|schedule| schedule.check().map(|()| schedule));
+        match checked {
+            Ok(mut schedule) => {
+                schedule.origin = Some(record.origin.clone());
+                Ok(schedule)
+            }
+            Err(why) => {
+                if self
+                    .refused
+                    .lock_unpoisoned()
+                    .insert((name.to_owned(), why.clone()))
+                {
+                    tracing::warn!(schedule = %name, writer = %record.origin.short(), error = %why, "ignoring a stored schedule that Cron.Add would refuse; it never fires");
+                }
+                Err(CronError::Invalid(format!(
+                    "stored schedule `{name}` is not valid: {why}"
+                )))
+            }
         }
     }
 
@@ -696,7 +748,9 @@ impl Scheduler {
         self.trim(&schedule.id).await?;
         let mut spec = schedule.task.clone();
         spec.lineage.task_id = Some(firing.task_id.clone());
-        match self.runner.start(spec) {
+        spec.lineage.started_by = schedule.creator.clone();
+        let written_here = schedule.origin.as_ref() == Some(&self.own);
+        match self.runner.start(spec, written_here) {
             Err(e) => {
                 firing.status = FiringStatus::Failed;
                 firing.error = e;
@@ -786,7 +840,7 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use mesh_domain::{Target, Tier};
+    use mesh_domain::Target;
 
     use super::*;
     use crate::{memory::MemoryOptions, storage::SledStore};
@@ -951,7 +1005,11 @@ mod tests {
     }
 
     impl Runner for FakeRunner {
-        fn start(&self, spec: TaskSpec) -> Result<mpsc::Receiver<TaskEvent>, String> {
+        fn start(
+            &self,
+            spec: TaskSpec,
+            _written_here: bool,
+        ) -> Result<mpsc::Receiver<TaskEvent>, String> {
             let (tx, rx) = mpsc::channel(8);
             let id = spec.lineage.task_id.clone().unwrap_or_default();
             let event = |seq, kind| TaskEvent {
@@ -1001,22 +1059,14 @@ mod tests {
             name: name.into(),
             expression: expression.into(),
             timezone: String::new(),
-            task: TaskSpec {
-                prompt: "summarise".into(),
-                target: Target::Role("research".into()),
-                tier: Tier::Read,
-                timeout: None,
-                max_rounds: None,
-                token_budget: None,
-                require: Default::default(),
-                lineage: Default::default(),
-                session: None,
-            },
+            task: TaskSpec::new("summarise", Target::Role("research".into())),
             overlap,
             catch_up_s,
             enabled: true,
             created_at_ms: T0,
             created_on: "me".into(),
+            creator: None,
+            origin: None,
         }
     }
 

@@ -22,7 +22,7 @@ use mesh_domain::{
     sync::{MutexExt, RwLockExt},
     time::unix_ms,
 };
-use mesh_identity::{CertIdentity, DialError};
+use mesh_identity::{CertIdentity, CertRole, DialError};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -473,6 +473,12 @@ async fn watch_once(
         return End::Retry { refused };
     };
 
+    if let Some(presented) = conn.presented()
+        && presented.role == Some(CertRole::Client)
+    {
+        tracing::warn!(%addr, id = %presented.id.short(), source = source.as_str(), "ignoring peer: it presents a client certificate, which may never serve as a node");
+        return End::Rejected;
+    }
     if let (Some(presented), Some(claim)) = (conn.presented(), claim) {
         if presented.id != claim.id {
             tracing::warn!(%addr, advertised = %claim.id.short(), presented = %presented.id.short(), source = source.as_str(), "ignoring peer: its certificate does not match the advertised id");

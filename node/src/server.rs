@@ -15,7 +15,7 @@ use std::{
 };
 
 use mesh_domain::{HealthStatus, NodeId};
-use mesh_identity::{Dialer, MeshTls, TlsError, TlsFiles, bootstrap, ca};
+use mesh_identity::{CertRole, Dialer, MeshTls, TlsError, TlsFiles, bootstrap, ca};
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -82,6 +82,11 @@ pub enum StartError {
     /// Two hooks claim the same stage and order.
     #[error("hooks: {0}")]
     Hooks(String),
+    /// The node was given a client certificate, which may never serve as a node.
+    #[error(
+        "{} is a client certificate (role `client`): a node needs one issued with `mesh-cli ca issue --role node`", .0.display()
+    )]
+    ClientCertificate(PathBuf),
     /// The configuration asks for something this node does not have (found once the parts it
     /// names exist, such as the tool table).
     #[error(transparent)]
@@ -314,7 +319,11 @@ impl Node {
             });
         }
         // One door for every task and chat, whichever way it comes.
-        let admission = Arc::new(Admission::new(caps.clone(), peers.clone()));
+        let admission = Arc::new(Admission::new(
+            caps.clone(),
+            peers.clone(),
+            config.client_max_tier,
+        ));
         let tools = Arc::new(ToolRegistry::new(
             caps.clone(),
             peers.clone(),
@@ -372,12 +381,7 @@ impl Node {
         )
         .with_memory(memory.clone());
 
-        let tasks_service = TasksService::new(
-            tasks.clone(),
-            admission.clone(),
-            peers.clone(),
-            mesh_tls.is_some(),
-        );
+        let tasks_service = TasksService::new(tasks.clone(), admission.clone(), mesh_tls.is_some());
         // Schedules fire through the same door too; firing stops as the node starts leaving.
         let scheduler = Scheduler::new(
             memory.clone(),
@@ -398,7 +402,7 @@ impl Node {
         // The OpenAI-compatible front door; a node without one still serves the mesh.
         let chat = Arc::new(ChatService::new(
             models.clone(),
-            admission,
+            admission.clone(),
             Arc::new(RemoteModels::new(channels.clone())),
         ));
         let door = Arc::new(FrontDoor {
@@ -442,7 +446,9 @@ impl Node {
             .add_service(service.into_server())
             .add_service(tasks_service.into_server())
             .add_service(ModelsService::new(chat).into_server())
-            .add_service(CronService::new(scheduler).into_server())
+            .add_service(
+                CronService::new(scheduler, admission.clone(), mesh_tls.is_some()).into_server(),
+            )
             .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server());
         let stop = serve.clone();
         // `serve_with_incoming` ignores the builder's TCP options, so set them on the incoming
@@ -573,6 +579,17 @@ fn check_persona_tools(config: &Config, tools: &ToolRegistry) -> Result<(), Conf
 
 fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), StartError> {
     let tls = MeshTls::load(files)?;
+    match tls.identity().role {
+        Some(CertRole::Node) => {}
+        Some(CertRole::Client) => {
+            return Err(StartError::ClientCertificate(files.cert.clone()));
+        }
+        None => tracing::warn!(
+            cert = %files.cert.display(),
+            "this node's certificate carries no role (issued before roles existed): peers trust it \
+             least; issue a new one with `mesh-cli ca issue --role node`"
+        ),
+    }
     let id = tls.identity().id.clone();
     let fingerprint = tls.identity().fingerprint.clone();
     Ok((Some(tls), id, fingerprint))

@@ -5,9 +5,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use mesh_domain::{
-    EventKind, Gpu, Health, HealthStatus, Lineage, Load, ModelInfo, NodeId, NodeInfo, PeerState,
-    PersonaInfo, Requirements, Resources, Target, TaskError, TaskEvent, TaskSpec, TaskStatus, Tier,
-    Usage, keys, task::MAX_PROMPT_BYTES,
+    CertRole, EventKind, Gpu, Health, HealthStatus, Lineage, Load, ModelInfo, NodeId, NodeInfo,
+    PeerState, PersonaInfo, Principal, Requirements, Resources, Target, TaskError, TaskEvent,
+    TaskSpec, TaskStatus, Tier, Usage, keys, task::MAX_PROMPT_BYTES,
 };
 use tonic::Status;
 
@@ -55,6 +55,39 @@ pub fn peer_state(state: i32) -> PeerState {
         Ok(pb::PeerState::Up) => PeerState::Up,
         Ok(pb::PeerState::Suspect) => PeerState::Suspect,
         _ => PeerState::Down,
+    }
+}
+
+impl From<&Principal> for pb::Principal {
+    fn from(principal: &Principal) -> Self {
+        Self {
+            id: principal.id.to_string(),
+            name: principal.name.clone(),
+            role: match principal.role {
+                None => pb::CertRole::Unspecified,
+                Some(CertRole::Node) => pb::CertRole::Node,
+                Some(CertRole::Client) => pb::CertRole::Client,
+            } as i32,
+        }
+    }
+}
+
+impl TryFrom<pb::Principal> for Principal {
+    type Error = Status;
+
+    fn try_from(principal: pb::Principal) -> Result<Self, Status> {
+        check_len("lineage.started_by.name", &principal.name, 63)?;
+        Ok(Self {
+            id: NodeId::parse(&principal.id)
+                .map_err(|e| Status::invalid_argument(format!("lineage.started_by.id: {e}")))?,
+            name: principal.name,
+            role: match pb::CertRole::try_from(principal.role) {
+                Ok(pb::CertRole::Node) => Some(CertRole::Node),
+                Ok(pb::CertRole::Client) => Some(CertRole::Client),
+                // Unknown values count as the least trusted: a legacy certificate.
+                _ => None,
+            },
+        })
     }
 }
 
@@ -402,6 +435,7 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
                 parent_id: Some(lineage.parent_id).filter(|id| !id.is_empty()),
                 origin: lineage.origin_node,
                 hops: lineage.hops,
+                started_by: lineage.started_by.map(Principal::try_from).transpose()?,
             },
             session: Some(request.session).filter(|s| !s.is_empty()),
         })
@@ -527,6 +561,7 @@ impl From<&TaskSpec> for pb::SubmitRequest {
                 parent_id: spec.lineage.parent_id.clone().unwrap_or_default(),
                 origin_node: spec.lineage.origin.clone(),
                 hops: spec.lineage.hops,
+                started_by: spec.lineage.started_by.as_ref().map(pb::Principal::from),
             }),
             session: spec.session.clone().unwrap_or_default(),
         }

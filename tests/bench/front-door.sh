@@ -117,7 +117,7 @@ nginx -c "$work/nginx.conf" -p "$work/nginx"
 
 ca="$work/ca"
 "$bin/mesh-cli" ca init --dir "$ca" >/dev/null
-for name in gpu laptop; do "$bin/mesh-cli" ca issue --dir "$ca" --name "$name" >/dev/null; done
+for name in gpu laptop; do "$bin/mesh-cli" ca issue --dir "$ca" --role node --name "$name" >/dev/null; done
 start_node() { # name static_peers(toml list) extra_toml; sets $grpc and $http
   local name=$1 peers=$2 extra=$3 dir="$work/$1"
   mkdir -p "$dir"

@@ -21,7 +21,7 @@ pub mod fake_openai;
 pub mod soak;
 
 use anyhow::{Context, anyhow, bail};
-use mesh_identity::{TlsFiles, ca};
+use mesh_identity::{CertRole, TlsFiles, ca};
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -286,6 +286,10 @@ pub struct NodeOptions {
     pub wrapper: Vec<String>,
     /// `http.api_keys` of the front door (which listens on an ephemeral loopback port).
     pub http_keys: Vec<String>,
+    /// The `[security]` table, as TOML lines. Default: `client_max_tier = "shell"`, so the
+    /// harness's client certificate (the tests' operator) may run any tier; tests of the caps
+    /// set their own.
+    pub security: String,
 }
 
 impl NodeOptions {
@@ -302,7 +306,14 @@ impl NodeOptions {
             node_keys: String::new(),
             wrapper: Vec::new(),
             http_keys: Vec::new(),
+            security: "client_max_tier = \"shell\"\n".into(),
         }
+    }
+
+    /// Sets the `[security]` table (TOML lines), replacing the default.
+    pub fn security(mut self, lines: &str) -> Self {
+        self.security = lines.into();
+        self
     }
 
     /// Requires one of these bearer keys at the front door.
@@ -438,7 +449,7 @@ impl Harness {
             .tempdir()?;
         let ca_dir = dir.path().join("ca");
         ca::ca_init(&ca_dir)?;
-        let (cert, key) = ca::issue(&ca_dir, "test-client", &[])?;
+        let (cert, key) = ca::issue(&ca_dir, "test-client", &[], CertRole::Client)?;
         let client = TlsFiles {
             ca: ca_dir.join(ca::CA_CERT_FILE),
             cert,
@@ -461,12 +472,17 @@ impl Harness {
         &self.ca_dir
     }
 
-    /// Issues (or reuses) a certificate named `name` from the harness CA.
+    /// Issues (or reuses) a node certificate named `name` from the harness CA.
     pub fn issue(&self, name: &str) -> anyhow::Result<TlsFiles> {
+        self.issue_as(name, CertRole::Node)
+    }
+
+    /// Issues (or reuses) a certificate named `name` for `role` from the harness CA.
+    pub fn issue_as(&self, name: &str, role: CertRole) -> anyhow::Result<TlsFiles> {
         let cert = self.ca_dir.join(format!("{name}.pem"));
         let key = self.ca_dir.join(format!("{name}.key"));
         if !cert.exists() {
-            ca::issue(&self.ca_dir, name, &[])?;
+            ca::issue(&self.ca_dir, name, &[], role)?;
         }
         Ok(TlsFiles {
             ca: self.ca_dir.join(ca::CA_CERT_FILE),
@@ -520,6 +536,7 @@ impl Harness {
             "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n",
             options.http_keys
         )?;
+        writeln!(config, "[security]\n{}", options.security)?;
         config.push_str(&options.extra);
         let config_path = self.path().join(format!("{}.toml", options.name));
         fs::write(&config_path, config)?;

@@ -26,7 +26,7 @@ struct Fleet {
     _fake_chat: FakeOpenAi,
 }
 
-fn gpu_node(fake: &FakeOpenAi, vram_mb: u64, extra: &str) -> String {
+fn gpu_node(fake: &FakeOpenAi, vram_mb: u64) -> String {
     format!(
         r#"
 [[resources.gpus]]
@@ -41,15 +41,14 @@ model = "scripted"
 
 [roles]
 coder = ["coder-model"]
-{extra}
 "#,
         fake.base_url()
     )
 }
 
-/// Starts the four nodes (everyone dials the laptop) and waits for the full mesh. `gpu_extra`
-/// is appended to both GPU nodes' config.
-fn fleet(gpu_extra: &str) -> Fleet {
+/// Starts the four nodes (everyone dials the laptop) and waits for the full mesh: a laptop, two
+/// GPU nodes (with `gpu_security` added to their `[security]` table) and a chat node.
+fn fleet(gpu_security: &str) -> Fleet {
     let harness = Harness::new().expect("harness");
     let (fake1, fake2, fake_chat) = (
         FakeOpenAi::start(),
@@ -61,14 +60,16 @@ fn fleet(gpu_extra: &str) -> Fleet {
         .spawn(
             NodeOptions::new("gpu1")
                 .peer(&laptop.addr)
-                .extra(&gpu_node(&fake1, 24576, gpu_extra)),
+                .security(&format!("client_max_tier = \"shell\"\n{gpu_security}"))
+                .extra(&gpu_node(&fake1, 24576)),
         )
         .expect("gpu1");
     let gpu2 = harness
         .spawn(
             NodeOptions::new("gpu2")
                 .peer(&laptop.addr)
-                .extra(&gpu_node(&fake2, 16384, gpu_extra)),
+                .security(&format!("client_max_tier = \"shell\"\n{gpu_security}"))
+                .extra(&gpu_node(&fake2, 16384)),
         )
         .expect("gpu2");
     let chat = harness
@@ -264,7 +265,7 @@ fn when_the_executing_node_is_killed_the_task_fails_over_to_the_other_gpu_node()
 
 #[test]
 fn a_task_that_ran_shell_on_the_lost_node_fails_clearly_instead_of_running_twice() {
-    let f = fleet("[security]\nremote_max_tier = \"shell\"\n");
+    let f = fleet("remote_max_tier = \"shell\"\n");
     f.fake1.push([
         Scripted::tool("shell_exec", r#"{"command": "true"}"#),
         Scripted::stall(),

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use mesh_identity::{Dialer, MeshTls, TlsFiles, ca};
+use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, ca};
 use mesh_node::rpc::PeerClient;
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, wait_for};
@@ -65,7 +65,7 @@ fn foreign_identity(harness: &Harness, name: &str) -> TlsFiles {
     if !dir.join(ca::CA_CERT_FILE).exists() {
         ca::ca_init(&dir).expect("foreign ca");
     }
-    let (cert, key) = ca::issue(&dir, name, &[]).expect("foreign cert");
+    let (cert, key) = ca::issue(&dir, name, &[], CertRole::Node).expect("foreign cert");
     TlsFiles {
         ca: dir.join(ca::CA_CERT_FILE),
         cert,

@@ -38,6 +38,7 @@ pub use node::{
 };
 pub use target::Target;
 pub use task::{
-    Answer, EventKind, Lineage, Requirements, TaskError, TaskEvent, TaskSpec, TaskStatus,
+    Answer, CertRole, EventKind, Lineage, Principal, Requirements, TaskError, TaskEvent, TaskSpec,
+    TaskStatus,
 };
 pub use tier::Tier;

@@ -2,14 +2,18 @@
 //! [`Requirements`]), how it ends ([`Answer`] or [`TaskError`]), and what happens on the way
 //! ([`TaskEvent`]). Every node, the CLI and the wire contract share these.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, fmt, str::FromStr, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{chat::Usage, target::Target, tier::Tier};
+use crate::{chat::Usage, id::NodeId, keys, target::Target, tier::Tier};
 
 /// Longest prompt accepted.
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
+/// Longest deadline a task may ask for, in seconds.
+pub const MAX_TIMEOUT_S: u32 = 86_400;
+/// Most model rounds a task may ask for.
+pub const MAX_ROUNDS: u32 = 1000;
 
 /// A task as submitted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +52,67 @@ pub struct Lineage {
     pub origin: String,
     /// Forwards and sub-task levels so far.
     pub hops: u32,
+    /// Who started the task (or its root), as the node it entered the mesh at read it from the
+    /// certificate; `None` when unknown (insecure mode). A node that receives the task from
+    /// another node may trust this claim only to lower what the task may do.
+    #[serde(default)]
+    pub started_by: Option<Principal>,
+}
+
+/// The holder of a certificate of the mesh, as a node saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    /// The certificate's id (hash of its public key).
+    pub id: NodeId,
+    /// Its common name.
+    pub name: String,
+    /// What the certificate is for; `None` for a legacy certificate issued without a role.
+    pub role: Option<CertRole>,
+}
+
+/// What a certificate of the mesh is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CertRole {
+    /// A device running `mesh-node`: it serves the mesh and calls other nodes.
+    Node,
+    /// An operator's `mesh-cli`: it calls nodes, and can never serve as one.
+    Client,
+}
+
+impl fmt::Display for CertRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Node => "node",
+            Self::Client => "client",
+        })
+    }
+}
+
+impl FromStr for CertRole {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "node" => Ok(Self::Node),
+            "client" => Ok(Self::Client),
+            other => Err(format!("role `{other}`: use `node` or `client`")),
+        }
+    }
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.role {
+            Some(role) => write!(f, "{role} `{}` ({})", self.name, self.id.short()),
+            None => write!(
+                f,
+                "legacy certificate `{}` ({})",
+                self.name,
+                self.id.short()
+            ),
+        }
+    }
 }
 
 impl TaskSpec {
@@ -65,6 +130,70 @@ impl TaskSpec {
             lineage: Lineage::default(),
             session: None,
         }
+    }
+}
+
+impl TaskSpec {
+    /// Checks every bound a task must keep, as a node checks one from the network or from a
+    /// stored schedule; the message starts with the offending field.
+    pub fn check(&self) -> Result<(), String> {
+        fn len(field: &str, value: &str, max: usize) -> Result<(), String> {
+            if value.len() > max {
+                return Err(format!(
+                    "{field}: {} bytes, at most {max} allowed",
+                    value.len()
+                ));
+            }
+            Ok(())
+        }
+        if self.prompt.trim().is_empty() {
+            return Err("prompt: must not be empty".into());
+        }
+        len("prompt", &self.prompt, MAX_PROMPT_BYTES)?;
+        let kind = match self.target {
+            Target::Role(_) => "role",
+            Target::Model(_) => "model",
+            Target::Persona(_) => "persona",
+        };
+        if self.target.name().is_empty() {
+            return Err(format!("{kind}: must not be empty"));
+        }
+        len(kind, self.target.name(), 63)?;
+        if self
+            .timeout
+            .is_some_and(|t| t.as_secs() > u64::from(MAX_TIMEOUT_S))
+        {
+            return Err(format!("timeout_s: at most {MAX_TIMEOUT_S}"));
+        }
+        if self.max_rounds.is_some_and(|r| r > MAX_ROUNDS) {
+            return Err(format!("max_rounds: at most {MAX_ROUNDS}"));
+        }
+        if self.require.labels.len() > 32 {
+            return Err("require.labels: at most 32".into());
+        }
+        for (k, v) in &self.require.labels {
+            len("require.labels", k, 63)?;
+            len("require.labels", v, 253)?;
+        }
+        len("on", self.require.on.as_deref().unwrap_or(""), 63)?;
+        len(
+            "lineage.task_id",
+            self.lineage.task_id.as_deref().unwrap_or(""),
+            64,
+        )?;
+        len(
+            "lineage.parent_id",
+            self.lineage.parent_id.as_deref().unwrap_or(""),
+            64,
+        )?;
+        len("lineage.origin_node", &self.lineage.origin, 63)?;
+        if let Some(by) = &self.lineage.started_by {
+            len("lineage.started_by.name", &by.name, 63)?;
+        }
+        if let Some(session) = &self.session {
+            keys::check_key(session).map_err(|e| format!("session: {e}"))?;
+        }
+        Ok(())
     }
 }
 

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::{
-    TlsError,
+    CertRole, TlsError,
     ca::{CA_CERT_FILE, ca_init, issue},
     tls::TlsFiles,
 };
@@ -49,10 +49,10 @@ pub fn bootstrap(data_dir: &Path, name: &str) -> Result<(TlsFiles, bool), TlsErr
         ca_init(&dir)?;
     }
     if !files.cert.exists() {
-        issue(&dir, name, &[])?;
+        issue(&dir, name, &[], CertRole::Node)?;
     }
     if !cli_files(data_dir).cert.exists() {
-        issue(&dir, CLI_CERT_NAME, &[])?;
+        issue(&dir, CLI_CERT_NAME, &[], CertRole::Client)?;
     }
     Ok((files, created))
 }

@@ -1,8 +1,13 @@
 //! What a certificate says about who presents it: the node id (the hash of its public key), the
-//! fingerprint of the certificate itself, its name and its expiry. Nothing here decides trust;
-//! that is the CA's chain, checked in [`crate::tls`].
+//! fingerprint of the certificate itself, its name, its role and its expiry. Nothing here
+//! decides trust; that is the CA's chain, checked in [`crate::tls`], and the node's admission.
+//!
+//! The role is the subject's organizational unit (OU), which `mesh-cli ca issue --role` sets to
+//! `agentmesh-node` or `agentmesh-client`; a client certificate also lacks the server-auth
+//! extended key usage, so TLS itself refuses it on the serving side. A certificate issued
+//! before roles existed has no such OU: it is a legacy certificate, trusted least.
 
-use mesh_domain::NodeId;
+use mesh_domain::{CertRole, NodeId, Principal};
 use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -15,6 +20,8 @@ pub struct CertIdentity {
     pub fingerprint: String,
     /// The certificate's common name, which `mesh-cli ca issue` sets to the node name.
     pub common_name: Option<String>,
+    /// What the certificate is for; `None` for a legacy certificate issued without a role.
+    pub role: Option<CertRole>,
     /// Unix seconds after which the certificate is no longer valid.
     pub not_after: i64,
 }
@@ -30,12 +37,43 @@ impl CertIdentity {
             .next()
             .and_then(|cn| cn.as_str().ok())
             .map(str::to_owned);
+        let role = cert
+            .subject()
+            .iter_organizational_unit()
+            .filter_map(|ou| ou.as_str().ok())
+            .find_map(role_of_unit);
         Ok(Self {
             id: NodeId::from_spki_der(cert.public_key().raw),
             fingerprint: hex::encode(Sha256::digest(der)),
             common_name,
+            role,
             not_after: cert.validity().not_after.timestamp(),
         })
+    }
+}
+
+/// The subject OU that carries a certificate's role.
+pub fn role_unit(role: CertRole) -> &'static str {
+    match role {
+        CertRole::Node => "agentmesh-node",
+        CertRole::Client => "agentmesh-client",
+    }
+}
+
+fn role_of_unit(unit: &str) -> Option<CertRole> {
+    [CertRole::Node, CertRole::Client]
+        .into_iter()
+        .find(|role| role_unit(*role) == unit)
+}
+
+impl CertIdentity {
+    /// The holder of the certificate, as admission and the task lineage name it.
+    pub fn principal(&self) -> Principal {
+        Principal {
+            id: self.id.clone(),
+            name: self.common_name.clone().unwrap_or_default(),
+            role: self.role,
+        }
     }
 }
 

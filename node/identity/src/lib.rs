@@ -29,6 +29,7 @@ use std::{
 
 pub use cert::CertIdentity;
 pub use dial::{DialError, Dialer};
+pub use mesh_domain::CertRole;
 pub use tls::{MeshTls, TlsFiles};
 
 /// Installs the `ring` crypto provider as rustls's process default. Call once at the top of
@@ -63,7 +64,7 @@ pub enum TlsError {
         reason: String,
     },
     /// The node certificate has expired, or is not valid yet.
-    #[error("{} is out of date ({reason}); issue a new one with `mesh-cli ca issue --dir <ca dir> --name <node>` (or check this machine's clock)", cert.display())]
+    #[error("{} is out of date ({reason}); issue a new one with `mesh-cli ca issue --role node --dir <ca dir> --name <node>` (or check this machine's clock)", cert.display())]
     OutOfDate {
         /// The certificate.
         cert: PathBuf,
@@ -71,7 +72,7 @@ pub enum TlsError {
         reason: String,
     },
     /// The node certificate was not issued by the configured CA.
-    #[error("{} was not issued by the CA in {} ({reason}); issue it with `mesh-cli ca issue --dir <ca dir> --name <node>`", cert.display(), ca.display())]
+    #[error("{} was not issued by the CA in {} ({reason}); issue it with `mesh-cli ca issue --role node --dir <ca dir> --name <node>`", cert.display(), ca.display())]
     NotFromCa {
         /// The certificate.
         cert: PathBuf,

@@ -20,10 +20,11 @@ use rustls::{
     },
     crypto::{CryptoProvider, ring},
     pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
+    server::WebPkiClientVerifier,
 };
 
 use crate::{
-    TlsError,
+    CertRole, TlsError,
     cert::CertIdentity,
     dial::Dialer,
     pem::{pem_certs, read},
@@ -88,8 +89,21 @@ impl MeshTls {
                 reason: e.to_string(),
             })?;
         }
-        let verifier = MeshServerVerifier::new(Arc::new(roots))?;
-        verifier.check_chain(&chain).map_err(|e| match e {
+        let roots = Arc::new(roots);
+        let verifier = MeshServerVerifier::new(roots.clone())?;
+        // A node certificate must be good for both ends of a connection; a client certificate
+        // for the client end only (it has no server-auth usage).
+        let checked = match identity.role {
+            Some(CertRole::Client) => {
+                WebPkiClientVerifier::builder_with_provider(roots, provider())
+                    .build()
+                    .map_err(|e| TlsError::Config(e.to_string()))?
+                    .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
+                    .map(|_| ())
+            }
+            _ => verifier.check_chain(&chain),
+        };
+        checked.map_err(|e| match e {
             rustls::Error::InvalidCertificate(
                 rustls::CertificateError::Expired
                 | rustls::CertificateError::ExpiredContext { .. }
@@ -226,12 +240,16 @@ fn provider() -> Arc<CryptoProvider> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ca::{CA_CERT_FILE, ca_init, issue};
+    use crate::{
+        CertRole,
+        ca::{CA_CERT_FILE, ca_init, issue},
+    };
     #[test]
     fn issued_certificates_load_and_carry_the_node_identity() {
         let dir = tempfile::tempdir().expect("tempdir");
         ca_init(dir.path()).expect("ca init");
-        let (cert, key) = issue(dir.path(), "alpha", &["10.0.0.7".into()]).expect("issue");
+        let (cert, key) =
+            issue(dir.path(), "alpha", &["10.0.0.7".into()], CertRole::Node).expect("issue");
         let tls = MeshTls::load(&TlsFiles {
             ca: dir.path().join(CA_CERT_FILE),
             cert,
@@ -242,12 +260,28 @@ mod tests {
     }
 
     #[test]
+    fn issued_certificates_say_their_role() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ca_init(dir.path()).expect("ca init");
+        for (name, role) in [("node-a", CertRole::Node), ("operator", CertRole::Client)] {
+            let (cert, key) = issue(dir.path(), name, &[], role).expect("issue");
+            let tls = MeshTls::load(&TlsFiles {
+                ca: dir.path().join(CA_CERT_FILE),
+                cert,
+                key,
+            })
+            .expect("load");
+            assert_eq!(tls.identity().role, Some(role), "{name}");
+        }
+    }
+
+    #[test]
     fn a_certificate_from_another_ca_is_rejected_at_load() {
         let ours = tempfile::tempdir().expect("tempdir");
         let theirs = tempfile::tempdir().expect("tempdir");
         ca_init(ours.path()).expect("ca");
         ca_init(theirs.path()).expect("ca");
-        let (cert, key) = issue(theirs.path(), "mallory", &[]).expect("issue");
+        let (cert, key) = issue(theirs.path(), "mallory", &[], CertRole::Node).expect("issue");
         let err = MeshTls::load(&TlsFiles {
             ca: ours.path().join(CA_CERT_FILE),
             cert,

@@ -206,8 +206,12 @@ pub struct RawTools {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RawSecurity {
-    /// `read`, `write` or `shell`. Default: `read`.
+    /// The highest tier this node runs for anything not started by one of its operators
+    /// (tasks from other nodes, node certificates): `read`, `write` or `shell`. Default: `read`.
     pub remote_max_tier: Option<String>,
+    /// The highest tier this node runs for an operator's client certificate: `read`, `write` or
+    /// `shell`. Default: `write`.
+    pub client_max_tier: Option<String>,
 }
 
 /// `[memory]`: what the shared memory keeps to itself and how it replicates.

@@ -40,6 +40,8 @@ pub struct Config {
     pub personas: Vec<PersonaConfig>,
     /// `security.remote_max_tier`.
     pub remote_max_tier: Tier,
+    /// `security.client_max_tier`.
+    pub client_max_tier: Tier,
     /// `[tasks]`: worker count, queue length and default task budgets.
     pub tasks: TaskLimits,
     /// `tools.roots`.
@@ -54,6 +56,15 @@ pub struct Config {
     pub sync_interval: Duration,
     /// `[http]`: the front door.
     pub http: HttpConfig,
+}
+
+/// Validated `[security]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Security {
+    /// The highest tier run for anything not started by this node's operators.
+    pub remote_max_tier: Tier,
+    /// The highest tier run for an operator's client certificate.
+    pub client_max_tier: Tier,
 }
 
 /// Validated `[tasks]`.

@@ -2,7 +2,7 @@
 //! one type (`rpc::memory` maps each variant to a gRPC status once). It describes failures and
 //! decides nothing; in particular it knows no status codes.
 
-use mesh_domain::keys::InvalidName;
+use mesh_domain::keys::{InvalidName, SYSTEM_NAMESPACES};
 
 use crate::storage::StoreError;
 
@@ -30,11 +30,27 @@ pub enum MemoryError {
     /// Storage failed, or the disk is full.
     #[error("storage: {0}")]
     Storage(#[from] StoreError),
+    /// A namespace the node writes only through its own services (cron, sessions).
+    #[error(
+        "namespace `{0}` belongs to the node ({list}): only its own service writes it (cron schedules through `mesh-cli cron`); use another namespace",
+        list = SYSTEM_NAMESPACES.join(", ")
+    )]
+    Reserved(String),
     /// This node was away longer than the tombstone window and has not resynced yet.
     #[error(
         "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"
     )]
     Resyncing,
+}
+
+/// Whether a caller outside the node's own services (a client or node over `Memory.Put` and
+/// `Memory.Delete`, an agent's `memory_put`) may write namespace `ns`: not the system
+/// namespaces, which only the cron service, the scheduler and the session code write.
+pub fn writable_by_callers(ns: &str) -> Result<(), MemoryError> {
+    if SYSTEM_NAMESPACES.contains(&ns) {
+        return Err(MemoryError::Reserved(ns.to_owned()));
+    }
+    Ok(())
 }
 
 impl From<InvalidName> for MemoryError {

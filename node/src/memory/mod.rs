@@ -45,7 +45,7 @@ mod sync;
 #[cfg(test)]
 mod test_support;
 
-pub use error::MemoryError;
+pub use error::{MemoryError, writable_by_callers};
 pub use record::{Entry, Record};
 pub use store::{Memory, MemoryOptions};
 pub use sync::{

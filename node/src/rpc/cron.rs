@@ -6,7 +6,10 @@ use mesh_domain::TaskSpec;
 use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use crate::cron::{self, CronError, Firing, Overlap, Schedule, Scheduler, Timetable};
+use crate::{
+    admission::{Admission, Caller},
+    cron::{self, CronError, Firing, Overlap, Schedule, Scheduler, Timetable},
+};
 
 /// Most firings one `History` answer carries.
 const MAX_HISTORY: usize = 1000;
@@ -15,12 +18,20 @@ const MAX_HISTORY: usize = 1000;
 #[derive(Debug, Clone)]
 pub struct CronService {
     scheduler: Arc<Scheduler>,
+    /// Checks that a schedule's creator may run its task's tier here.
+    admission: Arc<Admission>,
+    /// Whether callers present certificates (false in insecure mode).
+    tls: bool,
 }
 
 impl CronService {
-    /// Wraps the node's scheduler.
-    pub fn new(scheduler: Arc<Scheduler>) -> Self {
-        Self { scheduler }
+    /// Wraps the node's scheduler; `admission` checks creators.
+    pub fn new(scheduler: Arc<Scheduler>, admission: Arc<Admission>, tls: bool) -> Self {
+        Self {
+            scheduler,
+            admission,
+            tls,
+        }
     }
 
     /// The tonic server, with message size limits.
@@ -86,6 +97,12 @@ impl pb::cron_server::Cron for CronService {
         &self,
         request: Request<pb::CronAddRequest>,
     ) -> Result<Response<pb::CronSchedule>, Status> {
+        // The creator: each firing runs as a task they started, capped as their own `run` is.
+        let creator = if self.tls {
+            Some(super::caller_identity(&request)?.principal())
+        } else {
+            None
+        };
         let r = request.into_inner();
         cron::check_name(&r.name)?;
         Timetable::parse(&r.schedule, &r.timezone)?;
@@ -100,6 +117,12 @@ impl pb::cron_server::Cron for CronService {
         }
         let task = TaskSpec::try_from(task)
             .map_err(|s| Status::invalid_argument(format!("task.{}", s.message())))?;
+        // Refused at once when the creator could not run the task's tier here; whichever node
+        // fires it checks again.
+        if let Some(creator) = &creator {
+            self.admission
+                .allows(task.tier, &Caller::Certificate(creator.clone()), None)?;
+        }
         let schedule = Schedule {
             id: uuid::Uuid::now_v7().to_string(),
             name: r.name,
@@ -114,6 +137,8 @@ impl pb::cron_server::Cron for CronService {
             enabled: !r.disabled,
             created_at_ms: chrono::Utc::now().timestamp_millis(),
             created_on: self.scheduler.node_name().to_owned(),
+            creator,
+            origin: None,
         };
         let schedule = self.scheduler.add(schedule).await?;
         Ok(Response::new(self.to_pb(&schedule)))

@@ -6,6 +6,7 @@ use std::{
 };
 
 use mesh_domain::{BoxFuture, NodeId, keys};
+use mesh_identity::CertRole;
 use mesh_proto::{convert::check_len, v1 as pb};
 use tonic::{Request, Response, Status};
 
@@ -30,8 +31,9 @@ impl MemoryService {
         Self { memory, tls }
     }
 
-    /// The calling node: with mTLS the id of its certificate (a declared id must match it);
-    /// in insecure mode the id it declares, if any.
+    /// The calling node, for the calls only nodes make (`Sync`, `Push`): with mTLS the id of its
+    /// certificate (a declared id must match it, and a client certificate is refused); in
+    /// insecure mode the id it declares, if any.
     fn caller<T>(&self, request: &Request<T>, declared: &str) -> Result<Option<NodeId>, Status> {
         let declared = if declared.is_empty() {
             None
@@ -44,7 +46,13 @@ impl MemoryService {
         if !self.tls {
             return Ok(declared);
         }
-        let presented = super::caller_identity(request)?.id;
+        let presented = super::caller_identity(request)?;
+        if presented.role == Some(CertRole::Client) {
+            return Err(Status::permission_denied(
+                "only nodes replicate the memory: a client certificate may not call Sync or Push",
+            ));
+        }
+        let presented = presented.id;
         match declared {
             Some(id) if id != presented => Err(Status::invalid_argument(format!(
                 "node: {} is not the id of the client certificate ({})",
@@ -74,6 +82,7 @@ impl From<MemoryError> for Status {
             MemoryError::Corrupt(_) => Status::data_loss(message),
             MemoryError::Storage(store) => super::store_status(&store, message),
             MemoryError::Resyncing => Status::failed_precondition(message),
+            MemoryError::Reserved(_) => Status::permission_denied(message),
         }
     }
 }

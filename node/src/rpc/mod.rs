@@ -14,7 +14,7 @@ pub mod tasks;
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use mesh_domain::{BoxFuture, NodeId, NodeInfo, sync::MutexExt};
-use mesh_identity::{CertIdentity, DialError, Dialer};
+use mesh_identity::{CertIdentity, CertRole, DialError, Dialer};
 use mesh_proto::convert::{check_len, peer_state};
 use mesh_proto::v1 as pb;
 use tokio::sync::mpsc;
@@ -109,6 +109,11 @@ impl NodeService {
         check_len("hello.name", &hello.name, 63)?;
         if self.tls {
             let presented = caller_identity(request)?;
+            if presented.role == Some(CertRole::Client) {
+                return Err(Status::permission_denied(
+                    "a client certificate cannot introduce itself as a node",
+                ));
+            }
             if presented.id != id {
                 return Err(Status::permission_denied(
                     "hello.id does not match the certificate you presented",

@@ -217,7 +217,11 @@ mod tests {
     async fn a_peers_out_of_range_generation_setting_is_refused_naming_the_field() {
         let service = ModelsService::new(Arc::new(ChatService::new(
             Arc::new(ModelRegistry::new(Vec::new(), Default::default())),
-            Arc::new(Admission::new(test_capabilities(), Arc::default())),
+            Arc::new(Admission::new(
+                test_capabilities(),
+                Arc::default(),
+                mesh_domain::Tier::Write,
+            )),
             Arc::new(RemoteModels::new(super::super::PeerChannels::new(
                 mesh_identity::Dialer::Plain,
             ))),

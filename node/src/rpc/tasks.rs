@@ -9,7 +9,6 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     admission::{Admission, AdmissionError, Caller},
-    peers::PeerTable,
     tasks::{ForwardError, Forwarder, LookupError, SubmitError, TaskManager, TaskRecord},
 };
 
@@ -19,33 +18,30 @@ use crate::{
 pub struct TasksService {
     tasks: TaskManager,
     admission: Arc<Admission>,
-    peers: Arc<PeerTable>,
     /// Whether callers present certificates (false in insecure mode).
     tls: bool,
 }
 
 impl TasksService {
-    /// Serves `tasks`; `admission` explains placements, `peers` tells nodes from clients.
-    pub fn new(
-        tasks: TaskManager,
-        admission: Arc<Admission>,
-        peers: Arc<PeerTable>,
-        tls: bool,
-    ) -> Self {
+    /// Serves `tasks`; `admission` explains placements.
+    pub fn new(tasks: TaskManager, admission: Arc<Admission>, tls: bool) -> Self {
         Self {
             tasks,
             admission,
-            peers,
             tls,
         }
     }
 
-    /// Who the caller is: another node when its certificate belongs to a peer, else a client.
-    fn caller<T>(&self, request: &Request<T>) -> Caller {
-        let peer = self.tls
-            && super::caller_identity(request)
-                .is_ok_and(|caller| self.peers.get(&caller.id).is_some());
-        if peer { Caller::Peer } else { Caller::Client }
+    /// Who the caller is: the holder of the certificate it presents (insecure mode: nobody).
+    fn caller<T>(&self, request: &Request<T>, spec: &TaskSpec) -> Result<Caller, Status> {
+        if !self.tls {
+            return Ok(Caller::Unauthenticated {
+                forwarded: spec.lineage.hops > 0,
+            });
+        }
+        Ok(Caller::Certificate(
+            super::caller_identity(request)?.principal(),
+        ))
     }
 
     /// The tonic server, with message size limits.
@@ -78,9 +74,9 @@ impl pb::tasks_server::Tasks for TasksService {
         &self,
         request: Request<pb::SubmitRequest>,
     ) -> Result<Response<Self::SubmitStream>, Status> {
-        let caller = self.caller(&request);
-        let spec = TaskSpec::try_from(request.into_inner())?;
-        let id = self.tasks.submit(spec, caller)?;
+        let spec = TaskSpec::try_from(request.get_ref().clone())?;
+        let caller = self.caller(&request, &spec)?;
+        let id = self.tasks.submit(spec, &caller)?;
         let events = self.tasks.watch(&id, true)?;
         Ok(Response::new(event_stream(events)))
     }

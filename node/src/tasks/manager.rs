@@ -223,11 +223,11 @@ impl TaskManager {
     /// Admits a task started by `caller`: checks it may run and where, then queues it here
     /// (reserving a queue slot, or refusing) or starts forwarding it; records it and emits
     /// `Accepted`. Returns the task id.
-    pub fn submit(&self, spec: TaskSpec, caller: Caller) -> Result<String, SubmitError> {
+    pub fn submit(&self, mut spec: TaskSpec, caller: &Caller) -> Result<String, SubmitError> {
         match self
             .inner
             .admission
-            .admit(&spec, caller)
+            .admit(&mut spec, caller)
             .map_err(SubmitError::Admission)?
         {
             Placement::Local => self.submit_local(spec),
@@ -639,7 +639,7 @@ impl SubtaskRunner for TaskManager {
         let tasks = self.clone();
         Box::pin(async move {
             let id = tasks
-                .submit(spec, Caller::Subtask)
+                .submit(spec, &Caller::Subtask)
                 .map_err(|e| e.to_string())?;
             let mut events = tasks.watch(&id, true).map_err(|e| e.to_string())?;
             while let Some(event) = events.recv().await {
@@ -656,11 +656,15 @@ impl SubtaskRunner for TaskManager {
     }
 }
 
-/// Cron firings are admitted like any task, placed as new ones.
+/// Cron firings are admitted like any task, as their schedule's creator, placed as new ones.
 impl Runner for TaskManager {
-    fn start(&self, spec: TaskSpec) -> Result<mpsc::Receiver<TaskEvent>, String> {
+    fn start(
+        &self,
+        spec: TaskSpec,
+        written_here: bool,
+    ) -> Result<mpsc::Receiver<TaskEvent>, String> {
         let id = self
-            .submit(spec, Caller::Schedule)
+            .submit(spec, &Caller::Schedule { written_here })
             .map_err(|e| e.to_string())?;
         self.watch(&id, true).map_err(|e| e.to_string())
     }

@@ -104,6 +104,8 @@ impl Tool for Delegate {
                     parent_id: Some(ctx.task_id.clone()),
                     origin: ctx.spec.lineage.origin.clone(),
                     hops: ctx.spec.lineage.hops + 1,
+                    // A sub-task acts for whoever started its parent.
+                    started_by: ctx.spec.lineage.started_by.clone(),
                 },
                 session: None,
             };

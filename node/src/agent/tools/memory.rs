@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use mesh_domain::{BoxFuture, Tier, ToolSpec, keys::SYSTEM_NAMESPACES};
+use mesh_domain::{BoxFuture, Tier, ToolSpec};
 use serde_json::{Value, json};
 
 use crate::{
     agent::tools::framework::{Tool, ToolContext, cap, str_arg},
-    memory::Memory,
+    memory::{Memory, writable_by_callers},
 };
 
 /// `memory_get`: one value from the shared memory.
@@ -148,14 +148,8 @@ impl Tool for MemoryPut {
         Box::pin(async move {
             let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
             let value = str_arg(args, "value")?;
-            // The node's own namespaces: a schedule written here would run its task as a local
-            // caller at whatever tier it names, past this task's tier and remote_max_tier.
-            if SYSTEM_NAMESPACES.contains(&ns) {
-                return Err(format!(
-                    "namespace `{ns}` belongs to the node ({}); agents cannot write it (use another namespace)",
-                    SYSTEM_NAMESPACES.join(", ")
-                ));
-            }
+            // The node's own namespaces: only their own services write them.
+            writable_by_callers(ns).map_err(|e| e.to_string())?;
             self.memory
                 .put(ns, key, Some(value.as_bytes().to_vec()))
                 .await
@@ -167,7 +161,7 @@ impl Tool for MemoryPut {
 
 #[cfg(test)]
 mod tests {
-    use mesh_domain::NodeId;
+    use mesh_domain::{NodeId, keys::SYSTEM_NAMESPACES};
 
     use super::*;
     use crate::{

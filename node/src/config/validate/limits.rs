@@ -14,21 +14,26 @@ use mesh_domain::{Tier, keys};
 use crate::config::{
     error::{ConfigError, Origin},
     raw::{RawMemory, RawSecurity, RawTasks, RawTools},
-    types::TaskLimits,
+    types::{Security, TaskLimits},
 };
 
-/// `security.remote_max_tier` (default `read`).
-pub(super) fn security(raw: RawSecurity, origin: &Origin) -> Result<Tier, ConfigError> {
-    match raw.remote_max_tier.as_deref() {
-        None => Ok(Tier::Read),
+/// `security.remote_max_tier` (default `read`) and `security.client_max_tier` (default
+/// `write`).
+pub(super) fn security(raw: RawSecurity, origin: &Origin) -> Result<Security, ConfigError> {
+    let tier = |key: &str, value: Option<String>, default: Tier| match value.as_deref() {
+        None => Ok(default),
         Some(text) => Tier::parse(text).ok_or_else(|| {
             origin.invalid(
-                "security.remote_max_tier",
+                key,
                 format!("is `{text}`"),
                 "use `read`, `write` or `shell`",
             )
         }),
-    }
+    };
+    Ok(Security {
+        remote_max_tier: tier("security.remote_max_tier", raw.remote_max_tier, Tier::Read)?,
+        client_max_tier: tier("security.client_max_tier", raw.client_max_tier, Tier::Write)?,
+    })
 }
 
 /// `[tasks]`: each value from 1 to its own maximum, the defaults of [`TaskLimits`] where unset.

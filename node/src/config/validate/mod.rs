@@ -43,7 +43,7 @@ impl RawConfig {
             models::models(self.models, self.roles, &node_section.data_dir, &origin)?;
         let roles = node::served_roles(&model_section.role_chains, self.node.roles, &origin)?;
         let personas = models::personas(self.personas, &roles, &origin)?;
-        let remote_max_tier = limits::security(self.security, &origin)?;
+        let security = limits::security(self.security, &origin)?;
         let tasks = limits::tasks(self.tasks, &origin)?;
         let tool_roots = limits::tools(self.tools, &node_section.data_dir, &origin)?;
         let memory = limits::memory(self.memory, &origin)?;
@@ -64,7 +64,8 @@ impl RawConfig {
             models: model_section.models,
             role_chains: model_section.role_chains,
             personas,
-            remote_max_tier,
+            remote_max_tier: security.remote_max_tier,
+            client_max_tier: security.client_max_tier,
             tasks,
             tool_roots,
             local_namespaces: memory.local_namespaces,

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, time::Duration};
 use mesh_domain::{
     CertRole, EventKind, Gpu, Health, HealthStatus, Lineage, Load, ModelInfo, NodeId, NodeInfo,
     PeerState, PersonaInfo, Principal, Requirements, Resources, Target, TaskError, TaskEvent,
-    TaskSpec, TaskStatus, Tier, Usage, keys, task::MAX_PROMPT_BYTES,
+    TaskSpec, TaskStatus, Tier, Usage, task::MAX_TIMEOUT_S,
 };
 use tonic::Status;
 
@@ -16,8 +16,6 @@ use crate::v1 as pb;
 /// Limits on lists and strings inside `NodeInfo`.
 const MAX_LIST: usize = 256;
 const MAX_STRING: usize = 1024;
-/// Longest deadline a caller may ask for.
-pub const MAX_TIMEOUT_S: u32 = 86_400;
 
 impl From<Tier> for pb::Tier {
     fn from(tier: Tier) -> Self {
@@ -362,23 +360,8 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
     type Error = Status;
 
     fn try_from(request: pb::SubmitRequest) -> Result<Self, Status> {
-        if request.prompt.trim().is_empty() {
-            return Err(Status::invalid_argument("prompt: must not be empty"));
-        }
-        check_len("prompt", &request.prompt, MAX_PROMPT_BYTES)?;
-        let name = |field: &str, value: String| -> Result<String, Status> {
-            if value.is_empty() {
-                return Err(Status::invalid_argument(format!(
-                    "{field}: must not be empty"
-                )));
-            }
-            check_len(field, &value, 63)?;
-            Ok(value)
-        };
         let target = match request.target {
-            Some(pb::submit_request::Target::Role(role)) => Target::Role(name("role", role)?),
-            Some(pb::submit_request::Target::Model(model)) => Target::Model(name("model", model)?),
-            Some(pb::submit_request::Target::Persona(p)) => Target::Persona(name("persona", p)?),
+            Some(target) => Target::from(target),
             None => {
                 return Err(Status::invalid_argument(
                     "target: set one of role, model or persona",
@@ -391,32 +374,15 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
             Ok(pb::Tier::Shell) => Tier::Shell,
             Err(_) => return Err(Status::invalid_argument("tier: unknown value")),
         };
+        // Bounds that need no decoding first, so nothing oversized is copied.
         if request.timeout_s > MAX_TIMEOUT_S {
             return Err(Status::invalid_argument(format!(
                 "timeout_s: at most {MAX_TIMEOUT_S}"
             )));
         }
-        if request.max_rounds > 1000 {
-            return Err(Status::invalid_argument("max_rounds: at most 1000"));
-        }
         let require = request.require.unwrap_or_default();
-        if require.labels.len() > 32 {
-            return Err(Status::invalid_argument("require.labels: at most 32"));
-        }
-        for (k, v) in &require.labels {
-            check_len("require.labels", k, 63)?;
-            check_len("require.labels", v, 253)?;
-        }
-        check_len("on", &request.on, 63)?;
         let lineage = request.lineage.unwrap_or_default();
-        check_len("lineage.task_id", &lineage.task_id, 64)?;
-        check_len("lineage.parent_id", &lineage.parent_id, 64)?;
-        check_len("lineage.origin_node", &lineage.origin_node, 63)?;
-        if !request.session.is_empty() {
-            keys::check_key(&request.session)
-                .map_err(|e| Status::invalid_argument(format!("session: {e}")))?;
-        }
-        Ok(TaskSpec {
+        let spec = TaskSpec {
             prompt: request.prompt,
             target,
             tier,
@@ -438,7 +404,9 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
                 started_by: lineage.started_by.map(Principal::try_from).transpose()?,
             },
             session: Some(request.session).filter(|s| !s.is_empty()),
-        })
+        };
+        spec.check().map_err(Status::invalid_argument)?;
+        Ok(spec)
     }
 }
 
@@ -791,7 +759,7 @@ mod tests {
             ),
             (
                 pb::SubmitRequest {
-                    prompt: "x".repeat(MAX_PROMPT_BYTES + 1),
+                    prompt: "x".repeat(mesh_domain::task::MAX_PROMPT_BYTES + 1),
                     ..good.clone()
                 },
                 "prompt",

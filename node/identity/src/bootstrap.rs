@@ -19,6 +19,18 @@ pub fn default_data_dir() -> Option<PathBuf> {
     dirs::data_dir().map(|dir| dir.join("agentmesh"))
 }
 
+/// The operator's own place for `mesh-cli`'s files: the platform's config dir + `agentmesh`
+/// (e.g. `~/.config/agentmesh`), holding `ca.pem`, `mesh-cli.pem` and `mesh-cli.key` as
+/// [`user_cli_files`] names them; `None` where the platform has none.
+pub fn user_config_dir() -> Option<PathBuf> {
+    dirs::config_dir().map(|dir| dir.join("agentmesh"))
+}
+
+/// The files of `mesh-cli` in the operator's config dir (see [`user_config_dir`]).
+pub fn user_cli_files(config_dir: &Path) -> TlsFiles {
+    files_of(config_dir, CLI_CERT_NAME)
+}
+
 /// The directory of a node's zero-config CA.
 pub fn tls_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("tls")

@@ -150,6 +150,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryPutRequest>,
     ) -> Result<Response<pb::MemoryRecord>, Status> {
         let r = request.into_inner();
+        memory::writable_by_callers(&r.namespace)?;
         let record = self.memory.put(&r.namespace, &r.key, Some(r.value)).await?;
         Ok(Response::new(to_pb(&entry(&r.namespace, &r.key, record))))
     }
@@ -159,6 +160,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryDeleteRequest>,
     ) -> Result<Response<pb::MemoryRecord>, Status> {
         let r = request.into_inner();
+        memory::writable_by_callers(&r.namespace)?;
         let record = self.memory.put(&r.namespace, &r.key, None).await?;
         Ok(Response::new(to_pb(&entry(&r.namespace, &r.key, record))))
     }

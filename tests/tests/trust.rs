@@ -3,7 +3,8 @@
 //! operator, whichever way the task arrives: `run --on` through another node, `run` straight at
 //! it with a client or a node certificate, `cron add --on` (whoever owns the schedule), a
 //! schedule written through `Memory.Put`, a schedule a peer pushes in its own name without
-//! `Cron.Add`'s checks, a `delegate` call from a write-tier task, or the front door. Every check
+//! `Cron.Add`'s checks, a `delegate` call from a write-tier task, or the front door; and nobody
+//! fires a schedule by hand (`cron run-now`) whose task they could not run themselves. Every check
 //! looks for the side effect (the marker file a `shell_exec` would create, and whether the
 //! node's model was called at all), not only for the status.
 
@@ -324,6 +325,48 @@ fn a_shell_task_is_refused_by_a_read_only_node_on_every_path_and_nothing_runs() 
         "each delegate call is refused for its tier: {tool_results:?}"
     );
     nothing_ran("delegate");
+
+    // `cron run-now` fires a schedule as its creator: a caller who may not run its task here
+    // may not fire it by hand either (the lent node certificate, against the operator's
+    // write-tier schedule on the laptop).
+    let output = h
+        .cli(
+            &laptop,
+            &[
+                "cron",
+                "add",
+                "--name",
+                "yearly",
+                "--schedule",
+                "0 0 1 1 *",
+                "--role",
+                "planner",
+                "--tier",
+                "write",
+                "--on",
+                "laptop",
+                "x",
+            ],
+        )
+        .expect("cron add");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let output = cli_as(&node_cert, &laptop, &["cron", "run-now", "yearly"]);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "run-now by a node certificate"
+    );
+    assert!(
+        stderr(&output).contains("security.remote_max_tier"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(history(&h, &laptop, "yearly").is_empty(), "it fired");
+    let output = h
+        .cli(&laptop, &["cron", "run-now", "yearly"])
+        .expect("cron run-now");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(history(&h, &laptop, "yearly").len(), 1);
 
     // The front door: a chat reaches gpu's model, whose tool call goes back to the caller as
     // an answer; the node runs no tool for a chat.

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use mesh_domain::TaskSpec;
+use mesh_domain::{Principal, TaskSpec};
 use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -32,6 +32,25 @@ impl CronService {
             admission,
             tls,
         }
+    }
+
+    /// The certificate calling, when callers present one.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Option<Principal>, Status> {
+        Ok(if self.tls {
+            Some(super::caller_identity(request)?.principal())
+        } else {
+            None
+        })
+    }
+
+    /// Whether `caller` could run `task` here themselves (their own `run`): what adding a
+    /// schedule and firing one by hand require, so neither lends a caller a schedule's tier.
+    fn may_run(&self, caller: Option<&Principal>, task: &TaskSpec) -> Result<(), Status> {
+        if let Some(caller) = caller {
+            self.admission
+                .allows(task.tier, &Caller::Certificate(caller.clone()), None)?;
+        }
+        Ok(())
     }
 
     /// The tonic server, with message size limits.
@@ -98,11 +117,7 @@ impl pb::cron_server::Cron for CronService {
         request: Request<pb::CronAddRequest>,
     ) -> Result<Response<pb::CronSchedule>, Status> {
         // The creator: each firing runs as a task they started, capped as their own `run` is.
-        let creator = if self.tls {
-            Some(super::caller_identity(&request)?.principal())
-        } else {
-            None
-        };
+        let creator = self.caller(&request)?;
         let r = request.into_inner();
         cron::check_name(&r.name)?;
         Timetable::parse(&r.schedule, &r.timezone)?;
@@ -119,10 +134,7 @@ impl pb::cron_server::Cron for CronService {
             .map_err(|s| Status::invalid_argument(format!("task.{}", s.message())))?;
         // Refused at once when the creator could not run the task's tier here; whichever node
         // fires it checks again.
-        if let Some(creator) = &creator {
-            self.admission
-                .allows(task.tier, &Caller::Certificate(creator.clone()), None)?;
-        }
+        self.may_run(creator.as_ref(), &task)?;
         let schedule = Schedule {
             id: uuid::Uuid::now_v7().to_string(),
             name: r.name,
@@ -166,7 +178,11 @@ impl pb::cron_server::Cron for CronService {
         &self,
         request: Request<pb::CronRunNowRequest>,
     ) -> Result<Response<pb::CronFiring>, Status> {
+        let caller = self.caller(&request)?;
         let schedule = self.scheduler.get(&request.into_inner().name)?;
+        // The firing runs as the schedule's creator; whoever fires it by hand must be able to
+        // run its task here too.
+        self.may_run(caller.as_ref(), &schedule.task)?;
         let firing = self
             .scheduler
             .fire(&schedule, chrono::Utc::now().timestamp_millis(), true)

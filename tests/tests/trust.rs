@@ -495,3 +495,127 @@ fn http_post(url: &str, path: &str, body: &str) -> Value {
         .unwrap_or_else(|| panic!("no body: {response}"));
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}"))
 }
+
+/// A certificate issued before roles existed: signed by the harness CA, good for both ends, with
+/// no role in its subject.
+fn legacy_identity(h: &Harness, name: &str) -> TlsFiles {
+    let ca_dir = h.ca_dir();
+    let ca_pem = std::fs::read_to_string(ca_dir.join(mesh_identity::ca::CA_CERT_FILE)).expect("ca");
+    let ca_key = rcgen::KeyPair::from_pem(
+        &std::fs::read_to_string(ca_dir.join(mesh_identity::ca::CA_KEY_FILE)).expect("ca key"),
+    )
+    .expect("ca key pem");
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).expect("issuer");
+    let mut params = rcgen::CertificateParams::new(vec![name.to_owned()]).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = params.signed_by(&key, &issuer).expect("sign");
+    let files = TlsFiles {
+        ca: ca_dir.join(mesh_identity::ca::CA_CERT_FILE),
+        cert: h.path().join(format!("{name}.pem")),
+        key: h.path().join(format!("{name}.key")),
+    };
+    std::fs::write(&files.cert, cert.pem()).expect("cert");
+    std::fs::write(&files.key, key.serialize_pem()).expect("key");
+    files
+}
+
+/// A client certificate never serves as a node: a node given one does not start, and a node
+/// refuses it as a peer (a hello) and as a replica (`Memory.Sync`, `Memory.Push`). A legacy
+/// certificate (no role) is trusted least, by both caps, and named in the log.
+#[test]
+fn a_client_certificate_never_acts_as_a_node_and_a_legacy_one_is_trusted_least() {
+    let h = Harness::new().expect("harness");
+    let mut options = NodeOptions::new("pretender");
+    options.tls = Some(h.client_files().clone());
+    let refused = h
+        .spawn(options)
+        .expect_err("a node with a client certificate must not start");
+    let message = format!("{refused:#}");
+    assert!(
+        message.contains("exit status: 1")
+            && message.contains("is a client certificate")
+            && message.contains("mesh-cli ca issue --role node"),
+        "{message}"
+    );
+
+    let node = h
+        .spawn(
+            NodeOptions::new("alpha")
+                .security("remote_max_tier = \"read\"\nclient_max_tier = \"write\"\n"),
+        )
+        .expect("alpha");
+    let client = MeshTls::load(h.client_files()).expect("client tls");
+    let client_id = client.identity().id.to_string();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let codes = runtime.block_on(async {
+        let channel = client
+            .dialer()
+            .connect(&node.addr)
+            .await
+            .expect("dial")
+            .channel;
+        let hello = pb::node_client::NodeClient::new(channel.clone())
+            .watch_info(pb::WatchInfoRequest {
+                hello: Some(pb::PeerHello {
+                    name: "test-client".into(),
+                    id: client_id.clone(),
+                    port: 7700,
+                }),
+                interval_ms: 0,
+            })
+            .await
+            .map(drop);
+        let mut memory = pb::memory_client::MemoryClient::new(channel);
+        let sync = memory
+            .sync(pb::MemorySyncRequest {
+                node: client_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .map(drop);
+        let push = memory
+            .push(pb::MemoryPushRequest {
+                records: Vec::new(),
+                node: client_id.clone(),
+            })
+            .await
+            .map(drop);
+        [("hello", hello), ("sync", sync), ("push", push)]
+            .map(|(what, result)| (what, result.err().map(|status| status.code())))
+    });
+    for (what, code) in codes {
+        assert_eq!(
+            code,
+            Some(tonic::Code::PermissionDenied),
+            "{what} with a client certificate"
+        );
+    }
+
+    // A legacy certificate as mesh-cli's: capped by both settings (here: read), and named.
+    let legacy = legacy_identity(&h, "old-laptop");
+    let output = cli_as(
+        &legacy,
+        &node,
+        &["run", "--json", "--role", "x", "--tier", "write", "x"],
+    );
+    assert_eq!(output.status.code(), Some(1));
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        printed.contains("up to tier `read`") && printed.contains("security.remote_max_tier"),
+        "{printed}"
+    );
+    wait_for("the legacy caller named in the log", DEADLINE, || {
+        node.log_text()
+            .lines()
+            .find(|l| l.contains("carries no role") && l.contains("old-laptop"))
+            .map(drop)
+    })
+    .expect("warned");
+}

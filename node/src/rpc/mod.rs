@@ -248,7 +248,32 @@ pub fn caller_identity<T>(request: &Request<T>) -> Result<CertIdentity, Status> 
     let first = certs.first().ok_or_else(|| {
         Status::unauthenticated("a client certificate from the mesh CA is required")
     })?;
-    CertIdentity::from_der(first).map_err(|e| Status::unauthenticated(e.to_string()))
+    let identity =
+        CertIdentity::from_der(first).map_err(|e| Status::unauthenticated(e.to_string()))?;
+    if identity.role.is_none() {
+        warn_legacy_once(&identity);
+    }
+    Ok(identity)
+}
+
+/// Names a caller whose certificate carries no role (issued before roles existed) once: such a
+/// caller is trusted least (both tier caps), and its owner should re-issue it. The set of names
+/// already logged is bounded; past it, nothing more is logged.
+fn warn_legacy_once(identity: &CertIdentity) {
+    const MAX_NAMED: usize = 1024;
+    static NAMED: std::sync::Mutex<Option<std::collections::HashSet<NodeId>>> =
+        std::sync::Mutex::new(None);
+    let mut named = NAMED.lock_unpoisoned();
+    let named = named.get_or_insert_with(Default::default);
+    if named.len() < MAX_NAMED && named.insert(identity.id.clone()) {
+        tracing::warn!(
+            caller = identity.common_name.as_deref().unwrap_or(""),
+            id = %identity.id.short(),
+            "a caller's certificate carries no role (issued before roles existed): it is trusted \
+             least (both security.remote_max_tier and security.client_max_tier cap its tasks); \
+             issue it a new one with `mesh-cli ca issue --role node|client`"
+        );
+    }
 }
 
 /// One kept-open channel per peer address, shared by the delegation and replication clients, so

@@ -601,7 +601,7 @@ fn bootstrap_tls(data_dir: &Path, name: &str) -> Result<TlsFiles, StartError> {
     let (files, created) = bootstrap::bootstrap(data_dir, name)?;
     if created {
         let dir = bootstrap::tls_dir(data_dir);
-        tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add nodes, issue their certificates with `mesh-cli ca issue --dir {}`", dir.display());
+        tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add nodes, issue their certificates with `mesh-cli ca issue --dir {} --role node --name NAME`", dir.display());
     }
     Ok(files)
 }
@@ -711,7 +711,8 @@ fn check_cert_expiry(caps: &Capabilities, not_after: i64) {
     let failure = if left <= 0 {
         Some((
             HealthStatus::Unhealthy,
-            "certificate has expired; issue a new one with `mesh-cli ca issue`".to_owned(),
+            "certificate has expired; issue a new one with `mesh-cli ca issue --role node`"
+                .to_owned(),
         ))
     } else if left < 14 * 24 * 3600 {
         Some((

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use crate::{
     CertRole, TlsError,
     ca::{CA_CERT_FILE, ca_init, issue},
+    cert::CertIdentity,
+    pem::{pem_certs, read},
     tls::TlsFiles,
 };
 
@@ -63,8 +65,76 @@ pub fn bootstrap(data_dir: &Path, name: &str) -> Result<(TlsFiles, bool), TlsErr
     if !files.cert.exists() {
         issue(&dir, name, &[], CertRole::Node)?;
     }
-    if !cli_files(data_dir).cert.exists() {
+    let cli = cli_files(data_dir);
+    if cli.cert.exists() && is_legacy(&cli.cert)? {
+        // Made before certificates had roles: as a legacy certificate it would be capped by
+        // both tier settings. It is this machine's own and nothing else knows its id, so it
+        // is set aside and issued again, as a client.
+        for path in [&cli.cert, &cli.key] {
+            let mut aside = path.as_os_str().to_owned();
+            aside.push(".legacy");
+            std::fs::rename(path, &aside).map_err(|e| TlsError::io("set aside", path, e))?;
+        }
+    }
+    if !cli.cert.exists() {
         issue(&dir, CLI_CERT_NAME, &[], CertRole::Client)?;
     }
     Ok((files, created))
+}
+
+/// Whether the certificate at `path` carries no role (issued before roles existed).
+fn is_legacy(path: &Path) -> Result<bool, TlsError> {
+    let certs = pem_certs(path, &read(path)?)?;
+    let identity = CertIdentity::from_der(&certs[0]).map_err(|e| TlsError::Pem {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(identity.role.is_none())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ca::CA_KEY_FILE;
+
+    /// Regression: after the upgrade to certificate roles, a zero-config node kept the local
+    /// `mesh-cli` certificate it had made before, which has no role, so the operator on the
+    /// same machine was capped by both tier settings.
+    #[test]
+    fn a_local_cli_certificate_without_a_role_is_issued_again_as_a_client() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        bootstrap(dir.path(), "alpha").expect("first start");
+        let cli = cli_files(dir.path());
+        // Replace it with one made the way it was before roles: no OU, both usages.
+        let tls = tls_dir(dir.path());
+        let ca_key = rcgen::KeyPair::from_pem(&read(&tls.join(CA_KEY_FILE)).expect("ca key"))
+            .expect("ca key pem");
+        let issuer =
+            rcgen::Issuer::from_ca_cert_pem(&read(&cli.ca).expect("ca"), ca_key).expect("issuer");
+        let mut params =
+            rcgen::CertificateParams::new(vec![CLI_CERT_NAME.to_owned()]).expect("params");
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = rcgen::KeyPair::generate().expect("key");
+        let old = params.signed_by(&key, &issuer).expect("sign").pem();
+        std::fs::write(&cli.cert, &old).expect("write cert");
+        std::fs::write(&cli.key, key.serialize_pem()).expect("write key");
+        assert!(is_legacy(&cli.cert).expect("read"));
+
+        let (_, created) = bootstrap(dir.path(), "alpha").expect("second start");
+        assert!(!created, "the CA is kept");
+        assert!(!is_legacy(&cli.cert).expect("read"), "issued again");
+        let aside = tls.join(format!("{CLI_CERT_NAME}.pem.legacy"));
+        assert_eq!(
+            read(&aside).expect("set aside"),
+            old,
+            "the old one is kept aside"
+        );
+        // A certificate with a role is left alone.
+        let current = read(&cli.cert).expect("current");
+        bootstrap(dir.path(), "alpha").expect("third start");
+        assert_eq!(read(&cli.cert).expect("still"), current);
+    }
 }

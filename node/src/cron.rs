@@ -514,7 +514,13 @@ impl Scheduler {
 
     /// Deletes a schedule.
     pub async fn remove(&self, name: &str) -> Result<(), CronError> {
-        self.get(name)?;
+        check_name(name)?;
+        // Any stored record goes, also one that is refused (it never fires, but it would stay
+        // listed in the log and hold its name).
+        match self.memory.get(CRON_SCHEDULES, name)? {
+            Some(record) if !record.tombstone => {}
+            _ => return Err(CronError::NotFound(name.to_owned())),
+        }
         self.memory.put(CRON_SCHEDULES, name, None).await?;
         Ok(())
     }
@@ -1194,5 +1200,62 @@ mod tests {
         assert_eq!(within[5].scheduled_at_ms, T0 + 60_000);
         statuses(&cron, "id-beyond", &[FiringStatus::Missed; 6]).await;
         assert_eq!(runner.started.lock().expect("lock").len(), 1);
+    }
+
+    /// A replicated schedule may come from anywhere: one that `Cron.Add` would refuse (a bad
+    /// expression, an empty or oversized prompt, a lineage of its own, bytes that are not a
+    /// schedule) is left out of the list, never fired, and can still be removed.
+    #[tokio::test]
+    async fn a_stored_schedule_cron_add_would_refuse_never_fires_and_can_be_removed() {
+        let (_dir, memory) = open_memory();
+        let runner = Arc::new(FakeRunner::default());
+        let cron = scheduler(&memory, &runner);
+        let mut bad = Vec::new();
+        let mut empty_list_item = schedule("empty-list-item", "* * * * * *", Overlap::Skip, 60);
+        empty_list_item.expression = "5 , * * *".into();
+        bad.push(empty_list_item);
+        let mut empty_prompt = schedule("empty-prompt", "* * * * * *", Overlap::Skip, 60);
+        empty_prompt.task.prompt = "  ".into();
+        bad.push(empty_prompt);
+        let mut huge_prompt = schedule("huge-prompt", "* * * * * *", Overlap::Skip, 60);
+        huge_prompt.task.prompt = "x".repeat(mesh_domain::task::MAX_PROMPT_BYTES + 1);
+        bad.push(huge_prompt);
+        let mut with_lineage = schedule("with-lineage", "* * * * * *", Overlap::Skip, 60);
+        with_lineage.task.lineage.hops = 3;
+        bad.push(with_lineage);
+        for schedule in &bad {
+            let value = serde_json::to_vec(schedule).expect("json");
+            memory
+                .put(CRON_SCHEDULES, &schedule.name, Some(value))
+                .await
+                .expect("stored as replication would");
+        }
+        memory
+            .put(CRON_SCHEDULES, "not-json", Some(b"{".to_vec()))
+            .await
+            .expect("stored");
+        let good = schedule("good", "* * * * * *", Overlap::Skip, 60);
+        cron.add(good).await.expect("add");
+
+        cron.tick(T0 + 1_000).await;
+        let names: Vec<String> = cron
+            .schedules()
+            .expect("list")
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(names, ["good"]);
+        statuses(&cron, "id-good", &[FiringStatus::Done]).await;
+        let started = runner.started.lock().expect("lock").clone();
+        assert_eq!(started.len(), 1, "only the good schedule fired");
+        for schedule in &bad {
+            assert!(cron.history(&schedule.id).expect("history").is_empty());
+            cron.remove(&schedule.name).await.expect("removed");
+        }
+        cron.remove("not-json").await.expect("removed");
+        assert!(matches!(
+            cron.remove("not-json").await,
+            Err(CronError::NotFound(_))
+        ));
     }
 }

@@ -22,7 +22,7 @@ use std::{
 use chrono::TimeZone;
 use chrono_tz::Tz;
 use mesh_domain::{
-    EventKind, Lineage, NodeId, PeerState, Principal, TaskEvent, TaskSpec,
+    EventKind, Lineage, NodeId, PeerState, Principal, TaskEvent, TaskSpec, Tier,
     keys::{self, CRON_FIRINGS, CRON_SCHEDULES},
     sync::MutexExt,
 };
@@ -305,6 +305,31 @@ pub fn owner<'a>(
         .max_by_key(|node| (score(schedule_id, node), *node))
 }
 
+/// A node that may own schedules: live as this node sees the fleet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveNode {
+    /// Its id.
+    pub id: NodeId,
+    /// Its name.
+    pub name: String,
+    /// Its `security.remote_max_tier`, as it advertises it.
+    pub remote_max_tier: Tier,
+}
+
+/// The owner of `schedule` among the `live` nodes. A firing is admitted on its owner as a task
+/// from the node that wrote the schedule, so a node other than that one would refuse a
+/// schedule above its `remote_max_tier`: the owner is chosen ([`owner`]) among the writer and
+/// the nodes that accept the schedule's tier from another node, and among all live nodes only
+/// when none of those is live (its firings then fail, with the reason, in the history).
+pub fn owner_of<'a>(schedule: &Schedule, live: &'a [LiveNode]) -> Option<&'a LiveNode> {
+    let accepts = |node: &&LiveNode| {
+        schedule.origin.as_ref() == Some(&node.id) || schedule.task.tier <= node.remote_max_tier
+    };
+    let id = owner(&schedule.id, live.iter().filter(accepts).map(|n| &n.id))
+        .or_else(|| owner(&schedule.id, live.iter().map(|n| &n.id)))?;
+    live.iter().find(|node| &node.id == id)
+}
+
 /// The task id of a firing: a UUIDv7 whose time is the scheduled time and whose other bits
 /// come from hashing the firing id, so it is the same on every node and sorts with other tasks
 /// by time.
@@ -407,6 +432,8 @@ pub struct Scheduler {
     peers: Arc<PeerTable>,
     own: NodeId,
     own_name: String,
+    /// `security.remote_max_tier`: which schedules written elsewhere this node may own.
+    remote_max_tier: Tier,
     runner: Arc<dyn Runner>,
     /// Per owned schedule: the last scheduled time handled.
     last: Mutex<HashMap<String, i64>>,
@@ -431,6 +458,7 @@ impl Scheduler {
         peers: Arc<PeerTable>,
         own: NodeId,
         own_name: String,
+        remote_max_tier: Tier,
         runner: Arc<dyn Runner>,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -438,6 +466,7 @@ impl Scheduler {
             peers,
             own,
             own_name,
+            remote_max_tier,
             runner,
             last: Mutex::default(),
             open: Mutex::default(),
@@ -525,26 +554,32 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Ids of the live nodes: this one and every peer not `down`.
-    fn live(&self) -> Vec<(NodeId, String)> {
-        let mut live = vec![(self.own.clone(), self.own_name.clone())];
+    /// The live nodes: this one and every peer not `down`.
+    fn live(&self) -> Vec<LiveNode> {
+        let mut live = vec![LiveNode {
+            id: self.own.clone(),
+            name: self.own_name.clone(),
+            remote_max_tier: self.remote_max_tier,
+        }];
         live.extend(
             self.peers
                 .snapshot()
                 .into_iter()
                 .filter(|p| p.state != PeerState::Down)
-                .map(|p| (p.info.id, p.info.name)),
+                .map(|p| LiveNode {
+                    id: p.info.id,
+                    name: p.info.name,
+                    remote_max_tier: p.info.remote_max_tier,
+                }),
         );
         live
     }
 
-    /// The name of the node that owns `schedule_id` as this node sees the fleet.
-    pub fn owner_name(&self, schedule_id: &str) -> String {
+    /// The name of the node that owns `schedule` as this node sees the fleet.
+    pub fn owner_name(&self, schedule: &Schedule) -> String {
         let live = self.live();
-        let id = owner(schedule_id, live.iter().map(|(id, _)| id)).cloned();
-        live.into_iter()
-            .find(|(n, _)| Some(n) == id.as_ref())
-            .map(|(_, name)| name)
+        owner_of(schedule, &live)
+            .map(|node| node.name.clone())
             .unwrap_or_default()
     }
 
@@ -587,7 +622,7 @@ impl Scheduler {
     /// An earlier firing of `schedule` that still runs. Open firings whose owner is gone (or
     /// that this node no longer follows, after a restart) are closed as failed on the way.
     async fn still_running(&self, schedule: &Schedule) -> Result<Option<Firing>, CronError> {
-        let live: HashSet<String> = self.live().into_iter().map(|(_, name)| name).collect();
+        let live: HashSet<String> = self.live().into_iter().map(|node| node.name).collect();
         for mut firing in self.history(&schedule.id)? {
             if !firing.status.is_open() {
                 continue;
@@ -641,7 +676,7 @@ impl Scheduler {
             let ids: HashSet<&str> = schedules.iter().map(|s| s.id.as_str()).collect();
             last.retain(|id, _| ids.contains(id.as_str()));
             for schedule in &schedules {
-                let owned = owner(&schedule.id, live.iter().map(|(id, _)| id)) == Some(&self.own);
+                let owned = owner_of(schedule, &live).is_some_and(|node| node.id == self.own);
                 if !schedule.enabled || !owned {
                     last.remove(&schedule.id);
                     continue;
@@ -1002,6 +1037,49 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_schedule_is_owned_by_its_writer_or_a_node_that_accepts_its_tier_from_others() {
+        let node = |name: &str, remote_max_tier| LiveNode {
+            id: NodeId::from_spki_der(name.as_bytes()),
+            name: name.into(),
+            remote_max_tier,
+        };
+        let (laptop, gpu, server) = (
+            node("laptop", Tier::Read),
+            node("gpu", Tier::Read),
+            node("server", Tier::Write),
+        );
+        let at_tier = |id: usize, tier, origin: &LiveNode| {
+            let mut s = schedule(&format!("s{id}"), "* * * * *", Overlap::Skip, 60);
+            s.id = format!("schedule-{id}");
+            s.task.tier = tier;
+            s.origin = Some(origin.id.clone());
+            s
+        };
+        let fleet = [laptop.clone(), gpu.clone(), server.clone()];
+        let mut owners = HashSet::new();
+        for i in 0..200 {
+            // Read: anyone; every node ends up owning some.
+            owners.insert(
+                owner_of(&at_tier(i, Tier::Read, &laptop), &fleet)
+                    .expect("owner")
+                    .name
+                    .clone(),
+            );
+            // Write, written by the laptop: the laptop or the server, never gpu.
+            let owner = owner_of(&at_tier(i, Tier::Write, &laptop), &fleet).expect("owner");
+            assert_ne!(owner.name, "gpu", "schedule {i}");
+            // Shell: only its writer accepts it.
+            let owner = owner_of(&at_tier(i, Tier::Shell, &gpu), &fleet).expect("owner");
+            assert_eq!(owner.name, "gpu", "schedule {i}");
+        }
+        assert_eq!(owners.len(), 3, "{owners:?}");
+        // With its writer gone and nobody accepting its tier, someone still owns it (and its
+        // firings fail with the reason in the history instead of never happening).
+        let without_gpu = [laptop, server];
+        assert!(owner_of(&at_tier(1, Tier::Shell, &gpu), &without_gpu).is_some());
+    }
+
     /// Starts nothing: completes each task at once, or holds it open.
     #[derive(Debug, Default)]
     struct FakeRunner {
@@ -1055,6 +1133,7 @@ mod tests {
             Arc::new(PeerTable::default()),
             memory.own_id().clone(),
             "me".into(),
+            Tier::Read,
             runner.clone(),
         )
     }

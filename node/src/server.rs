@@ -388,6 +388,7 @@ impl Node {
             peers.clone(),
             id.clone(),
             config.name.clone(),
+            config.remote_max_tier,
             Arc::new(tasks.clone()),
         );
         background_tasks.spawn(scheduler.clone().run(leaving.child_token()));

@@ -101,13 +101,14 @@ fn history(h: &Harness, node: &NodeProcess, name: &str) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// Waits until schedule `name` has a firing that failed, and checks none ran (`done`).
-fn refused_when_fired(h: &Harness, node: &NodeProcess, name: &str) {
+/// Waits until schedule `name` has a firing that failed (fired by `owner`, when given), and
+/// checks none ran (`done`).
+fn refused_when_fired(h: &Harness, node: &NodeProcess, name: &str, owner: Option<&str>) {
     let firings = wait_for(&format!("a failed firing of `{name}`"), DEADLINE, || {
         let firings = history(h, node, name);
         firings
             .iter()
-            .any(|f| f["status"] == "failed")
+            .any(|f| f["status"] == "failed" && owner.is_none_or(|o| f["owner"] == o))
             .then_some(firings)
     })
     .expect("fired");
@@ -237,31 +238,27 @@ fn a_shell_task_is_refused_by_a_read_only_node_on_every_path_and_nothing_runs() 
     );
 
     // `cron add --on gpu` through the laptop (which lets its operator run shell): accepted
-    // there, and refused at every firing, whichever node owns the schedule. Schedules are
-    // added until each node owns at least one.
+    // there, owned by the laptop (a shell schedule is owned by its writer or by a node that
+    // runs shell for other nodes, and gpu runs only `read` for them), and refused at every
+    // firing. The other owner, gpu, is tried at the end, with the laptop gone.
     let mut added = Vec::new();
-    for i in 0..24 {
+    for i in 0..3 {
         let name = format!("nightly-{i}");
         let add = cron_add(&name);
         let add: Vec<&str> = add.iter().map(String::as_str).collect();
         let output = h.cli(&laptop, &add).expect("cron add");
         assert!(output.status.success(), "{}", stderr(&output));
         added.push(name);
-        let owners = owners(&h, &laptop);
-        let owned_by = |node: &str| owners.iter().any(|(n, o)| added.contains(n) && o == node);
-        if added.len() >= 3 && owned_by("laptop") && owned_by("gpu") {
-            break;
-        }
     }
     let owners = owners(&h, &laptop);
-    for node in ["laptop", "gpu"] {
+    for name in &added {
         assert!(
-            owners.iter().any(|(n, o)| added.contains(n) && o == node),
-            "no schedule owned by {node}: {owners:?}"
+            owners.contains(&(name.clone(), "laptop".to_owned())),
+            "{name}: {owners:?}"
         );
     }
     for name in &added {
-        refused_when_fired(&h, &laptop, name);
+        refused_when_fired(&h, &laptop, name, None);
         let removed = h.cli(&laptop, &["cron", "rm", name]).expect("cron rm");
         assert!(removed.status.success(), "{}", stderr(&removed));
     }
@@ -284,7 +281,7 @@ fn a_shell_task_is_refused_by_a_read_only_node_on_every_path_and_nothing_runs() 
     // it, at tier shell, to run on gpu.
     let pushed = push_schedules(&h, &gpu, &node_cert, &added);
     for name in &pushed {
-        refused_when_fired(&h, &gpu, name);
+        refused_when_fired(&h, &gpu, name, None);
         let removed = h.cli(&gpu, &["cron", "rm", name]).expect("cron rm");
         assert!(removed.status.success(), "{}", stderr(&removed));
     }
@@ -387,6 +384,51 @@ fn a_shell_task_is_refused_by_a_read_only_node_on_every_path_and_nothing_runs() 
         "the chat reached gpu's model"
     );
     assert!(!marker.exists(), "the front door ran shell_exec");
+
+    // A write-tier schedule whose writer, the laptop, is gone: gpu takes it over and fires it
+    // as a task from another node (capped at `read`), although a task the operator started
+    // there directly could run at `write`.
+    let output = h
+        .cli(
+            &laptop,
+            &[
+                "cron",
+                "add",
+                "--name",
+                "orphan",
+                "--schedule",
+                "* * * * * *",
+                "--role",
+                "coder",
+                "--tier",
+                "write",
+                "--on",
+                "gpu",
+                "x",
+            ],
+        )
+        .expect("cron add");
+    assert!(output.status.success(), "{}", stderr(&output));
+    wait_for("gpu to know the schedule", DEADLINE, || {
+        (!owners_named(&h, &gpu, "orphan").is_empty()).then_some(())
+    })
+    .expect("replicated");
+    laptop.signal("KILL").expect("kill laptop");
+    wait_for("gpu to own the orphan", DEADLINE, || {
+        (owners_named(&h, &gpu, "orphan")
+            .first()
+            .map(|(_, o)| o.as_str())
+            == Some("gpu"))
+        .then_some(())
+    })
+    .expect("taken over");
+    refused_when_fired(&h, &gpu, "orphan", Some("gpu"));
+    assert_eq!(
+        gpu_model.requests().len(),
+        1,
+        "an orphan firing called gpu's model"
+    );
+    assert!(!marker.exists(), "an orphan firing ran shell_exec on gpu");
 }
 
 /// The schedules `node` lists under `name`.

@@ -75,7 +75,7 @@ impl CronService {
             enabled: schedule.enabled,
             created_at_ms: u64::try_from(schedule.created_at_ms).unwrap_or(0),
             created_on: schedule.created_on.clone(),
-            owner: self.scheduler.owner_name(&schedule.id),
+            owner: self.scheduler.owner_name(schedule),
             next_at_ms: next.and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
         }
     }

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, bootstrap, ca};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
@@ -235,12 +235,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 /// A channel to the node `conn` names.
 pub(crate) async fn channel(conn: &ConnArgs) -> anyhow::Result<tonic::transport::Channel> {
     let dialer = dialer(conn)?;
-    let connection = dialer.connect(&conn.node).await.with_context(|| {
-        format!(
-            "cannot reach a node at {} (is mesh-node running? set --node or MESH_NODE)",
-            conn.node
-        )
-    })?;
+    let connection = match dialer.connect(&conn.node).await {
+        Ok(connection) => connection,
+        // It answered, but mesh-cli's certificate is of another mesh: no point asking whether
+        // it runs.
+        Err(e @ mesh_identity::DialError::ForeignMesh { .. }) => {
+            return Err(anyhow!(
+                "{e}; to talk to it, use the files of its mesh: --ca, --cert and --key (or MESH_CA, MESH_CERT, MESH_KEY)"
+            ));
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "cannot reach a node at {} (is mesh-node running? set --node or MESH_NODE)",
+                conn.node
+            )));
+        }
+    };
     Ok(connection.channel)
 }
 

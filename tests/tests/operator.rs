@@ -181,10 +181,12 @@ fn flags_and_env_override_the_files_mesh_cli_finds() {
     ca::ca_init(&other).expect("other CA");
     bootstrap::install_client(&other, "stranger", &home.config_dir()).expect("install");
     let status = ["--node", node.addr.as_str(), "status", "--json"];
+    let found = status_names(&home.cli(&status)).expect_err("found files of another mesh");
     assert!(
-        status_names(&home.cli(&status)).is_err(),
-        "found files of another mesh"
+        found.contains("`alpha` there belongs to another mesh"),
+        "{found}"
     );
+    assert!(found.contains("--ca, --cert and --key"), "{found}");
 
     let ours = harness.client_files();
     let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
@@ -201,4 +203,67 @@ fn flags_and_env_override_the_files_mesh_cli_finds() {
         .output()
         .expect("run mesh-cli");
     assert_eq!(status_names(&with_env), Ok(vec!["alpha".to_owned()]));
+}
+
+/// The hint a node logs about a node of another mesh; the debug line of each failed dial
+/// carries the dial error, not this.
+const FOREIGN_HINT: &str = "to bring it in, run `mesh-cli token create --role node`";
+
+/// Two nodes of different CAs find each other by real mDNS (in a namespace of this test): each
+/// names the other once, at its first failed dial, and not again at the retries after it.
+#[test]
+fn a_node_names_a_node_of_another_mesh_once_with_the_way_to_bring_it_in() {
+    let ns = Netns::new().expect("netns");
+    let harness = Harness::new().expect("harness");
+    let other_ca = harness.path().join("other-ca");
+    ca::ca_init(&other_ca).expect("other CA");
+    let (cert, key) =
+        ca::issue(&other_ca, "mallory", &[], mesh_identity::CertRole::Node).expect("issue");
+    let mut mallory = NodeOptions::new("mallory").mdns_in(&ns);
+    mallory.tls = Some(mesh_identity::TlsFiles {
+        ca: other_ca.join(ca::CA_CERT_FILE),
+        cert,
+        key,
+    });
+    let mallory = harness.spawn(mallory).expect("mallory");
+    let alpha = harness
+        .spawn(NodeOptions::new("alpha").mdns_in(&ns))
+        .expect("alpha");
+
+    for (node, other) in [(&alpha, &mallory), (&mallory, &alpha)] {
+        // Named once, then dialed (and refused) again at least three more times.
+        wait_for(
+            &format!("{} to retry {} after the hint", node.name, other.name),
+            DEADLINE,
+            || {
+                let log = node.log_text();
+                let hint_at = log.find(FOREIGN_HINT)?;
+                (log[hint_at..].matches("\"dial peer\"").count() >= 3).then_some(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", node.log_text()));
+        let log = node.log_text();
+        let hints: Vec<&str> = log.lines().filter(|l| l.contains(FOREIGN_HINT)).collect();
+        assert_eq!(
+            hints.len(),
+            1,
+            "{} named it more than once:\n{log}",
+            node.name
+        );
+        assert!(
+            hints[0].contains(&format!("`{}` at ", other.name)),
+            "{} did not name {}: {}",
+            node.name,
+            other.name,
+            hints[0]
+        );
+        assert!(hints[0].contains("WARN"), "{}", hints[0]);
+    }
+    // Neither joined the other's fleet.
+    let status = harness.status(&alpha).expect("status");
+    assert_eq!(
+        status["nodes"].as_array().map(Vec::len),
+        Some(1),
+        "{status}"
+    );
 }

@@ -10,8 +10,8 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::{Context, anyhow};
-use clap::{Args, Parser, Subcommand};
+use anyhow::anyhow;
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, bootstrap, ca};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
@@ -23,8 +23,11 @@ mod tasks;
 /// Talk to an agentmesh node: see the fleet, manage the mesh CA.
 ///
 /// Connects to the node at --node (default 127.0.0.1:7700) with mTLS. Certificates come from
-/// --ca/--cert/--key (or MESH_CA, MESH_CERT, MESH_KEY); without them, the `mesh-cli` certificate
-/// a zero-config node creates in its data dir (`<data dir>/tls`) is used.
+/// --ca/--cert/--key (or MESH_CA, MESH_CERT, MESH_KEY); without them, from the first of these
+/// that holds a certificate: this user's config dir (`~/.config/agentmesh/{ca.pem,mesh-cli.pem,
+/// mesh-cli.key}`, which `ca issue --role client --install` writes), then the `mesh-cli`
+/// certificate a zero-config node of this user creates in its data dir
+/// (`~/.local/share/agentmesh/tls`).
 #[derive(Debug, Parser)]
 #[command(name = "mesh-cli", version, about, long_about)]
 struct Cli {
@@ -130,12 +133,32 @@ enum CaCommand {
         /// Extra subject alternative name, IP address or DNS name; repeatable.
         #[arg(long = "san", value_name = "IP_OR_DNS")]
         sans: Vec<String>,
+        /// With `--role client`: write the certificate, its key (mode 0600) and the CA
+        /// certificate into this user's config dir (`~/.config/agentmesh`), where mesh-cli finds
+        /// them without flags, instead of DIR/NAME.pem and DIR/NAME.key.
+        #[arg(long, conflicts_with = "sans")]
+        install: bool,
     },
 }
 
 fn main() -> ExitCode {
     mesh_identity::install_crypto_provider();
     let cli = Cli::parse();
+    // A node's certificate belongs in its config's [tls], not in an operator's config dir.
+    if let Command::Ca(CaCommand::Issue {
+        install: true,
+        role,
+        ..
+    }) = &cli.command
+        && role != "client"
+    {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!("--install is for `--role client` only (got `--role {role}`): a node's certificate goes in its config's [tls]"),
+            )
+            .exit();
+    }
     let result = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime.block_on(run(cli)),
         Err(e) => Err(anyhow!("cannot start the async runtime: {e}")),
@@ -175,8 +198,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Ca(CaCommand::Issue {
             dir,
             name,
+            install: true,
+            ..
+        }) => {
+            let config_dir = bootstrap::user_config_dir().ok_or_else(|| {
+                anyhow!("this platform has no config dir to install into; use `ca issue` without --install and pass the files with --ca, --cert and --key")
+            })?;
+            let files = bootstrap::install_client(&dir, &name, &config_dir)?;
+            println!(
+                "installed client certificate for {name}; mesh-cli finds it without flags\n  CA certificate: {}\n  certificate:    {}\n  private key:    {}",
+                files.ca.display(),
+                files.cert.display(),
+                files.key.display()
+            );
+            Ok(())
+        }
+        Command::Ca(CaCommand::Issue {
+            dir,
+            name,
             sans,
             role,
+            install: false,
         }) => {
             let role: CertRole = role.parse().map_err(|e: String| anyhow!(e))?;
             let (cert, key) = ca::issue(&dir, &name, &sans, role)?;
@@ -193,12 +235,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 /// A channel to the node `conn` names.
 pub(crate) async fn channel(conn: &ConnArgs) -> anyhow::Result<tonic::transport::Channel> {
     let dialer = dialer(conn)?;
-    let connection = dialer.connect(&conn.node).await.with_context(|| {
-        format!(
-            "cannot reach a node at {} (is mesh-node running? set --node or MESH_NODE)",
-            conn.node
-        )
-    })?;
+    let connection = match dialer.connect(&conn.node).await {
+        Ok(connection) => connection,
+        // It answered, but mesh-cli's certificate is of another mesh: no point asking whether
+        // it runs.
+        Err(e @ mesh_identity::DialError::ForeignMesh { .. }) => {
+            return Err(anyhow!(
+                "{e}; to talk to it, use the files of its mesh: --ca, --cert and --key (or MESH_CA, MESH_CERT, MESH_KEY)"
+            ));
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "cannot reach a node at {} (is mesh-node running? set --node or MESH_NODE)",
+                conn.node
+            )));
+        }
+    };
     Ok(connection.channel)
 }
 
@@ -436,7 +488,8 @@ fn node_json(
     })
 }
 
-/// The dialer the flags ask for; falls back to the local zero-config node's CLI certificate.
+/// The dialer the flags ask for. Without --ca/--cert/--key (or their `MESH_*` variables), the
+/// first place of [`bootstrap::cli_file_places`] that holds a certificate.
 fn dialer(conn: &ConnArgs) -> anyhow::Result<Dialer> {
     if conn.insecure {
         return Ok(Dialer::Plain);
@@ -447,19 +500,29 @@ fn dialer(conn: &ConnArgs) -> anyhow::Result<Dialer> {
             cert: cert.clone(),
             key: key.clone(),
         },
-        _ => {
-            let files = bootstrap::cli_files(&bootstrap::default_data_dir().unwrap_or_default());
-            if !files.cert.exists() {
-                return Err(anyhow!(
-                    "no client certificate: pass --ca, --cert and --key (or set MESH_CA, MESH_CERT, MESH_KEY), \
-                     or --insecure for a node started with --insecure (looked for {})",
-                    files.cert.display()
-                ));
-            }
-            files
-        }
+        _ => found_cli_files()?,
     };
     Ok(MeshTls::load(&files)?.dialer())
+}
+
+/// The first of mesh-cli's places that holds a certificate; the error lists every place looked
+/// in and the ways to put one there.
+fn found_cli_files() -> anyhow::Result<TlsFiles> {
+    let places = bootstrap::cli_file_places();
+    if let Some(files) = places.iter().find(|files| files.cert.exists()) {
+        return Ok(files.clone());
+    }
+    let looked: Vec<String> = places
+        .iter()
+        .map(|files| format!("  {}", files.cert.display()))
+        .collect();
+    Err(anyhow!(
+        "no client certificate; looked for one in:\n{}\n\
+         to fix: where the mesh CA is, run `mesh-cli ca issue --dir <ca dir> --role client --name <you> --install` \
+         (it writes the first place), or pass --ca, --cert and --key (or set MESH_CA, MESH_CERT, MESH_KEY), \
+         or --insecure for a node started with --insecure",
+        looked.join("\n")
+    ))
 }
 
 fn join(list: &Value, item: impl Fn(&Value) -> Option<String>) -> String {

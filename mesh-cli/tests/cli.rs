@@ -11,6 +11,7 @@ fn mesh_cli(args: &[&str], home: &std::path::Path) -> Output {
         .env_remove("MESH_KEY")
         .env("HOME", home)
         .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CONFIG_HOME", home.join("config"))
         .stdin(Stdio::null())
         .output()
         .expect("run mesh-cli")
@@ -84,6 +85,21 @@ fn bad_usage_exits_2_and_failed_operations_exit_1() {
     let no_certs = mesh_cli(&["status"], dir.path());
     assert_eq!(no_certs.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&no_certs.stderr);
+    // Every place looked in, in order, and both ways to fix it.
+    let config_place = dir.path().join("config/agentmesh/mesh-cli.pem");
+    let data_place = dir.path().join("data/agentmesh/tls/mesh-cli.pem");
+    let (config_at, data_at) = (
+        stderr.find(&*config_place.to_string_lossy()),
+        stderr.find(&*data_place.to_string_lossy()),
+    );
+    assert!(
+        config_at.is_some() && data_at.is_some() && config_at < data_at,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--role client --name <you> --install"),
+        "{stderr}"
+    );
     assert!(stderr.contains("--ca, --cert and --key"), "{stderr}");
 
     // Nothing listens on port 1: a clear "cannot reach" error, exit 1.
@@ -97,4 +113,74 @@ fn bad_usage_exits_2_and_failed_operations_exit_1() {
         stderr.contains("cannot reach a node at 127.0.0.1:1"),
         "{stderr}"
     );
+}
+
+#[test]
+fn ca_issue_install_writes_the_operators_files_privately_and_never_overwrites() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("ca");
+    let ca = ca.to_str().expect("utf-8");
+    assert!(
+        mesh_cli(&["ca", "init", "--dir", ca], dir.path())
+            .status
+            .success()
+    );
+    let install = [
+        "ca",
+        "issue",
+        "--dir",
+        ca,
+        "--role",
+        "client",
+        "--name",
+        "alice",
+        "--install",
+    ];
+    let output = mesh_cli(&install, dir.path());
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let config = dir.path().join("config/agentmesh");
+    let files = mesh_identity::bootstrap::user_cli_files(&config);
+    let tls = mesh_identity::MeshTls::load(&files).expect("installed files load");
+    assert_eq!(tls.identity().common_name.as_deref(), Some("alice"));
+    assert_eq!(tls.identity().role, Some(mesh_identity::CertRole::Client));
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&files.key)
+            .expect("key")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    assert!(
+        !std::path::Path::new(ca).join("alice.key").exists(),
+        "the key is written once, into the config dir"
+    );
+
+    let again = mesh_cli(&install, dir.path());
+    assert_eq!(again.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(stderr.contains("refusing to overwrite"), "{stderr}");
+    assert!(stderr.contains("mesh-cli.pem"), "{stderr}");
+
+    // A node's certificate has no place there: bad usage.
+    let node = mesh_cli(
+        &[
+            "ca",
+            "issue",
+            "--dir",
+            ca,
+            "--role",
+            "node",
+            "--name",
+            "n",
+            "--install",
+        ],
+        dir.path(),
+    );
+    assert_eq!(node.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&node.stderr).contains("--role client"));
 }

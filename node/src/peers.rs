@@ -7,7 +7,9 @@
 //! beat; a clean end of stream (the peer is leaving) or a refused connection marks it down at
 //! once; a broken stream marks it suspect; silence marks it suspect after 2.5 s and down after
 //! 5 s. Sessions also run peer exchange: each peer's `ListPeers` answer feeds the peers it knows
-//! back in as candidates, so a few static peers are enough to learn the whole fleet.
+//! back in as candidates, so a few static peers are enough to learn the whole fleet. A
+//! candidate that turns out to be a node of another mesh (its certificate is from another CA)
+//! is named once in the log, with the way to bring it in ([`ForeignNodes`]).
 //!
 //! This module decides liveness and membership only; it does not route or run anything.
 
@@ -41,6 +43,9 @@ pub const EXCHANGE_INTERVAL: Duration = Duration::from_secs(5);
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(600);
 /// How often states are re-evaluated against the clock.
 const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+/// How many nodes of other meshes are remembered (and so named once each); past that, more are
+/// met silently, so a LAN full of strangers cannot grow the set without bound.
+const MAX_FOREIGN_NODES: usize = 256;
 
 /// A node introducing itself when it watches another (peer exchange and dial-back).
 #[derive(Debug, Clone)]
@@ -258,6 +263,28 @@ struct Shared {
     events: mpsc::Sender<DiscoveryEvent>,
     /// Which sessions run, so one peer gets one session.
     sessions: Mutex<Sessions>,
+    /// Nodes of other meshes already named in the log.
+    foreign: Mutex<ForeignNodes>,
+}
+
+/// The nodes of other meshes this node has met, by (name, certificate fingerprint), so that the
+/// hint about each is logged once, not at every retry of its session. Bounded by
+/// [`MAX_FOREIGN_NODES`].
+#[derive(Debug, Default)]
+struct ForeignNodes {
+    seen: HashSet<(String, String)>,
+}
+
+impl ForeignNodes {
+    /// Whether this is the first meeting with the node `name` presenting the certificate
+    /// `fingerprint`; false for one met before, and for every node once the set is full.
+    fn first_meeting(&mut self, name: &str, fingerprint: &str) -> bool {
+        let key = (name.to_owned(), fingerprint.to_owned());
+        if self.seen.len() >= MAX_FOREIGN_NODES || self.seen.contains(&key) {
+            return false;
+        }
+        self.seen.insert(key)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -293,6 +320,7 @@ impl Membership {
                 table,
                 events,
                 sessions: Mutex::default(),
+                foreign: Mutex::default(),
             }),
         }
     }
@@ -466,6 +494,9 @@ async fn watch_once(
             Err(e) => {
                 refused = false;
                 tracing::debug!(error = %e, "dial peer");
+                if let DialError::ForeignMesh { addr, presented } = &e {
+                    hint_foreign(shared, addr, presented, source);
+                }
             }
         }
     }
@@ -549,6 +580,27 @@ async fn watch_once(
     .await;
     shared.lock().ids.remove(&id);
     end
+}
+
+/// Tells the operator, once per node, that `presented` at `addr` is a node of another mesh and
+/// how to bring it in. Today such a node is refused silently at every retry; a newcomer
+/// started without the mesh's certificate is the usual cause.
+fn hint_foreign(shared: &Shared, addr: &str, presented: &CertIdentity, source: PeerSource) {
+    let name = presented.common_name.as_deref().unwrap_or("a node");
+    if !shared
+        .foreign
+        .lock_unpoisoned()
+        .first_meeting(name, &presented.fingerprint)
+    {
+        return;
+    }
+    tracing::warn!(
+        node = name,
+        %addr,
+        id = %presented.id.short(),
+        source = source.as_str(),
+        "`{name}` at {addr} belongs to another mesh (its certificate is not from this mesh's CA); to bring it in, run `mesh-cli token create --role node` where this mesh's CA key is and start it with `mesh-node --join TOKEN`"
+    );
 }
 
 async fn stream_beats(
@@ -664,6 +716,27 @@ mod tests {
         assert_eq!(table.get(&id).expect("present").state, PeerState::Down);
         table.beat(info("alpha"), "127.0.0.1:1", PeerSource::Static);
         assert_eq!(table.get(&id).expect("present").state, PeerState::Up);
+    }
+
+    #[test]
+    fn a_node_of_another_mesh_is_met_once_and_the_set_stays_bounded() {
+        let mut foreign = ForeignNodes::default();
+        assert!(foreign.first_meeting("mallory", "fp1"));
+        assert!(
+            !foreign.first_meeting("mallory", "fp1"),
+            "a retry is no new meeting"
+        );
+        // A new certificate (re-issued elsewhere) or another name is a new node to name.
+        assert!(foreign.first_meeting("mallory", "fp2"));
+        assert!(foreign.first_meeting("eve", "fp1"));
+        for i in foreign.seen.len()..MAX_FOREIGN_NODES {
+            assert!(foreign.first_meeting(&format!("n{i}"), "fp"));
+        }
+        assert!(
+            !foreign.first_meeting("one-too-many", "fp"),
+            "the set is full"
+        );
+        assert_eq!(foreign.seen.len(), MAX_FOREIGN_NODES);
     }
 
     #[test]

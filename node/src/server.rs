@@ -418,7 +418,7 @@ impl Node {
                 let http_addr = listener.local_addr().ok();
                 if let Some(http_addr) = http_addr {
                     if !http_addr.ip().is_loopback() && config.http.api_keys.is_empty() {
-                        tracing::warn!(%http_addr, "the front door listens beyond loopback without http.api_keys: anyone who can reach it can use every model of the mesh");
+                        tracing::warn!(%http_addr, "the front door listens beyond loopback without http.api_keys (http.allow_unauthenticated): anyone who can reach it can use every model of the mesh");
                     }
                     let _ = std::fs::write(
                         config.data_dir.join(HTTP_ADDR_FILE),

@@ -1,5 +1,6 @@
 //! The `mesh-node` binary's contract with operators: bad config is refused before anything
-//! starts, with the key and the file named and exit code 2; `--insecure` is loopback-only.
+//! starts, with the key and the file named and exit code 2; `--insecure` is loopback-only, and so
+//! is a front door without API keys unless it is allowed.
 
 use std::{
     process::{Command, Output, Stdio},
@@ -70,6 +71,45 @@ fn a_config_error_names_the_key_and_the_file_and_exits_2() {
     let output = mesh_node(&["--config", "/nonexistent/node.toml"], dir.path());
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/node.toml"));
+}
+
+/// The front door refuses to open beyond loopback without keys: the node does not start, and
+/// the message names `http.api_keys` and `http.allow_unauthenticated`.
+#[test]
+fn a_front_door_beyond_loopback_without_keys_stops_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("node.toml");
+    std::fs::write(&path, "[http]\nlisten = \"0.0.0.0:0\"\n").expect("write config");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mesh-node"))
+        .args(["--no-mdns", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .env_remove("MESH_NODE_CONFIG")
+        .env("HOME", dir.path())
+        .env("XDG_DATA_HOME", dir.path().join("data"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // A node that starts anyway would run until stopped: wait for the exit with a deadline.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("poll").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("wait");
+            panic!(
+                "the node started with an open front door beyond loopback:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50)); // poll until the deadline
+    }
+    let output = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    for named in ["http.api_keys", "http.allow_unauthenticated", "node.toml"] {
+        assert!(stderr.contains(named), "{named} not named: {stderr}");
+    }
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! The files under deploy/ that install agentmesh as a service: every example config in
-//! deploy/examples loads with the node's own config loader (and the directory holds exactly
-//! the documented three), `systemd-analyze verify` finds nothing wrong with
-//! deploy/systemd/mesh-node.service, and the config deploy/Dockerfile bakes into the image loads
-//! and matches the ports and volume it declares.
+//! deploy/examples loads with the node's own config loader once its placeholder API key is
+//! replaced (and is refused before; the directory holds exactly the documented three),
+//! `systemd-analyze verify` finds nothing wrong with deploy/systemd/mesh-node.service, whose
+//! install lines keep the config 0640 and the key 0600, and the config deploy/Dockerfile bakes
+//! into the image loads and matches the ports and volume it declares.
 //!
 //! The unit test FAILS when `systemd-analyze` is not installed (`deploy/test.sh --setup-only`
 //! installs it): checking the unit is the point, so it never passes without checking.
@@ -26,8 +27,20 @@ fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
+/// The placeholder `gpu-box.toml` holds where its API key goes: the node refuses it.
+const PLACEHOLDER_KEY: &str = "REPLACE-ME-with-openssl-rand-hex-32";
+
+/// A key as `openssl rand -hex 16` makes one, for the installed copies of the examples.
+const OWN_KEY: &str = "3c1f9e0a7b5d2c8e4f6a1b0d9c7e5f3a";
+
+/// The example `name` as an operator installs it: with the placeholder key replaced by a
+/// key of their own, as its comment says.
 fn load(name: &str) -> Config {
-    let path = deploy_dir().join("examples").join(name);
+    let text = fs::read_to_string(deploy_dir().join("examples").join(name))
+        .expect("the example is readable");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join(name);
+    fs::write(&path, text.replace(PLACEHOLDER_KEY, OWN_KEY)).expect("write the copy");
     Config::load(Some(&path), &Overrides::default())
         .unwrap_or_else(|e| panic!("deploy/examples/{name} must be a valid config: {e}"))
 }
@@ -120,6 +133,41 @@ fn the_gpu_box_serves_ollama_models_on_the_lan_behind_keys() {
         !config.http.api_keys.is_empty(),
         "a front door on the LAN needs api_keys"
     );
+}
+
+/// The example ships a placeholder key so that it cannot be started as printed: the node
+/// names the key and says how to make one.
+#[test]
+fn the_gpu_box_as_shipped_is_refused_until_its_placeholder_key_is_replaced() {
+    let path = deploy_dir().join("examples/gpu-box.toml");
+    let text = fs::read_to_string(&path).expect("the example is readable");
+    assert!(
+        text.contains(PLACEHOLDER_KEY),
+        "the placeholder is in the file"
+    );
+    let message = Config::load(Some(&path), &Overrides::default())
+        .expect_err("the placeholder key must be refused")
+        .to_string();
+    assert!(message.contains("`http.api_keys[0]`"), "{message}");
+    assert!(message.contains("openssl rand -hex 32"), "{message}");
+}
+
+/// The install lines in the unit's header keep secrets private: the config (it may hold
+/// `http.api_keys`) is 0640 for the service's group, the node's key 0600 for the service alone.
+#[test]
+fn the_units_install_lines_keep_the_config_and_key_private() {
+    let unit = fs::read_to_string(deploy_dir().join("systemd/mesh-node.service"))
+        .expect("deploy/systemd/mesh-node.service exists");
+    let install_line = |target: &str| {
+        unit.lines()
+            .find(|line| line.contains("install -m") && line.contains(target))
+            .unwrap_or_else(|| panic!("no install line for {target}"))
+            .to_owned()
+    };
+    let config = install_line("/etc/agentmesh/mesh-node.toml");
+    assert!(config.contains("-m 0640 -g agentmesh"), "{config}");
+    let key = install_line("NAME.key");
+    assert!(key.contains("-m 0600 -o agentmesh"), "{key}");
 }
 
 #[test]

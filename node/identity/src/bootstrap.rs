@@ -1,14 +1,19 @@
-//! The zero-config layout: where a node keeps its data by default, and the mesh CA a node
-//! creates in `<data dir>/tls` on first start, with its own certificate and one for the local
-//! `mesh-cli` (so `mesh-cli status` on the same machine just works).
+//! The zero-config layout: where a node keeps its data by default, the mesh CA a node creates
+//! in `<data dir>/tls` on first start, with its own certificate and one for the local
+//! `mesh-cli` (so `mesh-cli status` on the same machine just works), and the operator's own
+//! place for `mesh-cli`'s files ([`user_config_dir`]) with the order `mesh-cli` looks for them
+//! in ([`cli_file_places`]). It decides nothing about what a certificate may do.
 
-use std::path::{Path, PathBuf};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
 use crate::{
     CertRole, TlsError,
-    ca::{CA_CERT_FILE, ca_init, issue},
+    ca::{CA_CERT_FILE, ca_init, issue, issue_at},
     cert::CertIdentity,
-    pem::{pem_certs, read},
+    pem::{pem_certs, read, write_new},
     tls::TlsFiles,
 };
 
@@ -31,6 +36,59 @@ pub fn user_config_dir() -> Option<PathBuf> {
 /// The files of `mesh-cli` in the operator's config dir (see [`user_config_dir`]).
 pub fn user_cli_files(config_dir: &Path) -> TlsFiles {
     files_of(config_dir, CLI_CERT_NAME)
+}
+
+/// Where `mesh-cli` looks for its CA, certificate and key when neither flags nor `MESH_CA`,
+/// `MESH_CERT` and `MESH_KEY` name them, first to last: the operator's config dir
+/// ([`user_cli_files`], which `mesh-cli ca issue --role client --install` writes), then the
+/// zero-config node's data dir of the same user ([`cli_files`]). The operator's own files come
+/// first: they are the ones someone put there on purpose, for whichever mesh they chose.
+pub fn cli_file_places() -> Vec<TlsFiles> {
+    let config = user_config_dir().map(|dir| user_cli_files(&dir));
+    let data = default_data_dir().map(|dir| cli_files(&dir));
+    config.into_iter().chain(data).collect()
+}
+
+/// Issues a client certificate named `name` from the CA in `ca_dir` straight into the
+/// operator's config dir `config_dir` as [`user_cli_files`] names them: the CA certificate,
+/// `mesh-cli.pem` and `mesh-cli.key` (mode 0600, in a directory created with mode 0700).
+/// Refuses to overwrite a certificate or key already there, or a `ca.pem` of another CA; checks
+/// everything before it writes anything.
+pub fn install_client(ca_dir: &Path, name: &str, config_dir: &Path) -> Result<TlsFiles, TlsError> {
+    let files = user_cli_files(config_dir);
+    let ca_pem = read(&ca_dir.join(CA_CERT_FILE))?;
+    for path in [&files.cert, &files.key] {
+        if path.exists() {
+            return Err(TlsError::Exists(path.clone()));
+        }
+    }
+    let keep_ca = match fs::read_to_string(&files.ca) {
+        Ok(existing) if existing == ca_pem => true,
+        Ok(_) => return Err(TlsError::Exists(files.ca.clone())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(TlsError::io("read", &files.ca, e)),
+    };
+    create_private_dir(config_dir)?;
+    issue_at(ca_dir, name, &[], CertRole::Client, &files.cert, &files.key)?;
+    if !keep_ca {
+        write_new(&files.ca, ca_pem.as_bytes(), false)?;
+    }
+    Ok(files)
+}
+
+/// Creates `dir` (and its parents) readable by its owner only where it is new: it holds a
+/// private key.
+fn create_private_dir(dir: &Path) -> Result<(), TlsError> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder
+        .create(dir)
+        .map_err(|e| TlsError::io("create", dir, e))
 }
 
 /// The directory of a node's zero-config CA.
@@ -95,7 +153,7 @@ fn is_legacy(path: &Path) -> Result<bool, TlsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ca::CA_KEY_FILE;
+    use crate::{MeshTls, ca::CA_KEY_FILE};
 
     /// Regression: after the upgrade to certificate roles, a zero-config node kept the local
     /// `mesh-cli` certificate it had made before, which has no role, so the operator on the
@@ -136,5 +194,62 @@ mod tests {
         let current = read(&cli.cert).expect("current");
         bootstrap(dir.path(), "alpha").expect("third start");
         assert_eq!(read(&cli.cert).expect("still"), current);
+    }
+
+    #[test]
+    fn install_client_writes_a_usable_private_set_and_never_overwrites() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ours, theirs) = (dir.path().join("ours"), dir.path().join("theirs"));
+        ca_init(&ours).expect("our CA");
+        ca_init(&theirs).expect("their CA");
+        let config = dir.path().join("config/agentmesh");
+
+        let files = install_client(&ours, "operator", &config).expect("install");
+        assert_eq!(files, user_cli_files(&config));
+        let tls = MeshTls::load(&files).expect("the installed files load together");
+        assert_eq!(tls.identity().role, Some(CertRole::Client));
+        assert_eq!(tls.identity().common_name.as_deref(), Some("operator"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |path: &Path| fs::metadata(path).expect("stat").permissions().mode() & 0o777;
+            assert_eq!(mode(&files.key), 0o600, "the key is the owner's alone");
+            assert_eq!(mode(&config), 0o700, "so is the directory");
+        }
+
+        // A second install would replace a working certificate: refused, nothing written.
+        let err = install_client(&ours, "operator2", &config).expect_err("refused");
+        assert!(
+            matches!(&err, TlsError::Exists(path) if *path == files.cert),
+            "{err}"
+        );
+
+        // Without a certificate, the same CA's ca.pem is kept; another CA's is refused.
+        fs::remove_file(&files.cert).expect("rm cert");
+        fs::remove_file(&files.key).expect("rm key");
+        let err = install_client(&theirs, "operator", &config).expect_err("other CA");
+        assert!(
+            matches!(&err, TlsError::Exists(path) if *path == files.ca),
+            "{err}"
+        );
+        assert!(
+            !files.cert.exists() && !files.key.exists(),
+            "nothing written"
+        );
+        install_client(&ours, "operator", &config).expect("same CA again");
+        MeshTls::load(&files).expect("loads");
+    }
+
+    #[test]
+    fn install_client_without_a_ca_names_the_missing_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = install_client(
+            &dir.path().join("no-ca"),
+            "operator",
+            &dir.path().join("cfg"),
+        )
+        .expect_err("no CA");
+        assert!(err.to_string().contains("ca.pem"), "{err}");
+        assert!(!dir.path().join("cfg").exists(), "nothing created");
     }
 }

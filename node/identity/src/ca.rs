@@ -72,12 +72,26 @@ pub fn issue(
     sans: &[String],
     role: CertRole,
 ) -> Result<(PathBuf, PathBuf), TlsError> {
-    validate_cert_name(name)?;
     let cert_path = dir.join(format!("{name}.pem"));
     let key_path = dir.join(format!("{name}.key"));
-    for path in [&cert_path, &key_path] {
+    issue_at(dir, name, sans, role, &cert_path, &key_path)?;
+    Ok((cert_path, key_path))
+}
+
+/// [`issue`], writing the certificate and key to `cert_path` and `key_path` instead of the CA
+/// directory (`mesh-cli ca issue --install` writes them into the operator's config dir).
+pub(crate) fn issue_at(
+    dir: &Path,
+    name: &str,
+    sans: &[String],
+    role: CertRole,
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<(), TlsError> {
+    validate_cert_name(name)?;
+    for path in [cert_path, key_path] {
         if path.exists() {
-            return Err(TlsError::Exists(path.clone()));
+            return Err(TlsError::Exists(path.to_owned()));
         }
     }
     let ca_pem = read(&dir.join(CA_CERT_FILE))?;
@@ -123,9 +137,9 @@ pub fn issue(
     let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
     let cert = params.signed_by(&key, &issuer)?;
 
-    write_new(&cert_path, cert.pem().as_bytes(), false)?;
-    write_new(&key_path, key.serialize_pem().as_bytes(), true)?;
-    Ok((cert_path, key_path))
+    write_new(cert_path, cert.pem().as_bytes(), false)?;
+    write_new(key_path, key.serialize_pem().as_bytes(), true)?;
+    Ok(())
 }
 
 /// Loads (or creates, on first start) the key that gives an insecure node a stable id.

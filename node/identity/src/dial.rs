@@ -1,6 +1,6 @@
 //! Opening gRPC channels to nodes: mTLS with the mesh CA (or plain TCP for `--insecure`), with
 //! the connect timeout and HTTP/2 keepalive every connection of the mesh uses, and reporting
-//! who answered.
+//! who answered, also when it is a node of another mesh ([`DialError::ForeignMesh`]).
 
 use std::{
     io,
@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::cert::CertIdentity;
+use crate::{cert::CertIdentity, tls::ForeignCertificate};
 
 /// How long a connection attempt may take before the peer counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -133,7 +133,16 @@ pub enum DialError {
     /// Nothing listens there (connection refused): the peer is down, not just slow.
     #[error("connect to {0}: connection refused")]
     Refused(String),
-    /// TCP or TLS failed (for example a certificate from another CA).
+    /// The server presented a certificate that is not from this mesh's CA: it is a node of
+    /// another mesh.
+    #[error("connect to {addr}: `{}` there belongs to another mesh (its certificate is not from this mesh's CA)", .presented.common_name.as_deref().unwrap_or("the node"))]
+    ForeignMesh {
+        /// The address dialed.
+        addr: String,
+        /// Who its certificate says it is.
+        presented: CertIdentity,
+    },
+    /// TCP or TLS failed otherwise.
     #[error("connect to {0}: {1}")]
     Failed(String, String),
 }
@@ -144,14 +153,131 @@ impl DialError {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
         let mut detail = String::new();
         while let Some(e) = source {
-            if let Some(io) = e.downcast_ref::<io::Error>()
-                && io.kind() == io::ErrorKind::ConnectionRefused
-            {
-                return Self::Refused(addr.to_owned());
+            if let Some(io) = e.downcast_ref::<io::Error>() {
+                if io.kind() == io::ErrorKind::ConnectionRefused {
+                    return Self::Refused(addr.to_owned());
+                }
+                // An io::Error's `source` skips the error it wraps: look inside it too.
+                if let Some(foreign) = io.get_ref().and_then(|inner| foreign_certificate(inner)) {
+                    return Self::ForeignMesh {
+                        addr: addr.to_owned(),
+                        presented: foreign.presented.clone(),
+                    };
+                }
+            }
+            if let Some(foreign) = foreign_certificate(e) {
+                return Self::ForeignMesh {
+                    addr: addr.to_owned(),
+                    presented: foreign.presented.clone(),
+                };
             }
             detail = e.to_string();
             source = e.source();
         }
         Self::Failed(addr.to_owned(), detail)
+    }
+}
+
+/// The [`ForeignCertificate`] the mesh verifier put in a handshake error, if `error` is one.
+fn foreign_certificate<'e>(
+    error: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e ForeignCertificate> {
+    match error.downcast_ref::<rustls::Error>()? {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other)) => {
+            other.0.downcast_ref::<ForeignCertificate>()
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rustls::{
+        ServerConfig,
+        pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    };
+    use tokio::net::TcpListener;
+    use tokio_rustls::TlsAcceptor;
+
+    use super::*;
+    use crate::{CertRole, MeshTls, TlsFiles, ca};
+
+    /// A node's files from the CA in `dir` (created on first use).
+    fn node_files(dir: &std::path::Path, name: &str) -> TlsFiles {
+        if !dir.join(ca::CA_CERT_FILE).exists() {
+            ca::ca_init(dir).expect("CA");
+        }
+        let (cert, key) = ca::issue(dir, name, &[], CertRole::Node).expect("issue");
+        TlsFiles {
+            ca: dir.join(ca::CA_CERT_FILE),
+            cert,
+            key,
+        }
+    }
+
+    /// A TLS server on loopback presenting `files`' certificate; it completes (or fails)
+    /// handshakes and speaks nothing after them.
+    async fn serve(files: &TlsFiles) -> (String, tokio::task::JoinHandle<()>) {
+        let certs = CertificateDer::pem_file_iter(&files.cert)
+            .expect("cert file")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("cert pem");
+        let key = PrivateKeyDer::from_pem_file(&files.key).expect("key pem");
+        let mut config =
+            ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .expect("server config");
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let _ = acceptor.accept(tcp).await;
+            }
+        });
+        (addr, task)
+    }
+
+    #[tokio::test]
+    async fn a_server_of_another_ca_is_reported_as_another_mesh_with_its_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ours = node_files(&dir.path().join("ours"), "me");
+        let dialer = MeshTls::load(&ours).expect("load").dialer();
+
+        let stranger = node_files(&dir.path().join("theirs"), "stranger");
+        let (addr, server) = serve(&stranger).await;
+        match dialer.connect(&addr).await {
+            Err(DialError::ForeignMesh {
+                addr: at,
+                presented,
+            }) => {
+                assert_eq!(at, addr);
+                assert_eq!(presented.common_name.as_deref(), Some("stranger"));
+                let err = DialError::ForeignMesh {
+                    addr: at,
+                    presented,
+                };
+                assert!(err.to_string().contains("belongs to another mesh"), "{err}");
+            }
+            other => panic!("expected ForeignMesh, got {other:?}"),
+        }
+        server.abort();
+
+        // The control: a server of our own CA passes the certificate check (the connection then
+        // fails for want of HTTP/2, which is not another mesh).
+        let member = node_files(&dir.path().join("ours"), "member");
+        let (addr, server) = serve(&member).await;
+        let result = dialer.connect(&addr).await;
+        assert!(
+            !matches!(result, Err(DialError::ForeignMesh { .. })),
+            "{result:?}"
+        );
+        server.abort();
     }
 }

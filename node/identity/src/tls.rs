@@ -180,13 +180,12 @@ impl MeshServerVerifier {
 
     fn check_chain(&self, chain: &[CertificateDer<'static>]) -> Result<(), rustls::Error> {
         let name = ServerName::try_from("agentmesh.invalid").expect("a valid DNS name literal");
-        self.verify_server_cert(&chain[0], &chain[1..], &name, &[], UnixTime::now())
+        self.verify_chain(&chain[0], &chain[1..], &name, &[], UnixTime::now())
             .map(|_| ())
     }
-}
 
-impl ServerCertVerifier for MeshServerVerifier {
-    fn verify_server_cert(
+    /// The chain against the mesh CA, whatever the name.
+    fn verify_chain(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
@@ -206,6 +205,48 @@ impl ServerCertVerifier for MeshServerVerifier {
                 rustls::CertificateError::NotValidForName
                 | rustls::CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+}
+
+/// A server presented a well-formed certificate that does not chain to the mesh CA: its
+/// holder belongs to another mesh. Carried inside the handshake's error to the dialer, which
+/// reports it as [`crate::DialError::ForeignMesh`] (a node then tells its operator how to bring
+/// the other node in).
+#[derive(Debug, thiserror::Error)]
+#[error("certificate of `{}` is not from this mesh's CA ({cause})", .presented.common_name.as_deref().unwrap_or("?"))]
+pub(crate) struct ForeignCertificate {
+    /// Who the certificate says its holder is.
+    pub(crate) presented: CertIdentity,
+    /// What the chain check said (an unknown issuer, or a signature the CA did not make).
+    cause: rustls::CertificateError,
+}
+
+impl ServerCertVerifier for MeshServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.verify_chain(end_entity, intermediates, server_name, ocsp_response, now) {
+            // Another CA's certificate (all our CAs share the subject `agentmesh CA`, so a
+            // foreign one can also fail as a bad signature): say who presented it. The TLS alert
+            // becomes `certificate_unknown` instead of `unknown_ca`; the connection fails the same.
+            Err(rustls::Error::InvalidCertificate(
+                cause @ (rustls::CertificateError::UnknownIssuer
+                | rustls::CertificateError::BadSignature),
+            )) => match CertIdentity::from_der(end_entity) {
+                Ok(presented) => Err(rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::Other(rustls::OtherError(Arc::new(
+                        ForeignCertificate { presented, cause },
+                    ))),
+                )),
+                Err(_) => Err(rustls::Error::InvalidCertificate(cause)),
+            },
             other => other,
         }
     }

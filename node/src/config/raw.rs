@@ -234,8 +234,12 @@ pub struct RawMemory {
 pub struct RawHttp {
     /// Address to listen on. Default: `127.0.0.1:7780` (the next free port up to 7790).
     pub listen: Option<String>,
-    /// Bearer keys; when set, `/v1/*` requests need one. Default: none (no authentication).
+    /// Bearer keys; when set, `/v1/*` requests need one. Default: none (no authentication,
+    /// which a front door beyond loopback must accept with `allow_unauthenticated`).
     pub api_keys: Vec<String>,
+    /// Lets a front door listen beyond loopback without `api_keys`, open to anyone who can
+    /// reach it. Default: false (such a node refuses to start).
+    pub allow_unauthenticated: bool,
 }
 
 /// Command-line flags that override the file. Each is unset (or false) unless given.

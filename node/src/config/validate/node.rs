@@ -249,16 +249,34 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
             fallback: false,
         },
     };
-    if let Some(i) = raw
-        .api_keys
-        .iter()
-        .position(|k| k.len() < 8 || k.chars().any(char::is_whitespace))
-    {
-        return Err(origin.invalid(
-            &format!("http.api_keys[{i}]"),
-            "is shorter than 8 characters or contains spaces".into(),
-            "use long random keys, e.g. from `openssl rand -hex 24`",
-        ));
+    for (i, key) in raw.api_keys.iter().enumerate() {
+        if let Some(problem) = weak_api_key(key) {
+            return Err(origin.invalid(
+                &format!("http.api_keys[{i}]"),
+                problem.into(),
+                "make a key nobody can guess, e.g. with `openssl rand -hex 32`, and give it to the front door's clients",
+            ));
+        }
+    }
+    match (raw.api_keys.is_empty(), raw.allow_unauthenticated) {
+        (true, false) if !listen.addr.ip().is_loopback() => {
+            return Err(origin.invalid(
+                "http.api_keys",
+                format!(
+                    "is empty while http.listen is {}, which is not a loopback address: anyone who can reach it could use every model of the mesh",
+                    listen.addr
+                ),
+                "set http.api_keys (make each key with `openssl rand -hex 32`), listen on 127.0.0.1, or set http.allow_unauthenticated = true if everyone who can reach that address may use the front door",
+            ));
+        }
+        (false, true) => {
+            return Err(origin.invalid(
+                "http.allow_unauthenticated",
+                "is true while http.api_keys are also set".into(),
+                "choose one: remove http.allow_unauthenticated to require the keys, or remove http.api_keys",
+            ));
+        }
+        _ => {}
     }
     Ok(HttpConfig {
         listen,
@@ -266,12 +284,69 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
     })
 }
 
+/// The shortest API key accepted: 16 characters (64 bits of hex), so that a short password
+/// typed by hand is refused.
+const MIN_API_KEY_LEN: usize = 16;
+
+/// The words of placeholders that examples, tutorials and templates put where a key goes,
+/// compared with a key lowercased and stripped of everything but letters and digits. A key
+/// from `openssl rand -hex` (digits and a-f) never contains one; a random base64 key does once
+/// in about a billion.
+const PLACEHOLDER_WORDS: [&str; 9] = [
+    "changeme",
+    "replaceme",
+    "yourapikey",
+    "yourkey",
+    "apikeyhere",
+    "placeholder",
+    "secret",
+    "password",
+    "example",
+];
+
+/// Why `key` is no key to guard the front door with (too short, has whitespace, a known
+/// placeholder such as `changeme` or `sk-xxxx…`), or `None` for a key that looks random. Pure,
+/// so the rule is tested with a table.
+fn weak_api_key(key: &str) -> Option<&'static str> {
+    if key.chars().any(char::is_whitespace) {
+        return Some("contains whitespace");
+    }
+    if key.chars().count() < MIN_API_KEY_LEN {
+        return Some("is shorter than 16 characters");
+    }
+    let plain: String = key
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    if PLACEHOLDER_WORDS.iter().any(|word| plain.contains(word)) {
+        return Some(
+            "is a placeholder (a word such as `changeme`, `replace-me` or `secret`), not a key",
+        );
+    }
+    // `sk-xxxxxxxxxxxxxxxx`, `0000000000000000`: one character makes up more than half the key.
+    // A random hex key of 16 characters does so about twice in a million times, a longer one
+    // practically never.
+    let most_common = key
+        .chars()
+        .map(|c| key.chars().filter(|&d| d == c).count())
+        .max()
+        .unwrap_or(0);
+    if most_common * 2 > key.chars().count() {
+        return Some("repeats one character for more than half its length, like a placeholder");
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::config::{raw::RawConfig, validate::tests::parse};
+    use crate::config::{
+        raw::RawConfig,
+        validate::tests::{err, parse},
+    };
 
     #[test]
     fn the_front_door_listens_on_loopback_unless_an_address_is_given() {
@@ -300,11 +375,72 @@ mod tests {
         assert!(config.listen.addr.ip().is_unspecified());
         assert_eq!(config.http.listen.addr, loopback);
         // Only an explicit address leaves loopback.
-        let http = parse("[http]\nlisten = \"0.0.0.0:7780\"\n")
+        let http = parse("[http]\nlisten = \"0.0.0.0:7780\"\nallow_unauthenticated = true\n")
             .expect("valid")
             .http;
         assert!(http.listen.addr.ip().is_unspecified());
         assert!(!http.listen.fallback);
+    }
+
+    #[test]
+    fn a_front_door_beyond_loopback_needs_keys_or_explicit_permission() {
+        let key = "3c1f9e0a7b5d2c8e4f6a1b0d9c7e5f3a";
+        for listen in ["0.0.0.0:7780", "192.168.1.20:7780", "[::]:7780"] {
+            let open = format!("[http]\nlisten = \"{listen}\"\n");
+            let message = err(&open);
+            assert!(message.contains("`http.api_keys` is empty"), "{message}");
+            assert!(message.contains(listen), "{message}");
+            assert!(message.contains("http.allow_unauthenticated"), "{message}");
+            assert!(message.contains("openssl rand -hex 32"), "{message}");
+            parse(&format!("{open}api_keys = [\"{key}\"]\n")).expect("keys guard it");
+            parse(&format!("{open}allow_unauthenticated = true\n")).expect("allowed");
+        }
+        for loopback in ["127.0.0.1:7780", "127.0.0.1:0", "[::1]:7780"] {
+            parse(&format!("[http]\nlisten = \"{loopback}\"\n")).expect("loopback is fine");
+        }
+        let both = format!("[http]\napi_keys = [\"{key}\"]\nallow_unauthenticated = true\n");
+        let message = err(&both);
+        assert!(
+            message.contains("`http.allow_unauthenticated`"),
+            "{message}"
+        );
+        assert!(message.contains("choose one"), "{message}");
+    }
+
+    #[test]
+    fn weak_api_keys_are_refused_by_index_with_how_to_make_one() {
+        let table = [
+            ("changeme", Some("shorter than 16")),
+            ("0123456789abcde", Some("shorter than 16")),
+            ("two words here, long", Some("whitespace")),
+            ("changeme-changeme-1", Some("placeholder")),
+            ("CHANGE-ME-please-now", Some("placeholder")),
+            ("REPLACE-ME-with-openssl-rand-hex-24", Some("placeholder")),
+            ("your-api-key-goes-here", Some("placeholder")),
+            ("my-super-secret-key", Some("placeholder")),
+            ("password1234567890", Some("placeholder")),
+            ("example-key-0123456789", Some("placeholder")),
+            ("sk-xxxxxxxxxxxxxxxxxxxx", Some("repeats one character")),
+            ("0000000000000000", Some("repeats one character")),
+            ("0123456789abcdef", None),
+            ("test-key-0123456789", None),
+            ("3c1f9e0a7b5d2c8e4f6a1b0d9c7e5f3a", None),
+            ("sk-proj-Qm9uZXlCYWRnZXJUb2tlbg", None),
+        ];
+        for (key, expected) in table {
+            let problem = weak_api_key(key);
+            match expected {
+                None => assert_eq!(problem, None, "{key}"),
+                Some(part) => assert!(
+                    problem.is_some_and(|p| p.contains(part)),
+                    "{key}: {problem:?}, expected {part:?}"
+                ),
+            }
+        }
+        let message =
+            err("[http]\napi_keys = [\"3c1f9e0a7b5d2c8e4f6a1b0d9c7e5f3a\", \"changeme\"]\n");
+        assert!(message.contains("`http.api_keys[1]`"), "{message}");
+        assert!(message.contains("openssl rand -hex 32"), "{message}");
     }
 
     #[test]

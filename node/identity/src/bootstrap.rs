@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::{
     CertRole, TlsError,
-    ca::{CA_CERT_FILE, ca_init, issue},
+    ca::{CA_CERT_FILE, CA_KEY_FILE, ca_init, issue},
     tls::TlsFiles,
 };
 
@@ -53,6 +53,9 @@ pub fn cli_files(data_dir: &Path) -> TlsFiles {
 /// The files of node `name` in its zero-config CA under `data_dir`, creating on first use the
 /// CA, the node's certificate and the local `mesh-cli`'s certificate. The flag says whether the
 /// CA was created just now (the node tells its operator how to add devices).
+///
+/// A node that joined with a token holds the CA certificate without its key: it can issue
+/// nothing, so it uses the certificate it joined with and makes no `mesh-cli` certificate.
 pub fn bootstrap(data_dir: &Path, name: &str) -> Result<(TlsFiles, bool), TlsError> {
     let dir = tls_dir(data_dir);
     let files = files_of(&dir, name);
@@ -60,11 +63,39 @@ pub fn bootstrap(data_dir: &Path, name: &str) -> Result<(TlsFiles, bool), TlsErr
     if created {
         ca_init(&dir)?;
     }
+    let has_key = ca_key(data_dir).exists();
     if !files.cert.exists() {
+        if !has_key {
+            return Err(TlsError::NoCaKey {
+                dir,
+                name: name.to_owned(),
+            });
+        }
         issue(&dir, name, &[], CertRole::Node)?;
     }
-    if !cli_files(data_dir).cert.exists() {
+    if has_key && !cli_files(data_dir).cert.exists() {
         issue(&dir, CLI_CERT_NAME, &[], CertRole::Client)?;
     }
     Ok((files, created))
+}
+
+/// The zero-config CA key; a node whose data dir holds it is an issuer.
+pub fn ca_key(data_dir: &Path) -> PathBuf {
+    tls_dir(data_dir).join(CA_KEY_FILE)
+}
+
+/// The file in `<data_dir>/tls` naming the issuer a joined node got its certificate from.
+const ISSUER_FILE: &str = "issuer.addr";
+
+/// Remembers `issuer` (`host:port`) as the node's way back into the mesh after a join.
+pub fn remember_issuer(data_dir: &Path, issuer: &str) -> Result<(), TlsError> {
+    let path = tls_dir(data_dir).join(ISSUER_FILE);
+    std::fs::write(&path, format!("{issuer}\n")).map_err(|e| TlsError::io("write", &path, e))
+}
+
+/// The issuer a joined node got its certificate from, which it dials at every start; `None`
+/// when the node did not join with a token.
+pub fn remembered_issuer(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(tls_dir(data_dir).join(ISSUER_FILE)).ok()?;
+    Some(text.trim().to_owned()).filter(|addr| !addr.is_empty() && addr.len() <= 255)
 }

@@ -4,7 +4,7 @@
 
 use std::{
     path::Path,
-    process::{Command, Output, Stdio},
+    process::{Command, Stdio},
     sync::Arc,
     time::Duration,
 };
@@ -40,23 +40,31 @@ fn create_token(h: &Harness, issuer: &NodeProcess, args: &[&str]) -> String {
         .to_owned()
 }
 
-/// `mesh-node --join TOKEN` on a fresh data dir, expected to fail: its output.
-fn join_fails(dir: &Path, token: &str) -> Output {
-    let output = Command::new(bin("mesh-node"))
+/// `mesh-node --join TOKEN` on a fresh data dir, expected to fail: its stderr. A node that
+/// joins instead runs until killed, so it is given a deadline.
+fn join_fails(dir: &Path, token: &str) -> String {
+    let stderr = dir.join("stderr");
+    let mut child = Command::new(bin("mesh-node"))
         .args(["--name", "newcomer", "--listen", "127.0.0.1:0", "--no-mdns"])
         .arg("--data-dir")
         .arg(dir)
         .args(["--join", token])
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+        .spawn()
         .expect("run mesh-node");
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "must fail: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
+    let exited = wait_for("mesh-node --join to give up", DEADLINE, || {
+        child.try_wait().ok().flatten()
+    });
+    let text = std::fs::read_to_string(&stderr).unwrap_or_default();
+    let Ok(status) = exited else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("mesh-node joined instead of refusing the token:\n{text}");
+    };
+    assert_eq!(status.code(), Some(1), "must fail: {text}");
+    text
 }
 
 fn metrics(node: &NodeProcess) -> String {
@@ -125,8 +133,7 @@ fn a_node_joins_with_a_token_and_rejoins_without_it_and_the_token_is_then_used_u
 
     // A one-use token is now used up: another device is refused, saying so.
     let fresh = tempfile::tempdir().expect("tempdir");
-    let output = join_fails(fresh.path(), &token);
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = join_fails(fresh.path(), &token);
     assert!(stderr.contains("already been used"), "{stderr}");
     assert!(!fresh.path().join("tls").join("newcomer.pem").exists());
 }
@@ -149,8 +156,7 @@ fn an_expired_token_is_refused_saying_so() {
         issuer: alpha.addr.clone(),
     };
     let fresh = tempfile::tempdir().expect("tempdir");
-    let output = join_fails(fresh.path(), &token.to_string());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = join_fails(fresh.path(), &token.to_string());
     assert!(stderr.contains("expired"), "{stderr}");
     assert!(
         metrics(&alpha).contains(r#"agentmesh_join_redemptions_total{outcome="expired"} 1"#),
@@ -175,15 +181,14 @@ fn a_token_pinning_another_ca_is_refused_before_its_secret_is_sent() {
     let token = String::from_utf8(output.stdout).expect("utf-8");
 
     let fresh = tempfile::tempdir().expect("tempdir");
-    let output = join_fails(fresh.path(), token.trim());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("secret was not sent"), "{stderr}");
+    let stderr = join_fails(fresh.path(), token.trim());
     // alpha never saw a redemption attempt (a malformed, forged or any other one would count).
     let metrics = metrics(&alpha);
     assert!(
         !metrics.contains("agentmesh_join_redemptions_total{"),
         "{metrics}"
     );
+    assert!(stderr.contains("secret was not sent"), "{stderr}");
 }
 
 #[test]
@@ -205,7 +210,7 @@ fn a_malformed_token_or_one_for_a_client_is_refused_with_what_to_do() {
     );
 
     let client = create_token(&h, &alpha, &["--role", "client"]);
-    let stderr = String::from_utf8_lossy(&join_fails(fresh.path(), &client).stderr).into_owned();
+    let stderr = join_fails(fresh.path(), &client);
     assert!(stderr.contains("mesh-cli join TOKEN"), "{stderr}");
 }
 

@@ -99,3 +99,48 @@ pub fn remembered_issuer(data_dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(tls_dir(data_dir).join(ISSUER_FILE)).ok()?;
     Some(text.trim().to_owned()).filter(|addr| !addr.is_empty() && addr.len() <= 255)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_joined_node_uses_its_certificate_and_refuses_another_name() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let dir = tls_dir(data.path());
+        // What a join leaves: the CA certificate without its key, and the node's files.
+        let ca = tempfile::tempdir().expect("tempdir");
+        ca_init(ca.path()).expect("ca");
+        let (cert, key) = issue(ca.path(), "beta", &[], CertRole::Node).expect("issue");
+        std::fs::create_dir_all(&dir).expect("dir");
+        for (from, to) in [
+            (ca.path().join(CA_CERT_FILE), dir.join(CA_CERT_FILE)),
+            (cert, dir.join("beta.pem")),
+            (key, dir.join("beta.key")),
+        ] {
+            std::fs::copy(from, to).expect("copy");
+        }
+        let (files, created) = bootstrap(data.path(), "beta").expect("joined files");
+        assert!(!created);
+        assert_eq!(files.cert, dir.join("beta.pem"));
+        assert!(
+            !cli_files(data.path()).cert.exists(),
+            "no key to issue one with"
+        );
+        let err = bootstrap(data.path(), "gamma").expect_err("no certificate for gamma");
+        assert!(matches!(err, TlsError::NoCaKey { .. }), "{err}");
+        assert!(err.to_string().contains("--name"), "{err}");
+    }
+
+    #[test]
+    fn the_issuer_is_remembered() {
+        let data = tempfile::tempdir().expect("tempdir");
+        assert_eq!(remembered_issuer(data.path()), None);
+        std::fs::create_dir_all(tls_dir(data.path())).expect("dir");
+        remember_issuer(data.path(), "10.0.0.7:7700").expect("remember");
+        assert_eq!(
+            remembered_issuer(data.path()).as_deref(),
+            Some("10.0.0.7:7700")
+        );
+    }
+}

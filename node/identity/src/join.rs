@@ -507,8 +507,15 @@ pub async fn join_node(
     let files = bootstrap::files_of(&dir, name);
     if files.ca.exists() {
         let held = fingerprint_of(&files.ca)?;
-        if held == token.ca_fingerprint && files.cert.exists() {
-            return Ok(NodeJoin::AlreadyMember);
+        if held == token.ca_fingerprint {
+            if files.cert.exists() {
+                return Ok(NodeJoin::AlreadyMember);
+            }
+            return Err(TlsError::NoCaKey {
+                dir,
+                name: name.to_owned(),
+            }
+            .into());
         }
         return Err(JoinError::OtherMesh {
             dir,

@@ -17,6 +17,7 @@ use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
 
 mod cron;
+mod join;
 mod memory;
 mod tasks;
 
@@ -92,6 +93,19 @@ enum Command {
     /// Manage the mesh certificate authority.
     #[command(subcommand)]
     Ca(CaCommand),
+    /// Join tokens: add a device to the mesh with one line instead of certificate files.
+    #[command(subcommand)]
+    Token(join::TokenCommand),
+    /// Get this operator's mesh-cli certificate with a client token (`mesh-cli token create
+    /// --role client`): writes ca.pem, mesh-cli.pem and mesh-cli.key (owner-only) into the
+    /// operator's config dir (e.g. ~/.config/agentmesh).
+    Join {
+        /// The token, `agentmesh-join:…`.
+        token: String,
+        /// The name in the certificate. Default: `<host name>-cli`.
+        #[arg(long)]
+        name: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -182,6 +196,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tasks(args) => tasks::tasks(&cli.conn, args).await,
         Command::Memory(command) => memory::run(&cli.conn, command).await,
         Command::Cron(command) => cron::run(&cli.conn, command).await,
+        Command::Token(join::TokenCommand::Create(args)) => join::create(args),
+        Command::Join { token, name } => join::join(&token, name).await,
         Command::Ca(CaCommand::Init { dir }) => {
             let (cert, key) = ca::ca_init(&dir)?;
             println!(

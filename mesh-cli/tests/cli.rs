@@ -184,3 +184,48 @@ fn ca_issue_install_writes_the_operators_files_privately_and_never_overwrites() 
     assert_eq!(node.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&node.stderr).contains("--role client"));
 }
+
+#[test]
+fn token_create_finds_the_local_ca_and_node_and_bounds_what_it_makes() {
+    let home = tempfile::tempdir().expect("tempdir");
+    // A zero-config node's layout in the default data dir.
+    let data = home.path().join("data").join("agentmesh");
+    mesh_identity::ca::ca_init(&data.join("tls")).expect("ca");
+    std::fs::write(data.join("node.addr"), "127.0.0.1:7755\n").expect("addr");
+
+    let made = mesh_cli(&["token", "create", "--json", "--uses", "3"], home.path());
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let made: serde_json::Value = serde_json::from_slice(&made.stdout).expect("json");
+    assert_eq!(made["issuer"], "127.0.0.1:7755");
+    assert_eq!(made["role"], "node");
+    assert_eq!(made["uses"], 3);
+    let token: mesh_identity::join::JoinToken = made["token"]
+        .as_str()
+        .expect("token")
+        .parse()
+        .expect("a token");
+    assert_eq!(
+        token.ca_fingerprint,
+        mesh_identity::join::fingerprint_of(&data.join("tls").join("ca.pem")).expect("fp")
+    );
+
+    for (args, says) in [
+        (&["token", "create", "--ttl", "8d"][..], "--ttl"),
+        (&["token", "create", "--uses", "0"][..], "--uses"),
+        (&["token", "create", "--issuer", "no-port"][..], "--issuer"),
+    ] {
+        let out = mesh_cli(args, home.path());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    // Without a node address to go by, it asks for --issuer.
+    std::fs::remove_file(data.join("node.addr")).expect("rm");
+    let out = mesh_cli(&["token", "create"], home.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--issuer HOST:PORT"));
+}

@@ -20,7 +20,8 @@
 //! 3. [`admission`] (the one door: whether and where a task or chat runs), [`chat`] (model
 //!    chains with fall-through, chats on peers through `RemoteChat`), [`agent`] (the tools loop,
 //!    the supervisor, the tool table; reports through `EventSink`), [`cron`] (schedules; fires
-//!    through `Runner`).
+//!    through `Runner`), [`issuer`] (redeems join tokens for certificates on a node with the CA
+//!    key).
 //! 4. [`tasks`] (the task manager: queue, workers, events, history, forwarding through
 //!    `Forwarder`).
 //! 5. [`rpc`] and [`http`]: the edges, protobuf and JSON in, domain types out; they implement
@@ -45,6 +46,7 @@ pub mod config;
 pub mod cron;
 pub mod discovery;
 pub mod http;
+pub mod issuer;
 pub mod llm;
 pub mod memory;
 pub mod metrics;

@@ -3,8 +3,9 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, ValueEnum};
+use mesh_identity::join::{JoinToken, NodeJoin, join_node};
 use mesh_node::{
-    config::{Config, Overrides},
+    config::{Config, Overrides, TlsMode},
     server::{self, Node, StartError},
 };
 
@@ -46,6 +47,18 @@ struct Args {
     /// Allow --insecure on a non-loopback address.
     #[arg(long, requires = "insecure")]
     insecure_allow_remote: bool,
+    /// Join a mesh with a token from `mesh-cli token create --role node` (run where the CA key
+    /// is): generates this node's key here, gets its certificate from the issuer the token
+    /// names (checking that issuer's CA against the token's pin first), stores both in
+    /// `<data-dir>/tls`, and starts. Later starts need no token; with one again it does nothing
+    /// when the data dir already belongs to that mesh.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "MESH_JOIN_TOKEN",
+        hide_env_values = true
+    )]
+    join: Option<String>,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human, env = "MESH_LOG_FORMAT")]
     log_format: LogFormat,
@@ -78,6 +91,24 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let join = match args
+        .join
+        .as_deref()
+        .map(str::parse::<JoinToken>)
+        .transpose()
+    {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("error: --join: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if join.is_some() && config.tls != TlsMode::Bootstrap {
+        eprintln!(
+            "error: --join stores the certificate it gets in <data dir>/tls, but the configuration names certificate files (tls.ca, tls.cert, tls.key, or tls.insecure): remove them to join with a token"
+        );
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -85,7 +116,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config)) {
+    match runtime.block_on(run(config, join)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -98,7 +129,17 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(config: Config, join: Option<JoinToken>) -> anyhow::Result<()> {
+    if let Some(token) = join {
+        match join_node(&config.data_dir, &config.name, &token).await? {
+            NodeJoin::Joined => {
+                tracing::info!(issuer = %token.issuer, name = %config.name, "joined the mesh")
+            }
+            NodeJoin::AlreadyMember => tracing::info!(
+                "this data dir already holds a certificate from the token's mesh; --join does nothing"
+            ),
+        }
+    }
     let listener = server::bind(config.listen).await?;
     let node = Node::start(config, listener).await?;
     wait_for_signal().await?;

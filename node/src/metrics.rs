@@ -40,6 +40,8 @@ pub struct Metrics {
     pub lag_seconds: Family<Labels, FloatGauge>,
     /// Decode speed per local model, tokens/s (set at scrape).
     pub tokens_per_second: Family<Labels, FloatGauge>,
+    /// Join-token redemptions on this issuer, by outcome (`issued`, or why one was refused).
+    pub join_redemptions: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -97,8 +99,15 @@ impl Metrics {
             "Measured decode speed of each model on this node",
             tokens_per_second.clone(),
         );
+        let join_redemptions = Family::default();
+        registry.register(
+            "join_redemptions",
+            "Join-token redemptions on this issuer: outcome=issued, or why one was refused (malformed, forged, expired, used_up, busy, store)",
+            join_redemptions.clone(),
+        );
         Self {
             registry,
+            join_redemptions,
             tasks,
             routing,
             http_requests,

@@ -15,7 +15,10 @@ use std::{
 };
 
 use mesh_domain::{HealthStatus, NodeId};
-use mesh_identity::{CertRole, Dialer, MeshTls, TlsError, TlsFiles, bootstrap, ca};
+use mesh_identity::{
+    CertRole, Dialer, MeshTls, TlsError, TlsFiles, bootstrap,
+    ca::{self, CaSigner},
+};
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -29,12 +32,15 @@ use crate::{
     cron::Scheduler,
     discovery::{Advert, Discovery, Mdns, StaticPeers},
     http::{self, FrontDoor},
+    issuer::Issuer,
     llm::ModelRegistry,
     memory::{self, Memory, MemoryOptions},
     peers::{Hello, Membership, PeerTable},
     rpc::{
         NodeLink, NodeService, PeerChannels,
         cron::CronService,
+        gate::CertificateGateLayer,
+        join::JoinService,
         memory::{MemoryService, RemoteMemory},
         models::{ModelsService, RemoteModels},
         tasks::{RemoteTasks, TasksService},
@@ -185,6 +191,7 @@ impl Node {
             TlsMode::Mtls(files) => load_tls(files)?,
             TlsMode::Bootstrap => load_tls(&bootstrap_tls(&config.data_dir, &config.name)?)?,
         };
+        let issuer_ca = issuer_ca(&config)?;
 
         let caps = Arc::new(Capabilities::new(
             &config,
@@ -223,11 +230,18 @@ impl Node {
         );
         background_tasks.spawn(membership.run(events_rx, background.child_token()));
 
+        let mut static_peers = config.discovery.static_peers.clone();
+        // A node that joined with a token dials its issuer at every start, so it finds its
+        // mesh again where mDNS does not reach.
+        if config.tls == TlsMode::Bootstrap
+            && let Some(issuer) = bootstrap::remembered_issuer(&config.data_dir)
+            && !static_peers.contains(&issuer)
+        {
+            static_peers.push(issuer);
+        }
         let mut sources: Vec<Box<dyn Discovery>> = Vec::new();
-        if !config.discovery.static_peers.is_empty() {
-            sources.push(Box::new(StaticPeers::new(
-                config.discovery.static_peers.clone(),
-            )));
+        if !static_peers.is_empty() {
+            sources.push(Box::new(StaticPeers::new(static_peers)));
         }
         if config.discovery.mdns {
             let advert = Advert {
@@ -269,6 +283,11 @@ impl Node {
         })?;
         let store =
             Arc::new(SledStore::new(db).with_floor(config.data_dir.clone(), config.min_free_disk));
+        let issuer = issuer_ca.map(|ca| {
+            tracing::info!("this node is an issuer: add a device with `mesh-cli token create`, then `mesh-node --join TOKEN` on it");
+            let store: Arc<dyn Store> = store.clone();
+            Arc::new(Issuer::new(ca, store))
+        });
         let channels = PeerChannels::new(dialer.clone());
         let (memory, memory_writes) = Memory::open(
             store.clone(),
@@ -398,8 +417,10 @@ impl Node {
             .http2_keepalive_timeout(Some(Duration::from_secs(2)))
             .tcp_nodelay(true);
         if let Some(tls) = &mesh_tls {
-            builder = builder.tls_config(tls.server_config())?;
+            builder = builder.tls_config(tls.server_config(issuer.is_some()))?;
         }
+        // In front of every service: a caller without a certificate reaches `Join` only.
+        let mut builder = builder.layer(CertificateGateLayer::new(mesh_tls.is_some()));
         // The OpenAI-compatible front door; a node without one still serves the mesh.
         let chat = Arc::new(ChatService::new(
             models.clone(),
@@ -450,7 +471,8 @@ impl Node {
             .add_service(
                 CronService::new(scheduler, admission.clone(), mesh_tls.is_some()).into_server(),
             )
-            .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server());
+            .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server())
+            .add_optional_service(issuer.map(|issuer| JoinService::new(issuer).into_server()));
         let stop = serve.clone();
         // `serve_with_incoming` ignores the builder's TCP options, so set them on the incoming
         // side; without TCP_NODELAY a streamed event can wait out a delayed ACK (~40 ms).
@@ -578,6 +600,24 @@ fn check_persona_tools(config: &Config, tools: &ToolRegistry) -> Result<(), Conf
     Ok(())
 }
 
+/// The CA this node signs join-token certificates with, if it is an issuer: `tls.ca_key` with
+/// the configured CA, or a zero-config node's own CA when its key is in the data dir.
+fn issuer_ca(config: &Config) -> Result<Option<CaSigner>, StartError> {
+    let (ca, key) = match (&config.tls, &config.ca_key) {
+        (TlsMode::Mtls(files), Some(key)) => (files.ca.clone(), key.clone()),
+        (TlsMode::Bootstrap, _) => (
+            bootstrap::tls_dir(&config.data_dir).join(ca::CA_CERT_FILE),
+            bootstrap::ca_key(&config.data_dir),
+        ),
+        _ => return Ok(None),
+    };
+    if config.tls == TlsMode::Bootstrap && !key.exists() {
+        // A node that joined with a token holds no CA key.
+        return Ok(None);
+    }
+    Ok(Some(CaSigner::load(&ca, &key)?))
+}
+
 fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), StartError> {
     let tls = MeshTls::load(files)?;
     match tls.identity().role {
@@ -602,7 +642,7 @@ fn bootstrap_tls(data_dir: &Path, name: &str) -> Result<TlsFiles, StartError> {
     let (files, created) = bootstrap::bootstrap(data_dir, name)?;
     if created {
         let dir = bootstrap::tls_dir(data_dir);
-        tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add nodes, issue their certificates with `mesh-cli ca issue --dir {} --role node --name NAME`", dir.display());
+        tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add a device, run `mesh-cli token create` here and `mesh-node --join TOKEN` there");
     }
     Ok(files)
 }

@@ -290,6 +290,13 @@ pub struct NodeOptions {
     /// harness's client certificate (the tests' operator) may run any tier; tests of the caps
     /// set their own.
     pub security: String,
+    /// Holds the harness CA's key (`tls.ca_key`): an issuer of join tokens.
+    pub issuer: bool,
+    /// Starts with `--join TOKEN`.
+    pub join: Option<String>,
+    /// No certificate files: the node uses the zero-config layout `<data_dir>/tls` (where a
+    /// join stores its certificate).
+    pub zero_config_tls: bool,
 }
 
 impl NodeOptions {
@@ -307,7 +314,29 @@ impl NodeOptions {
             wrapper: Vec::new(),
             http_keys: Vec::new(),
             security: "client_max_tier = \"shell\"\n".into(),
+            issuer: false,
+            join: None,
+            zero_config_tls: false,
         }
+    }
+
+    /// Makes the node an issuer: it holds the harness CA's key and redeems join tokens.
+    pub fn issuer(mut self) -> Self {
+        self.issuer = true;
+        self
+    }
+
+    /// Starts the node with `--join TOKEN` instead of certificates from the harness CA.
+    pub fn join(mut self, token: &str) -> Self {
+        self.join = Some(token.into());
+        self.zero_config_tls = true;
+        self
+    }
+
+    /// Starts the node with the certificates in its data dir (after a join), not the harness's.
+    pub fn zero_config_tls(mut self) -> Self {
+        self.zero_config_tls = true;
+        self
     }
 
     /// Sets the `[security]` table (TOML lines), replacing the default.
@@ -508,9 +537,10 @@ impl Harness {
 
     /// Writes `<name>.toml` and starts the node, returning once it listens.
     pub fn spawn(&self, options: NodeOptions) -> anyhow::Result<NodeProcess> {
-        let tls = match options.tls.clone() {
-            Some(tls) => tls,
-            None => self.issue(&options.name)?,
+        let tls = match &options.tls {
+            _ if options.zero_config_tls => None,
+            Some(tls) => Some(tls.clone()),
+            None => Some(self.issue(&options.name)?),
         };
         let data_dir = self.path().join(format!("data-{}", options.name));
         let _ = fs::remove_file(data_dir.join("node.addr"));
@@ -526,11 +556,16 @@ impl Harness {
             "[discovery]\nmdns = {}\nstatic_peers = {:?}\n",
             options.mdns, options.static_peers
         )?;
-        writeln!(
-            config,
-            "[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
-            tls.ca, tls.cert, tls.key
-        )?;
+        if let Some(tls) = &tls {
+            writeln!(
+                config,
+                "[tls]\nca = {:?}\ncert = {:?}\nkey = {:?}",
+                tls.ca, tls.cert, tls.key
+            )?;
+            if options.issuer {
+                writeln!(config, "ca_key = {:?}", self.ca_dir.join(ca::CA_KEY_FILE))?;
+            }
+        }
         writeln!(
             config,
             "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n",
@@ -554,6 +589,7 @@ impl Harness {
         cmd.arg("--config")
             .arg(&config_path)
             .args(["--log-format", "json"])
+            .args(options.join.iter().flat_map(|token| ["--join", token]))
             .env(
                 "RUST_LOG",
                 std::env::var("MESH_TEST_LOG").unwrap_or_else(|_| "info,mesh_node=debug".into()),

@@ -348,7 +348,7 @@ impl ImpostorServer {
             claimed: claimed.to_owned(),
             forging: forging.clone(),
         };
-        let server_tls = tls.server_config();
+        let server_tls = tls.server_config(false);
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {

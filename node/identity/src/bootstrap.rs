@@ -11,7 +11,7 @@ use std::{
 
 use crate::{
     CertRole, TlsError,
-    ca::{CA_CERT_FILE, ca_init, issue, issue_at},
+    ca::{CA_CERT_FILE, CA_KEY_FILE, ca_init, issue, issue_at},
     cert::CertIdentity,
     pem::{pem_certs, read, write_new},
     tls::TlsFiles,
@@ -113,6 +113,9 @@ pub fn cli_files(data_dir: &Path) -> TlsFiles {
 /// The files of node `name` in its zero-config CA under `data_dir`, creating on first use the
 /// CA, the node's certificate and the local `mesh-cli`'s certificate. The flag says whether the
 /// CA was created just now (the node tells its operator how to add devices).
+///
+/// A node that joined with a token holds the CA certificate without its key: it can issue
+/// nothing, so it uses the certificate it joined with and makes no `mesh-cli` certificate.
 pub fn bootstrap(data_dir: &Path, name: &str) -> Result<(TlsFiles, bool), TlsError> {
     let dir = tls_dir(data_dir);
     let files = files_of(&dir, name);
@@ -120,11 +123,18 @@ pub fn bootstrap(data_dir: &Path, name: &str) -> Result<(TlsFiles, bool), TlsErr
     if created {
         ca_init(&dir)?;
     }
+    let has_key = ca_key(data_dir).exists();
     if !files.cert.exists() {
+        if !has_key {
+            return Err(TlsError::NoCaKey {
+                dir,
+                name: name.to_owned(),
+            });
+        }
         issue(&dir, name, &[], CertRole::Node)?;
     }
     let cli = cli_files(data_dir);
-    if cli.cert.exists() && is_legacy(&cli.cert)? {
+    if has_key && cli.cert.exists() && is_legacy(&cli.cert)? {
         // Made before certificates had roles: as a legacy certificate it would be capped by
         // both tier settings. It is this machine's own and nothing else knows its id, so it
         // is set aside and issued again, as a client.
@@ -134,7 +144,7 @@ pub fn bootstrap(data_dir: &Path, name: &str) -> Result<(TlsFiles, bool), TlsErr
             std::fs::rename(path, &aside).map_err(|e| TlsError::io("set aside", path, e))?;
         }
     }
-    if !cli.cert.exists() {
+    if has_key && !cli.cert.exists() {
         issue(&dir, CLI_CERT_NAME, &[], CertRole::Client)?;
     }
     Ok((files, created))
@@ -150,10 +160,31 @@ fn is_legacy(path: &Path) -> Result<bool, TlsError> {
     Ok(identity.role.is_none())
 }
 
+/// The zero-config CA key; a node whose data dir holds it is an issuer.
+pub fn ca_key(data_dir: &Path) -> PathBuf {
+    tls_dir(data_dir).join(CA_KEY_FILE)
+}
+
+/// The file in `<data_dir>/tls` naming the issuer a joined node got its certificate from.
+const ISSUER_FILE: &str = "issuer.addr";
+
+/// Remembers `issuer` (`host:port`) as the node's way back into the mesh after a join.
+pub fn remember_issuer(data_dir: &Path, issuer: &str) -> Result<(), TlsError> {
+    let path = tls_dir(data_dir).join(ISSUER_FILE);
+    std::fs::write(&path, format!("{issuer}\n")).map_err(|e| TlsError::io("write", &path, e))
+}
+
+/// The issuer a joined node got its certificate from, which it dials at every start; `None`
+/// when the node did not join with a token.
+pub fn remembered_issuer(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(tls_dir(data_dir).join(ISSUER_FILE)).ok()?;
+    Some(text.trim().to_owned()).filter(|addr| !addr.is_empty() && addr.len() <= 255)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{MeshTls, ca::CA_KEY_FILE};
+    use crate::MeshTls;
 
     /// Regression: after the upgrade to certificate roles, a zero-config node kept the local
     /// `mesh-cli` certificate it had made before, which has no role, so the operator on the
@@ -251,5 +282,45 @@ mod tests {
         .expect_err("no CA");
         assert!(err.to_string().contains("ca.pem"), "{err}");
         assert!(!dir.path().join("cfg").exists(), "nothing created");
+    }
+
+    #[test]
+    fn a_joined_node_uses_its_certificate_and_refuses_another_name() {
+        let data = tempfile::tempdir().expect("tempdir");
+        let dir = tls_dir(data.path());
+        // What a join leaves: the CA certificate without its key, and the node's files.
+        let ca = tempfile::tempdir().expect("tempdir");
+        ca_init(ca.path()).expect("ca");
+        let (cert, key) = issue(ca.path(), "beta", &[], CertRole::Node).expect("issue");
+        std::fs::create_dir_all(&dir).expect("dir");
+        for (from, to) in [
+            (ca.path().join(CA_CERT_FILE), dir.join(CA_CERT_FILE)),
+            (cert, dir.join("beta.pem")),
+            (key, dir.join("beta.key")),
+        ] {
+            std::fs::copy(from, to).expect("copy");
+        }
+        let (files, created) = bootstrap(data.path(), "beta").expect("joined files");
+        assert!(!created);
+        assert_eq!(files.cert, dir.join("beta.pem"));
+        assert!(
+            !cli_files(data.path()).cert.exists(),
+            "no key to issue one with"
+        );
+        let err = bootstrap(data.path(), "gamma").expect_err("no certificate for gamma");
+        assert!(matches!(err, TlsError::NoCaKey { .. }), "{err}");
+        assert!(err.to_string().contains("--name"), "{err}");
+    }
+
+    #[test]
+    fn the_issuer_is_remembered() {
+        let data = tempfile::tempdir().expect("tempdir");
+        assert_eq!(remembered_issuer(data.path()), None);
+        std::fs::create_dir_all(tls_dir(data.path())).expect("dir");
+        remember_issuer(data.path(), "10.0.0.7:7700").expect("remember");
+        assert_eq!(
+            remembered_issuer(data.path()).as_deref(),
+            Some("10.0.0.7:7700")
+        );
     }
 }

@@ -16,10 +16,12 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
 
+use sha2::{Digest, Sha256};
+
 use crate::{
     CertRole, TlsError,
     cert::role_unit,
-    pem::{read, write_new},
+    pem::{pem_certs, read, write_new},
 };
 
 /// File names inside a CA directory.
@@ -62,10 +64,8 @@ pub fn ca_init(dir: &Path) -> Result<(PathBuf, PathBuf), TlsError> {
 }
 
 /// Issues `NAME.pem` / `NAME.key` in `dir`, signed by the CA in the same directory, for `role`
-/// (the subject's OU). A node certificate is valid as server and client certificate, with SANs
-/// `NAME`, `localhost`, `127.0.0.1`, `::1` and every extra `sans` entry (IP or DNS name); a
-/// client certificate only as a client certificate. The key is Ed25519 (fast to sign and verify
-/// the memory's records with).
+/// (the subject's OU; see `leaf_params` for names and usages; `sans` adds IPs or DNS names).
+/// The key is Ed25519 (fast to sign and verify the memory's records with).
 pub fn issue(
     dir: &Path,
     name: &str,
@@ -94,16 +94,116 @@ pub(crate) fn issue_at(
             return Err(TlsError::Exists(path.to_owned()));
         }
     }
-    let ca_pem = read(&dir.join(CA_CERT_FILE))?;
-    let ca_key = KeyPair::from_pem(&read(&dir.join(CA_KEY_FILE))?).map_err(|e| TlsError::Pem {
-        path: dir.join(CA_KEY_FILE),
-        reason: e.to_string(),
-    })?;
-    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(|e| TlsError::Pem {
-        path: dir.join(CA_CERT_FILE),
-        reason: e.to_string(),
-    })?;
+    let ca = CaSigner::load(&dir.join(CA_CERT_FILE), &dir.join(CA_KEY_FILE))?;
+    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+    let cert = leaf_params(name, sans, role)?.signed_by(&key, &ca.issuer)?;
 
+    write_new(cert_path, cert.pem().as_bytes(), false)?;
+    write_new(key_path, key.serialize_pem().as_bytes(), true)?;
+    Ok(())
+}
+
+/// The mesh CA loaded for signing: its certificate and private key. A node configured with
+/// `tls.ca_key` (an issuer) holds one to sign the certificates join tokens are redeemed for.
+pub struct CaSigner {
+    issuer: Issuer<'static, KeyPair>,
+    /// The CA certificate, PEM (what `Join.GetCa` answers).
+    ca_pem: String,
+    /// Hex SHA-256 of the CA certificate (DER): what a join token pins.
+    fingerprint: String,
+    /// The CA key, PKCS#8 DER: the input the join-token MAC key is derived from.
+    key_der: Vec<u8>,
+}
+
+impl std::fmt::Debug for CaSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaSigner")
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CaSigner {
+    /// Reads the CA certificate and its key, checking that they belong together.
+    pub fn load(ca_cert: &Path, ca_key: &Path) -> Result<Self, TlsError> {
+        let ca_pem = read(ca_cert)?;
+        let key = KeyPair::from_pem(&read(ca_key)?).map_err(|e| TlsError::Pem {
+            path: ca_key.to_owned(),
+            reason: e.to_string(),
+        })?;
+        // pem_certs refuses a file without a certificate, so there is a first one.
+        let der = pem_certs(ca_cert, &ca_pem)?.swap_remove(0);
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).map_err(|e| TlsError::Pem {
+            path: ca_cert.to_owned(),
+            reason: e.to_string(),
+        })?;
+        // A key that does not match the certificate would sign certificates nobody accepts.
+        if parsed.public_key().raw != key.subject_public_key_info().as_slice() {
+            return Err(TlsError::KeyMismatch {
+                path: ca_key.to_owned(),
+                reason: format!(
+                    "it is not the key of the CA certificate {}",
+                    ca_cert.display()
+                ),
+            });
+        }
+        let fingerprint = hex::encode(Sha256::digest(&der));
+        let key_der = key.serialize_der();
+        let issuer = Issuer::from_ca_cert_der(&der, key).map_err(|e| TlsError::Pem {
+            path: ca_cert.to_owned(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
+            issuer,
+            ca_pem,
+            fingerprint,
+            key_der,
+        })
+    }
+
+    /// The CA certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// Hex SHA-256 of the CA certificate (DER).
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The key join tokens are authenticated with, derived from the CA key.
+    pub fn token_key(&self) -> crate::join::TokenKey {
+        crate::join::TokenKey::derive(&self.key_der)
+    }
+
+    /// Signs the public key of `csr_pem` as `name` in `role`. Only the key is taken from the
+    /// request (after checking its signature, which proves the caller holds the key): subject,
+    /// names and usages are ours, so a request cannot ask for more than `role` gives.
+    pub fn sign_csr(&self, csr_pem: &str, name: &str, role: CertRole) -> Result<String, TlsError> {
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| TlsError::BadCsr(e.to_string()))?;
+        let cert = leaf_params(name, &[], role)?.signed_by(&csr.public_key, &self.issuer)?;
+        Ok(cert.pem())
+    }
+}
+
+/// A new Ed25519 key and a certificate signing request for it, PEM: what a joining device sends
+/// (the key never leaves it).
+pub fn new_key_and_csr(name: &str) -> Result<(KeyPair, String), TlsError> {
+    validate_cert_name(name)?;
+    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = distinguished_name(name);
+    let csr = params.serialize_request(&key)?;
+    Ok((key, csr.pem()?))
+}
+
+/// What the CA certifies for `name` in `role`: the subject (CN = name, OU = the role), the
+/// names and the usages. A node certificate is valid as server and client certificate, with SANs
+/// `NAME`, `localhost`, `127.0.0.1`, `::1` and every extra `sans` entry; a client certificate
+/// only as a client certificate.
+fn leaf_params(name: &str, sans: &[String], role: CertRole) -> Result<CertificateParams, TlsError> {
+    validate_cert_name(name)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = distinguished_name(name);
     params
@@ -134,14 +234,8 @@ pub(crate) fn issue_at(
         CertRole::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
     };
     set_validity(&mut params, CERT_VALIDITY_DAYS);
-    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
-    let cert = params.signed_by(&key, &issuer)?;
-
-    write_new(cert_path, cert.pem().as_bytes(), false)?;
-    write_new(key_path, key.serialize_pem().as_bytes(), true)?;
-    Ok(())
+    Ok(params)
 }
-
 /// Loads (or creates, on first start) the key that gives an insecure node a stable id.
 pub fn insecure_identity(data_dir: &Path) -> Result<NodeId, TlsError> {
     let path = data_dir.join("insecure-node.key");

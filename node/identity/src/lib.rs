@@ -10,7 +10,9 @@
 //!   verifier that accepts exactly the certificates of the mesh CA.
 //! - [`dial`]: opening gRPC channels to nodes over mTLS (or plain TCP) ([`Dialer`]).
 //! - [`bootstrap`]: the zero-config layout: the data dir, and the CA a node creates there on
-//!   first start with a certificate for the local `mesh-cli`.
+//!   first start with a certificate for the local `mesh-cli` (or the certificate it joined with).
+//! - [`join`]: join tokens (made and checked with a key derived from the CA key) and the
+//!   joiner's side of redeeming one: fetch the CA, check it against the token's pin, send a CSR.
 //!
 //! Both `mesh-node` and `mesh-cli` use this crate; it needs no C++ toolchain, no storage and no
 //! model backend, so the CLI builds on its own. It decides nothing about what a peer may do.
@@ -19,6 +21,7 @@ pub mod bootstrap;
 pub mod ca;
 pub mod cert;
 pub mod dial;
+pub mod join;
 mod pem;
 pub mod tls;
 
@@ -95,6 +98,17 @@ pub enum TlsError {
     /// A SAN that is neither an IP address nor a DNS name.
     #[error("invalid --san `{0}`: expected an IP address or a DNS name")]
     BadSan(String),
+    /// A certificate signing request that cannot be parsed or whose signature is wrong.
+    #[error("invalid certificate signing request: {0}")]
+    BadCsr(String),
+    /// A joined node's CA directory has no CA key and no certificate under the node's name.
+    #[error("{} holds a mesh CA without its key (this node joined with a token) and no certificate for `{name}`: start with the name it joined as (--name), or join with a new token into another --data-dir", dir.display())]
+    NoCaKey {
+        /// The CA directory.
+        dir: PathBuf,
+        /// The name the node was started with.
+        name: String,
+    },
     /// Key generation or signing failed.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),

@@ -145,21 +145,108 @@ impl MeshTls {
         &self.identity
     }
 
-    /// The server side: our certificate, and client certificates required from the mesh CA.
+    /// The server side: our certificate, and client certificates from the mesh CA. An issuer
+    /// (`certless_join`) also completes the handshake with a caller that presents no
+    /// certificate, so a joining device can reach `Join`; a certificate that is presented must
+    /// still chain to the mesh CA, and the node's certificate gate refuses every other service
+    /// to a caller without one.
     #[cfg(feature = "server")]
-    pub fn server_config(&self) -> tonic::transport::ServerTlsConfig {
+    pub fn server_config(&self, certless_join: bool) -> tonic::transport::ServerTlsConfig {
         tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(
                 &self.cert_pem,
                 &self.key_pem,
             ))
             .client_ca_root(tonic::transport::Certificate::from_pem(&self.ca_pem))
-            .client_auth_optional(false)
+            .client_auth_optional(certless_join)
     }
 
     /// A dialer that presents our certificate and accepts only servers from the mesh CA.
     pub fn dialer(&self) -> Dialer {
         Dialer::Tls(self.client.clone())
+    }
+}
+
+/// A client without a certificate that accepts only servers whose chain leads to `ca`: how a
+/// joining device talks to the issuer once it has checked the CA against its token's pin.
+pub(crate) fn pinned_server_client(
+    ca: CertificateDer<'static>,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca)?;
+    let verifier = MeshServerVerifier::new(Arc::new(roots))?;
+    let mut client = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(client))
+}
+
+/// A client without a certificate that accepts any server certificate. Used for one call only,
+/// `Join.GetCa`, whose answer the joiner checks against its token's pin before it sends anything
+/// else (see [`crate::join`]).
+pub(crate) fn any_server_client() -> Arc<ClientConfig> {
+    let mut client = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer))
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(client)
+}
+
+/// Accepts any server certificate, but still checks that the server holds its key (the
+/// handshake signatures), so the connection is at least private to whoever answered.
+#[derive(Debug)]
+struct AnyServer;
+
+impl ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

@@ -110,6 +110,10 @@ pub struct RawTls {
     pub cert: Option<PathBuf>,
     /// This node's private key (PEM). Default: none.
     pub key: Option<PathBuf>,
+    /// The mesh CA's private key (PEM); with it this node is an issuer: it redeems join tokens
+    /// for certificates. Needs `ca`, `cert` and `key`. Default: none (a zero-config node is an
+    /// issuer with the CA key in `<data_dir>/tls`).
+    pub ca_key: Option<PathBuf>,
     /// Plain TCP without authentication. For local experiments only. Default: false.
     pub insecure: bool,
     /// Allow `insecure` on a non-loopback address. Default: false.

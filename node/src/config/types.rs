@@ -30,6 +30,9 @@ pub struct Config {
     pub discovery: Discovery,
     /// `[tls]`: how peers authenticate each other.
     pub tls: TlsMode,
+    /// `tls.ca_key`: the mesh CA's private key, which makes this node an issuer (with
+    /// [`TlsMode::Mtls`] only; a zero-config node's own CA key is found at start).
+    pub ca_key: Option<PathBuf>,
     /// `resources.gpus`.
     pub gpus: Vec<GpuDecl>,
     /// `[[models]]`, or the zero-config embedded model.

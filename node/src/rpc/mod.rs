@@ -7,6 +7,8 @@
 //! they read the capabilities and the peer table, and hand dial-in introductions to membership.
 
 pub mod cron;
+pub mod gate;
+pub mod join;
 pub mod memory;
 pub mod models;
 pub mod tasks;

@@ -37,7 +37,7 @@ impl RawConfig {
         let origin = Origin::new(path);
         let node_section = node::node(&self.node, overrides, &origin)?;
         let discovery = node::discovery(self.discovery, overrides, &origin)?;
-        let tls = node::tls(self.tls, overrides, node_section.listen, &origin)?;
+        let (tls, ca_key) = node::tls(self.tls, overrides, node_section.listen, &origin)?;
         let gpus = models::resources(self.resources, &origin)?;
         let model_section =
             models::models(self.models, self.roles, &node_section.data_dir, &origin)?;
@@ -60,6 +60,7 @@ impl RawConfig {
             labels: node_section.labels,
             discovery,
             tls,
+            ca_key,
             gpus,
             models: model_section.models,
             role_chains: model_section.role_chains,

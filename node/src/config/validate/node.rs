@@ -181,13 +181,15 @@ pub(super) fn discovery(
 }
 
 /// `[tls]`, with `--insecure` and `--insecure-allow-remote`. Plain TCP is refused on a
-/// non-loopback `listen` address unless remote use is allowed explicitly.
+/// non-loopback `listen` address unless remote use is allowed explicitly. `tls.ca_key` (an
+/// issuer) goes only with the three certificate paths.
 pub(super) fn tls(
     raw: RawTls,
     overrides: &Overrides,
     listen: Listen,
     origin: &Origin,
-) -> Result<TlsMode, ConfigError> {
+) -> Result<(TlsMode, Option<PathBuf>), ConfigError> {
+    let ca_key = raw.ca_key.clone();
     let insecure = raw.insecure || overrides.insecure;
     let allow_remote = raw.insecure_allow_remote || overrides.insecure_allow_remote;
     let tls = match (insecure, raw.ca, raw.cert, raw.key) {
@@ -227,7 +229,19 @@ pub(super) fn tls(
             "listen on 127.0.0.1, use mTLS, or add --insecure-allow-remote if you accept unauthenticated plain-text traffic on your network",
         ));
     }
-    Ok(tls)
+    match (&tls, &ca_key) {
+        (TlsMode::Insecure, Some(_)) => Err(origin.invalid(
+            "tls.ca_key",
+            "is set on an insecure node".into(),
+            "an issuer hands out certificates over TLS only: remove tls.ca_key or tls.insecure",
+        )),
+        (TlsMode::Bootstrap, Some(_)) => Err(origin.invalid(
+            "tls.ca_key",
+            "is set without tls.ca, tls.cert and tls.key".into(),
+            "set all three with it, or remove it: a zero-config node is an issuer already when its data dir holds the CA key (tls/ca.key)",
+        )),
+        _ => Ok((tls, ca_key)),
+    }
 }
 
 /// `[http]`: the front door stays on loopback unless `http.listen` says otherwise (`--listen`
@@ -452,6 +466,23 @@ mod tests {
         );
         let remote = "[node]\nlisten = \"0.0.0.0:7700\"\n[tls]\ninsecure = true\ninsecure_allow_remote = true";
         assert_eq!(parse(remote).expect("allowed").tls, TlsMode::Insecure);
+    }
+
+    #[test]
+    fn ca_key_needs_the_three_certificate_paths() {
+        let issuer =
+            "[tls]\nca = \"ca.pem\"\ncert = \"n.pem\"\nkey = \"n.key\"\nca_key = \"ca.key\"";
+        assert_eq!(
+            parse(issuer).expect("issuer").ca_key,
+            Some(PathBuf::from("ca.key"))
+        );
+        for text in [
+            "[tls]\nca_key = \"ca.key\"",
+            "[node]\nlisten = \"127.0.0.1:7700\"\n[tls]\ninsecure = true\nca_key = \"ca.key\"",
+        ] {
+            let err = parse(text).expect_err(text).to_string();
+            assert!(err.contains("tls.ca_key"), "{err}");
+        }
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub struct Metrics {
     pub lag_seconds: Family<Labels, FloatGauge>,
     /// Decode speed per local model, tokens/s (set at scrape).
     pub tokens_per_second: Family<Labels, FloatGauge>,
+    /// Replicated records refused before they were applied, by `reason`: `signature` (does not
+    /// verify), `certificate` (no certificate of the mesh vouches for the origin), `expired`
+    /// (written after the origin's certificate expired).
+    pub memory_records_refused: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -97,6 +101,12 @@ impl Metrics {
             "Measured decode speed of each model on this node",
             tokens_per_second.clone(),
         );
+        let memory_records_refused = Family::default();
+        registry.register(
+            "memory_records_refused",
+            "Replicated memory records refused because their origin's signature does not vouch for them, by reason",
+            memory_records_refused.clone(),
+        );
         Self {
             registry,
             tasks,
@@ -107,6 +117,7 @@ impl Metrics {
             lag_records,
             lag_seconds,
             tokens_per_second,
+            memory_records_refused,
         }
     }
 

@@ -15,7 +15,9 @@ use std::{
 };
 
 use mesh_domain::{HealthStatus, NodeId};
-use mesh_identity::{CertRole, Dialer, MeshTls, TlsError, TlsFiles, bootstrap, ca};
+use mesh_identity::{
+    CertRole, Dialer, MeshTls, OriginSigner, OriginVerifier, TlsError, TlsFiles, bootstrap, ca,
+};
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -171,7 +173,7 @@ impl Node {
             source,
         })?;
 
-        let (mesh_tls, id, fingerprint) = match &config.tls {
+        let (mesh_tls, signer, verifier, fingerprint) = match &config.tls {
             TlsMode::Insecure => {
                 tracing::warn!(
                     "--insecure: plain TCP, no authentication; anyone who can reach {addr} can use this node"
@@ -179,12 +181,14 @@ impl Node {
                 (
                     None,
                     ca::insecure_identity(&config.data_dir)?,
+                    OriginVerifier::self_certified(),
                     String::new(),
                 )
             }
             TlsMode::Mtls(files) => load_tls(files)?,
             TlsMode::Bootstrap => load_tls(&bootstrap_tls(&config.data_dir, &config.name)?)?,
         };
+        let id = signer.id().clone();
 
         let caps = Arc::new(Capabilities::new(
             &config,
@@ -272,7 +276,8 @@ impl Node {
         let channels = PeerChannels::new(dialer.clone());
         let (memory, memory_writes) = Memory::open(
             store.clone(),
-            id.clone(),
+            Arc::new(signer),
+            Arc::new(verifier),
             MemoryOptions {
                 local_namespaces: config.local_namespaces.clone(),
                 max_skew: config.max_clock_skew,
@@ -577,7 +582,11 @@ fn check_persona_tools(config: &Config, tools: &ToolRegistry) -> Result<(), Conf
     Ok(())
 }
 
-fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), StartError> {
+/// The node's TLS material, the signer of its records (its certificate's key) and the verifier
+/// of peers' records (the same CA), and its certificate's fingerprint.
+type Identity = (Option<MeshTls>, OriginSigner, OriginVerifier, String);
+
+fn load_tls(files: &TlsFiles) -> Result<Identity, StartError> {
     let tls = MeshTls::load(files)?;
     match tls.identity().role {
         Some(CertRole::Node) => {}
@@ -590,9 +599,15 @@ fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), Start
              least; issue a new one with `mesh-cli ca issue --role node`"
         ),
     }
-    let id = tls.identity().id.clone();
+    let signer = tls
+        .origin_signer()
+        .map_err(|e| TlsError::KeyMismatch {
+            path: files.key.clone(),
+            reason: e.to_string(),
+        })?;
+    let verifier = tls.origin_verifier()?;
     let fingerprint = tls.identity().fingerprint.clone();
-    Ok((Some(tls), id, fingerprint))
+    Ok((Some(tls), signer, verifier, fingerprint))
 }
 
 /// Zero-config TLS: a CA of this node's own under `<data_dir>/tls`, created on first start with

@@ -123,6 +123,14 @@ impl OriginSigner {
         })
     }
 
+    /// A signer with a fresh Ed25519 key under a self-made certificate, for tests and
+    /// benchmarks (see [`OriginSigner::self_certified`]).
+    pub fn generate() -> Result<Self, OriginError> {
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)
+            .map_err(|e| OriginError::Signing(e.to_string()))?;
+        Self::self_certified(key)
+    }
+
     /// The node id the signatures speak for.
     pub fn id(&self) -> &NodeId {
         &self.id

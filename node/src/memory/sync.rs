@@ -56,6 +56,9 @@ pub struct SyncBatch {
     pub frontier: BTreeMap<NodeId, u64>,
     /// With the last batch: the nodes the peer heard of within the window ([`Memory::known`]).
     pub known: BTreeMap<NodeId, u64>,
+    /// The certificates (DER) of the records' origins, one per origin
+    /// ([`Memory::certificates_for`]).
+    pub certificates: Vec<Vec<u8>>,
 }
 
 /// How the replicator reaches peers (implemented over gRPC in `rpc::memory`).
@@ -66,8 +69,14 @@ pub trait MemoryPeers: Send + Sync + fmt::Debug {
         addr: String,
         request: SyncRequest,
     ) -> BoxFuture<'static, Result<SyncBatch, String>>;
-    /// Sends our new records to the peer at `addr`; answers the peer's frontier for our writes.
-    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<u64, String>>;
+    /// Sends our new records, with our certificate, to the peer at `addr`; answers the peer's
+    /// frontier for our writes.
+    fn push(
+        &self,
+        addr: String,
+        entries: Vec<Entry>,
+        certificates: Vec<Vec<u8>>,
+    ) -> BoxFuture<'static, Result<u64, String>>;
 }
 
 /// Answers a peer's `Sync`: for each origin we hold, the records after the peer's watermark.
@@ -95,10 +104,17 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
         let entries = memory.since(&origin, from, room + 1)?;
         let complete = entries.len() <= room;
         for entry in entries.into_iter().take(room) {
+            // Never relay what cannot be proven: an unsigned record (stored before signatures)
+            // would be refused by the caller. The upgrade takes them out of the index, so this
+            // only guards against a store that was upgraded halfway.
+            if entry.record.signature.is_empty() {
+                continue;
+            }
             // Per origin the records go oldest first, so stopping anywhere keeps the
             // caller's watermark honest: it resumes right after the last record it got.
             if bytes + entry.record.value.len() > BATCH_BYTES && !batch.entries.is_empty() {
                 batch.more = true;
+                batch.certificates = memory.certificates_for(&batch.entries);
                 return Ok(batch);
             }
             bytes += entry.record.value.len() + entry.key.len();
@@ -106,9 +122,11 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
         }
         if !complete {
             batch.more = true;
+            batch.certificates = memory.certificates_for(&batch.entries);
             return Ok(batch);
         }
     }
+    batch.certificates = memory.certificates_for(&batch.entries);
     batch.heads = heads;
     batch.frontier = memory.frontier();
     batch.known = memory.known();
@@ -116,17 +134,22 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
 }
 
 impl Memory {
-    /// Applies a peer's push of its own writes. A write that follows the last one we hold from
-    /// the sender advances our watermark for it, so the sender learns at once (from the
-    /// returned frontier) that we hold it.
+    /// Applies a peer's push of its own writes, each verified against the certificates that
+    /// came with it. A write that follows the last one we hold from the sender advances our
+    /// watermark for it, so the sender learns at once (from the returned frontier) that we hold
+    /// it.
     pub fn accept_push(
         &self,
         sender: Option<&NodeId>,
         entries: &[Entry],
+        certificates: &[Vec<u8>],
     ) -> (u32, Vec<String>, u64) {
         let mut applied = 0;
         let mut refused = Vec::new();
-        for (entry, result) in entries.iter().zip(self.apply_all(entries)) {
+        for (entry, result) in entries
+            .iter()
+            .zip(self.apply_from(sender, entries, certificates))
+        {
             match result {
                 Ok(stored) => {
                     applied += u32::from(stored);
@@ -161,8 +184,13 @@ pub async fn sync_from(
     addr: &str,
 ) -> Result<usize, String> {
     let mut applied = 0;
+    // What this pull asks for next: past every record received, refused ones included, so a
+    // peer that keeps sending a refused record cannot hold the pull in a loop. The stored
+    // watermarks stay below a refused record (see below).
+    let mut after = memory.watermarks(peer);
+    // Origins with a refused record in this pull: their stored watermark stays below it.
+    let mut refused: HashSet<NodeId> = HashSet::new();
     loop {
-        let after = memory.watermarks(peer);
         let request = SyncRequest {
             node: Some(memory.own_id().clone()),
             after: after.clone(),
@@ -170,13 +198,17 @@ pub async fn sync_from(
         };
         let batch = peers.sync(addr.to_owned(), request).await?;
         let mut highest: BTreeMap<NodeId, u64> = BTreeMap::new();
-        let mut refused: HashSet<NodeId> = HashSet::new();
-        for (entry, result) in batch.entries.iter().zip(memory.apply_all(&batch.entries)) {
+        let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
+        for (entry, result) in batch.entries.iter().zip(results) {
+            let next = after.entry(entry.record.origin.clone()).or_default();
+            *next = (*next).max(entry.record.seq);
             match result {
                 Ok(true) => applied += 1,
                 Ok(false) => {}
-                // Refused (logged by `apply`): keep the watermark below it so it is fetched
-                // again once the clocks agree.
+                // Refused (logged where it was refused: a stamp too far ahead, or a signature
+                // that does not verify): keep the watermark below it, so the record is fetched
+                // again at the next sync (once the clocks agree), and a genuine copy relayed
+                // by this peer later is not skipped. Others relay the genuine record meanwhile.
                 Err(_) => {
                     refused.insert(entry.record.origin.clone());
                     continue;
@@ -189,7 +221,7 @@ pub async fn sync_from(
             *seen = (*seen).max(entry.record.seq);
         }
         for (origin, seq) in highest {
-            if seq > after.get(&origin).copied().unwrap_or(0) {
+            if seq > memory.watermark(peer, &origin) {
                 memory
                     .set_watermark(peer, &origin, seq)
                     .map_err(|e| e.to_string())?;
@@ -230,6 +262,8 @@ pub async fn resync_from(
     let fail = |e: MemoryError| e.to_string();
     memory.store.drop_tree(RESYNC).map_err(|e| e.to_string())?;
     let mut after: BTreeMap<NodeId, u64> = BTreeMap::new();
+    // As in `sync_from`: no watermark is stored past a refused record.
+    let mut refused: HashSet<NodeId> = HashSet::new();
     let mut applied = 0;
     let batch = loop {
         let request = SyncRequest {
@@ -238,8 +272,13 @@ pub async fn resync_from(
             frontier: memory.frontier(),
         };
         let batch = peers.sync(addr.to_owned(), request).await?;
-        let results = memory.apply_all(&batch.entries);
+        let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
         applied += results.iter().filter(|r| matches!(r, Ok(true))).count();
+        for (entry, result) in batch.entries.iter().zip(&results) {
+            if result.is_err() {
+                refused.insert(entry.record.origin.clone());
+            }
+        }
         let held = batch.entries.iter().map(|entry| {
             Write::Put(
                 RESYNC.into(),
@@ -261,7 +300,9 @@ pub async fn resync_from(
     };
     let dropped = memory.drop_collected(&batch.frontier).map_err(fail)?;
     for (origin, seq) in after.iter().chain(&batch.heads) {
-        memory.set_watermark(peer, origin, *seq).map_err(fail)?;
+        if !refused.contains(origin) {
+            memory.set_watermark(peer, origin, *seq).map_err(fail)?;
+        }
     }
     memory
         .note_peer(peer, &batch.frontier)
@@ -316,8 +357,9 @@ pub async fn replicate(
                     pending.push(more);
                 }
                 for batch in push_batches(pending) {
+                    let certificates = memory.certificates_for(&batch);
                     for peer in peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up) {
-                        let push = link.push(peer.addr.clone(), batch.clone());
+                        let push = link.push(peer.addr.clone(), batch.clone(), certificates.clone());
                         let memory = memory.clone();
                         tokio::spawn(async move {
                             match push.await {
@@ -408,7 +450,9 @@ mod tests {
         frontier::{CONTACT_KEY, seen_key},
         record::Record,
         store::{META, MemoryOptions},
-        test_support::{InProcess, id, open_memory, record, tombstone_of},
+        test_support::{
+            InProcess, certificate, id, open_memory, record, signed, tombstone_of,
+        },
     };
 
     #[test]
@@ -439,20 +483,24 @@ mod tests {
         let (me, sender) = (id("me"), id("sender"));
         let (_dir, memory) = open_memory(&me, MemoryOptions::default());
         let now = uhlc::system_time_clock().as_u64();
-        let write = |seq: u64, key: &str| Entry {
-            namespace: "notes".into(),
-            key: key.into(),
-            record: Record {
-                seq,
-                ..record(now + seq, &sender, false)
-            },
+        let write = |seq: u64, key: &str| {
+            signed(Entry {
+                namespace: "notes".into(),
+                key: key.into(),
+                record: Record {
+                    seq,
+                    ..record(now + seq, &sender, false)
+                },
+            })
         };
-        assert_eq!(memory.accept_push(Some(&sender), &[write(1, "a")]).2, 1);
+        let certs = certificate(&sender);
+        let push = |from: &NodeId, entry: Entry| memory.accept_push(Some(from), &[entry], &certs);
+        assert_eq!(push(&sender, write(1, "a")).2, 1);
         // 3 arrives before 2 (a lost push): the frontier waits for a sync to fill the gap.
-        assert_eq!(memory.accept_push(Some(&sender), &[write(3, "c")]).2, 1);
-        assert_eq!(memory.accept_push(Some(&sender), &[write(2, "b")]).2, 2);
+        assert_eq!(push(&sender, write(3, "c")).2, 1);
+        assert_eq!(push(&sender, write(2, "b")).2, 2);
         // Someone else's writes never move the sender's frontier.
-        let (applied, refused, held) = memory.accept_push(Some(&me), &[write(4, "d")]);
+        let (applied, refused, held) = push(&me, write(4, "d"));
         assert_eq!((applied, refused.len(), held), (1, 0, 0));
         assert_eq!(memory.frontier()[&sender], 2);
     }

@@ -243,3 +243,274 @@ fn refusal_reason(error: &OriginError) -> &'static str {
         | OriginError::UnknownOrigin(_) => "certificate",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, sync::Arc};
+
+    use mesh_domain::BoxFuture;
+
+    use super::*;
+    use crate::memory::{
+        store::MemoryOptions,
+        sync::{MemoryPeers, SyncBatch, SyncRequest, sync_from},
+        test_support::{
+            InProcess, certificate, id, open_memory, record, signed, signer, tombstone_of,
+            verifier,
+        },
+    };
+
+    /// A write of `origin`'s, stamped now, at `notes`/`key`.
+    fn write(origin: &NodeId, seq: u64, key: &str, value: &str) -> Entry {
+        Entry {
+            namespace: "notes".into(),
+            key: key.into(),
+            record: Record {
+                seq,
+                value: value.as_bytes().to_vec(),
+                ..record(uhlc::system_time_clock().as_u64(), origin, false)
+            },
+        }
+    }
+
+    fn refused_total(reason: &str) -> u64 {
+        metrics()
+            .memory_records_refused
+            .get_or_create(&crate::metrics::labels(&[("reason", reason)]))
+            .get()
+    }
+
+    /// A peer that answers every `Sync` with the batch it was given (a relaying node that may
+    /// lie).
+    #[derive(Debug)]
+    struct Canned(std::sync::Mutex<SyncBatch>);
+
+    impl MemoryPeers for Canned {
+        fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
+            let batch = self.0.lock().expect("lock").clone();
+            Box::pin(async move { Ok(batch) })
+        }
+
+        fn push(
+            &self,
+            _: String,
+            _: Vec<Entry>,
+            _: Vec<Vec<u8>>,
+        ) -> BoxFuture<'static, Result<u64, String>> {
+            Box::pin(async { Ok(0) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_relayed_record_forged_in_another_nodes_name_is_refused_and_the_genuine_ones_apply()
+    {
+        let (me, writer, relay) = (id("me"), id("writer"), id("relay"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        let mut forged = write(&writer, 2, "forged", "lies");
+        // The relay signs in the writer's name with the only key it has: its own.
+        forged.record.signature = signer(&relay).sign(&forged.signed_bytes()).expect("sign");
+        let batch = SyncBatch {
+            entries: vec![
+                signed(write(&writer, 1, "a", "1")),
+                forged,
+                signed(write(&writer, 3, "c", "3")),
+            ],
+            heads: BTreeMap::from([(writer.clone(), 3)]),
+            // The writer's real certificate, which the relay passes on.
+            certificates: certificate(&writer),
+            ..SyncBatch::default()
+        };
+        let peer = Canned(std::sync::Mutex::new(batch));
+        let before = refused_total("signature");
+        let applied = sync_from(&memory, &peer, &relay, "relay")
+            .await
+            .expect("sync");
+        assert_eq!(applied, 2);
+        assert_eq!(tombstone_of(&memory, "a"), Some(false));
+        assert_eq!(tombstone_of(&memory, "c"), Some(false));
+        assert_eq!(tombstone_of(&memory, "forged"), None, "the forgery is refused");
+        assert!(refused_total("signature") > before, "and counted");
+        // The relay's watermark for the writer stays below the refused record (the head does
+        // not lift it either), so the genuine write 2 is fetched when the relay has it.
+        assert_eq!(memory.watermark(&relay, &writer), 1);
+        peer.0.lock().expect("lock").entries = vec![signed(write(&writer, 2, "b", "2"))];
+        sync_from(&memory, &peer, &relay, "relay")
+            .await
+            .expect("sync");
+        assert_eq!(tombstone_of(&memory, "b"), Some(false));
+        assert_eq!(memory.watermark(&relay, &writer), 3);
+    }
+
+    #[tokio::test]
+    async fn a_pushed_record_whose_signature_is_for_other_bytes_or_another_key_is_refused() {
+        let (me, sender, other) = (id("me"), id("sender"), id("other"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        let certs = certificate(&sender);
+        let genuine = signed(write(&sender, 1, "k", "v"));
+        let mut tampered: Vec<(&str, Entry)> = Vec::new();
+        let mut tamper = |what, change: &dyn Fn(&mut Entry)| {
+            let mut entry = genuine.clone();
+            change(&mut entry);
+            tampered.push((what, entry));
+        };
+        tamper("value", &|e| e.record.value = b"w".to_vec());
+        tamper("key", &|e| e.key = "other-key".into());
+        tamper("namespace", &|e| e.namespace = "elsewhere".into());
+        tamper("hlc", &|e| e.record.hlc += 1);
+        tamper("seq", &|e| e.record.seq = 2);
+        tamper("tombstone", &|e| e.record.tombstone = true);
+        tamper("garbage signature", &|e| e.record.signature = vec![0; 64]);
+        tamper("no signature", &|e| e.record.signature.clear());
+        tamper("another key", &|e| {
+            e.record.signature = signer(&other).sign(&e.signed_bytes()).expect("sign");
+        });
+        for (what, entry) in &tampered {
+            let before = refused_total("signature");
+            let (applied, refused, _) =
+                memory.accept_push(Some(&sender), std::slice::from_ref(entry), &certs);
+            assert_eq!((applied, refused.len()), (0, 1), "{what}: {refused:?}");
+            assert!(refused[0].contains("does not verify"), "{what}: {refused:?}");
+            assert!(refused_total("signature") > before, "{what}: counted");
+        }
+        assert!(memory.get("notes", "k").expect("get").is_none());
+        assert!(memory.get("elsewhere", "k").expect("get").is_none());
+        assert!(memory.get("notes", "other-key").expect("get").is_none());
+        // The genuine record applies: what was refused was the alteration.
+        let (applied, refused, _) = memory.accept_push(Some(&sender), &[genuine], &certs);
+        assert_eq!((applied, refused.len()), (1, 0), "{refused:?}");
+    }
+
+    #[tokio::test]
+    async fn a_record_whose_origin_no_certificate_vouches_for_is_refused() {
+        let (me, sender) = (id("me"), id("sender"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        let entry = signed(write(&sender, 1, "k", "v"));
+        let before = refused_total("certificate");
+        let (applied, refused, _) = memory.accept_push(Some(&sender), &[entry.clone()], &[]);
+        assert_eq!((applied, refused.len()), (0, 1));
+        assert!(refused[0].contains("no certificate"), "{refused:?}");
+        assert!(refused_total("certificate") > before);
+        // Another node's certificate does not vouch for the sender either.
+        let (applied, _, _) = memory.accept_push(Some(&sender), &[entry], &certificate(&me));
+        assert_eq!(applied, 0);
+    }
+
+    /// Nodes that never met the writer verify its records with the certificate the relaying
+    /// node kept and passed on.
+    #[tokio::test]
+    async fn relaying_nodes_pass_on_the_certificates_they_verified() {
+        let (a, b, c) = (id("relay-a"), id("relay-b"), id("relay-c"));
+        let (_da, ma) = open_memory(&a, MemoryOptions::default());
+        let (_db, mb) = open_memory(&b, MemoryOptions::default());
+        let (_dc, mc) = open_memory(&c, MemoryOptions::default());
+        let link = InProcess::default();
+        for (node, memory) in [(&a, &ma), (&b, &mb)] {
+            link.0
+                .lock()
+                .expect("lock")
+                .insert(node.to_string(), memory.clone());
+        }
+        ma.put("notes", "from-a", Some(b"v".to_vec()))
+            .await
+            .expect("put");
+        sync_from(&mb, &link, &a, a.as_str()).await.expect("b from a");
+        let applied = sync_from(&mc, &link, &b, b.as_str())
+            .await
+            .expect("c from b");
+        assert_eq!(applied, 1);
+        assert_eq!(tombstone_of(&mc, "from-a"), Some(false));
+    }
+
+    /// A store written before records were signed: this node's records are signed in place,
+    /// another node's stay readable but are not relayed, every watermark is forgotten, and the
+    /// writer's signed copy of the same write replaces the unsigned one.
+    #[tokio::test]
+    async fn a_store_from_before_signatures_is_upgraded_without_losing_a_record() {
+        let (me, other, peer) = (id("upgrader"), id("old-writer"), id("old-peer"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn crate::storage::Store> = Arc::new(crate::storage::SledStore::new(
+            sled::open(dir.path()).expect("db"),
+        ));
+        let (memory, _) = Memory::open(
+            store.clone(),
+            signer(&me),
+            verifier(),
+            MemoryOptions::default(),
+        );
+        memory
+            .put("notes", "mine", Some(b"m".to_vec()))
+            .await
+            .expect("put");
+        let theirs = write(&other, 1, "theirs", "t");
+        assert!(memory.apply(&theirs).expect("apply"));
+        memory.set_watermark(&peer, &other, 1).expect("watermark");
+        // Back to how an old node stored them: version 1 bytes, no signature, no flag.
+        let v1 = |record: &Record| {
+            let mut bytes = vec![1, u8::from(record.tombstone)];
+            bytes.extend_from_slice(&record.hlc.to_be_bytes());
+            bytes.extend_from_slice(&record.seq.to_be_bytes());
+            bytes.extend_from_slice(record.origin.as_str().as_bytes());
+            bytes.extend_from_slice(&record.value);
+            bytes
+        };
+        let mine = memory.get("notes", "mine").expect("get").expect("mine");
+        store
+            .commit(vec![
+                Write::Put(ns_tree("notes"), b"mine".to_vec(), v1(&mine)),
+                Write::Put(ns_tree("notes"), b"theirs".to_vec(), v1(&theirs.record)),
+                Write::Delete(META.into(), SIGNED_KEY.to_vec()),
+            ])
+            .expect("downgrade");
+        drop(memory);
+
+        let (memory, _) = Memory::open(
+            store.clone(),
+            signer(&me),
+            verifier(),
+            MemoryOptions::default(),
+        );
+        let mine = memory.get("notes", "mine").expect("get").expect("mine kept");
+        let entry = Entry {
+            namespace: "notes".into(),
+            key: "mine".into(),
+            record: mine,
+        };
+        let check = verifier_knowing(&me);
+        assert_eq!(
+            check.verify(
+                &me,
+                entry.record.written_at(),
+                &entry.signed_bytes(),
+                &entry.record.signature
+            ),
+            Ok(()),
+            "own record signed in place"
+        );
+        let kept = memory
+            .get("notes", "theirs")
+            .expect("get")
+            .expect("theirs kept");
+        assert!(kept.signature.is_empty());
+        assert!(
+            memory.since(&other, 0, 10).expect("since").is_empty(),
+            "an unsigned record of another node is not relayed"
+        );
+        assert_eq!(memory.watermark(&peer, &other), 0, "watermarks forgotten");
+        assert_eq!(memory.sign_stored().expect("again"), (0, 0), "only once");
+        // The writer's signed copy of the same write replaces it, and is relayed from then on.
+        let results = memory.apply_from(Some(&peer), &[signed(theirs)], &certificate(&other));
+        assert!(matches!(results[..], [Ok(true)]), "{results:?}");
+        let replaced = memory.get("notes", "theirs").expect("get").expect("theirs");
+        assert!(!replaced.signature.is_empty());
+        assert_eq!(memory.since(&other, 0, 10).expect("since").len(), 1);
+    }
+
+    /// A verifier that knows test node `origin`'s key.
+    fn verifier_knowing(origin: &NodeId) -> Arc<mesh_identity::OriginVerifier> {
+        let verifier = verifier();
+        verifier
+            .learn(signer(origin).certificate())
+            .expect("learn");
+        verifier
+    }
+}

@@ -38,7 +38,6 @@ use std::{
 };
 
 use anyhow::{Context, bail, ensure};
-use mesh_domain::NodeId;
 use mesh_identity::MeshTls;
 use mesh_node::memory::{Memory, MemoryOptions};
 use mesh_proto::v1 as pb;
@@ -201,7 +200,8 @@ fn open_memory(name: &str) -> anyhow::Result<(tempfile::TempDir, sled::Db, Arc<M
     let db = sled::open(dir.path().join("db"))?;
     let (memory, mut writes) = Memory::open(
         std::sync::Arc::new(mesh_node::storage::SledStore::new(db.clone())),
-        NodeId::from_spki_der(name.as_bytes()),
+        std::sync::Arc::new(mesh_identity::OriginSigner::generate()?),
+        std::sync::Arc::new(mesh_identity::OriginVerifier::self_certified()),
         MemoryOptions::default(),
     );
     tokio::spawn(async move { while writes.recv().await.is_some() {} });

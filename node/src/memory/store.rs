@@ -178,12 +178,12 @@ impl Memory {
         self.writer.lock_unpoisoned()
     }
 
-    fn replicated(&self, ns: &str) -> bool {
+    pub(super) fn replicated(&self, ns: &str) -> bool {
         !self.local_namespaces.contains(ns)
     }
 
     /// The record stored at `key` of namespace tree `tree`; a corrupt one counts as absent.
-    fn stored(&self, tree: &str, key: &str) -> Result<Option<Record>, MemoryError> {
+    pub(super) fn stored(&self, tree: &str, key: &str) -> Result<Option<Record>, MemoryError> {
         Ok(self
             .store
             .get(tree, key.as_bytes())?

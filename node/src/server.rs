@@ -599,12 +599,10 @@ fn load_tls(files: &TlsFiles) -> Result<Identity, StartError> {
              least; issue a new one with `mesh-cli ca issue --role node`"
         ),
     }
-    let signer = tls
-        .origin_signer()
-        .map_err(|e| TlsError::KeyMismatch {
-            path: files.key.clone(),
-            reason: e.to_string(),
-        })?;
+    let signer = tls.origin_signer().map_err(|e| TlsError::KeyMismatch {
+        path: files.key.clone(),
+        reason: e.to_string(),
+    })?;
     let verifier = tls.origin_verifier()?;
     let fingerprint = tls.identity().fingerprint.clone();
     Ok((Some(tls), signer, verifier, fingerprint))

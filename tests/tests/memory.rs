@@ -382,7 +382,14 @@ async fn a_push_whose_signature_does_not_verify_over_the_record_is_refused_and_c
         );
     }
     assert_eq!(get(&h, &node, "notes", "genuine").as_deref(), Some("v"));
-    for key in ["value-changed", "signed-key", "key-changed", "hlc-changed", "garbage", "unsigned"] {
+    for key in [
+        "value-changed",
+        "signed-key",
+        "key-changed",
+        "hlc-changed",
+        "garbage",
+        "unsigned",
+    ] {
         assert_eq!(get(&h, &node, "notes", key), None, "{key}");
     }
     assert_eq!(refused_total(&node, "signature"), bad.len() as u64);
@@ -549,7 +556,12 @@ fn a_relayed_sync_answer_with_a_record_forged_in_a_third_nodes_name_is_refused_a
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     // The relay pulls beta's records as any node would: they come with beta's certificate.
     let from_beta = runtime.block_on(async {
-        let channel = tls.dialer().connect(&beta.addr).await.expect("connect").channel;
+        let channel = tls
+            .dialer()
+            .connect(&beta.addr)
+            .await
+            .expect("connect")
+            .channel;
         pb::memory_client::MemoryClient::new(channel)
             .sync(pb::MemorySyncRequest::default())
             .await
@@ -581,7 +593,11 @@ fn a_relayed_sync_answer_with_a_record_forged_in_a_third_nodes_name_is_refused_a
 
     wait_value(&h, &alpha, "notes", "genuine-1", Some("from beta"));
     wait_value(&h, &alpha, "notes", "genuine-2", Some("also from beta"));
-    assert_eq!(get(&h, &alpha, "notes", "forged"), None, "the forgery is refused");
+    assert_eq!(
+        get(&h, &alpha, "notes", "forged"),
+        None,
+        "the forgery is refused"
+    );
     assert!(refused_total(&alpha, "signature") >= 1);
     let log = wait_for("alpha to log the refusal", DEADLINE, || {
         let log = alpha.log_text();

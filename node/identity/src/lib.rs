@@ -33,8 +33,8 @@ use std::{
 
 pub use cert::CertIdentity;
 pub use dial::{DialError, Dialer};
-pub use origin::{OriginError, OriginSigner, OriginVerifier};
 pub use mesh_domain::CertRole;
+pub use origin::{OriginError, OriginSigner, OriginVerifier};
 pub use tls::{MeshTls, TlsFiles};
 
 /// Installs the `ring` crypto provider as rustls's process default. Call once at the top of

@@ -92,7 +92,8 @@ impl OriginSigner {
     /// The signer of a node whose certificate is `certificate` (DER) and key `key_pem`; the key
     /// must be the certificate's.
     pub fn new(key_pem: &str, certificate: Vec<u8>) -> Result<Self, OriginError> {
-        let key = KeyPair::from_pem(key_pem).map_err(|e| OriginError::Certificate(e.to_string()))?;
+        let key =
+            KeyPair::from_pem(key_pem).map_err(|e| OriginError::Certificate(e.to_string()))?;
         let identity = CertIdentity::from_der(&certificate)
             .map_err(|e| OriginError::Certificate(e.to_string()))?;
         if NodeId::from_spki_der(&key.subject_public_key_info()) != identity.id {
@@ -324,10 +325,7 @@ fn public_key(
     if algorithm.algorithm == OID_SIG_ED25519 {
         return Ok((&ED25519, raw));
     }
-    let curve = algorithm
-        .parameters
-        .as_ref()
-        .and_then(|p| p.as_oid().ok());
+    let curve = algorithm.parameters.as_ref().and_then(|p| p.as_oid().ok());
     if algorithm.algorithm == OID_KEY_TYPE_EC_PUBLIC_KEY && curve == Some(OID_EC_P256) {
         return Ok((&ECDSA_P256_SHA256_ASN1, raw));
     }
@@ -372,7 +370,10 @@ mod tests {
         );
         assert_eq!(verifier.learn(alpha.certificate()), Ok(alpha.id().clone()));
         assert_eq!(verifier.learn(beta.certificate()), Ok(beta.id().clone()));
-        assert_eq!(verifier.verify(alpha.id(), 0, b"record", &signature), Ok(()));
+        assert_eq!(
+            verifier.verify(alpha.id(), 0, b"record", &signature),
+            Ok(())
+        );
         assert!(matches!(
             verifier.verify(alpha.id(), 0, b"recore", &signature),
             Err(OriginError::BadSignature(_))
@@ -433,9 +434,12 @@ mod tests {
             KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("ed25519"),
         ] {
             let signer = OriginSigner::self_certified(key).expect("signer");
-            let other = OriginSigner::self_certified(KeyPair::generate().expect("key"))
-                .expect("signer");
-            assert_eq!(verifier.learn(signer.certificate()), Ok(signer.id().clone()));
+            let other =
+                OriginSigner::self_certified(KeyPair::generate().expect("key")).expect("signer");
+            assert_eq!(
+                verifier.learn(signer.certificate()),
+                Ok(signer.id().clone())
+            );
             let signature = signer.sign(b"m").expect("sign");
             assert_eq!(verifier.verify(signer.id(), 0, b"m", &signature), Ok(()));
             let forged = other.sign(b"m").expect("sign");

@@ -39,7 +39,12 @@ const MAX_LOGGED_PAIRS: usize = 1024;
 
 impl Memory {
     /// This node's signature over the record it writes at `ns`/`key`.
-    pub(super) fn sign(&self, ns: &str, key: &str, record: &Record) -> Result<Vec<u8>, MemoryError> {
+    pub(super) fn sign(
+        &self,
+        ns: &str,
+        key: &str,
+        record: &Record,
+    ) -> Result<Vec<u8>, MemoryError> {
         let entry = Entry {
             namespace: ns.to_owned(),
             key: key.to_owned(),
@@ -86,7 +91,9 @@ impl Memory {
             .zip(&changes)
             .filter_map(|(entry, change)| change.then_some(entry))
             .collect();
-        let mut checks = self.verify_from(from, &candidates, certificates).into_iter();
+        let mut checks = self
+            .verify_from(from, &candidates, certificates)
+            .into_iter();
         // Per entry: `None` when it changes nothing, else its check.
         let plan: Vec<Option<Result<(), MemoryError>>> = changes
             .iter()
@@ -282,8 +289,7 @@ mod tests {
         store::MemoryOptions,
         sync::{MemoryPeers, SyncBatch, SyncRequest, sync_from},
         test_support::{
-            InProcess, certificate, id, open_memory, record, signed, signer, tombstone_of,
-            verifier,
+            InProcess, certificate, id, open_memory, record, signed, signer, tombstone_of, verifier,
         },
     };
 
@@ -329,8 +335,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_relayed_record_forged_in_another_nodes_name_is_refused_and_the_genuine_ones_apply()
-    {
+    async fn a_relayed_record_forged_in_another_nodes_name_is_refused_and_the_genuine_ones_apply() {
         let (me, writer, relay) = (id("me"), id("writer"), id("relay"));
         let (_dir, memory) = open_memory(&me, MemoryOptions::default());
         let mut forged = write(&writer, 2, "forged", "lies");
@@ -355,7 +360,11 @@ mod tests {
         assert_eq!(applied, 2);
         assert_eq!(tombstone_of(&memory, "a"), Some(false));
         assert_eq!(tombstone_of(&memory, "c"), Some(false));
-        assert_eq!(tombstone_of(&memory, "forged"), None, "the forgery is refused");
+        assert_eq!(
+            tombstone_of(&memory, "forged"),
+            None,
+            "the forgery is refused"
+        );
         assert!(refused_total("signature") > before, "and counted");
         // The relay's watermark for the writer stays below the refused record (the head does
         // not lift it either), so the genuine write 2 is fetched when the relay has it.
@@ -396,7 +405,10 @@ mod tests {
             let (applied, refused, _) =
                 memory.accept_push(Some(&sender), std::slice::from_ref(entry), &certs);
             assert_eq!((applied, refused.len()), (0, 1), "{what}: {refused:?}");
-            assert!(refused[0].contains("does not verify"), "{what}: {refused:?}");
+            assert!(
+                refused[0].contains("does not verify"),
+                "{what}: {refused:?}"
+            );
             assert!(refused_total("signature") > before, "{what}: counted");
         }
         assert!(memory.get("notes", "k").expect("get").is_none());
@@ -415,7 +427,10 @@ mod tests {
         let (_dir, memory) = open_memory(&me, MemoryOptions::default());
         let certs = certificate(&sender);
         let held = signed(write(&sender, 2, "k", "held"));
-        assert_eq!(memory.accept_push(Some(&sender), &[held.clone()], &certs).0, 1);
+        assert_eq!(
+            memory.accept_push(Some(&sender), &[held.clone()], &certs).0,
+            1
+        );
         let mut copy = held.clone();
         copy.record.signature = vec![0; 64];
         let mut older = write(&sender, 1, "k", "older");
@@ -462,7 +477,9 @@ mod tests {
         ma.put("notes", "from-a", Some(b"v".to_vec()))
             .await
             .expect("put");
-        sync_from(&mb, &link, &a, a.as_str()).await.expect("b from a");
+        sync_from(&mb, &link, &a, a.as_str())
+            .await
+            .expect("b from a");
         let applied = sync_from(&mc, &link, &b, b.as_str())
             .await
             .expect("c from b");
@@ -518,7 +535,10 @@ mod tests {
             verifier(),
             MemoryOptions::default(),
         );
-        let mine = memory.get("notes", "mine").expect("get").expect("mine kept");
+        let mine = memory
+            .get("notes", "mine")
+            .expect("get")
+            .expect("mine kept");
         let entry = Entry {
             namespace: "notes".into(),
             key: "mine".into(),
@@ -557,9 +577,7 @@ mod tests {
     /// A verifier that knows test node `origin`'s key.
     fn verifier_knowing(origin: &NodeId) -> Arc<mesh_identity::OriginVerifier> {
         let verifier = verifier();
-        verifier
-            .learn(signer(origin).certificate())
-            .expect("learn");
+        verifier.learn(signer(origin).certificate()).expect("learn");
         verifier
     }
 }

@@ -161,10 +161,13 @@ impl Memory {
         match memory.sign_stored() {
             Ok((0, 0)) => {}
             Ok((signed, unsigned)) => tracing::warn!(
-                signed, unsigned,
+                signed,
+                unsigned,
                 "memory upgraded to signed records: own records signed; other nodes' unsigned records kept and served here but not relayed until their writers' signed copies arrive"
             ),
-            Err(e) => tracing::warn!(error = %e, "upgrade memory to signed records (retried at the next start)"),
+            Err(e) => {
+                tracing::warn!(error = %e, "upgrade memory to signed records (retried at the next start)")
+            }
         }
         (Arc::new(memory), rx)
     }
@@ -589,7 +592,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db: Arc<dyn Store> = Arc::new(SledStore::new(sled::open(dir.path()).expect("db")));
         let own = id("me");
-        let (memory, _writes) = Memory::open(db, signer(&own), verifier(), MemoryOptions::default());
+        let (memory, _writes) =
+            Memory::open(db, signer(&own), verifier(), MemoryOptions::default());
         memory
             .put("notes", "a", Some(b"1".to_vec()))
             .await

@@ -28,6 +28,22 @@ pub const SYNC_BATCH: usize = 512;
 /// Most value bytes one `Sync` answer or `Push` carries (well under the 16 MiB message limit).
 pub const BATCH_BYTES: usize = 8 * 1024 * 1024;
 
+/// How long one `Sync` call may take before the pull gives up (the next one starts over from
+/// the watermarks): with one pull per peer at a time, a peer that never answers must not
+/// stop pulls from it for good.
+const SYNC_CALL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// One `Sync` call, bounded by [`SYNC_CALL_DEADLINE`].
+async fn sync_call(
+    peers: &dyn MemoryPeers,
+    addr: &str,
+    request: SyncRequest,
+) -> Result<SyncBatch, String> {
+    tokio::time::timeout(SYNC_CALL_DEADLINE, peers.sync(addr.to_owned(), request))
+        .await
+        .map_err(|_| format!("no answer within {} s", SYNC_CALL_DEADLINE.as_secs()))?
+}
+
 /// What [`MemoryPeers::sync`] fails with when the peer is resyncing itself.
 pub const RESYNCING: &str = "the peer is resyncing";
 
@@ -196,7 +212,7 @@ pub async fn sync_from(
             after: after.clone(),
             frontier: memory.frontier(),
         };
-        let batch = peers.sync(addr.to_owned(), request).await?;
+        let batch = sync_call(peers, addr, request).await?;
         let mut highest: BTreeMap<NodeId, u64> = BTreeMap::new();
         let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
         for (entry, result) in batch.entries.iter().zip(results) {
@@ -271,7 +287,7 @@ pub async fn resync_from(
             after: after.clone(),
             frontier: memory.frontier(),
         };
-        let batch = peers.sync(addr.to_owned(), request).await?;
+        let batch = sync_call(peers, addr, request).await?;
         let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
         applied += results.iter().filter(|r| matches!(r, Ok(true))).count();
         for (entry, result) in batch.entries.iter().zip(&results) {
@@ -335,9 +351,40 @@ fn push_batches(entries: Vec<Entry>) -> Vec<Vec<Entry>> {
     batches
 }
 
+/// The peers a pull is running from. The replicator starts no second pull from a peer while
+/// one runs: a node that has never finished a sync with a peer counts as lagging at every
+/// tick, so a pull slower than the tick (a large catch-up, records being verified on a busy
+/// machine) was started again every 500 ms, each fetching and checking the same records.
+#[derive(Debug, Clone, Default)]
+struct Pulls(Arc<std::sync::Mutex<HashSet<NodeId>>>);
+
+/// A running pull from one peer; the peer is free for the next pull when it drops.
+#[derive(Debug)]
+struct Pull {
+    pulls: Pulls,
+    peer: NodeId,
+}
+
+impl Pulls {
+    /// Claims `peer` for a pull, unless one from it is running.
+    fn start(&self, peer: &NodeId) -> Option<Pull> {
+        self.0.lock_unpoisoned().insert(peer.clone()).then(|| Pull {
+            pulls: self.clone(),
+            peer: peer.clone(),
+        })
+    }
+}
+
+impl Drop for Pull {
+    fn drop(&mut self) {
+        self.pulls.0.lock_unpoisoned().remove(&self.peer);
+    }
+}
+
 /// Keeps every up peer in sync: pushes local writes at once, pulls from a peer when it comes
-/// up and every sync interval, when tombstones are also collected. A node out of touch longer
-/// than the tombstone window first resyncs fully from one peer.
+/// up and every sync interval, when tombstones are also collected, one pull per peer at a
+/// time. A node out of touch longer than the tombstone window first resyncs fully from one
+/// peer.
 pub async fn replicate(
     memory: Arc<Memory>,
     peers: Arc<PeerTable>,
@@ -348,6 +395,7 @@ pub async fn replicate(
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut was_up: HashSet<NodeId> = HashSet::new();
     let mut last_full = tokio::time::Instant::now();
+    let pulls = Pulls::default();
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -424,9 +472,11 @@ pub async fn replicate(
                     // at most every couple of seconds.
                     let lagging = memory.lag(&peer.info.id, peer.info.memory_seq).0 > 0
                         && memory.since_sync(&peer.info.id) > Duration::from_secs(2);
-                    if full || lagging || !was_up.contains(&peer.info.id) {
+                    let due = full || lagging || !was_up.contains(&peer.info.id);
+                    if let Some(pull) = due.then(|| pulls.start(&peer.info.id)).flatten() {
                         let (memory, link) = (memory.clone(), link.clone());
                         tokio::spawn(async move {
+                            let _pull = pull;
                             match sync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
                                 Ok(0) => {}
                                 Ok(n) => tracing::info!(peer = %peer.info.name, records = n, "memory synced"),
@@ -450,9 +500,7 @@ mod tests {
         frontier::{CONTACT_KEY, seen_key},
         record::Record,
         store::{META, MemoryOptions},
-        test_support::{
-            InProcess, certificate, id, open_memory, record, signed, tombstone_of,
-        },
+        test_support::{InProcess, certificate, id, open_memory, record, signed, tombstone_of},
     };
 
     #[test]
@@ -476,6 +524,72 @@ mod tests {
                 .iter()
                 .all(|b| b.iter().map(|e| e.record.value.len()).sum::<usize>() <= BATCH_BYTES)
         );
+    }
+
+    /// A peer that answers `Sync` slowly, counting how many calls run at once.
+    #[derive(Debug, Default)]
+    struct Slow {
+        running: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl MemoryPeers for Arc<Slow> {
+        fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let this = self.clone();
+            Box::pin(async move {
+                this.calls.fetch_add(1, SeqCst);
+                let now = this.running.fetch_add(1, SeqCst) + 1;
+                this.most.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                this.running.fetch_sub(1, SeqCst);
+                Ok(SyncBatch::default())
+            })
+        }
+
+        fn push(
+            &self,
+            _: String,
+            _: Vec<Entry>,
+            _: Vec<Vec<u8>>,
+        ) -> BoxFuture<'static, Result<u64, String>> {
+            Box::pin(async { Ok(0) })
+        }
+    }
+
+    /// Regression: a peer this node never finished a sync with counts as lagging at every
+    /// 500 ms tick, so a pull slower than that was started again and again, each fetching (and
+    /// verifying) the same records; on a busy machine, converging after a partition took 5-11 s
+    /// instead of 2.
+    #[tokio::test(start_paused = true)]
+    async fn no_second_pull_from_a_peer_starts_while_one_runs() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_dir, memory) = open_memory(&id("me"), MemoryOptions::default());
+        let peer = id("slow-peer");
+        let mut info = crate::capabilities::test_support::test_capabilities().snapshot();
+        info.id = peer.clone();
+        info.name = "slow-peer".into();
+        info.memory_seq = 100;
+        let table = Arc::new(PeerTable::default());
+        table.beat(info, "slow-peer:7700", crate::discovery::PeerSource::Static);
+        let slow = Arc::new(Slow::default());
+        let (_writes, rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let replicator = tokio::spawn(replicate(
+            memory,
+            table,
+            Arc::new(slow.clone()),
+            rx,
+            cancel.clone(),
+        ));
+        // Ten ticks: the first pull is still running for the first six of them.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        cancel.cancel();
+        replicator.await.expect("replicator");
+        assert_eq!(slow.most.load(SeqCst), 1, "pulls at once");
+        // Once it ended the peer was synced, so nothing was due any more.
+        assert_eq!(slow.calls.load(SeqCst), 1);
     }
 
     #[tokio::test]

@@ -428,7 +428,9 @@ mod tests {
         let certs = certificate(&sender);
         let held = signed(write(&sender, 2, "k", "held"));
         assert_eq!(
-            memory.accept_push(Some(&sender), &[held.clone()], &certs).0,
+            memory
+                .accept_push(Some(&sender), std::slice::from_ref(&held), &certs)
+                .0,
             1
         );
         let mut copy = held.clone();
@@ -450,7 +452,8 @@ mod tests {
         let (_dir, memory) = open_memory(&me, MemoryOptions::default());
         let entry = signed(write(&sender, 1, "k", "v"));
         let before = refused_total("certificate");
-        let (applied, refused, _) = memory.accept_push(Some(&sender), &[entry.clone()], &[]);
+        let (applied, refused, _) =
+            memory.accept_push(Some(&sender), std::slice::from_ref(&entry), &[]);
         assert_eq!((applied, refused.len()), (0, 1));
         assert!(refused[0].contains("no certificate"), "{refused:?}");
         assert!(refused_total("certificate") > before);

@@ -1158,9 +1158,12 @@ mod tests {
     fn open_memory() -> (tempfile::TempDir, Arc<Memory>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("db");
-        let own = NodeId::from_spki_der(b"me");
-        let (memory, _writes) =
-            Memory::open(Arc::new(SledStore::new(db)), own, MemoryOptions::default());
+        let (memory, _writes) = Memory::open(
+            Arc::new(SledStore::new(db)),
+            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
+            Arc::new(mesh_identity::OriginVerifier::self_certified()),
+            MemoryOptions::default(),
+        );
         (dir, memory)
     }
 

@@ -42,6 +42,10 @@ pub struct Metrics {
     pub tokens_per_second: Family<Labels, FloatGauge>,
     /// Join-token redemptions on this issuer, by outcome (`issued`, or why one was refused).
     pub join_redemptions: Family<Labels, Counter>,
+    /// Replicated records refused before they were applied, by `reason`: `signature` (does not
+    /// verify), `certificate` (no certificate of the mesh vouches for the origin), `expired`
+    /// (written after the origin's certificate expired).
+    pub memory_records_refused: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -105,6 +109,12 @@ impl Metrics {
             "Join-token redemptions on this issuer: outcome=issued, or why one was refused (malformed, forged, expired, used_up, busy, store)",
             join_redemptions.clone(),
         );
+        let memory_records_refused = Family::default();
+        registry.register(
+            "memory_records_refused",
+            "Replicated memory records refused because their origin's signature does not vouch for them, by reason",
+            memory_records_refused.clone(),
+        );
         Self {
             registry,
             join_redemptions,
@@ -116,6 +126,7 @@ impl Metrics {
             lag_records,
             lag_seconds,
             tokens_per_second,
+            memory_records_refused,
         }
     }
 

@@ -16,7 +16,7 @@ use std::{
 
 use mesh_domain::{HealthStatus, NodeId};
 use mesh_identity::{
-    CertRole, Dialer, MeshTls, TlsError, TlsFiles, bootstrap,
+    CertRole, Dialer, MeshTls, OriginSigner, OriginVerifier, TlsError, TlsFiles, bootstrap,
     ca::{self, CaSigner},
 };
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
@@ -177,7 +177,7 @@ impl Node {
             source,
         })?;
 
-        let (mesh_tls, id, fingerprint) = match &config.tls {
+        let (mesh_tls, signer, verifier, fingerprint) = match &config.tls {
             TlsMode::Insecure => {
                 tracing::warn!(
                     "--insecure: plain TCP, no authentication; anyone who can reach {addr} can use this node"
@@ -185,12 +185,14 @@ impl Node {
                 (
                     None,
                     ca::insecure_identity(&config.data_dir)?,
+                    OriginVerifier::self_certified(),
                     String::new(),
                 )
             }
             TlsMode::Mtls(files) => load_tls(files)?,
             TlsMode::Bootstrap => load_tls(&bootstrap_tls(&config.data_dir, &config.name)?)?,
         };
+        let id = signer.id().clone();
         let issuer_ca = issuer_ca(&config)?;
 
         let caps = Arc::new(Capabilities::new(
@@ -291,7 +293,8 @@ impl Node {
         let channels = PeerChannels::new(dialer.clone());
         let (memory, memory_writes) = Memory::open(
             store.clone(),
-            id.clone(),
+            Arc::new(signer),
+            Arc::new(verifier),
             MemoryOptions {
                 local_namespaces: config.local_namespaces.clone(),
                 max_skew: config.max_clock_skew,
@@ -618,7 +621,11 @@ fn issuer_ca(config: &Config) -> Result<Option<CaSigner>, StartError> {
     Ok(Some(CaSigner::load(&ca, &key)?))
 }
 
-fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), StartError> {
+/// The node's TLS material, the signer of its records (its certificate's key) and the verifier
+/// of peers' records (the same CA), and its certificate's fingerprint.
+type Identity = (Option<MeshTls>, OriginSigner, OriginVerifier, String);
+
+fn load_tls(files: &TlsFiles) -> Result<Identity, StartError> {
     let tls = MeshTls::load(files)?;
     match tls.identity().role {
         Some(CertRole::Node) => {}
@@ -631,9 +638,13 @@ fn load_tls(files: &TlsFiles) -> Result<(Option<MeshTls>, NodeId, String), Start
              least; issue a new one with `mesh-cli ca issue --role node`"
         ),
     }
-    let id = tls.identity().id.clone();
+    let signer = tls.origin_signer().map_err(|e| TlsError::KeyMismatch {
+        path: files.key.clone(),
+        reason: e.to_string(),
+    })?;
+    let verifier = tls.origin_verifier()?;
     let fingerprint = tls.identity().fingerprint.clone();
-    Ok((Some(tls), id, fingerprint))
+    Ok((Some(tls), signer, verifier, fingerprint))
 }
 
 /// Zero-config TLS: a CA of this node's own under `<data_dir>/tls`, created on first start with

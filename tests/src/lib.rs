@@ -7,6 +7,7 @@
 //! - [`Netns`] and [`Lan`] create network namespaces (loopback only, or several hosts on one
 //!   bridge) and remove them on drop. mDNS never runs outside them.
 //! - [`wait_for`] polls a condition until a deadline; tests never sleep to let things settle.
+//! - [`sign_record`] signs a wire record as a node would (tests that play a node, or forge one).
 
 use std::{
     fmt::Write as _,
@@ -21,9 +22,31 @@ pub mod fake_openai;
 pub mod soak;
 
 use anyhow::{Context, anyhow, bail};
-use mesh_identity::{CertRole, TlsFiles, ca};
+use mesh_domain::NodeId;
+use mesh_identity::{CertRole, OriginSigner, TlsFiles, ca};
+use mesh_node::memory::{Entry, Record};
+use mesh_proto::v1 as pb;
 use serde_json::Value;
 use tempfile::TempDir;
+
+/// Signs `record` with `signer`, as the node named in its `origin` signs its writes (when the
+/// signer is that node's) or as a forger would (when it is not).
+pub fn sign_record(signer: &OriginSigner, record: &mut pb::MemoryRecord) -> anyhow::Result<()> {
+    let entry = Entry {
+        namespace: record.namespace.clone(),
+        key: record.key.clone(),
+        record: Record {
+            value: record.value.clone(),
+            hlc: record.hlc,
+            origin: NodeId::parse(&record.origin)?,
+            seq: record.seq,
+            tombstone: record.tombstone,
+            signature: Vec::new(),
+        },
+    };
+    record.signature = signer.sign(&entry.signed_bytes())?;
+    Ok(())
+}
 
 /// Path of a workspace binary (`mesh-node`, `mesh-cli`) next to the test executable.
 pub fn bin(name: &str) -> PathBuf {

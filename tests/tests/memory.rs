@@ -1,6 +1,7 @@
 //! Shared memory across real nodes: replication, last-writer-wins convergence, catch-up after a
-//! restart, a partition that heals, durability under SIGKILL, and clock-skew refusal (in-process
-//! and with a node whose clock runs ahead).
+//! restart, a partition that heals, durability under SIGKILL, clock-skew refusal (in-process
+//! and with a node whose clock runs ahead), and records that prove who wrote them (a push with a
+//! bad signature, a relayed forgery).
 
 use std::{
     sync::{
@@ -10,6 +11,7 @@ use std::{
     time::Duration,
 };
 
+use mesh_identity::{MeshTls, OriginSigner};
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
 use serde_json::Value;
@@ -233,40 +235,56 @@ fn every_acknowledged_put_survives_sigkill() {
     );
 }
 
+/// Now as uhlc stamps it: NTP64 over the Unix epoch, seconds in the high 32 bits, fraction in
+/// the low 32.
+fn now_ntp() -> u64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock");
+    (since_epoch.as_secs() << 32) + ((u64::from(since_epoch.subsec_nanos()) << 32) / 1_000_000_000)
+}
+
+/// A member certificate of the harness CA playing a node: its TLS material and its signer.
+fn member(h: &Harness, name: &str) -> (MeshTls, OriginSigner) {
+    let tls = MeshTls::load(&h.issue(name).expect("issue")).expect("load");
+    let signer = tls.origin_signer().expect("signer");
+    (tls, signer)
+}
+
+/// A `notes` record by `origin`, stamped `hlc`, unsigned.
+fn wire_record(origin: &str, key: &str, value: &str, hlc: u64, seq: u64) -> pb::MemoryRecord {
+    pb::MemoryRecord {
+        namespace: "notes".into(),
+        key: key.into(),
+        value: value.as_bytes().to_vec(),
+        hlc,
+        origin: origin.to_owned(),
+        seq,
+        tombstone: false,
+        signature: Vec::new(),
+    }
+}
+
 #[tokio::test]
 async fn a_record_stamped_far_in_the_future_or_in_another_nodes_name_is_refused() {
     let h = Harness::new().expect("harness");
     let node = h.spawn(NodeOptions::new("solo")).expect("node");
     let channel = h.member_channel(&node).await.expect("connect");
     let mut client = pb::memory_client::MemoryClient::new(channel);
-    let now_ntp = {
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock");
-        // uhlc's NTP64 over the Unix epoch: seconds in the high 32 bits, fraction in the low 32.
-        (since_epoch.as_secs() << 32)
-            + ((u64::from(since_epoch.subsec_nanos()) << 32) / 1_000_000_000)
-    };
-    let future = now_ntp + (60u64 << 32);
+    let future = now_ntp() + (60u64 << 32);
     // The member certificate's id: a node pushes only its own writes.
-    let member = mesh_identity::MeshTls::load(&h.issue("member").expect("member"))
-        .expect("load")
-        .identity()
-        .id
-        .to_string();
-    let record = |origin: &str| pb::MemoryRecord {
-        namespace: "notes".into(),
-        key: "time-travel".into(),
-        value: b"from the future".to_vec(),
-        hlc: future,
-        origin: origin.to_owned(),
-        seq: 1,
-        tombstone: false,
+    let (tls, signer) = member(&h, "member");
+    let member_id = tls.identity().id.to_string();
+    let record = |origin: &str| {
+        let mut record = wire_record(origin, "time-travel", "from the future", future, 1);
+        mesh_tests::sign_record(&signer, &mut record).expect("sign");
+        record
     };
     let forged = client
         .push(pb::MemoryPushRequest {
             records: vec![record(&"a".repeat(64))],
             node: String::new(),
+            certificates: vec![signer.certificate().to_vec()],
         })
         .await
         .expect_err("someone else's record");
@@ -275,10 +293,12 @@ async fn a_record_stamped_far_in_the_future_or_in_another_nodes_name_is_refused(
         forged.message().contains("only its own writes"),
         "{forged:?}"
     );
+    // Signed by its writer, so what is refused is the stamp.
     let response = client
         .push(pb::MemoryPushRequest {
-            records: vec![record(&member)],
+            records: vec![record(&member_id)],
             node: String::new(),
+            certificates: vec![signer.certificate().to_vec()],
         })
         .await
         .expect("push answered")
@@ -291,6 +311,307 @@ async fn a_record_stamped_far_in_the_future_or_in_another_nodes_name_is_refused(
         response.refused
     );
     assert_eq!(get(&h, &node, "notes", "time-travel"), None);
+}
+
+/// `agentmesh_memory_records_refused_total{reason}` on `node`'s `/metrics` (0 when absent).
+fn refused_total(node: &NodeProcess, reason: &str) -> u64 {
+    use std::io::{Read, Write};
+    let url = node.http_url().expect("front door");
+    let host = url.trim_start_matches("http://");
+    let mut socket = std::net::TcpStream::connect(host).expect("connect to the front door");
+    write!(
+        socket,
+        "GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    socket.read_to_string(&mut response).expect("read");
+    let series = format!("agentmesh_memory_records_refused_total{{reason=\"{reason}\"}} ");
+    response
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+/// A pushed record whose signature does not verify over its bytes (the value, key or stamp
+/// changed after signing, or a signature that is not one) is refused, listed in the answer and
+/// counted; the genuine record in the same push applies.
+#[tokio::test]
+async fn a_push_whose_signature_does_not_verify_over_the_record_is_refused_and_counted() {
+    let h = Harness::new().expect("harness");
+    let node = h.spawn(NodeOptions::new("solo")).expect("node");
+    let channel = h.member_channel(&node).await.expect("connect");
+    let mut client = pb::memory_client::MemoryClient::new(channel);
+    let (tls, signer) = member(&h, "member");
+    let member_id = tls.identity().id.to_string();
+    let now = now_ntp();
+    let signed = |key: &str, value: &str, seq: u64| {
+        let mut record = wire_record(&member_id, key, value, now + seq, seq);
+        mesh_tests::sign_record(&signer, &mut record).expect("sign");
+        record
+    };
+    let genuine = signed("genuine", "v", 1);
+    let mut value_changed = signed("value-changed", "signed value", 2);
+    value_changed.value = b"another value".to_vec();
+    let mut key_changed = signed("signed-key", "v", 3);
+    key_changed.key = "key-changed".into();
+    let mut hlc_changed = signed("hlc-changed", "v", 4);
+    hlc_changed.hlc += 1;
+    let mut garbage = signed("garbage", "v", 5);
+    garbage.signature = vec![0x5a; 64];
+    let mut unsigned = signed("unsigned", "v", 6);
+    unsigned.signature.clear();
+    let bad = [value_changed, key_changed, hlc_changed, garbage, unsigned];
+    let mut records = vec![genuine];
+    records.extend(bad.iter().cloned());
+    let response = client
+        .push(pb::MemoryPushRequest {
+            records,
+            node: String::new(),
+            certificates: vec![signer.certificate().to_vec()],
+        })
+        .await
+        .expect("push answered")
+        .into_inner();
+    assert_eq!(response.applied, 1, "{:?}", response.refused);
+    assert_eq!(response.refused.len(), bad.len(), "{:?}", response.refused);
+    for (record, line) in bad.iter().zip(&response.refused) {
+        assert!(
+            line.starts_with(&format!("notes/{}:", record.key)) && line.contains("does not verify"),
+            "{line}"
+        );
+    }
+    assert_eq!(get(&h, &node, "notes", "genuine").as_deref(), Some("v"));
+    for key in [
+        "value-changed",
+        "signed-key",
+        "key-changed",
+        "hlc-changed",
+        "garbage",
+        "unsigned",
+    ] {
+        assert_eq!(get(&h, &node, "notes", key), None, "{key}");
+    }
+    assert_eq!(refused_total(&node, "signature"), bad.len() as u64);
+}
+
+/// A fake member node (a real certificate of the harness CA) that relays: it answers `Node`
+/// calls honestly under its own id, and every `Memory.Sync` with the records it was given.
+#[derive(Clone)]
+struct Relay {
+    id: String,
+    answer: Arc<pb::MemorySyncResponse>,
+}
+
+#[tonic::async_trait]
+impl pb::node_server::Node for Relay {
+    async fn get_info(
+        &self,
+        _: tonic::Request<pb::GetInfoRequest>,
+    ) -> Result<tonic::Response<pb::NodeInfo>, tonic::Status> {
+        Ok(tonic::Response::new(self.info()))
+    }
+
+    type WatchInfoStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::NodeInfo, tonic::Status>>;
+
+    async fn watch_info(
+        &self,
+        _: tonic::Request<pb::WatchInfoRequest>,
+    ) -> Result<tonic::Response<Self::WatchInfoStream>, tonic::Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let info = self.info();
+        tokio::spawn(async move {
+            let mut beat = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                beat.tick().await;
+                if tx.send(Ok(info.clone())).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(tonic::Response::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ))
+    }
+
+    async fn list_peers(
+        &self,
+        _: tonic::Request<pb::ListPeersRequest>,
+    ) -> Result<tonic::Response<pb::ListPeersResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::ListPeersResponse {
+            node: Some(self.info()),
+            peers: Vec::new(),
+        }))
+    }
+}
+
+impl Relay {
+    fn info(&self) -> pb::NodeInfo {
+        pb::NodeInfo {
+            name: "relay".into(),
+            id: self.id.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol: 1,
+            ..Default::default()
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::memory_server::Memory for Relay {
+    async fn get(
+        &self,
+        _: tonic::Request<pb::MemoryGetRequest>,
+    ) -> Result<tonic::Response<pb::MemoryGetResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("a relay only answers Sync"))
+    }
+
+    async fn put(
+        &self,
+        _: tonic::Request<pb::MemoryPutRequest>,
+    ) -> Result<tonic::Response<pb::MemoryRecord>, tonic::Status> {
+        Err(tonic::Status::unimplemented("a relay only answers Sync"))
+    }
+
+    async fn delete(
+        &self,
+        _: tonic::Request<pb::MemoryDeleteRequest>,
+    ) -> Result<tonic::Response<pb::MemoryRecord>, tonic::Status> {
+        Err(tonic::Status::unimplemented("a relay only answers Sync"))
+    }
+
+    async fn list(
+        &self,
+        _: tonic::Request<pb::MemoryListRequest>,
+    ) -> Result<tonic::Response<pb::MemoryListResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("a relay only answers Sync"))
+    }
+
+    async fn sync(
+        &self,
+        _: tonic::Request<pb::MemorySyncRequest>,
+    ) -> Result<tonic::Response<pb::MemorySyncResponse>, tonic::Status> {
+        Ok(tonic::Response::new((*self.answer).clone()))
+    }
+
+    async fn push(
+        &self,
+        _: tonic::Request<pb::MemoryPushRequest>,
+    ) -> Result<tonic::Response<pb::MemoryPushResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::MemoryPushResponse::default()))
+    }
+}
+
+/// Serves `relay` over mTLS on 127.0.0.1 on a thread and runtime of its own (the test blocks
+/// while it polls); returns its address and the sender that stops it.
+fn serve_relay(
+    tls: &MeshTls,
+    relay: Relay,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let server_tls = tls.server_config(false);
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("relay runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind relay");
+            addr_tx
+                .send(listener.local_addr().expect("addr"))
+                .expect("report addr");
+            tonic::transport::Server::builder()
+                .tls_config(server_tls)
+                .expect("relay tls")
+                .add_service(pb::node_server::NodeServer::new(relay.clone()))
+                .add_service(pb::memory_server::MemoryServer::new(relay))
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await
+                .expect("relay server");
+        });
+    });
+    (addr_rx.recv().expect("relay started"), stop)
+}
+
+/// The issue's test: alpha's only peer is a relay (a member of the mesh) whose `Sync` answer
+/// carries beta's genuine records, fetched from beta with beta's certificate, and one record
+/// the relay forged in beta's name. Alpha never talks to beta. The forgery is refused, counted
+/// and logged naming the relay and beta; the genuine records converge.
+#[test]
+fn a_relayed_sync_answer_with_a_record_forged_in_a_third_nodes_name_is_refused_and_counted() {
+    let h = Harness::new().expect("harness");
+    let beta = h.spawn(NodeOptions::new("beta")).expect("beta");
+    put(&h, &beta, "notes", "genuine-1", "from beta");
+    put(&h, &beta, "notes", "genuine-2", "also from beta");
+    let (tls, relay_signer) = member(&h, "relay");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    // The relay pulls beta's records as any node would: they come with beta's certificate.
+    let from_beta = runtime.block_on(async {
+        let channel = tls
+            .dialer()
+            .connect(&beta.addr)
+            .await
+            .expect("connect")
+            .channel;
+        pb::memory_client::MemoryClient::new(channel)
+            .sync(pb::MemorySyncRequest::default())
+            .await
+            .expect("sync from beta")
+            .into_inner()
+    });
+    let beta_id = from_beta.records[0].origin.clone();
+    assert_eq!(from_beta.records.len(), 2);
+    assert_eq!(from_beta.certificates.len(), 1, "beta's certificate");
+    // In beta's name, with beta's next sequence, signed with the only key the relay has.
+    let mut forged = wire_record(&beta_id, "forged", "not from beta", now_ntp(), 3);
+    mesh_tests::sign_record(&relay_signer, &mut forged).expect("sign");
+    let mut answer = from_beta.clone();
+    // The forgery goes first, so a node that skipped the rest of a batch after a refusal
+    // would not converge.
+    answer.records.insert(0, forged);
+    answer.heads.insert(beta_id.clone(), 3);
+    let relay_id = tls.identity().id.to_string();
+    let (relay_addr, _stop) = serve_relay(
+        &tls,
+        Relay {
+            id: relay_id.clone(),
+            answer: Arc::new(answer),
+        },
+    );
+    let alpha = h
+        .spawn(NodeOptions::new("alpha").peer(relay_addr.to_string()))
+        .expect("alpha");
+
+    wait_value(&h, &alpha, "notes", "genuine-1", Some("from beta"));
+    wait_value(&h, &alpha, "notes", "genuine-2", Some("also from beta"));
+    assert_eq!(
+        get(&h, &alpha, "notes", "forged"),
+        None,
+        "the forgery is refused"
+    );
+    assert!(refused_total(&alpha, "signature") >= 1);
+    let log = wait_for("alpha to log the refusal", DEADLINE, || {
+        let log = alpha.log_text();
+        log.contains("refused replicated records").then_some(log)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let line = log
+        .lines()
+        .find(|line| line.contains("refused replicated records"))
+        .expect("the refusal line");
+    assert!(
+        line.contains(&relay_id[..12]) && line.contains(&beta_id[..12]),
+        "the log names the relaying peer and the claimed origin: {line}"
+    );
 }
 
 #[test]

@@ -451,6 +451,7 @@ fn push_schedules(
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let tls = MeshTls::load(files).expect("member tls");
     let member_id = tls.identity().id.clone();
+    let signer = tls.origin_signer().expect("the member's signer");
     let client = h.client_files();
     let client_id = MeshTls::load(client)
         .expect("client tls")
@@ -481,7 +482,7 @@ fn push_schedules(
             }),
             origin: None,
         };
-        let record = pb::MemoryRecord {
+        let mut record = pb::MemoryRecord {
             namespace: "cron".into(),
             key: name.clone(),
             value: serde_json::to_vec(&schedule).expect("schedule JSON"),
@@ -489,7 +490,10 @@ fn push_schedules(
             origin: member_id.to_string(),
             seq,
             tombstone: false,
+            signature: Vec::new(),
         };
+        // Signed by the member itself: a genuine write of its own, past `Cron.Add`.
+        mesh_tests::sign_record(&signer, &mut record).expect("sign");
         let answer = runtime.block_on(async {
             let channel = tls
                 .dialer()
@@ -501,6 +505,7 @@ fn push_schedules(
                 .push(pb::MemoryPushRequest {
                     records: vec![record],
                     node: member_id.to_string(),
+                    certificates: vec![signer.certificate().to_vec()],
                 })
                 .await
         });
@@ -626,6 +631,7 @@ fn a_client_certificate_never_acts_as_a_node_and_a_legacy_one_is_trusted_least()
             .push(pb::MemoryPushRequest {
                 records: Vec::new(),
                 node: client_id.clone(),
+                certificates: Vec::new(),
             })
             .await
             .map(drop);

@@ -10,7 +10,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use mesh_domain::NodeId;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
@@ -21,6 +20,7 @@ use sha2::{Digest, Sha256};
 use crate::{
     CertRole, TlsError,
     cert::role_unit,
+    origin::OriginSigner,
     pem::{pem_certs, read, write_new},
 };
 
@@ -236,8 +236,10 @@ fn leaf_params(name: &str, sans: &[String], role: CertRole) -> Result<Certificat
     set_validity(&mut params, CERT_VALIDITY_DAYS);
     Ok(params)
 }
-/// Loads (or creates, on first start) the key that gives an insecure node a stable id.
-pub fn insecure_identity(data_dir: &Path) -> Result<NodeId, TlsError> {
+
+/// Loads (or creates, on first start) the key that gives an insecure node a stable id, with
+/// which it signs its records (under a self-made certificate: an insecure node has no CA).
+pub fn insecure_identity(data_dir: &Path) -> Result<OriginSigner, TlsError> {
     let path = data_dir.join("insecure-node.key");
     let key = if path.exists() {
         KeyPair::from_pem(&read(&path)?).map_err(|e| TlsError::Pem {
@@ -249,7 +251,7 @@ pub fn insecure_identity(data_dir: &Path) -> Result<NodeId, TlsError> {
         write_new(&path, key.serialize_pem().as_bytes(), true)?;
         key
     };
-    Ok(NodeId::from_spki_der(&key.subject_public_key_info()))
+    OriginSigner::self_certified(key).map_err(|e| TlsError::Config(e.to_string()))
 }
 
 fn distinguished_name(common_name: &str) -> DistinguishedName {

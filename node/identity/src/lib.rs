@@ -8,6 +8,9 @@
 //!   fingerprint, name, expiry).
 //! - [`tls`]: loading and checking a node's or client's PEM files ([`MeshTls`]), and the
 //!   verifier that accepts exactly the certificates of the mesh CA.
+//! - [`origin`]: records that say who wrote them: signing this node's records with its key
+//!   ([`OriginSigner`]) and verifying any record against its origin's certificate
+//!   ([`OriginVerifier`]).
 //! - [`dial`]: opening gRPC channels to nodes over mTLS (or plain TCP) ([`Dialer`]).
 //! - [`bootstrap`]: the zero-config layout: the data dir, and the CA a node creates there on
 //!   first start with a certificate for the local `mesh-cli` (or the certificate it joined with).
@@ -22,6 +25,7 @@ pub mod ca;
 pub mod cert;
 pub mod dial;
 pub mod join;
+pub mod origin;
 mod pem;
 pub mod tls;
 
@@ -33,6 +37,7 @@ use std::{
 pub use cert::CertIdentity;
 pub use dial::{DialError, Dialer};
 pub use mesh_domain::CertRole;
+pub use origin::{OriginError, OriginSigner, OriginVerifier};
 pub use tls::{MeshTls, TlsFiles};
 
 /// Installs the `ring` crypto provider as rustls's process default. Call once at the top of

@@ -27,6 +27,7 @@ use crate::{
     CertRole, TlsError,
     cert::CertIdentity,
     dial::Dialer,
+    origin::{OriginError, OriginSigner, OriginVerifier},
     pem::{pem_certs, read},
 };
 
@@ -49,8 +50,11 @@ pub struct MeshTls {
     ca_pem: String,
     #[cfg_attr(not(feature = "server"), allow(dead_code))]
     cert_pem: String,
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
     key_pem: String,
+    /// Our certificate (DER), passed along with the records we sign.
+    cert_der: CertificateDer<'static>,
+    /// The mesh CA, which also vouches for the certificates of records' origins.
+    roots: Arc<RootCertStore>,
     identity: CertIdentity,
     client: Arc<ClientConfig>,
 }
@@ -95,7 +99,7 @@ impl MeshTls {
         // for the client end only (it has no server-auth usage).
         let checked = match identity.role {
             Some(CertRole::Client) => {
-                WebPkiClientVerifier::builder_with_provider(roots, provider())
+                WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
                     .build()
                     .map_err(|e| TlsError::Config(e.to_string()))?
                     .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
@@ -124,7 +128,7 @@ impl MeshTls {
             .with_safe_default_protocol_versions()?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verifier))
-            .with_client_auth_cert(chain, key)
+            .with_client_auth_cert(chain.clone(), key)
             .map_err(|e| TlsError::KeyMismatch {
                 path: files.key.clone(),
                 reason: e.to_string(),
@@ -135,9 +139,21 @@ impl MeshTls {
             ca_pem,
             cert_pem,
             key_pem,
+            cert_der: chain[0].clone(),
+            roots,
             identity,
             client: Arc::new(client),
         })
+    }
+
+    /// Signs this node's replicated records with its key (see [`crate::origin`]).
+    pub fn origin_signer(&self) -> Result<OriginSigner, OriginError> {
+        OriginSigner::new(&self.key_pem, self.cert_der.to_vec())
+    }
+
+    /// Verifies records' signatures against origin certificates from this mesh's CA.
+    pub fn origin_verifier(&self) -> Result<OriginVerifier, TlsError> {
+        OriginVerifier::new(self.roots.clone())
     }
 
     /// Who this certificate says we are.
@@ -253,12 +269,12 @@ impl ServerCertVerifier for AnyServer {
 /// Checks a server's chain against the mesh CA, ignoring the name it was dialed by (see the
 /// module docs for why).
 #[derive(Debug)]
-struct MeshServerVerifier {
+pub(crate) struct MeshServerVerifier {
     inner: Arc<WebPkiServerVerifier>,
 }
 
 impl MeshServerVerifier {
-    fn new(roots: Arc<RootCertStore>) -> Result<Self, TlsError> {
+    pub(crate) fn new(roots: Arc<RootCertStore>) -> Result<Self, TlsError> {
         let inner = WebPkiServerVerifier::builder_with_provider(roots, provider())
             .build()
             .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -268,6 +284,17 @@ impl MeshServerVerifier {
     fn check_chain(&self, chain: &[CertificateDer<'static>]) -> Result<(), rustls::Error> {
         let name = ServerName::try_from("agentmesh.invalid").expect("a valid DNS name literal");
         self.verify_chain(&chain[0], &chain[1..], &name, &[], UnixTime::now())
+            .map(|_| ())
+    }
+
+    /// Checks that a node certificate chains to the CA (issued by it directly) as of `now`.
+    pub(crate) fn check_at(
+        &self,
+        cert: &CertificateDer<'_>,
+        now: UnixTime,
+    ) -> Result<(), rustls::Error> {
+        let name = ServerName::try_from("agentmesh.invalid").expect("a valid DNS name literal");
+        self.verify_server_cert(cert, &[], &name, &[], now)
             .map(|_| ())
     }
 

@@ -467,7 +467,7 @@ fn compact(messages: &mut [Message], tools: &[ToolSpec], window: usize) -> usize
 mod tests {
     use std::{collections::VecDeque, sync::Mutex};
 
-    use mesh_domain::{BoxFuture, NodeId, sync::MutexExt};
+    use mesh_domain::{BoxFuture, sync::MutexExt};
     use tokio::sync::mpsc;
 
     use super::*;
@@ -549,7 +549,8 @@ mod tests {
         let store = SledStore::new(sled::open(dir.path().join("db")).expect("db"));
         let (memory, _writes) = Memory::open(
             Arc::new(store),
-            NodeId::from_spki_der(b"me"),
+            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
+            Arc::new(mesh_identity::OriginVerifier::self_certified()),
             MemoryOptions::default(),
         );
         let models = ModelRegistry::new(

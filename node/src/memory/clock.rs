@@ -92,7 +92,7 @@ mod tests {
     use crate::{
         memory::{
             store::MemoryOptions,
-            test_support::{id, record},
+            test_support::{id, record, signer, verifier},
         },
         storage::{SledStore, Store},
     };
@@ -101,7 +101,8 @@ mod tests {
     async fn a_record_from_the_far_future_is_refused_and_its_writer_named_in_health() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db: Arc<dyn Store> = Arc::new(SledStore::new(sled::open(dir.path()).expect("db")));
-        let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default());
+        let (memory, _writes) =
+            Memory::open(db, signer(&id("me")), verifier(), MemoryOptions::default());
         assert_eq!(memory.clock_problem(), None);
         let future = uhlc::system_time_clock().as_u64()
             + uhlc::NTP64::from(Duration::from_secs(60)).as_u64();

@@ -3,6 +3,7 @@
 //! decides nothing; in particular it knows no status codes.
 
 use mesh_domain::keys::{InvalidName, SYSTEM_NAMESPACES};
+use mesh_identity::OriginError;
 
 use crate::storage::StoreError;
 
@@ -36,6 +37,9 @@ pub enum MemoryError {
         list = SYSTEM_NAMESPACES.join(", ")
     )]
     Reserved(String),
+    /// A record's signature does not prove its origin wrote it (or signing our own failed).
+    #[error("record refused: {0}")]
+    Unverified(#[from] OriginError),
     /// This node was away longer than the tombstone window and has not resynced yet.
     #[error(
         "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"

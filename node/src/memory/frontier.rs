@@ -182,7 +182,7 @@ mod tests {
         memory::{
             record::{Entry, Record},
             store::MemoryOptions,
-            test_support::{id, record},
+            test_support::{id, record, signer, verifier},
         },
         storage::{SledStore, Store},
     };
@@ -191,7 +191,8 @@ mod tests {
     async fn lag_is_what_a_peer_wrote_that_we_do_not_hold() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db: Arc<dyn Store> = Arc::new(SledStore::new(sled::open(dir.path()).expect("db")));
-        let (memory, _writes) = Memory::open(db, id("me"), MemoryOptions::default());
+        let (memory, _writes) =
+            Memory::open(db, signer(&id("me")), verifier(), MemoryOptions::default());
         let peer = id("peer");
         assert_eq!(memory.lag(&peer, 0), (0, 0));
         assert_eq!(memory.lag(&peer, 5).0, 5);

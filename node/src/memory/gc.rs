@@ -146,7 +146,7 @@ mod tests {
         record::Entry,
         store::MemoryOptions,
         sync::{SyncRequest, answer_sync, sync_from},
-        test_support::{InProcess, id, open_memory, record, tombstone_of},
+        test_support::{InProcess, certificate, id, open_memory, record, signed, tombstone_of},
     };
 
     #[tokio::test]
@@ -269,7 +269,12 @@ mod tests {
                 ..record(uhlc::system_time_clock().as_u64(), &sender, false)
             },
         };
-        assert_eq!(memory.accept_push(Some(&sender), &[write]).0, 1);
+        assert_eq!(
+            memory
+                .accept_push(Some(&sender), &[signed(write)], &certificate(&sender))
+                .0,
+            1
+        );
         let started = memory
             .meta_u64(CONTACT_KEY)
             .expect("the first record starts the clock");

@@ -5,7 +5,9 @@
 //! sequence number and a tombstone flag; the greater `(timestamp, node id)` wins, the same on
 //! every node ([`Record::wins_over`]). Each node numbers its own writes; the index tree maps
 //! `(origin, seq)` to the one key whose latest record has it, so "records from origin X after
-//! sequence n" is a range scan whose size is bounded by the data, not by history. Peers pull
+//! sequence n" is a range scan whose size is bounded by the data, not by history. Each record
+//! carries its origin's signature, checked on every node that applies it, so a node that relays
+//! others' records cannot forge or alter them. Peers pull
 //! with `Sync` (when they come up and every 30 s) and are pushed new writes at once. A remote
 //! record stamped further ahead of our clock than the allowed skew is refused and logged.
 //!
@@ -27,12 +29,15 @@
 //!   ([`Memory::known`]), the contact clock and [`Memory::lag`].
 //! - `gc`: tombstone collection, forgetting nodes not heard of, [`Memory::stale`], and dropping
 //!   what a peer deleted while this node was away.
+//! - `signatures`: signing own records, verifying every peer's record against its origin's
+//!   certificate before it is applied, keeping origins' certificates to relay them, counting
+//!   and logging refusals, and the upgrade of a store written before records were signed.
 //! - `sync`: the `Sync` exchange ([`SyncRequest`], [`SyncBatch`], [`answer_sync`],
 //!   [`sync_from`], [`resync_from`]), pushes, the [`MemoryPeers`] port and [`replicate`].
 //!
 //! Imports point one way: `record` and `error` at the bottom, then `store`, which names no
-//! sibling above it; `clock`, `frontier`, `gc` and `sync` name `store` (and `gc` names
-//! `frontier`), never the reverse. `store` reaches them by calling methods only. This file
+//! sibling above it; `clock`, `frontier`, `gc`, `signatures` and `sync` name `store` (and `gc`
+//! names `frontier`), never the reverse. `store` reaches them by calling methods only. This file
 //! declares and re-exports; it defines nothing.
 
 mod clock;
@@ -40,13 +45,14 @@ mod error;
 mod frontier;
 mod gc;
 mod record;
+mod signatures;
 mod store;
 mod sync;
 #[cfg(test)]
 mod test_support;
 
 pub use error::{MemoryError, writable_by_callers};
-pub use record::{Entry, Record};
+pub use record::{Entry, MAX_SIGNATURE, Record};
 pub use store::{Memory, MemoryOptions};
 pub use sync::{
     BATCH_BYTES, MemoryPeers, RESYNCING, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync,

@@ -7,7 +7,7 @@
 //! marked `pub(super)` here.
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     fmt,
     ops::Bound,
     sync::Arc,
@@ -19,6 +19,7 @@ use mesh_domain::{
     keys::{self, MAX_VALUE},
     sync::MutexExt,
 };
+use mesh_identity::{OriginSigner, OriginVerifier};
 use tokio::sync::{mpsc, watch};
 
 use super::{
@@ -58,8 +59,16 @@ pub struct Memory {
     pub(super) store: Arc<dyn Store>,
     /// Serialises writers: each reads what it replaces, then commits.
     pub(super) writer: std::sync::Mutex<()>,
-    /// This node's id: the origin of its own writes.
+    /// This node's id: the origin of its own writes (the id of `signer`'s certificate).
     pub(super) own: NodeId,
+    /// Signs this node's records (see `signatures`).
+    pub(super) signer: Arc<OriginSigner>,
+    /// Verifies peers' records against their origins' certificates (see `signatures`).
+    pub(super) verifier: Arc<OriginVerifier>,
+    /// When a refusal of records relayed by a peer in an origin's name was last logged: one
+    /// line per (peer, origin) a minute, not one per record.
+    pub(super) refusals_logged:
+        std::sync::Mutex<HashMap<(Option<NodeId>, NodeId), std::time::Instant>>,
     /// Stamps local writes and moves up to the stamps of peers' records (see `clock`).
     pub(super) hlc: uhlc::HLC,
     /// How far ahead of our clock a peer's record may be stamped; named in refusals.
@@ -109,13 +118,21 @@ fn be_u64(bytes: &[u8]) -> Option<u64> {
 }
 
 impl Memory {
-    /// Opens the memory kept in `store`. Returns the memory and the stream of local writes the
+    /// Opens the memory kept in `store`, for the node whose records `signer` signs; `verifier`
+    /// checks everything peers send. A store written before records were signed is upgraded
+    /// first ([`Memory::sign_stored`]). Returns the memory and the stream of local writes the
     /// replicator pushes.
     pub fn open(
         store: Arc<dyn Store>,
-        own: NodeId,
+        signer: Arc<OriginSigner>,
+        verifier: Arc<OriginVerifier>,
         options: MemoryOptions,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<Entry>) {
+        let own = signer.id().clone();
+        // Our own records come back from peers and are verified like any other.
+        if let Err(e) = verifier.learn(signer.certificate()) {
+            tracing::warn!(error = %e, "this node's own certificate does not vouch for its records; peers will refuse them");
+        }
         let hlc = Self::new_clock(&own, options.max_skew);
         let (pushes, rx) = mpsc::unbounded_channel();
         let stored_seq = store
@@ -128,6 +145,9 @@ impl Memory {
             store,
             writer: std::sync::Mutex::default(),
             own,
+            signer,
+            verifier,
+            refusals_logged: std::sync::Mutex::default(),
             hlc,
             max_skew: options.max_skew,
             local_namespaces: options.local_namespaces.into_iter().collect(),
@@ -138,6 +158,17 @@ impl Memory {
             synced_at: std::sync::Mutex::default(),
             ahead: std::sync::Mutex::default(),
         };
+        match memory.sign_stored() {
+            Ok((0, 0)) => {}
+            Ok((signed, unsigned)) => tracing::warn!(
+                signed,
+                unsigned,
+                "memory upgraded to signed records: own records signed; other nodes' unsigned records kept and served here but not relayed until their writers' signed copies arrive"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "upgrade memory to signed records (retried at the next start)")
+            }
+        }
         (Arc::new(memory), rx)
     }
 
@@ -150,12 +181,12 @@ impl Memory {
         self.writer.lock_unpoisoned()
     }
 
-    fn replicated(&self, ns: &str) -> bool {
+    pub(super) fn replicated(&self, ns: &str) -> bool {
         !self.local_namespaces.contains(ns)
     }
 
     /// The record stored at `key` of namespace tree `tree`; a corrupt one counts as absent.
-    fn stored(&self, tree: &str, key: &str) -> Result<Option<Record>, MemoryError> {
+    pub(super) fn stored(&self, tree: &str, key: &str) -> Result<Option<Record>, MemoryError> {
         Ok(self
             .store
             .get(tree, key.as_bytes())?
@@ -198,13 +229,17 @@ impl Memory {
             } else {
                 0
             };
-            let record = Record {
+            let mut record = Record {
                 tombstone: value.is_none(),
                 value: value.unwrap_or_default(),
                 hlc: stamp.get_time().as_u64(),
                 origin: self.own.clone(),
                 seq,
+                signature: Vec::new(),
             };
+            if replicated {
+                record.signature = self.sign(ns, key, &record)?;
+            }
             if let Some(old) = self.stored(&tree, key)? {
                 unindex(&mut writes, &old);
             }
@@ -279,16 +314,19 @@ impl Memory {
         Ok(true)
     }
 
-    /// Applies a record from another node: refused when stamped too far ahead, kept only when
-    /// it wins over what is stored. Returns whether it was stored.
-    pub fn apply(&self, entry: &Entry) -> Result<bool, MemoryError> {
+    /// Applies a record whose signature was checked (or a test's): refused when stamped too far
+    /// ahead, kept only when it wins over what is stored. Returns whether it was stored.
+    #[cfg(test)]
+    pub(super) fn apply(&self, entry: &Entry) -> Result<bool, MemoryError> {
         self.apply_all(std::slice::from_ref(entry))
             .pop()
             .unwrap_or(Ok(false))
     }
 
-    /// [`Memory::apply`] for many records in one commit; the result for each, in order.
-    pub fn apply_all(&self, entries: &[Entry]) -> Vec<Result<bool, MemoryError>> {
+    /// [`Memory::apply`] for many records in one commit; the result for each, in order. Only
+    /// for records whose signatures were checked: peers' records come in through
+    /// [`Memory::apply_from`].
+    pub(super) fn apply_all(&self, entries: &[Entry]) -> Vec<Result<bool, MemoryError>> {
         let mut results: Vec<_> = entries.iter().map(|e| self.admit(e)).collect();
         let _writer = self.write_lock();
         let mut writes = Vec::new();
@@ -311,7 +349,7 @@ impl Memory {
             };
             let record = &entry.record;
             if let Some(old) = &old {
-                if !record.wins_over(old) {
+                if !record.supersedes(old) {
                     *result = Ok(false);
                     continue;
                 }
@@ -498,7 +536,7 @@ pub(super) fn split_index_key(key: &[u8]) -> Option<(NodeId, u64)> {
 }
 
 /// Removes `old`'s index (and tombstone) entries.
-fn unindex(writes: &mut Vec<Write>, old: &Record) {
+pub(super) fn unindex(writes: &mut Vec<Write>, old: &Record) {
     if old.seq > 0 {
         writes.push(Write::Delete(INDEX.into(), index_key(&old.origin, old.seq)));
         if old.tombstone {
@@ -545,7 +583,7 @@ pub(super) fn split_index_value(value: &[u8]) -> Option<(String, String)> {
 mod tests {
     use super::*;
     use crate::{
-        memory::test_support::{id, open_memory, record},
+        memory::test_support::{id, open_memory, record, signer, verifier},
         storage::SledStore,
     };
 
@@ -554,7 +592,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db: Arc<dyn Store> = Arc::new(SledStore::new(sled::open(dir.path()).expect("db")));
         let own = id("me");
-        let (memory, _writes) = Memory::open(db, own.clone(), MemoryOptions::default());
+        let (memory, _writes) =
+            Memory::open(db, signer(&own), verifier(), MemoryOptions::default());
         memory
             .put("notes", "a", Some(b"1".to_vec()))
             .await

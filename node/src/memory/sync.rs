@@ -28,6 +28,22 @@ pub const SYNC_BATCH: usize = 512;
 /// Most value bytes one `Sync` answer or `Push` carries (well under the 16 MiB message limit).
 pub const BATCH_BYTES: usize = 8 * 1024 * 1024;
 
+/// How long one `Sync` call may take before the pull gives up (the next one starts over from
+/// the watermarks): with one pull per peer at a time, a peer that never answers must not
+/// stop pulls from it for good.
+const SYNC_CALL_DEADLINE: Duration = Duration::from_secs(60);
+
+/// One `Sync` call, bounded by [`SYNC_CALL_DEADLINE`].
+async fn sync_call(
+    peers: &dyn MemoryPeers,
+    addr: &str,
+    request: SyncRequest,
+) -> Result<SyncBatch, String> {
+    tokio::time::timeout(SYNC_CALL_DEADLINE, peers.sync(addr.to_owned(), request))
+        .await
+        .map_err(|_| format!("no answer within {} s", SYNC_CALL_DEADLINE.as_secs()))?
+}
+
 /// What [`MemoryPeers::sync`] fails with when the peer is resyncing itself.
 pub const RESYNCING: &str = "the peer is resyncing";
 
@@ -56,6 +72,9 @@ pub struct SyncBatch {
     pub frontier: BTreeMap<NodeId, u64>,
     /// With the last batch: the nodes the peer heard of within the window ([`Memory::known`]).
     pub known: BTreeMap<NodeId, u64>,
+    /// The certificates (DER) of the records' origins, one per origin
+    /// ([`Memory::certificates_for`]).
+    pub certificates: Vec<Vec<u8>>,
 }
 
 /// How the replicator reaches peers (implemented over gRPC in `rpc::memory`).
@@ -66,8 +85,14 @@ pub trait MemoryPeers: Send + Sync + fmt::Debug {
         addr: String,
         request: SyncRequest,
     ) -> BoxFuture<'static, Result<SyncBatch, String>>;
-    /// Sends our new records to the peer at `addr`; answers the peer's frontier for our writes.
-    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<u64, String>>;
+    /// Sends our new records, with our certificate, to the peer at `addr`; answers the peer's
+    /// frontier for our writes.
+    fn push(
+        &self,
+        addr: String,
+        entries: Vec<Entry>,
+        certificates: Vec<Vec<u8>>,
+    ) -> BoxFuture<'static, Result<u64, String>>;
 }
 
 /// Answers a peer's `Sync`: for each origin we hold, the records after the peer's watermark.
@@ -95,10 +120,17 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
         let entries = memory.since(&origin, from, room + 1)?;
         let complete = entries.len() <= room;
         for entry in entries.into_iter().take(room) {
+            // Never relay what cannot be proven: an unsigned record (stored before signatures)
+            // would be refused by the caller. The upgrade takes them out of the index, so this
+            // only guards against a store that was upgraded halfway.
+            if entry.record.signature.is_empty() {
+                continue;
+            }
             // Per origin the records go oldest first, so stopping anywhere keeps the
             // caller's watermark honest: it resumes right after the last record it got.
             if bytes + entry.record.value.len() > BATCH_BYTES && !batch.entries.is_empty() {
                 batch.more = true;
+                batch.certificates = memory.certificates_for(&batch.entries);
                 return Ok(batch);
             }
             bytes += entry.record.value.len() + entry.key.len();
@@ -106,9 +138,11 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
         }
         if !complete {
             batch.more = true;
+            batch.certificates = memory.certificates_for(&batch.entries);
             return Ok(batch);
         }
     }
+    batch.certificates = memory.certificates_for(&batch.entries);
     batch.heads = heads;
     batch.frontier = memory.frontier();
     batch.known = memory.known();
@@ -116,17 +150,22 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
 }
 
 impl Memory {
-    /// Applies a peer's push of its own writes. A write that follows the last one we hold from
-    /// the sender advances our watermark for it, so the sender learns at once (from the
-    /// returned frontier) that we hold it.
+    /// Applies a peer's push of its own writes, each verified against the certificates that
+    /// came with it. A write that follows the last one we hold from the sender advances our
+    /// watermark for it, so the sender learns at once (from the returned frontier) that we hold
+    /// it.
     pub fn accept_push(
         &self,
         sender: Option<&NodeId>,
         entries: &[Entry],
+        certificates: &[Vec<u8>],
     ) -> (u32, Vec<String>, u64) {
         let mut applied = 0;
         let mut refused = Vec::new();
-        for (entry, result) in entries.iter().zip(self.apply_all(entries)) {
+        for (entry, result) in entries
+            .iter()
+            .zip(self.apply_from(sender, entries, certificates))
+        {
             match result {
                 Ok(stored) => {
                     applied += u32::from(stored);
@@ -161,22 +200,31 @@ pub async fn sync_from(
     addr: &str,
 ) -> Result<usize, String> {
     let mut applied = 0;
+    // What this pull asks for next: past every record received, refused ones included, so a
+    // peer that keeps sending a refused record cannot hold the pull in a loop. The stored
+    // watermarks stay below a refused record (see below).
+    let mut after = memory.watermarks(peer);
+    // Origins with a refused record in this pull: their stored watermark stays below it.
+    let mut refused: HashSet<NodeId> = HashSet::new();
     loop {
-        let after = memory.watermarks(peer);
         let request = SyncRequest {
             node: Some(memory.own_id().clone()),
             after: after.clone(),
             frontier: memory.frontier(),
         };
-        let batch = peers.sync(addr.to_owned(), request).await?;
+        let batch = sync_call(peers, addr, request).await?;
         let mut highest: BTreeMap<NodeId, u64> = BTreeMap::new();
-        let mut refused: HashSet<NodeId> = HashSet::new();
-        for (entry, result) in batch.entries.iter().zip(memory.apply_all(&batch.entries)) {
+        let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
+        for (entry, result) in batch.entries.iter().zip(results) {
+            let next = after.entry(entry.record.origin.clone()).or_default();
+            *next = (*next).max(entry.record.seq);
             match result {
                 Ok(true) => applied += 1,
                 Ok(false) => {}
-                // Refused (logged by `apply`): keep the watermark below it so it is fetched
-                // again once the clocks agree.
+                // Refused (logged where it was refused: a stamp too far ahead, or a signature
+                // that does not verify): keep the watermark below it, so the record is fetched
+                // again at the next sync (once the clocks agree), and a genuine copy relayed
+                // by this peer later is not skipped. Others relay the genuine record meanwhile.
                 Err(_) => {
                     refused.insert(entry.record.origin.clone());
                     continue;
@@ -189,7 +237,7 @@ pub async fn sync_from(
             *seen = (*seen).max(entry.record.seq);
         }
         for (origin, seq) in highest {
-            if seq > after.get(&origin).copied().unwrap_or(0) {
+            if seq > memory.watermark(peer, &origin) {
                 memory
                     .set_watermark(peer, &origin, seq)
                     .map_err(|e| e.to_string())?;
@@ -230,6 +278,8 @@ pub async fn resync_from(
     let fail = |e: MemoryError| e.to_string();
     memory.store.drop_tree(RESYNC).map_err(|e| e.to_string())?;
     let mut after: BTreeMap<NodeId, u64> = BTreeMap::new();
+    // As in `sync_from`: no watermark is stored past a refused record.
+    let mut refused: HashSet<NodeId> = HashSet::new();
     let mut applied = 0;
     let batch = loop {
         let request = SyncRequest {
@@ -237,9 +287,14 @@ pub async fn resync_from(
             after: after.clone(),
             frontier: memory.frontier(),
         };
-        let batch = peers.sync(addr.to_owned(), request).await?;
-        let results = memory.apply_all(&batch.entries);
+        let batch = sync_call(peers, addr, request).await?;
+        let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
         applied += results.iter().filter(|r| matches!(r, Ok(true))).count();
+        for (entry, result) in batch.entries.iter().zip(&results) {
+            if result.is_err() {
+                refused.insert(entry.record.origin.clone());
+            }
+        }
         let held = batch.entries.iter().map(|entry| {
             Write::Put(
                 RESYNC.into(),
@@ -261,7 +316,9 @@ pub async fn resync_from(
     };
     let dropped = memory.drop_collected(&batch.frontier).map_err(fail)?;
     for (origin, seq) in after.iter().chain(&batch.heads) {
-        memory.set_watermark(peer, origin, *seq).map_err(fail)?;
+        if !refused.contains(origin) {
+            memory.set_watermark(peer, origin, *seq).map_err(fail)?;
+        }
     }
     memory
         .note_peer(peer, &batch.frontier)
@@ -294,9 +351,40 @@ fn push_batches(entries: Vec<Entry>) -> Vec<Vec<Entry>> {
     batches
 }
 
+/// The peers a pull is running from. The replicator starts no second pull from a peer while
+/// one runs: a node that has never finished a sync with a peer counts as lagging at every
+/// tick, so a pull slower than the tick (a large catch-up, records being verified on a busy
+/// machine) was started again every 500 ms, each fetching and checking the same records.
+#[derive(Debug, Clone, Default)]
+struct Pulls(Arc<std::sync::Mutex<HashSet<NodeId>>>);
+
+/// A running pull from one peer; the peer is free for the next pull when it drops.
+#[derive(Debug)]
+struct Pull {
+    pulls: Pulls,
+    peer: NodeId,
+}
+
+impl Pulls {
+    /// Claims `peer` for a pull, unless one from it is running.
+    fn start(&self, peer: &NodeId) -> Option<Pull> {
+        self.0.lock_unpoisoned().insert(peer.clone()).then(|| Pull {
+            pulls: self.clone(),
+            peer: peer.clone(),
+        })
+    }
+}
+
+impl Drop for Pull {
+    fn drop(&mut self) {
+        self.pulls.0.lock_unpoisoned().remove(&self.peer);
+    }
+}
+
 /// Keeps every up peer in sync: pushes local writes at once, pulls from a peer when it comes
-/// up and every sync interval, when tombstones are also collected. A node out of touch longer
-/// than the tombstone window first resyncs fully from one peer.
+/// up and every sync interval, when tombstones are also collected, one pull per peer at a
+/// time. A node out of touch longer than the tombstone window first resyncs fully from one
+/// peer.
 pub async fn replicate(
     memory: Arc<Memory>,
     peers: Arc<PeerTable>,
@@ -307,6 +395,7 @@ pub async fn replicate(
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut was_up: HashSet<NodeId> = HashSet::new();
     let mut last_full = tokio::time::Instant::now();
+    let pulls = Pulls::default();
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -316,8 +405,9 @@ pub async fn replicate(
                     pending.push(more);
                 }
                 for batch in push_batches(pending) {
+                    let certificates = memory.certificates_for(&batch);
                     for peer in peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up) {
-                        let push = link.push(peer.addr.clone(), batch.clone());
+                        let push = link.push(peer.addr.clone(), batch.clone(), certificates.clone());
                         let memory = memory.clone();
                         tokio::spawn(async move {
                             match push.await {
@@ -382,9 +472,11 @@ pub async fn replicate(
                     // at most every couple of seconds.
                     let lagging = memory.lag(&peer.info.id, peer.info.memory_seq).0 > 0
                         && memory.since_sync(&peer.info.id) > Duration::from_secs(2);
-                    if full || lagging || !was_up.contains(&peer.info.id) {
+                    let due = full || lagging || !was_up.contains(&peer.info.id);
+                    if let Some(pull) = due.then(|| pulls.start(&peer.info.id)).flatten() {
                         let (memory, link) = (memory.clone(), link.clone());
                         tokio::spawn(async move {
+                            let _pull = pull;
                             match sync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
                                 Ok(0) => {}
                                 Ok(n) => tracing::info!(peer = %peer.info.name, records = n, "memory synced"),
@@ -408,7 +500,7 @@ mod tests {
         frontier::{CONTACT_KEY, seen_key},
         record::Record,
         store::{META, MemoryOptions},
-        test_support::{InProcess, id, open_memory, record, tombstone_of},
+        test_support::{InProcess, certificate, id, open_memory, record, signed, tombstone_of},
     };
 
     #[test]
@@ -434,25 +526,95 @@ mod tests {
         );
     }
 
+    /// A peer that answers `Sync` slowly, counting how many calls run at once.
+    #[derive(Debug, Default)]
+    struct Slow {
+        running: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl MemoryPeers for Arc<Slow> {
+        fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let this = self.clone();
+            Box::pin(async move {
+                this.calls.fetch_add(1, SeqCst);
+                let now = this.running.fetch_add(1, SeqCst) + 1;
+                this.most.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                this.running.fetch_sub(1, SeqCst);
+                Ok(SyncBatch::default())
+            })
+        }
+
+        fn push(
+            &self,
+            _: String,
+            _: Vec<Entry>,
+            _: Vec<Vec<u8>>,
+        ) -> BoxFuture<'static, Result<u64, String>> {
+            Box::pin(async { Ok(0) })
+        }
+    }
+
+    /// Regression: a peer this node never finished a sync with counts as lagging at every
+    /// 500 ms tick, so a pull slower than that was started again and again, each fetching (and
+    /// verifying) the same records; on a busy machine, converging after a partition took 5-11 s
+    /// instead of 2.
+    #[tokio::test(start_paused = true)]
+    async fn no_second_pull_from_a_peer_starts_while_one_runs() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let (_dir, memory) = open_memory(&id("me"), MemoryOptions::default());
+        let peer = id("slow-peer");
+        let mut info = crate::capabilities::test_support::test_capabilities().snapshot();
+        info.id = peer.clone();
+        info.name = "slow-peer".into();
+        info.memory_seq = 100;
+        let table = Arc::new(PeerTable::default());
+        table.beat(info, "slow-peer:7700", crate::discovery::PeerSource::Static);
+        let slow = Arc::new(Slow::default());
+        let (_writes, rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let replicator = tokio::spawn(replicate(
+            memory,
+            table,
+            Arc::new(slow.clone()),
+            rx,
+            cancel.clone(),
+        ));
+        // Ten ticks: the first pull is still running for the first six of them.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        cancel.cancel();
+        replicator.await.expect("replicator");
+        assert_eq!(slow.most.load(SeqCst), 1, "pulls at once");
+        // Once it ended the peer was synced, so nothing was due any more.
+        assert_eq!(slow.calls.load(SeqCst), 1);
+    }
+
     #[tokio::test]
     async fn a_push_advances_the_frontier_only_when_it_follows_what_is_held() {
         let (me, sender) = (id("me"), id("sender"));
         let (_dir, memory) = open_memory(&me, MemoryOptions::default());
         let now = uhlc::system_time_clock().as_u64();
-        let write = |seq: u64, key: &str| Entry {
-            namespace: "notes".into(),
-            key: key.into(),
-            record: Record {
-                seq,
-                ..record(now + seq, &sender, false)
-            },
+        let write = |seq: u64, key: &str| {
+            signed(Entry {
+                namespace: "notes".into(),
+                key: key.into(),
+                record: Record {
+                    seq,
+                    ..record(now + seq, &sender, false)
+                },
+            })
         };
-        assert_eq!(memory.accept_push(Some(&sender), &[write(1, "a")]).2, 1);
+        let certs = certificate(&sender);
+        let push = |from: &NodeId, entry: Entry| memory.accept_push(Some(from), &[entry], &certs);
+        assert_eq!(push(&sender, write(1, "a")).2, 1);
         // 3 arrives before 2 (a lost push): the frontier waits for a sync to fill the gap.
-        assert_eq!(memory.accept_push(Some(&sender), &[write(3, "c")]).2, 1);
-        assert_eq!(memory.accept_push(Some(&sender), &[write(2, "b")]).2, 2);
+        assert_eq!(push(&sender, write(3, "c")).2, 1);
+        assert_eq!(push(&sender, write(2, "b")).2, 2);
         // Someone else's writes never move the sender's frontier.
-        let (applied, refused, held) = memory.accept_push(Some(&me), &[write(4, "d")]);
+        let (applied, refused, held) = push(&me, write(4, "d"));
         assert_eq!((applied, refused.len(), held), (1, 0, 0));
         assert_eq!(memory.frontier()[&sender], 2);
     }

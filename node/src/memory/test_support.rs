@@ -1,9 +1,14 @@
-//! Helpers the memory's unit tests share: node ids, records, memories on a temporary store, and
-//! peers reached in-process. Test code only; nothing outside the tests may use it.
+//! Helpers the memory's unit tests share: node ids with their signing keys, records (signed or
+//! not), memories on a temporary store, and peers reached in-process. Test code only; nothing
+//! outside the tests may use it.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, OnceLock},
+};
 
 use mesh_domain::{BoxFuture, NodeId};
+use mesh_identity::{OriginSigner, OriginVerifier};
 
 use super::{
     error::MemoryError,
@@ -13,9 +18,48 @@ use super::{
 };
 use crate::storage::{SledStore, Store};
 
-/// A node id derived from a short name.
+/// Every test node's signer, by name and by id (one fresh key per name per test process).
+fn signers() -> &'static Mutex<BTreeMap<String, Arc<OriginSigner>>> {
+    static SIGNERS: OnceLock<Mutex<BTreeMap<String, Arc<OriginSigner>>>> = OnceLock::new();
+    SIGNERS.get_or_init(Mutex::default)
+}
+
+/// The id of the test node called `n`: the hash of its own (self-certified) key.
 pub(super) fn id(n: &str) -> NodeId {
-    NodeId::from_spki_der(n.as_bytes())
+    let mut signers = signers().lock().expect("lock");
+    let signer = signers
+        .entry(n.to_owned())
+        .or_insert_with(|| Arc::new(OriginSigner::generate().expect("signer")))
+        .clone();
+    signers.insert(signer.id().to_string(), signer.clone());
+    signer.id().clone()
+}
+
+/// The signer of the test node whose id is `own` (made by [`id`]).
+pub(super) fn signer(own: &NodeId) -> Arc<OriginSigner> {
+    signers()
+        .lock()
+        .expect("lock")
+        .get(own.as_str())
+        .cloned()
+        .expect("ids come from test_support::id")
+}
+
+/// A verifier of test nodes' records (their certificates are self-made).
+pub(super) fn verifier() -> Arc<OriginVerifier> {
+    Arc::new(OriginVerifier::self_certified())
+}
+
+/// `entry`, signed by its origin.
+pub(super) fn signed(mut entry: Entry) -> Entry {
+    let signer = signer(&entry.record.origin);
+    entry.record.signature = signer.sign(&entry.signed_bytes()).expect("sign");
+    entry
+}
+
+/// The certificate of test node `origin`, as a message carries it.
+pub(super) fn certificate(origin: &NodeId) -> Vec<Vec<u8>> {
+    vec![signer(origin).certificate().to_vec()]
 }
 
 /// A record by `origin` stamped `hlc`, with sequence 1 and value `v` (none for a tombstone).
@@ -26,6 +70,7 @@ pub(super) fn record(hlc: u64, origin: &NodeId, tombstone: bool) -> Record {
         origin: origin.clone(),
         seq: 1,
         tombstone,
+        signature: Vec::new(),
     }
 }
 
@@ -37,7 +82,7 @@ pub(super) fn open_memory(
 ) -> (tempfile::TempDir, Arc<Memory>) {
     let dir = tempfile::tempdir().expect("tempdir");
     let db: Arc<dyn Store> = Arc::new(SledStore::new(sled::open(dir.path()).expect("db")));
-    let (memory, _writes) = Memory::open(db, own.clone(), options);
+    let (memory, _writes) = Memory::open(db, signer(own), verifier(), options);
     (dir, memory)
 }
 
@@ -61,12 +106,17 @@ impl MemoryPeers for InProcess {
         })
     }
 
-    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<u64, String>> {
+    fn push(
+        &self,
+        addr: String,
+        entries: Vec<Entry>,
+        certificates: Vec<Vec<u8>>,
+    ) -> BoxFuture<'static, Result<u64, String>> {
         let peer = self.0.lock().expect("lock").get(&addr).cloned();
         Box::pin(async move {
             let peer = peer.ok_or("no such peer")?;
             let sender = entries.first().map(|e| e.record.origin.clone());
-            Ok(peer.accept_push(sender.as_ref(), &entries).2)
+            Ok(peer.accept_push(sender.as_ref(), &entries, &certificates).2)
         })
     }
 }

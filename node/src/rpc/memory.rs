@@ -6,16 +6,20 @@ use std::{
 };
 
 use mesh_domain::{BoxFuture, NodeId, keys};
-use mesh_identity::CertRole;
+use mesh_identity::{CertRole, OriginError, origin::MAX_CERTIFICATE_BYTES};
 use mesh_proto::{convert::check_len, v1 as pb};
 use tonic::{Request, Response, Status};
 
-use crate::memory::{self, Entry, Memory, MemoryError, MemoryPeers, Record, SyncBatch};
+use crate::memory::{
+    self, Entry, MAX_SIGNATURE, Memory, MemoryError, MemoryPeers, Record, SYNC_BATCH, SyncBatch,
+};
 
 /// Most records one `Push` may carry.
 const MAX_PUSH: usize = 4096;
 /// Most entries in a per-origin map (`after`, `frontier`, `heads`, `known`).
 const MAX_ORIGINS: usize = 10_000;
+/// Most origin certificates one `Sync` answer or `Push` carries (one per origin in it).
+const MAX_CERTIFICATES: usize = SYNC_BATCH;
 
 /// The Memory service.
 #[derive(Debug, Clone)]
@@ -83,6 +87,15 @@ impl From<MemoryError> for Status {
             MemoryError::Storage(store) => super::store_status(&store, message),
             MemoryError::Resyncing => Status::failed_precondition(message),
             MemoryError::Reserved(_) => Status::permission_denied(message),
+            MemoryError::Unverified(origin) => match origin {
+                OriginError::Signing(_) => Status::internal(message),
+                OriginError::Certificate(_)
+                | OriginError::NotFromCa(_)
+                | OriginError::ClientCertificate(_)
+                | OriginError::UnknownOrigin(_)
+                | OriginError::WrittenAfterExpiry(_)
+                | OriginError::BadSignature(_) => Status::permission_denied(message),
+            },
         }
     }
 }
@@ -96,6 +109,25 @@ fn to_pb(entry: &Entry) -> pb::MemoryRecord {
         origin: entry.record.origin.to_string(),
         seq: entry.record.seq,
         tombstone: entry.record.tombstone,
+        signature: entry.record.signature.clone(),
+    }
+}
+
+/// Origin certificates from the wire, bounded in count and size.
+fn check_certificates(certificates: &[Vec<u8>]) -> Result<(), String> {
+    if certificates.len() > MAX_CERTIFICATES {
+        return Err(format!(
+            "certificates: at most {MAX_CERTIFICATES} (one per origin)"
+        ));
+    }
+    match certificates
+        .iter()
+        .position(|c| c.len() > MAX_CERTIFICATE_BYTES)
+    {
+        Some(i) => Err(format!(
+            "certificates[{i}]: at most {MAX_CERTIFICATE_BYTES} bytes"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -110,6 +142,11 @@ impl TryFrom<pb::MemoryRecord> for Entry {
         }
         let origin = NodeId::parse(&record.origin)
             .map_err(|e| Status::invalid_argument(format!("origin: {e}")))?;
+        if record.signature.len() > MAX_SIGNATURE {
+            return Err(Status::invalid_argument(format!(
+                "signature: at most {MAX_SIGNATURE} bytes"
+            )));
+        }
         Ok(Entry {
             namespace: record.namespace,
             key: record.key,
@@ -119,6 +156,7 @@ impl TryFrom<pb::MemoryRecord> for Entry {
                 origin,
                 seq: record.seq,
                 tombstone: record.tombstone,
+                signature: record.signature,
             },
         })
     }
@@ -199,6 +237,7 @@ impl pb::memory_server::Memory for MemoryService {
             heads: wire_seqs(&batch.heads),
             frontier: wire_seqs(&batch.frontier),
             known: wire_seqs(&batch.known),
+            certificates: batch.certificates,
         }))
     }
 
@@ -213,6 +252,7 @@ impl pb::memory_server::Memory for MemoryService {
                 "records: at most {MAX_PUSH} per push"
             )));
         }
+        check_certificates(&r.certificates).map_err(Status::invalid_argument)?;
         let entries = r
             .records
             .into_iter()
@@ -231,7 +271,9 @@ impl pb::memory_server::Memory for MemoryService {
                 sender.short()
             )));
         }
-        let (applied, refused, frontier) = self.memory.accept_push(sender.as_ref(), &entries);
+        let (applied, refused, frontier) =
+            self.memory
+                .accept_push(sender.as_ref(), &entries, &r.certificates);
         if applied > 0 || frontier > 0 {
             self.memory.flush().await?;
         }
@@ -313,6 +355,7 @@ impl MemoryPeers for RemoteMemory {
                     return Err(format!("{}: {}", s.code(), s.message()));
                 }
             };
+            check_certificates(&response.certificates)?;
             let mut entries = Vec::with_capacity(response.records.len());
             for record in response.records {
                 entries.push(Entry::try_from(record).map_err(|s| s.message().to_owned())?);
@@ -323,17 +366,24 @@ impl MemoryPeers for RemoteMemory {
                 heads: parse_seqs("heads", response.heads)?,
                 frontier: parse_seqs("frontier", response.frontier)?,
                 known: parse_seqs("known", response.known)?,
+                certificates: response.certificates,
             })
         })
     }
 
-    fn push(&self, addr: String, entries: Vec<Entry>) -> BoxFuture<'static, Result<u64, String>> {
+    fn push(
+        &self,
+        addr: String,
+        entries: Vec<Entry>,
+        certificates: Vec<Vec<u8>>,
+    ) -> BoxFuture<'static, Result<u64, String>> {
         let this = self.clone();
         Box::pin(async move {
             let mut client = this.client(&addr).await?;
             let request = pb::MemoryPushRequest {
                 records: entries.iter().map(to_pb).collect(),
                 node: this.own.to_string(),
+                certificates,
             };
             match client.push(request).await {
                 Ok(response) => Ok(response.into_inner().frontier),

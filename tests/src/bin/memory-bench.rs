@@ -13,14 +13,19 @@
 //! 4. **Convergence after a partition**: nodes A and B start without knowing each other; A gets
 //!    10,000 keys, B 10,000 other keys, and both write the same 1,000 keys (concurrent
 //!    overwrites), over gRPC with `--in-flight` puts in flight per node (default 1: with 32 in
-//!    flight the nodes' sled stores deadlocked, see 5.), each side ending with a marker key.
+//!    flight the nodes' sled stores deadlocked, see 6.), each side ending with a marker key.
 //!    Then a node C peering with both is started ("heal"; peer exchange introduces A and B),
 //!    and the nodes must survive it: a call that fails names the node. Timed from just before C
 //!    is spawned until A, B and C all hold both markers (records are pulled in write order per
 //!    writer), then checked with `List`: 21,002 live keys on each node and the same winner for
 //!    every doubly-written key. Peer discovery (heal → `peer joined` among the three) is read
 //!    from the nodes' own log timestamps.
-//! 5. **Concurrent durable local puts/s**, in-process: 2,000 puts shared by 2, 4, then 8 tokio
+//! 5. **Signing and verifying records**, in-process: 20,000 records of 100-byte values, each
+//!    signed by a node (its canonical bytes built, then signed with the node key) and then
+//!    verified as a receiving node does (canonical bytes, cached origin key, signature check),
+//!    for an Ed25519 node certificate of a real CA and for an ECDSA P-256 key (older nodes, and
+//!    `--insecure` ones); mean µs per record, and the time to verify a full `Sync` batch (512).
+//! 6. **Concurrent durable local puts/s**, in-process: 2,000 puts shared by 2, 4, then 8 tokio
 //!    tasks on fresh dbs. Last, because sled 0.34 can deadlock when transactions run alongside
 //!    concurrent flushes (`flush_async` callers parked on its rwlock behind a transaction that
 //!    waits for them; compare spacejam/sled#1308), and its IO thread pool is process-wide: a
@@ -38,9 +43,8 @@ use std::{
 };
 
 use anyhow::{Context, bail, ensure};
-use mesh_domain::NodeId;
-use mesh_identity::MeshTls;
-use mesh_node::memory::{Memory, MemoryOptions};
+use mesh_identity::{MeshTls, OriginSigner, OriginVerifier};
+use mesh_node::memory::{Entry, Memory, MemoryOptions, Record};
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess};
 use time::{OffsetDateTime, format_description::well_known::Rfc3339};
@@ -180,6 +184,9 @@ fn bench(settings: Settings) -> anyhow::Result<()> {
     );
     let result = convergence(&runtime, settings.in_flight, &mut report);
     outcome(&mut report, "convergence", result);
+    eprintln!("signing and verifying records…");
+    let result = signatures(&mut report);
+    outcome(&mut report, "signatures", result);
     eprintln!("concurrent local puts…");
     let result = runtime.block_on(local_concurrent_puts(&mut report));
     outcome(&mut report, "concurrent local puts", result);
@@ -192,6 +199,74 @@ fn bench(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Records signed and verified for the per-record cost.
+const SIGNED_RECORDS: usize = 20_000;
+
+/// Sign and verify cost per record, Ed25519 (a node certificate from a real CA) and ECDSA P-256.
+fn signatures(report: &mut Report) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    mesh_identity::ca::ca_init(dir.path())?;
+    let (cert, key) =
+        mesh_identity::ca::issue(dir.path(), "signer", &[], mesh_identity::CertRole::Node)?;
+    let tls = MeshTls::load(&mesh_identity::TlsFiles {
+        ca: dir.path().join(mesh_identity::ca::CA_CERT_FILE),
+        cert,
+        key,
+    })?;
+    let ed25519 = (tls.origin_signer()?, tls.origin_verifier()?);
+    let p256 = (
+        OriginSigner::self_certified(rcgen::KeyPair::generate()?)?,
+        OriginVerifier::self_certified(),
+    );
+    for (label, (signer, verifier)) in [("Ed25519", ed25519), ("ECDSA P-256", p256)] {
+        let mut entries: Vec<Entry> = (0..SIGNED_RECORDS)
+            .map(|i| Entry {
+                namespace: NS.into(),
+                key: format!("k{i}"),
+                record: Record {
+                    value: vec![b'x'; 100],
+                    hlc: 1 << 32,
+                    origin: signer.id().clone(),
+                    seq: i as u64 + 1,
+                    tombstone: false,
+                    signature: Vec::new(),
+                },
+            })
+            .collect();
+        let started = Instant::now();
+        for entry in &mut entries {
+            entry.record.signature = signer.sign(&entry.signed_bytes())?;
+        }
+        let sign = started.elapsed();
+        verifier.learn(signer.certificate())?;
+        let started = Instant::now();
+        for entry in &entries {
+            verifier.verify(
+                &entry.record.origin,
+                entry.record.written_at(),
+                &entry.signed_bytes(),
+                &entry.record.signature,
+            )?;
+        }
+        let verify = started.elapsed();
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / SIGNED_RECORDS as f64;
+        report.add(
+            format!("sign one record ({label})"),
+            format!("{:.1} µs", per(sign)),
+        );
+        report.add(
+            format!("verify one record ({label})"),
+            format!(
+                "{:.1} µs (a Sync batch of {}: {:.1} ms)",
+                per(verify),
+                mesh_node::memory::SYNC_BATCH,
+                per(verify) * mesh_node::memory::SYNC_BATCH as f64 / 1000.0
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// A fresh memory on its own sled db; the temp dir goes when the returned guard drops. The
 /// local-writes receiver is drained by a task that ends once the memory is dropped.
 fn open_memory(name: &str) -> anyhow::Result<(tempfile::TempDir, sled::Db, Arc<Memory>)> {
@@ -201,7 +276,8 @@ fn open_memory(name: &str) -> anyhow::Result<(tempfile::TempDir, sled::Db, Arc<M
     let db = sled::open(dir.path().join("db"))?;
     let (memory, mut writes) = Memory::open(
         std::sync::Arc::new(mesh_node::storage::SledStore::new(db.clone())),
-        NodeId::from_spki_der(name.as_bytes()),
+        Arc::new(OriginSigner::generate()?),
+        Arc::new(OriginVerifier::self_certified()),
         MemoryOptions::default(),
     );
     tokio::spawn(async move { while writes.recv().await.is_some() {} });

@@ -161,7 +161,7 @@ impl Tool for MemoryPut {
 
 #[cfg(test)]
 mod tests {
-    use mesh_domain::{NodeId, keys::SYSTEM_NAMESPACES};
+    use mesh_domain::keys::SYSTEM_NAMESPACES;
 
     use super::*;
     use crate::{
@@ -174,7 +174,8 @@ mod tests {
         let store = SledStore::new(sled::open(dir.path()).expect("db"));
         let (memory, _writes) = Memory::open(
             Arc::new(store),
-            NodeId::from_spki_der(b"me"),
+            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
+            Arc::new(mesh_identity::OriginVerifier::self_certified()),
             MemoryOptions::default(),
         );
         let put = MemoryPut {

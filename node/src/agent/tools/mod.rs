@@ -137,7 +137,8 @@ mod tests {
         let store = SledStore::new(sled::open(dir.path()).expect("db"));
         let (memory, _writes) = Memory::open(
             Arc::new(store),
-            mesh_domain::NodeId::from_spki_der(b"me"),
+            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
+            Arc::new(mesh_identity::OriginVerifier::self_certified()),
             MemoryOptions::default(),
         );
         let tools = ToolRegistry::new(

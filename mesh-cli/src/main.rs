@@ -10,7 +10,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::anyhow;
+use anyhow::{Context, anyhow};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, bootstrap, ca};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
@@ -153,6 +153,20 @@ enum CaCommand {
         #[arg(long, conflicts_with = "sans")]
         install: bool,
     },
+    /// Revoke a node's or client's certificate: signs a revocation with DIR/ca.key and sends it
+    /// to the node (--node / MESH_NODE), which replicates it. Every node then refuses the
+    /// certificate, ends its connections and streams, drops it from its peers and ignores what
+    /// it writes from now on, also after restarts. It cannot be undone: issue a new certificate.
+    Revoke {
+        /// Directory holding ca.pem and ca.key (and NAME.pem when revoking by name).
+        #[arg(long)]
+        dir: PathBuf,
+        /// The certificate: its name (DIR/NAME.pem) or its id (64 hex digits, as `status` shows).
+        target: String,
+        /// Why, kept with the revocation for people.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -211,6 +225,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Ca(CaCommand::Revoke {
+            dir,
+            target,
+            reason,
+        }) => revoke(&cli.conn, &dir, &target, reason).await,
         Command::Ca(CaCommand::Issue {
             dir,
             name,
@@ -246,6 +265,44 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `ca revoke`: signs the revocation of `target` with the CA in `dir` and sends it to the node.
+async fn revoke(
+    conn: &ConnArgs,
+    dir: &std::path::Path,
+    target: &str,
+    reason: String,
+) -> anyhow::Result<()> {
+    let id = mesh_identity::revocation::certificate_id(dir, target).with_context(|| {
+        format!("find the certificate `{target}` (give its name, as DIR/NAME.pem, or its 64-hex-digit id)")
+    })?;
+    let signer = ca::CaSigner::load(&dir.join(ca::CA_CERT_FILE), &dir.join(ca::CA_KEY_FILE))?;
+    let name = if id.as_str() == target {
+        id.short().to_owned()
+    } else {
+        target.to_owned()
+    };
+    let revocation = mesh_identity::Revocation {
+        id: id.clone(),
+        name: name.clone(),
+        revoked_at_ms: unix_ms(),
+        reason,
+    };
+    let signed = revocation.sign(&signer)?;
+    let mut client = pb::node_client::NodeClient::new(channel(conn).await?);
+    let response = client
+        .revoke(signed)
+        .await
+        .map_err(|s| anyhow!("Revoke on {}: {}: {}", conn.node, s.code(), s.message()))?
+        .into_inner();
+    let how = if response.new {
+        "revoked"
+    } else {
+        "already revoked"
+    };
+    println!("{how} {name} (id {id}); every node refuses it within seconds of hearing of it");
+    Ok(())
 }
 
 /// A channel to the node `conn` names.
@@ -286,11 +343,7 @@ async fn fleet(conn: &ConnArgs) -> anyhow::Result<Vec<Value>> {
     }
     for peer in response.peers {
         if let Some(info) = &peer.info {
-            let state = match pb::PeerState::try_from(peer.state) {
-                Ok(pb::PeerState::Up) => "up",
-                Ok(pb::PeerState::Suspect) => "suspect",
-                _ => "down",
-            };
+            let state = mesh_proto::convert::peer_state(peer.state).as_str();
             let mut node = node_json(info, &peer.addr, state, peer.last_seen_ms, &peer.source);
             node["replication_lag"] = json!({
                 "records": peer.lag_records,

@@ -157,9 +157,15 @@ pub struct PeerTable {
 }
 
 impl PeerTable {
-    /// Records a beat: the peer is up, with this info.
+    /// Records a beat: the peer is up, with this info. A revoked peer stays revoked.
     pub fn beat(&self, info: NodeInfo, addr: &str, source: PeerSource) {
         let mut peers = self.peers.write_unpoisoned();
+        if peers
+            .get(&info.id)
+            .is_some_and(|p| p.state == PeerState::Revoked)
+        {
+            return;
+        }
         let now = Instant::now();
         let id = info.id.clone();
         let rtt_ms = peers.get(&id).and_then(|p| p.rtt_ms);
@@ -197,6 +203,17 @@ impl PeerTable {
         }
     }
 
+    /// Marks a peer revoked: it stays listed as `revoked` and is never up again (its session
+    /// ends at its next beat; see `stream_beats`).
+    pub fn revoke(&self, id: &NodeId) {
+        self.mark(id, PeerState::Revoked, "certificate revoked by the mesh CA");
+    }
+
+    /// Whether `id` is a revoked peer.
+    pub fn is_revoked(&self, id: &NodeId) -> bool {
+        self.get(id).is_some_and(|p| p.state == PeerState::Revoked)
+    }
+
     /// Records a measured round-trip time.
     pub fn set_rtt(&self, id: &NodeId, rtt: std::time::Duration) {
         let mut peers = self.peers.write_unpoisoned();
@@ -220,7 +237,7 @@ impl PeerTable {
         for peer in peers.values_mut() {
             let silent = now.saturating_duration_since(peer.last_beat);
             let state = match peer.state {
-                PeerState::Down => continue,
+                PeerState::Down | PeerState::Revoked => continue,
                 _ if silent >= DOWN_AFTER => PeerState::Down,
                 _ if silent >= SUSPECT_AFTER => PeerState::Suspect,
                 current => current,
@@ -622,6 +639,10 @@ async fn stream_beats(
                 }
             }
             message = tokio::time::timeout(DOWN_AFTER, stream.next()) => match message {
+                Ok(Ok(Some(_))) if shared.table.is_revoked(id) => {
+                    tracing::warn!(%addr, id = %id.short(), "dropping the connection to a revoked peer");
+                    return End::Rejected;
+                }
                 Ok(Ok(Some(info))) if info.id == *id => shared.table.beat(info, addr, source),
                 Ok(Ok(Some(_))) => {
                     tracing::warn!(%addr, "peer changed its id mid-stream; dropping the connection");

@@ -16,7 +16,8 @@ use std::{
 
 use mesh_domain::{HealthStatus, NodeId};
 use mesh_identity::{
-    CertRole, Dialer, MeshTls, OriginSigner, OriginVerifier, TlsError, TlsFiles, bootstrap,
+    CertRole, Dialer, MeshTls, OriginSigner, OriginVerifier, RevokedSet, TlsError, TlsFiles,
+    bootstrap,
     ca::{self, CaSigner},
 };
 use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
@@ -310,6 +311,13 @@ impl Node {
             background.child_token(),
         ));
         caps.follow_memory_seq(memory.follow_own_seq());
+        // A peer whose certificate is revoked (loaded at start, or learned from any path) leaves
+        // the table's live rows at once; its session ends at its next beat.
+        background_tasks.spawn(mark_revoked(
+            memory.revoked().clone(),
+            peers.clone(),
+            background.child_token(),
+        ));
         let (models, skipped) = ModelRegistry::from_config(&config);
         for (name, reason) in skipped {
             caps.set_check(
@@ -422,8 +430,12 @@ impl Node {
         if let Some(tls) = &mesh_tls {
             builder = builder.tls_config(tls.server_config(issuer.is_some()))?;
         }
-        // In front of every service: a caller without a certificate reaches `Join` only.
-        let mut builder = builder.layer(CertificateGateLayer::new(mesh_tls.is_some()));
+        // In front of every service: a caller without a certificate reaches `Join` only, and a
+        // revoked one nothing.
+        let mut builder = builder.layer(CertificateGateLayer::new(
+            mesh_tls.is_some(),
+            memory.revoked().clone(),
+        ));
         // The OpenAI-compatible front door; a node without one still serves the mesh.
         let chat = Arc::new(ChatService::new(
             models.clone(),
@@ -775,4 +787,18 @@ fn check_cert_expiry(caps: &Capabilities, not_after: i64) {
         None
     };
     caps.set_check("tls", failure);
+}
+
+/// Marks every revoked certificate's peer row `revoked`, now and after every new revocation.
+async fn mark_revoked(revoked: RevokedSet, peers: Arc<PeerTable>, stop: CancellationToken) {
+    let mut changed = revoked.subscribe();
+    loop {
+        for revocation in revoked.list() {
+            peers.revoke(&revocation.id);
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            result = changed.changed() => if result.is_err() { return },
+        }
+    }
 }

@@ -33,6 +33,7 @@ impl From<PeerState> for pb::PeerState {
             PeerState::Up => pb::PeerState::Up,
             PeerState::Suspect => pb::PeerState::Suspect,
             PeerState::Down => pb::PeerState::Down,
+            PeerState::Revoked => pb::PeerState::Revoked,
         }
     }
 }
@@ -52,6 +53,7 @@ pub fn peer_state(state: i32) -> PeerState {
     match pb::PeerState::try_from(state) {
         Ok(pb::PeerState::Up) => PeerState::Up,
         Ok(pb::PeerState::Suspect) => PeerState::Suspect,
+        Ok(pb::PeerState::Revoked) => PeerState::Revoked,
         _ => PeerState::Down,
     }
 }

@@ -435,6 +435,15 @@ impl pb::node_server::Node for Relay {
         ))
     }
 
+    async fn revoke(
+        &self,
+        _request: tonic::Request<pb::SignedRevocation>,
+    ) -> Result<tonic::Response<pb::RevokeResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "a relay records no revocations",
+        ))
+    }
+
     async fn list_peers(
         &self,
         _: tonic::Request<pb::ListPeersRequest>,

@@ -321,6 +321,15 @@ impl pb::node_server::Node for Impostor {
         ))
     }
 
+    async fn revoke(
+        &self,
+        _request: tonic::Request<pb::SignedRevocation>,
+    ) -> Result<tonic::Response<pb::RevokeResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "an impostor records no revocations",
+        ))
+    }
+
     async fn list_peers(
         &self,
         _request: tonic::Request<pb::ListPeersRequest>,

@@ -15,9 +15,13 @@ pub const CRON_SCHEDULES: &str = "cron";
 pub const CRON_FIRINGS: &str = "cron_firings";
 /// Namespace of the conversation sessions (key: session name).
 pub const SESSIONS: &str = "sessions";
+/// Namespace of the certificates the mesh CA revoked (key: certificate id; value: the
+/// CA-signed entry, written only through `Node.Revoke`).
+pub const REVOCATIONS: &str = "revocations";
 /// Namespaces the node writes for itself, through its own services only: the cron schedules
-/// and firings, and the conversation sessions. Agents and clients may not write them.
-pub const SYSTEM_NAMESPACES: &[&str] = &[CRON_SCHEDULES, CRON_FIRINGS, SESSIONS];
+/// and firings, the conversation sessions and the revocations. Agents and clients may not
+/// write them.
+pub const SYSTEM_NAMESPACES: &[&str] = &[CRON_SCHEDULES, CRON_FIRINGS, SESSIONS, REVOCATIONS];
 
 /// A namespace or key that is not valid; the message says what a valid one looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

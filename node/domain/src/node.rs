@@ -139,15 +139,18 @@ pub enum PeerState {
     Suspect,
     /// Left, refused connections, or silent too long.
     Down,
+    /// Its certificate was revoked by the mesh CA: never dialed, accepted or believed again.
+    Revoked,
 }
 
 impl PeerState {
-    /// `up`, `suspect` or `down`.
+    /// `up`, `suspect`, `down` or `revoked`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Up => "up",
             Self::Suspect => "suspect",
             Self::Down => "down",
+            Self::Revoked => "revoked",
         }
     }
 }

@@ -171,6 +171,11 @@ impl CaSigner {
         &self.fingerprint
     }
 
+    /// The CA key, PKCS#8 DER (revocations are signed with it).
+    pub(crate) fn key_der(&self) -> &[u8] {
+        &self.key_der
+    }
+
     /// The key join tokens are authenticated with, derived from the CA key.
     pub fn token_key(&self) -> crate::join::TokenKey {
         crate::join::TokenKey::derive(&self.key_der)

@@ -11,6 +11,8 @@
 //! - [`origin`]: records that say who wrote them: signing this node's records with its key
 //!   ([`OriginSigner`]) and verifying any record against its origin's certificate
 //!   ([`OriginVerifier`]).
+//! - [`revocation`]: certificates the mesh CA revoked: the CA-signed entry (`mesh-cli ca
+//!   revoke`) and the set every node checks certificates against ([`RevokedSet`]).
 //! - [`dial`]: opening gRPC channels to nodes over mTLS (or plain TCP) ([`Dialer`]).
 //! - [`bootstrap`]: the zero-config layout: the data dir, and the CA a node creates there on
 //!   first start with a certificate for the local `mesh-cli` (or the certificate it joined with).
@@ -27,6 +29,7 @@ pub mod dial;
 pub mod join;
 pub mod origin;
 mod pem;
+pub mod revocation;
 pub mod tls;
 
 use std::{
@@ -38,6 +41,7 @@ pub use cert::CertIdentity;
 pub use dial::{DialError, Dialer};
 pub use mesh_domain::CertRole;
 pub use origin::{OriginError, OriginSigner, OriginVerifier};
+pub use revocation::{Revocation, RevocationError, RevokedSet};
 pub use tls::{MeshTls, TlsFiles};
 
 /// Installs the `ring` crypto provider as rustls's process default. Call once at the top of

@@ -34,7 +34,7 @@ use x509_parser::{
     prelude::{FromDer, X509Certificate},
 };
 
-use crate::{CertRole, cert::CertIdentity, tls::MeshServerVerifier};
+use crate::{CertRole, cert::CertIdentity, revocation::RevokedSet, tls::MeshServerVerifier};
 
 /// Most origins whose verified keys an [`OriginVerifier`] keeps; past it the cache starts
 /// over (every message carries the certificates of its origins, so nothing is lost but time).
@@ -171,6 +171,9 @@ pub struct OriginVerifier {
     anchors: Option<MeshServerVerifier>,
     /// Verified keys by origin.
     keys: Mutex<HashMap<NodeId, OriginKey>>,
+    /// The certificates the mesh CA revoked (shared with the node's TLS), whose later records
+    /// the memory refuses.
+    revoked: RevokedSet,
 }
 
 impl std::fmt::Debug for OriginVerifier {
@@ -183,11 +186,17 @@ impl std::fmt::Debug for OriginVerifier {
 
 impl OriginVerifier {
     /// A verifier that accepts certificates chaining to `roots` (the mesh CA).
-    pub fn new(roots: Arc<RootCertStore>) -> Result<Self, crate::TlsError> {
+    pub fn new(roots: Arc<RootCertStore>, revoked: RevokedSet) -> Result<Self, crate::TlsError> {
         Ok(Self {
             anchors: Some(MeshServerVerifier::new(roots)?),
             keys: Mutex::default(),
+            revoked,
         })
+    }
+
+    /// The certificates revoked in this mesh.
+    pub fn revoked(&self) -> &RevokedSet {
+        &self.revoked
     }
 
     /// A verifier without a CA (`--insecure`): a certificate only has to carry the origin's key.
@@ -195,6 +204,8 @@ impl OriginVerifier {
         Self {
             anchors: None,
             keys: Mutex::default(),
+            // No CA, so no revocation can be checked: the set stays empty.
+            revoked: RevokedSet::new(&[]),
         }
     }
 

@@ -29,6 +29,7 @@ use crate::{
     dial::Dialer,
     origin::{OriginError, OriginSigner, OriginVerifier},
     pem::{pem_certs, read},
+    revocation::RevokedSet,
 };
 
 /// The paths of the three PEM files a node or client needs.
@@ -57,6 +58,9 @@ pub struct MeshTls {
     roots: Arc<RootCertStore>,
     identity: CertIdentity,
     client: Arc<ClientConfig>,
+    /// The certificates the mesh CA revoked, which our client verifier refuses; the node fills
+    /// it (see [`crate::revocation`]).
+    revoked: RevokedSet,
 }
 
 impl std::fmt::Debug for MeshTls {
@@ -86,6 +90,7 @@ impl MeshTls {
             reason: e.to_string(),
         })?;
 
+        let revoked = RevokedSet::new(&ca_certs);
         let mut roots = RootCertStore::empty();
         for ca in ca_certs {
             roots.add(ca).map_err(|e| TlsError::Pem {
@@ -94,7 +99,7 @@ impl MeshTls {
             })?;
         }
         let roots = Arc::new(roots);
-        let verifier = MeshServerVerifier::new(roots.clone())?;
+        let verifier = MeshServerVerifier::new(roots.clone())?.refusing(revoked.clone());
         // A node certificate must be good for both ends of a connection; a client certificate
         // for the client end only (it has no server-auth usage).
         let checked = match identity.role {
@@ -143,7 +148,14 @@ impl MeshTls {
             roots,
             identity,
             client: Arc::new(client),
+            revoked,
         })
+    }
+
+    /// The certificates revoked in this mesh: shared with the dialer's verifier, so adding one
+    /// refuses it on every later dial.
+    pub fn revoked(&self) -> &RevokedSet {
+        &self.revoked
     }
 
     /// Signs this node's replicated records with its key (see [`crate::origin`]).
@@ -153,7 +165,7 @@ impl MeshTls {
 
     /// Verifies records' signatures against origin certificates from this mesh's CA.
     pub fn origin_verifier(&self) -> Result<OriginVerifier, TlsError> {
-        OriginVerifier::new(self.roots.clone())
+        OriginVerifier::new(self.roots.clone(), self.revoked.clone())
     }
 
     /// Who this certificate says we are.
@@ -271,6 +283,8 @@ impl ServerCertVerifier for AnyServer {
 #[derive(Debug)]
 pub(crate) struct MeshServerVerifier {
     inner: Arc<WebPkiServerVerifier>,
+    /// Certificates refused although they chain to the CA (none for the pinned joiner).
+    revoked: Option<RevokedSet>,
 }
 
 impl MeshServerVerifier {
@@ -278,7 +292,16 @@ impl MeshServerVerifier {
         let inner = WebPkiServerVerifier::builder_with_provider(roots, provider())
             .build()
             .map_err(|e| TlsError::Config(e.to_string()))?;
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            revoked: None,
+        })
+    }
+
+    /// Also refuses every certificate in `revoked`.
+    pub(crate) fn refusing(mut self, revoked: RevokedSet) -> Self {
+        self.revoked = Some(revoked);
+        self
     }
 
     fn check_chain(&self, chain: &[CertificateDer<'static>]) -> Result<(), rustls::Error> {
@@ -350,6 +373,17 @@ impl ServerCertVerifier for MeshServerVerifier {
             // Another CA's certificate (all our CAs share the subject `agentmesh CA`, so a
             // foreign one can also fail as a bad signature): say who presented it. The TLS alert
             // becomes `certificate_unknown` instead of `unknown_ca`; the connection fails the same.
+            Ok(verified) => match &self.revoked {
+                Some(revoked)
+                    if CertIdentity::from_der(end_entity)
+                        .is_ok_and(|presented| revoked.contains(&presented.id)) =>
+                {
+                    Err(rustls::Error::InvalidCertificate(
+                        rustls::CertificateError::Revoked,
+                    ))
+                }
+                _ => Ok(verified),
+            },
             Err(rustls::Error::InvalidCertificate(
                 cause @ (rustls::CertificateError::UnknownIssuer
                 | rustls::CertificateError::BadSignature),

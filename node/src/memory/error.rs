@@ -3,7 +3,7 @@
 //! decides nothing; in particular it knows no status codes.
 
 use mesh_domain::keys::{InvalidName, SYSTEM_NAMESPACES};
-use mesh_identity::OriginError;
+use mesh_identity::{OriginError, RevocationError};
 
 use crate::storage::StoreError;
 
@@ -40,6 +40,12 @@ pub enum MemoryError {
     /// A record's signature does not prove its origin wrote it (or signing our own failed).
     #[error("record refused: {0}")]
     Unverified(#[from] OriginError),
+    /// A revocation entry that does not verify (or cannot be kept).
+    #[error("revocation refused: {0}")]
+    Revocation(#[from] RevocationError),
+    /// A record written by a revoked certificate after its revocation.
+    #[error("record refused: its origin {0} was revoked by the mesh CA before writing it")]
+    Revoked(String),
     /// This node was away longer than the tombstone window and has not resynced yet.
     #[error(
         "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"

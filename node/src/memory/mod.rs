@@ -45,6 +45,7 @@ mod error;
 mod frontier;
 mod gc;
 mod record;
+mod revocations;
 mod signatures;
 mod store;
 mod sync;

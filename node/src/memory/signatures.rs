@@ -163,7 +163,7 @@ impl Memory {
         {
             tracing::warn!(error = %e, "keep origin certificates for relaying");
         }
-        let mut refused: HashMap<(&NodeId, &'static str), (usize, OriginError)> = HashMap::new();
+        let mut refused: HashMap<(&NodeId, &'static str), (usize, MemoryError)> = HashMap::new();
         let results = entries
             .iter()
             .map(|entry| {
@@ -179,11 +179,13 @@ impl Memory {
                     &entry.signed_bytes(),
                     &entry.record.signature,
                 );
-                checked.map_err(|e| {
-                    let reason = refusal_reason(&e);
-                    refused.entry((origin, reason)).or_insert((0, e.clone())).0 += 1;
-                    MemoryError::Unverified(e)
-                })
+                checked
+                    .map_err(MemoryError::Unverified)
+                    .and_then(|()| self.check_revocations(entry))
+                    .inspect_err(|e| {
+                        let reason = refusal_reason(e);
+                        refused.entry((origin, reason)).or_insert((0, e.clone())).0 += 1;
+                    })
             })
             .collect();
         for ((origin, reason), (count, error)) in refused {
@@ -194,7 +196,7 @@ impl Memory {
             if self.first_refusal_in_a_while(from, origin) {
                 tracing::warn!(
                     peer = from.map_or("(undeclared)", NodeId::short), origin = %origin.short(), records = count, reason, %error,
-                    "refused replicated records: the origin's signature does not vouch for them (the peer sent records in another node's name that it cannot prove)"
+                    "refused replicated records: the origin's signature does not vouch for them (the peer sent records in another node's name that it cannot prove), or the origin was revoked before writing them"
                 );
             }
         }
@@ -267,7 +269,18 @@ impl Memory {
 }
 
 /// The `reason` label a refusal is counted under.
-fn refusal_reason(error: &OriginError) -> &'static str {
+fn refusal_reason(error: &MemoryError) -> &'static str {
+    let error = match error {
+        MemoryError::Unverified(error) => error,
+        MemoryError::Revoked(_) => return "revoked",
+        MemoryError::Revocation(_) => return "revocation",
+        MemoryError::Invalid(_)
+        | MemoryError::FromTheFuture { .. }
+        | MemoryError::Corrupt(_)
+        | MemoryError::Storage(_)
+        | MemoryError::Reserved(_)
+        | MemoryError::Resyncing => return "other",
+    };
     match error {
         OriginError::BadSignature(_) | OriginError::Signing(_) => "signature",
         OriginError::WrittenAfterExpiry(_) => "expired",

@@ -169,6 +169,10 @@ impl Memory {
                 tracing::warn!(error = %e, "upgrade memory to signed records (retried at the next start)")
             }
         }
+        let revocations = memory.load_revocations();
+        if revocations > 0 {
+            tracing::info!(revocations, "revoked certificates loaded");
+        }
         (Arc::new(memory), rx)
     }
 

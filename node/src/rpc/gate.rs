@@ -1,35 +1,49 @@
-//! The certificate gate: the one place that refuses a caller without a client certificate.
+//! The certificate gate: the one place that refuses a caller by its certificate, before any
+//! handler runs.
 //!
 //! An issuer completes the TLS handshake with a caller that presents no certificate, so that a
 //! joining device can reach `Join` (a certificate that is presented must chain to the mesh CA;
 //! TLS checks that). This layer, in front of every service, answers every other path
-//! `UNAUTHENTICATED` for such a caller, before any handler runs. In insecure mode (no TLS) it
-//! lets everything through, as the node does then anyway.
+//! `UNAUTHENTICATED` for such a caller. It answers every path `PERMISSION_DENIED` for a caller
+//! whose certificate the mesh CA revoked, and ends any response it is still streaming to a
+//! caller (a `WatchInfo`, a task's events) as soon as the caller's certificate is revoked. In
+//! insecure mode (no TLS) it lets everything through, as the node does then anyway.
 
-use std::task::{Context, Poll};
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{Context, Poll},
+};
 
-use mesh_domain::BoxFuture;
+use http_body::Frame;
+use mesh_domain::{BoxFuture, NodeId};
+use mesh_identity::{CertIdentity, RevokedSet};
 use tonic::{
     Status,
     body::Body,
-    codegen::http,
+    codegen::{Bytes, http},
     transport::server::{TcpConnectInfo, TlsConnectInfo},
 };
 
 /// The path prefix of the one service a caller without a certificate may reach.
 const OPEN_SERVICE: &str = "/agentmesh.v1.Join/";
 
+/// What a revoked caller is told.
+const REVOKED: &str = "your certificate was revoked by the mesh CA; this mesh no longer accepts it (ask the mesh's operator for a new one)";
+
 /// Wraps every service of the server in a [`CertificateGate`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CertificateGateLayer {
     /// Whether the server speaks TLS (there are no certificates otherwise).
     tls: bool,
+    /// The certificates the mesh CA revoked.
+    revoked: RevokedSet,
 }
 
 impl CertificateGateLayer {
-    /// A gate for a server with (`tls`) or without TLS.
-    pub fn new(tls: bool) -> Self {
-        Self { tls }
+    /// A gate for a server with (`tls`) or without TLS, refusing the certificates in `revoked`.
+    pub fn new(tls: bool, revoked: RevokedSet) -> Self {
+        Self { tls, revoked }
     }
 }
 
@@ -40,15 +54,18 @@ impl<S> tower::Layer<S> for CertificateGateLayer {
         CertificateGate {
             inner,
             tls: self.tls,
+            revoked: self.revoked.clone(),
         }
     }
 }
 
-/// Refuses a request without a client certificate unless it is for `Join`.
+/// Refuses a request without a client certificate unless it is for `Join`, and every request
+/// with a revoked one.
 #[derive(Debug, Clone)]
 pub struct CertificateGate<S> {
     inner: S,
     tls: bool,
+    revoked: RevokedSet,
 }
 
 /// Whether a request with this path from a caller with (`has_certificate`) or without a
@@ -71,20 +88,96 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let has_certificate = request
+        let caller: Option<Option<NodeId>> = request
             .extensions()
             .get::<TlsConnectInfo<TcpConnectInfo>>()
             .and_then(TlsConnectInfo::peer_certs)
-            .is_some_and(|certs| !certs.is_empty());
-        if admits(self.tls, request.uri().path(), has_certificate) {
-            Box::pin(self.inner.call(request))
-        } else {
+            .and_then(|certs| certs.first().cloned())
+            // A certificate TLS accepted but that does not parse has no id to revoke.
+            .map(|first| CertIdentity::from_der(&first).ok().map(|c| c.id));
+        if !admits(self.tls, request.uri().path(), caller.is_some()) {
             let refusal = Status::unauthenticated(
                 "a client certificate from the mesh CA is required (only Join may be called without one)",
             )
             .into_http();
-            Box::pin(async move { Ok(refusal) })
+            return Box::pin(async move { Ok(refusal) });
         }
+        let Some(Some(id)) = caller else {
+            return Box::pin(self.inner.call(request));
+        };
+        if self.revoked.contains(&id) {
+            let refusal = Status::permission_denied(REVOKED).into_http();
+            return Box::pin(async move { Ok(refusal) });
+        }
+        let revoked = self.revoked.clone();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| {
+                Body::new(EndsOnRevocation {
+                    inner: body,
+                    revoked: Box::pin(until_revoked(revoked, id)),
+                    ended: false,
+                })
+            }))
+        })
+    }
+}
+
+/// Resolves once `id` is in `revoked`.
+async fn until_revoked(revoked: RevokedSet, id: NodeId) {
+    let mut changed = revoked.subscribe();
+    loop {
+        if revoked.contains(&id) {
+            return;
+        }
+        if changed.changed().await.is_err() {
+            // The set is gone with the node: nothing is revoked any more.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// A response body that ends with `PERMISSION_DENIED` as soon as the caller is revoked: a
+/// long-lived stream to a revoked certificate does not outlive its revocation.
+struct EndsOnRevocation {
+    inner: Body,
+    revoked: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Set once the refusal's trailers went out; the body ends after them.
+    ended: bool,
+}
+
+impl http_body::Body for EndsOnRevocation {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if self.revoked.as_mut().poll(cx).is_ready() {
+            self.ended = true;
+            // grpc-message may carry printable ASCII as is, which REVOKED is.
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert(
+                "grpc-status",
+                http::HeaderValue::from(tonic::Code::PermissionDenied as i32),
+            );
+            trailers.insert("grpc-message", http::HeaderValue::from_static(REVOKED));
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -86,7 +86,17 @@ impl From<MemoryError> for Status {
             MemoryError::Corrupt(_) => Status::data_loss(message),
             MemoryError::Storage(store) => super::store_status(&store, message),
             MemoryError::Resyncing => Status::failed_precondition(message),
-            MemoryError::Reserved(_) => Status::permission_denied(message),
+            MemoryError::Reserved(_) | MemoryError::Revoked(_) => {
+                Status::permission_denied(message)
+            }
+            MemoryError::Revocation(revocation) => match revocation {
+                // (listed in full so a new kind of refusal gets its status here)
+                mesh_identity::RevocationError::Malformed(_) => Status::invalid_argument(message),
+                mesh_identity::RevocationError::BadSignature => Status::permission_denied(message),
+                mesh_identity::RevocationError::NoCa => Status::failed_precondition(message),
+                mesh_identity::RevocationError::Signing(_) => Status::internal(message),
+                mesh_identity::RevocationError::Full => Status::resource_exhausted(message),
+            },
             MemoryError::Unverified(origin) => match origin {
                 OriginError::Signing(_) => Status::internal(message),
                 OriginError::Certificate(_)

@@ -216,9 +216,54 @@ impl pb::node_server::Node for NodeService {
             .collect();
         Ok(Response::new(pb::ListPeersResponse {
             node: Some((&self.caps.snapshot()).into()),
-            peers,
+            peers: with_revoked(peers, self.memory.as_deref()),
         }))
     }
+
+    async fn revoke(
+        &self,
+        request: Request<pb::SignedRevocation>,
+    ) -> Result<Response<pb::RevokeResponse>, Status> {
+        // Any caller the gate let through may call: the CA's signature, checked by the memory
+        // before anything is stored, is what authorizes a revocation.
+        let Some(memory) = &self.memory else {
+            return Err(Status::failed_precondition(
+                "this node keeps no memory, so it cannot record revocations",
+            ));
+        };
+        let signed = prost::Message::encode_to_vec(request.get_ref());
+        let (revocation, new) = memory.revoke(&signed).await?;
+        self.peers.revoke(&revocation.id);
+        Ok(Response::new(pb::RevokeResponse { new }))
+    }
+}
+
+/// `peers` plus a `revoked` row for every revoked certificate not among them (one never met,
+/// or met before this node restarted), so `mesh-cli status` lists every revoked device.
+fn with_revoked(mut peers: Vec<pb::Peer>, memory: Option<&Memory>) -> Vec<pb::Peer> {
+    let Some(memory) = memory else {
+        return peers;
+    };
+    for revocation in memory.revoked().list() {
+        let id = revocation.id.to_string();
+        if peers
+            .iter()
+            .any(|p| p.info.as_ref().is_some_and(|info| info.id == id))
+        {
+            continue;
+        }
+        peers.push(pb::Peer {
+            info: Some(pb::NodeInfo {
+                id,
+                name: revocation.name,
+                ..Default::default()
+            }),
+            state: pb::PeerState::Revoked as i32,
+            last_seen_ms: revocation.revoked_at_ms,
+            ..Default::default()
+        });
+    }
+    peers
 }
 
 /// Runs `body` with the sending half of a channel and streams what it sends.

@@ -100,7 +100,82 @@ impl Memory {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use mesh_domain::{BoxFuture, NodeId};
+
     use super::*;
+    use crate::memory::{
+        record::Record,
+        store::MemoryOptions,
+        sync::{MemoryPeers, SyncBatch, SyncRequest, sync_from},
+        test_support::{certificate, id, open_memory, record, signed, tombstone_of},
+    };
+
+    /// A relaying peer that answers every `Sync` with one batch.
+    #[derive(Debug)]
+    struct Relay(SyncBatch);
+
+    impl MemoryPeers for Relay {
+        fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
+            let batch = self.0.clone();
+            Box::pin(async move { Ok(batch) })
+        }
+
+        fn push(
+            &self,
+            _: String,
+            _: Vec<Entry>,
+            _: Vec<Vec<u8>>,
+        ) -> BoxFuture<'static, Result<u64, String>> {
+            Box::pin(async { Ok(0) })
+        }
+    }
+
+    /// A genuine write of `origin`'s at `notes`/`key`, stamped `ms` (Unix ms).
+    fn write_at(origin: &NodeId, seq: u64, key: &str, ms: u64) -> Entry {
+        let hlc = ((ms / 1000) << 32) | (((ms % 1000) << 32) / 1000);
+        signed(Entry {
+            namespace: "notes".into(),
+            key: key.into(),
+            record: Record {
+                seq,
+                value: b"v".to_vec(),
+                ..record(hlc, origin, false)
+            },
+        })
+    }
+
+    #[tokio::test]
+    async fn a_revoked_origins_records_written_after_the_revocation_are_refused_when_relayed() {
+        let (me, revoked, relay) = (id("me"), id("revoked"), id("relay"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        let at = stamp_ms(uhlc::system_time_clock().as_u64()) - 10_000;
+        memory
+            .revoked()
+            .insert(Revocation {
+                id: revoked.clone(),
+                name: "revoked".into(),
+                revoked_at_ms: at,
+                reason: String::new(),
+            })
+            .expect("insert");
+        let peer = Relay(SyncBatch {
+            entries: vec![
+                write_at(&revoked, 1, "before", at - 1000),
+                write_at(&revoked, 2, "after", at + 1000),
+            ],
+            heads: BTreeMap::from([(revoked.clone(), 2)]),
+            certificates: certificate(&revoked),
+            ..SyncBatch::default()
+        });
+        let applied = sync_from(&memory, &peer, &relay, "relay")
+            .await
+            .expect("sync");
+        assert_eq!(applied, 1);
+        assert_eq!(tombstone_of(&memory, "before"), Some(false), "kept");
+        assert_eq!(tombstone_of(&memory, "after"), None, "refused");
+    }
 
     #[test]
     fn stamps_convert_to_unix_ms() {

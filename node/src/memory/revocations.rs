@@ -16,6 +16,10 @@ pub(super) fn stamp_ms(hlc: u64) -> u64 {
     (hlc >> 32) * 1000 + (((hlc & 0xffff_ffff) * 1000) >> 32)
 }
 
+fn log_revoked(revocation: &Revocation) {
+    tracing::warn!(id = %revocation.id.short(), name = %revocation.name, revoked_at_ms = revocation.revoked_at_ms, reason = %revocation.reason, "certificate revoked by the mesh CA: refused from now on");
+}
+
 impl Memory {
     /// The certificates revoked in this mesh, as this node knows them.
     pub fn revoked(&self) -> &RevokedSet {
@@ -35,6 +39,9 @@ impl Memory {
             self.put(REVOCATIONS, &key, Some(signed.to_vec())).await?;
         }
         let new = self.revoked().insert(revocation.clone())?;
+        if new {
+            log_revoked(&revocation);
+        }
         Ok((revocation, new))
     }
 
@@ -76,7 +83,9 @@ impl Memory {
         }
         if entry.namespace == REVOCATIONS {
             let revocation = self.revocation_in(entry)?;
-            self.revoked().insert(revocation)?;
+            if self.revoked().insert(revocation.clone())? {
+                log_revoked(&revocation);
+            }
         }
         Ok(())
     }

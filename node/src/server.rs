@@ -274,10 +274,6 @@ impl Node {
                 )),
             );
         }
-        for source in sources {
-            tracing::info!(source = source.name(), "discovery started");
-            background_tasks.spawn(source.run(events_tx.clone(), background.child_token()));
-        }
 
         let db_path = config.data_dir.join("db");
         let db = sled::open(&db_path).map_err(|source| StartError::Storage {
@@ -318,6 +314,12 @@ impl Node {
             peers.clone(),
             background.child_token(),
         ));
+        // Discovery starts only now that the memory has loaded the revocations into the
+        // dialer's revoked set, so no revoked peer is dialed (and listed up) at start.
+        for source in sources {
+            tracing::info!(source = source.name(), "discovery started");
+            background_tasks.spawn(source.run(events_tx.clone(), background.child_token()));
+        }
         let (models, skipped) = ModelRegistry::from_config(&config);
         for (name, reason) in skipped {
             caps.set_check(

@@ -111,35 +111,15 @@ impl Memory {
 mod tests {
     use std::collections::BTreeMap;
 
-    use mesh_domain::{BoxFuture, NodeId};
+    use mesh_domain::NodeId;
 
     use super::*;
     use crate::memory::{
         record::Record,
         store::MemoryOptions,
-        sync::{MemoryPeers, SyncBatch, SyncRequest, sync_from},
-        test_support::{certificate, id, open_memory, record, signed, tombstone_of},
+        sync::{SyncBatch, sync_from},
+        test_support::{CannedPeer, certificate, id, open_memory, record, signed, tombstone_of},
     };
-
-    /// A relaying peer that answers every `Sync` with one batch.
-    #[derive(Debug)]
-    struct Relay(SyncBatch);
-
-    impl MemoryPeers for Relay {
-        fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
-            let batch = self.0.clone();
-            Box::pin(async move { Ok(batch) })
-        }
-
-        fn push(
-            &self,
-            _: String,
-            _: Vec<Entry>,
-            _: Vec<Vec<u8>>,
-        ) -> BoxFuture<'static, Result<u64, String>> {
-            Box::pin(async { Ok(0) })
-        }
-    }
 
     /// A genuine write of `origin`'s at `notes`/`key`, stamped `ms` (Unix ms).
     fn write_at(origin: &NodeId, seq: u64, key: &str, ms: u64) -> Entry {
@@ -169,7 +149,7 @@ mod tests {
                 reason: String::new(),
             })
             .expect("insert");
-        let peer = Relay(SyncBatch {
+        let peer = CannedPeer::new(SyncBatch {
             entries: vec![
                 write_at(&revoked, 1, "before", at - 1000),
                 write_at(&revoked, 2, "after", at + 1000),

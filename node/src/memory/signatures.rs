@@ -295,14 +295,13 @@ fn refusal_reason(error: &MemoryError) -> &'static str {
 mod tests {
     use std::{collections::BTreeMap, sync::Arc};
 
-    use mesh_domain::BoxFuture;
-
     use super::*;
     use crate::memory::{
         store::MemoryOptions,
-        sync::{MemoryPeers, SyncBatch, SyncRequest, sync_from},
+        sync::{SyncBatch, sync_from},
         test_support::{
-            InProcess, certificate, id, open_memory, record, signed, signer, tombstone_of, verifier,
+            CannedPeer, InProcess, certificate, id, open_memory, record, signed, signer,
+            tombstone_of, verifier,
         },
     };
 
@@ -326,27 +325,6 @@ mod tests {
             .get()
     }
 
-    /// A peer that answers every `Sync` with the batch it was given (a relaying node that may
-    /// lie).
-    #[derive(Debug)]
-    struct Canned(std::sync::Mutex<SyncBatch>);
-
-    impl MemoryPeers for Canned {
-        fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
-            let batch = self.0.lock().expect("lock").clone();
-            Box::pin(async move { Ok(batch) })
-        }
-
-        fn push(
-            &self,
-            _: String,
-            _: Vec<Entry>,
-            _: Vec<Vec<u8>>,
-        ) -> BoxFuture<'static, Result<u64, String>> {
-            Box::pin(async { Ok(0) })
-        }
-    }
-
     #[tokio::test]
     async fn a_relayed_record_forged_in_another_nodes_name_is_refused_and_the_genuine_ones_apply() {
         let (me, writer, relay) = (id("me"), id("writer"), id("relay"));
@@ -365,7 +343,7 @@ mod tests {
             certificates: certificate(&writer),
             ..SyncBatch::default()
         };
-        let peer = Canned(std::sync::Mutex::new(batch));
+        let peer = CannedPeer::new(batch);
         let before = refused_total("signature");
         let applied = sync_from(&memory, &peer, &relay, "relay")
             .await

@@ -125,3 +125,31 @@ impl MemoryPeers for InProcess {
 pub(super) fn tombstone_of(memory: &Memory, key: &str) -> Option<bool> {
     memory.get("notes", key).expect("get").map(|r| r.tombstone)
 }
+
+/// A peer that answers every `Sync` with the batch it holds (a relaying node that may lie), and
+/// takes every push.
+#[derive(Debug)]
+pub(super) struct CannedPeer(pub(super) Mutex<SyncBatch>);
+
+impl CannedPeer {
+    /// A peer answering with `batch`.
+    pub(super) fn new(batch: SyncBatch) -> Self {
+        Self(Mutex::new(batch))
+    }
+}
+
+impl MemoryPeers for CannedPeer {
+    fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
+        let batch = self.0.lock().expect("lock").clone();
+        Box::pin(async move { Ok(batch) })
+    }
+
+    fn push(
+        &self,
+        _: String,
+        _: Vec<Entry>,
+        _: Vec<Vec<u8>>,
+    ) -> BoxFuture<'static, Result<u64, String>> {
+        Box::pin(async { Ok(0) })
+    }
+}

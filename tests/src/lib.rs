@@ -674,8 +674,24 @@ impl Harness {
         Ok((output.status.code(), value))
     }
 
+    /// Runs `mesh-cli` against `node` presenting the certificate `files` instead of the harness's
+    /// client certificate (a node certificate used as mesh-cli's, a revoked one, …).
+    pub fn cli_as(
+        &self,
+        files: &TlsFiles,
+        node: &NodeProcess,
+        args: &[&str],
+    ) -> anyhow::Result<Output> {
+        Ok(Self::command_as(files, node, args).output()?)
+    }
+
     /// The `mesh-cli` command for `node` (in its namespace, with the client certificate).
     pub fn cli_command(&self, node: &NodeProcess, args: &[&str]) -> Command {
+        Self::command_as(&self.client, node, args)
+    }
+
+    /// The `mesh-cli` command for `node` (in its namespace) presenting `files`.
+    fn command_as(files: &TlsFiles, node: &NodeProcess, args: &[&str]) -> Command {
         let cli = bin("mesh-cli");
         let mut cmd = match &node.netns {
             Some(ns) => {
@@ -688,11 +704,11 @@ impl Harness {
         cmd.arg("--node")
             .arg(&node.addr)
             .arg("--ca")
-            .arg(&self.client.ca)
+            .arg(&files.ca)
             .arg("--cert")
-            .arg(&self.client.cert)
+            .arg(&files.cert)
             .arg("--key")
-            .arg(&self.client.key)
+            .arg(&files.key)
             .args(args)
             .env_remove("MESH_NODE")
             .stdin(Stdio::null());

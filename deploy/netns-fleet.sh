@@ -19,9 +19,12 @@
 #   cut I | heal I                  take host I's link to the bridge down (a partition) or up
 #   kill I [SIGNAL] | start I       signal host I's node (default KILL), or start it again
 # Environment: FLEET_NAME (namespace prefix, default amf; one fleet per name), FLEET_DIR (its
-# files: configs, CA, data dirs, logs; default /tmp/agentmesh-fleet-$FLEET_NAME), FLEET_BIN (a
-# directory with mesh-node and mesh-cli to use instead of building them).
+# files: configs, CA, data dirs, logs; default /tmp/agentmesh-fleet-$FLEET_NAME; it must be this
+# user's own directory, not a link, writable by nobody else), FLEET_BIN (a directory with
+# mesh-node and mesh-cli to use instead of building them).
 set -euo pipefail
+# Runs as root: everything it writes (keys, configs, logs) is for its user alone.
+umask 077
 
 name=${FLEET_NAME:-amf}
 dir=${FLEET_DIR:-/tmp/agentmesh-fleet-$name}
@@ -29,6 +32,17 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 hub="$name-hub"
 
 die() { echo "netns-fleet.sh: $*" >&2; exit 1; }
+# The fleet's directory, under a shared /tmp by default: someone else may have made it first
+# (to read the keys, or plant links the node would write through). It is used only when it is
+# a real directory of this user's that no one else can write; `up` creates it so.
+check_dir() {
+  [ -e "$dir" ] || [ -L "$dir" ] || return 0
+  [ ! -L "$dir" ] && [ -d "$dir" ] || die "$dir is not a directory of its own (a link or a file); remove it, or set FLEET_DIR to a directory of yours"
+  [ "$(stat -c %u "$dir")" = "$(id -u)" ] ||
+    die "$dir belongs to another user; refusing it (remove it, or set FLEET_DIR to a directory of yours)"
+  [ $((8#$(stat -c %a "$dir") & 8#022)) = 0 ] ||
+    die "$dir can be written by others (mode $(stat -c %a "$dir")); refusing it (chmod 700 it, or set FLEET_DIR to another directory)"
+}
 usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 host_ns() { echo "$name-$1"; }
 addr() { echo "10.78.0.$1"; }
@@ -77,7 +91,8 @@ up() {
     (cd "$root" && cargo build --bins --quiet "${flags[@]}")
   fi
   [ -x "$bins/mesh-node" ] && [ -x "$bins/mesh-cli" ] || die "no mesh-node and mesh-cli in $bins"
-  mkdir -p "$dir"
+  mkdir -p -m 700 "$dir"
+  check_dir
   echo "$bins" > "$dir/bin"
   local model=""
   if $embedded; then model=$("$root/deploy/fetch-model.sh" 2>/dev/null | tail -n 1); fi
@@ -171,6 +186,7 @@ down() {
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
+check_dir
 case "$cmd" in
   up) up "$@" ;;
   down) down ;;

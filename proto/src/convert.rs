@@ -766,6 +766,26 @@ mod tests {
                 },
                 "prompt",
             ),
+            (
+                pb::SubmitRequest {
+                    lineage: Some(pb::Lineage {
+                        task_id: "victim/../x".into(),
+                        ..Default::default()
+                    }),
+                    ..good.clone()
+                },
+                "lineage.task_id",
+            ),
+            (
+                pb::SubmitRequest {
+                    lineage: Some(pb::Lineage {
+                        parent_id: "0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7d\0".into(),
+                        ..Default::default()
+                    }),
+                    ..good.clone()
+                },
+                "lineage.parent_id",
+            ),
         ];
         for (request, field) in cases {
             let status = TaskSpec::try_from(request).expect_err(field);

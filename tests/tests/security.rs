@@ -217,6 +217,53 @@ async fn oversized_requests_and_strings_are_refused_with_the_limit() {
         .expect_err("an oversized request is refused");
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
 
+    // A task id that is not a UUID (one with a separator or a NUL byte could reach the stored
+    // events of another task) is refused, whether it is watched, cancelled or claimed in a
+    // forwarded task's lineage.
+    for id in ["../x", "0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7d\0"] {
+        let watch = tasks
+            .watch(pb::WatchRequest {
+                task_id: id.into(),
+                follow: false,
+            })
+            .await
+            .map(drop)
+            .expect_err("a bad id is refused");
+        let cancel = tasks
+            .cancel(pb::CancelRequest { task_id: id.into() })
+            .await
+            .map(drop)
+            .expect_err("a bad id is refused");
+        for status in [watch, cancel] {
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+            assert!(
+                status.message().starts_with("task_id: "),
+                "{}",
+                status.message()
+            );
+        }
+    }
+    let status = tasks
+        .submit(pb::SubmitRequest {
+            prompt: "x".into(),
+            target: Some(pb::submit_request::Target::Role("chat".into())),
+            lineage: Some(pb::Lineage {
+                task_id: "a/b".into(),
+                hops: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+        .expect_err("a bad lineage id is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with("lineage.task_id"),
+        "{}",
+        status.message()
+    );
+
     // A memory key over 512 bytes and a namespace with a bad character name the field.
     let mut memory = pb::memory_client::MemoryClient::new(channel);
     let status = memory

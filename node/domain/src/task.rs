@@ -15,6 +15,20 @@ pub const MAX_TIMEOUT_S: u32 = 86_400;
 /// Most model rounds a task may ask for.
 pub const MAX_ROUNDS: u32 = 1000;
 
+/// Checks a task id that came from the network or from a store: a UUID in its canonical form
+/// (36 lowercase characters with hyphens), as every node makes them, so an id can never carry a
+/// separator or a NUL byte into the keys tasks and their events are stored under. The message
+/// starts with `field`.
+pub fn check_task_id(field: &str, id: &str) -> Result<(), String> {
+    match uuid::Uuid::try_parse(id) {
+        Ok(parsed) if parsed.hyphenated().to_string() == id => Ok(()),
+        _ => Err(format!(
+            "{field}: `{}` is not a task id; task ids are UUIDs such as `0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7d` (`mesh-cli tasks` lists them)",
+            crate::text::truncate(id, 80).escape_debug()
+        )),
+    }
+}
+
 /// A task as submitted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskSpec {
@@ -176,16 +190,12 @@ impl TaskSpec {
             len("require.labels", v, 253)?;
         }
         len("on", self.require.on.as_deref().unwrap_or(""), 63)?;
-        len(
-            "lineage.task_id",
-            self.lineage.task_id.as_deref().unwrap_or(""),
-            64,
-        )?;
-        len(
-            "lineage.parent_id",
-            self.lineage.parent_id.as_deref().unwrap_or(""),
-            64,
-        )?;
+        if let Some(id) = &self.lineage.task_id {
+            check_task_id("lineage.task_id", id)?;
+        }
+        if let Some(id) = &self.lineage.parent_id {
+            check_task_id("lineage.parent_id", id)?;
+        }
         len("lineage.origin_node", &self.lineage.origin, 63)?;
         if let Some(by) = &self.lineage.started_by {
             len("lineage.started_by.name", &by.name, 63)?;
@@ -472,6 +482,29 @@ pub struct TaskEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue 16): task ids from the network were only length-checked, so one could
+    /// carry a separator or a NUL byte into the keys of the task history.
+    #[test]
+    fn only_a_canonical_uuid_is_a_task_id() {
+        let good = "0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7d";
+        assert_eq!(check_task_id("task_id", good), Ok(()));
+        for bad in [
+            "",
+            "t1",
+            "0192C5D2-7E4F-7A3B-9C1D-2E3F4A5B6C7D",
+            "0192c5d27e4f7a3b9c1d2e3f4a5b6c7d",
+            "{0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7d}",
+            "urn:uuid:0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7d",
+            "0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7d/1",
+            "0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7\0",
+        ] {
+            let error = check_task_id("task_id", bad).expect_err(bad);
+            assert!(error.starts_with("task_id: "), "{error}");
+        }
+        let long = "x".repeat(10_000);
+        assert!(check_task_id("task_id", &long).expect_err("long").len() < 300);
+    }
 
     #[test]
     fn task_errors_expose_their_kind_and_fields() {

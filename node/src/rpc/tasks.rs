@@ -2,8 +2,8 @@
 
 use std::{pin::Pin, sync::Arc};
 
-use mesh_domain::{BoxFuture, TaskError, TaskEvent, TaskSpec};
-use mesh_proto::{convert::check_len, v1 as pb};
+use mesh_domain::{BoxFuture, TaskError, TaskEvent, TaskSpec, task::check_task_id};
+use mesh_proto::v1 as pb;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
@@ -62,7 +62,7 @@ fn task_id(id: &str) -> Result<&str, Status> {
     if id.is_empty() {
         return Err(Status::invalid_argument("task_id: must not be empty"));
     }
-    check_len("task_id", id, 64)?;
+    check_task_id("task_id", id).map_err(Status::invalid_argument)?;
     Ok(id)
 }
 

@@ -500,13 +500,14 @@ impl Node {
             .with_keepalive(Some(Duration::from_secs(10)));
         // With TLS the node runs the handshakes itself (`rpc::accept`), so it can refuse a
         // revoked certificate there and close the connections of one revoked later.
-        let server_task = match server_tls {
-            Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
-                TlsIncoming::new(incoming, tls, revoked),
-                stopped,
-            )),
-            None => tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
-        };
+        let server_task =
+            match server_tls {
+                Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+                    TlsIncoming::new(incoming, tls, revoked),
+                    stopped,
+                )),
+                None => tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
+            };
 
         if let Err(e) = std::fs::write(config.data_dir.join(ADDR_FILE), format!("{addr}\n")) {
             tracing::warn!(error = %e, "cannot write {ADDR_FILE}");

@@ -206,7 +206,9 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
     // And idle connections to beta: gamma's, and another certificate's (the control), each
     // having completed one call.
     let mut idle = client_as(&gamma_files, &beta).await;
-    idle.get_info(pb::GetInfoRequest {}).await.expect("gamma's call");
+    idle.get_info(pb::GetInfoRequest {})
+        .await
+        .expect("gamma's call");
     let member_files = h.issue("member").expect("member");
     let mut control = client_as(&member_files, &beta).await;
     control
@@ -255,7 +257,11 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
         let refused = tls_handshake(&gamma_files, node)
             .await
             .expect_err("a revoked certificate's handshake");
-        assert!(refused.contains("CertificateRevoked"), "{}: {refused}", node.name);
+        assert!(
+            refused.contains("CertificateRevoked"),
+            "{}: {refused}",
+            node.name
+        );
         tls_handshake(&member_files, node)
             .await
             .expect("another certificate's handshake");
@@ -311,7 +317,11 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
         let refused = tls_handshake(&laptop, node)
             .await
             .expect_err("a revoked client certificate's handshake");
-        assert!(refused.contains("CertificateRevoked"), "{}: {refused}", node.name);
+        assert!(
+            refused.contains("CertificateRevoked"),
+            "{}: {refused}",
+            node.name
+        );
     }
 
     // Everyone restarts: the revocations hold.

@@ -465,7 +465,9 @@ impl ClientCertVerifier for MeshClientVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
         match CertIdentity::from_der(end_entity) {
             Ok(presented) if self.revoked.contains(&presented.id) => Err(
                 rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked),

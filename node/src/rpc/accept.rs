@@ -157,7 +157,10 @@ fn log_refused(remote: Option<SocketAddr>, e: &io::Error) {
             rustls::CertificateError::Revoked,
         ));
     if revoked {
-        tracing::info!(?remote, "TLS handshake refused: the client's certificate is revoked");
+        tracing::info!(
+            ?remote,
+            "TLS handshake refused: the client's certificate is revoked"
+        );
     } else {
         tracing::debug!(?remote, error = %e, "TLS handshake failed");
     }
@@ -262,8 +265,7 @@ impl RevocableStream {
         let Some(watch) = &mut self.watch else {
             return Ok(());
         };
-        if watch.registration.closed.is_cancelled() || watch.closed.as_mut().poll(cx).is_ready()
-        {
+        if watch.registration.closed.is_cancelled() || watch.closed.as_mut().poll(cx).is_ready() {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
                 "the caller's certificate was revoked by the mesh CA",

@@ -39,6 +39,7 @@ use crate::{
     peers::{Hello, Membership, PeerTable},
     rpc::{
         NodeLink, NodeService, PeerChannels,
+        accept::TlsIncoming,
         cron::CronService,
         gate::CertificateGateLayer,
         join::JoinService,
@@ -83,9 +84,6 @@ pub enum StartError {
         /// The OS error.
         source: io::Error,
     },
-    /// tonic rejected the server TLS configuration.
-    #[error("gRPC server: {0}")]
-    Server(#[from] tonic::transport::Error),
     /// Two hooks claim the same stage and order.
     #[error("hooks: {0}")]
     Hooks(String),
@@ -425,19 +423,22 @@ impl Node {
         );
         background_tasks.spawn(scheduler.clone().run(leaving.child_token()));
 
+        // The handshake refuses a revoked certificate; an issuer also lets a caller without a
+        // certificate through, for `Join` (the gate below refuses it everything else).
+        let server_tls = match &mesh_tls {
+            Some(tls) => Some(tls.server_config(issuer.is_some())?),
+            None => None,
+        };
+        let revoked = memory.revoked().clone();
+        // In front of every service: a caller without a certificate reaches `Join` only, and a
+        // revoked one nothing (its connections are closed too, but a call may be under way).
         let mut builder = Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(1)))
             .http2_keepalive_timeout(Some(Duration::from_secs(2)))
-            .tcp_nodelay(true);
-        if let Some(tls) = &mesh_tls {
-            builder = builder.tls_config(tls.server_config(issuer.is_some()))?;
-        }
-        // In front of every service: a caller without a certificate reaches `Join` only, and a
-        // revoked one nothing.
-        let mut builder = builder.layer(CertificateGateLayer::new(
-            mesh_tls.is_some(),
-            memory.revoked().clone(),
-        ));
+            .layer(CertificateGateLayer::new(
+                mesh_tls.is_some(),
+                revoked.clone(),
+            ));
         // The OpenAI-compatible front door; a node without one still serves the mesh.
         let chat = Arc::new(ChatService::new(
             models.clone(),
@@ -491,14 +492,22 @@ impl Node {
             .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server())
             .add_optional_service(issuer.map(|issuer| JoinService::new(issuer).into_server()));
         let stop = serve.clone();
+        let stopped = async move { stop.cancelled().await };
         // `serve_with_incoming` ignores the builder's TCP options, so set them on the incoming
         // side; without TCP_NODELAY a streamed event can wait out a delayed ACK (~40 ms).
         let incoming = tonic::transport::server::TcpIncoming::from(listener)
             .with_nodelay(Some(true))
             .with_keepalive(Some(Duration::from_secs(10)));
-        let server_task = tokio::spawn(
-            router.serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
-        );
+        // With TLS the node runs the handshakes itself (`rpc::accept`), so it can refuse a
+        // revoked certificate there and close the connections of one revoked later.
+        let server_task =
+            match server_tls {
+                Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+                    TlsIncoming::new(incoming, tls, revoked),
+                    stopped,
+                )),
+                None => tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
+            };
 
         if let Err(e) = std::fs::write(config.data_dir.join(ADDR_FILE), format!("{addr}\n")) {
             tracing::warn!(error = %e, "cannot write {ADDR_FILE}");

@@ -518,7 +518,8 @@ fn serve_relay(
     tls: &MeshTls,
     relay: Relay,
 ) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let server_tls = tls.server_config(false);
+    let server_tls = tls.server_config(false).expect("relay tls");
+    let revoked = tls.revoked().clone();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     std::thread::spawn(move || {
@@ -534,12 +535,14 @@ fn serve_relay(
                 .send(listener.local_addr().expect("addr"))
                 .expect("report addr");
             tonic::transport::Server::builder()
-                .tls_config(server_tls)
-                .expect("relay tls")
                 .add_service(pb::node_server::NodeServer::new(relay.clone()))
                 .add_service(pb::memory_server::MemoryServer::new(relay))
                 .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener),
+                    mesh_node::rpc::accept::TlsIncoming::new(
+                        tonic::transport::server::TcpIncoming::from(listener),
+                        server_tls,
+                        revoked,
+                    ),
                     async {
                         let _ = stopped.await;
                     },

@@ -404,7 +404,8 @@ impl ImpostorServer {
             claimed: claimed.to_owned(),
             forging: forging.clone(),
         };
-        let server_tls = tls.server_config(false);
+        let server_tls = tls.server_config(false).expect("impostor tls");
+        let revoked = tls.revoked().clone();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
@@ -420,11 +421,13 @@ impl ImpostorServer {
                     .send(listener.local_addr().expect("addr"))
                     .expect("report addr");
                 tonic::transport::Server::builder()
-                    .tls_config(server_tls)
-                    .expect("impostor tls")
                     .add_service(pb::node_server::NodeServer::new(service))
                     .serve_with_incoming_shutdown(
-                        tonic::transport::server::TcpIncoming::from(listener),
+                        mesh_node::rpc::accept::TlsIncoming::new(
+                            tonic::transport::server::TcpIncoming::from(listener),
+                            server_tls,
+                            revoked,
+                        ),
                         async {
                             let _ = stopped.await;
                         },

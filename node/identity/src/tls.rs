@@ -1,5 +1,6 @@
 //! Mutual TLS with the mesh CA: loading and checking a node's (or client's) PEM files
-//! ([`MeshTls`]), the server side, and the verifier every client uses.
+//! ([`MeshTls`]), the server side (whose client verifier also refuses revoked certificates), and
+//! the verifier every client uses.
 //!
 //! Trust is membership: a peer is accepted when its certificate chains to the mesh CA, and its
 //! identity is its public key (see [`crate::cert`]), not the name or address it was dialed at.
@@ -13,14 +14,18 @@
 use std::{path::PathBuf, sync::Arc};
 
 use rustls::{
-    ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
+    SignatureScheme,
     client::{
         WebPkiServerVerifier,
         danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
     },
     crypto::{CryptoProvider, ring},
     pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
-    server::WebPkiClientVerifier,
+    server::{
+        WebPkiClientVerifier,
+        danger::{ClientCertVerified, ClientCertVerifier},
+    },
 };
 
 use crate::{
@@ -46,14 +51,11 @@ pub struct TlsFiles {
 /// Loaded and checked TLS material of one node or client.
 #[derive(Clone)]
 pub struct MeshTls {
-    /// The PEM texts, for the server side (`server_config`).
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    ca_pem: String,
-    #[cfg_attr(not(feature = "server"), allow(dead_code))]
-    cert_pem: String,
+    /// The key's PEM text, for the signer of our records.
     key_pem: String,
-    /// Our certificate (DER), passed along with the records we sign.
-    cert_der: CertificateDer<'static>,
+    /// Our certificate chain and its key, for the server side (`server_config`).
+    chain: Vec<CertificateDer<'static>>,
+    key: Arc<PrivateKeyDer<'static>>,
     /// The mesh CA, which also vouches for the certificates of records' origins.
     roots: Arc<RootCertStore>,
     identity: CertIdentity,
@@ -133,7 +135,7 @@ impl MeshTls {
             .with_safe_default_protocol_versions()?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verifier))
-            .with_client_auth_cert(chain.clone(), key)
+            .with_client_auth_cert(chain.clone(), key.clone_key())
             .map_err(|e| TlsError::KeyMismatch {
                 path: files.key.clone(),
                 reason: e.to_string(),
@@ -141,10 +143,9 @@ impl MeshTls {
         client.alpn_protocols = vec![b"h2".to_vec()];
 
         Ok(Self {
-            ca_pem,
-            cert_pem,
             key_pem,
-            cert_der: chain[0].clone(),
+            chain,
+            key: Arc::new(key),
             roots,
             identity,
             client: Arc::new(client),
@@ -160,7 +161,7 @@ impl MeshTls {
 
     /// Signs this node's replicated records with its key (see [`crate::origin`]).
     pub fn origin_signer(&self) -> Result<OriginSigner, OriginError> {
-        OriginSigner::new(&self.key_pem, self.cert_der.to_vec())
+        OriginSigner::new(&self.key_pem, self.chain[0].to_vec())
     }
 
     /// Verifies records' signatures against origin certificates from this mesh's CA.
@@ -173,20 +174,32 @@ impl MeshTls {
         &self.identity
     }
 
-    /// The server side: our certificate, and client certificates from the mesh CA. An issuer
-    /// (`certless_join`) also completes the handshake with a caller that presents no
-    /// certificate, so a joining device can reach `Join`; a certificate that is presented must
-    /// still chain to the mesh CA, and the node's certificate gate refuses every other service
-    /// to a caller without one.
-    #[cfg(feature = "server")]
-    pub fn server_config(&self, certless_join: bool) -> tonic::transport::ServerTlsConfig {
-        tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(
-                &self.cert_pem,
-                &self.key_pem,
-            ))
-            .client_ca_root(tonic::transport::Certificate::from_pem(&self.ca_pem))
-            .client_auth_optional(certless_join)
+    /// The server side: our certificate, and client certificates from the mesh CA that it has
+    /// not revoked. An issuer (`certless_join`) also completes the handshake with a caller that
+    /// presents no certificate, so a joining device can reach `Join`; a certificate that is
+    /// presented must still chain to the mesh CA and not be revoked, and the node's certificate
+    /// gate refuses every other service to a caller without one.
+    pub fn server_config(&self, certless_join: bool) -> Result<Arc<ServerConfig>, TlsError> {
+        let builder = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider());
+        let builder = if certless_join {
+            builder.allow_unauthenticated()
+        } else {
+            builder
+        };
+        let inner = builder
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let verifier = MeshClientVerifier {
+            inner,
+            revoked: self.revoked.clone(),
+        };
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(Arc::new(verifier))
+            .with_single_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| TlsError::Config(format!("server certificate: {e}")))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(config))
     }
 
     /// A dialer that presents our certificate and accepts only servers from the mesh CA.
@@ -396,6 +409,70 @@ impl ServerCertVerifier for MeshServerVerifier {
                 Err(_) => Err(rustls::Error::InvalidCertificate(cause)),
             },
             other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Checks a client's chain against the mesh CA (webpki's client verifier, which also decides
+/// whether a certificate is required), then refuses a certificate the mesh CA revoked: the
+/// handshake fails with the `certificate_revoked` alert, so a revoked device never gets a
+/// connection to make calls on.
+#[derive(Debug)]
+struct MeshClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    /// Shared with the node, which adds to it as it learns revocations.
+    revoked: RevokedSet,
+}
+
+impl ClientCertVerifier for MeshClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        match CertIdentity::from_der(end_entity) {
+            Ok(presented) if self.revoked.contains(&presented.id) => Err(
+                rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked),
+            ),
+            _ => Ok(verified),
         }
     }
 

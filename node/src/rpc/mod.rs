@@ -6,6 +6,7 @@
 //! bad input becomes `INVALID_ARGUMENT` naming the field. Handlers decide nothing themselves:
 //! they read the capabilities and the peer table, and hand dial-in introductions to membership.
 
+pub mod accept;
 pub mod cron;
 pub mod gate;
 pub mod join;

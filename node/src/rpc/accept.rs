@@ -1,0 +1,328 @@
+//! The gRPC server's TLS accept loop: takes the TCP connections the listener accepts, runs each
+//! TLS handshake in a task of its own (so one slow handshake never holds up the next caller),
+//! and hands the finished connections to tonic ([`TlsIncoming`]).
+//!
+//! The handshake's client verifier ([`mesh_identity::MeshTls::server_config`]) refuses a
+//! certificate the mesh CA revoked. A connection that was open before its certificate was
+//! revoked is closed here: every accepted connection whose certificate has an id is registered
+//! (one entry per open connection, gone when it closes), and when the revoked set learns an id,
+//! every open connection of that id ends at once ([`RevocableStream`] fails its reads and
+//! writes, so hyper drops the connection and the socket closes). This module decides nothing
+//! about who may call what: that is the TLS verifier and [`super::gate`].
+//!
+//! Handshake deadlines and a cap on open connections belong here too (issue 16): the handshake
+//! is one function, [`handshake`], and the loop holds every handshake in flight in one `JoinSet`.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    io,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+};
+
+use mesh_domain::{NodeId, sync::MutexExt};
+use mesh_identity::{CertIdentity, RevokedSet};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::TcpStream,
+    sync::mpsc,
+    task::JoinSet,
+};
+use tokio_rustls::{TlsAcceptor, server::TlsStream};
+use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
+use tokio_util::{
+    sync::{CancellationToken, WaitForCancellationFutureOwned},
+    task::AbortOnDropHandle,
+};
+use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming, TlsConnectInfo};
+
+/// Finished handshakes waiting for tonic to take them; tonic takes each at once, so this only
+/// smooths bursts.
+const HANDED_OVER: usize = 16;
+
+/// The TLS connections of one listener, for `serve_with_incoming_shutdown`. Dropping it (tonic
+/// does when it stops accepting) stops the accept loop and every handshake still in flight;
+/// connections already handed over stay tonic's to drain.
+#[derive(Debug)]
+pub struct TlsIncoming {
+    connections: ReceiverStream<Result<RevocableStream, Infallible>>,
+    /// The accept loop, ended when this is dropped.
+    _accept: AbortOnDropHandle<()>,
+}
+
+impl TlsIncoming {
+    /// Starts accepting on `tcp` with `tls` (whose verifier refuses what `revoked` holds), and
+    /// closes an accepted connection as soon as `revoked` learns its certificate.
+    pub fn new(tcp: TcpIncoming, tls: Arc<rustls::ServerConfig>, revoked: RevokedSet) -> Self {
+        let (tx, rx) = mpsc::channel(HANDED_OVER);
+        let accept = tokio::spawn(accept_loop(tcp, TlsAcceptor::from(tls), revoked, tx));
+        Self {
+            connections: ReceiverStream::new(rx),
+            _accept: AbortOnDropHandle::new(accept),
+        }
+    }
+}
+
+impl Stream for TlsIncoming {
+    type Item = Result<RevocableStream, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.connections).poll_next(cx)
+    }
+}
+
+/// Accepts TCP connections, starts a handshake task for each, and closes the open connections
+/// of every certificate the revoked set learns.
+async fn accept_loop(
+    mut tcp: TcpIncoming,
+    acceptor: TlsAcceptor,
+    revoked: RevokedSet,
+    tx: mpsc::Sender<Result<RevocableStream, Infallible>>,
+) {
+    let open = OpenConnections::default();
+    let mut handshakes = JoinSet::new();
+    let mut changes = revoked.subscribe();
+    loop {
+        tokio::select! {
+            accepted = tcp.next() => match accepted {
+                Some(Ok(stream)) => {
+                    handshakes.spawn(handshake(
+                        acceptor.clone(),
+                        stream,
+                        revoked.clone(),
+                        open.clone(),
+                        tx.clone(),
+                    ));
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "accept a gRPC connection"),
+                None => return,
+            },
+            // Reaps finished handshakes, so the set holds only those in flight.
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => {}
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    // The set's sender lives as long as the set, which we hold: cannot happen.
+                    return;
+                }
+                open.close_revoked(&revoked);
+            }
+            // tonic stopped accepting.
+            () = tx.closed() => return,
+        }
+    }
+}
+
+/// One TLS handshake; the connection goes to tonic, registered under its certificate's id.
+async fn handshake(
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    revoked: RevokedSet,
+    open: OpenConnections,
+    tx: mpsc::Sender<Result<RevocableStream, Infallible>>,
+) {
+    let remote = tcp.peer_addr().ok();
+    let tls = match acceptor.accept(tcp).await {
+        Ok(tls) => tls,
+        Err(e) => {
+            log_refused(remote, &e);
+            return;
+        }
+    };
+    let id = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .and_then(|cert| CertIdentity::from_der(cert).ok())
+        .map(|identity| identity.id);
+    let registration = id.map(|id| open.register(id));
+    if let Some(registration) = &registration
+        && revoked.contains(&registration.id)
+    {
+        // Revoked after the verifier's check but before the registration, which that
+        // revocation's sweep therefore missed.
+        registration.closed.cancel();
+    }
+    let _ = tx.send(Ok(RevocableStream::new(tls, registration))).await;
+}
+
+/// A refused revoked certificate is worth the operator's eye; anything else (a port scanner, a
+/// client of another mesh, a dropped connection) is noise at the default level.
+fn log_refused(remote: Option<SocketAddr>, e: &io::Error) {
+    let revoked = e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>())
+        == Some(&rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Revoked,
+        ));
+    if revoked {
+        tracing::info!(
+            ?remote,
+            "TLS handshake refused: the client's certificate is revoked"
+        );
+    } else {
+        tracing::debug!(?remote, error = %e, "TLS handshake failed");
+    }
+}
+
+/// The open connections by certificate id, each with the token that closes it. One entry per
+/// open connection: a [`Registration`] removes its own when the connection is dropped.
+#[derive(Debug, Clone, Default)]
+struct OpenConnections {
+    inner: Arc<Mutex<ByCertificate>>,
+}
+
+#[derive(Debug, Default)]
+struct ByCertificate {
+    /// The key of the next registration.
+    next: u64,
+    open: HashMap<NodeId, HashMap<u64, CancellationToken>>,
+}
+
+impl OpenConnections {
+    fn register(&self, id: NodeId) -> Registration {
+        let closed = CancellationToken::new();
+        let mut inner = self.inner.lock_unpoisoned();
+        let key = inner.next;
+        inner.next += 1;
+        inner
+            .open
+            .entry(id.clone())
+            .or_default()
+            .insert(key, closed.clone());
+        Registration {
+            open: self.clone(),
+            id,
+            key,
+            closed,
+        }
+    }
+
+    /// Closes every open connection whose certificate is in `revoked`.
+    fn close_revoked(&self, revoked: &RevokedSet) {
+        let inner = self.inner.lock_unpoisoned();
+        for (id, connections) in &inner.open {
+            if revoked.contains(id) {
+                tracing::info!(id = %id.short(), connections = connections.len(), "certificate revoked: closing its connections");
+                connections.values().for_each(CancellationToken::cancel);
+            }
+        }
+    }
+}
+
+/// One open connection's entry in [`OpenConnections`], removed when dropped.
+#[derive(Debug)]
+struct Registration {
+    open: OpenConnections,
+    id: NodeId,
+    key: u64,
+    /// Cancelled to close the connection.
+    closed: CancellationToken,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut inner = self.open.inner.lock_unpoisoned();
+        if let Some(connections) = inner.open.get_mut(&self.id) {
+            connections.remove(&self.key);
+            if connections.is_empty() {
+                inner.open.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// An accepted TLS connection that fails every read and write once its certificate is revoked.
+/// It reports the same connection info as the TLS stream it wraps, so handlers still read the
+/// caller's certificate (`peer_certs`) and address (`remote_addr`).
+#[derive(Debug)]
+pub struct RevocableStream {
+    inner: TlsStream<TcpStream>,
+    /// None for a caller without a certificate (who reaches `Join` only) or whose certificate
+    /// has no id.
+    watch: Option<Watch>,
+}
+
+#[derive(Debug)]
+struct Watch {
+    registration: Registration,
+    /// Wakes the connection's task when it is closed, even while it waits idle for a read.
+    closed: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl RevocableStream {
+    fn new(inner: TlsStream<TcpStream>, registration: Option<Registration>) -> Self {
+        let watch = registration.map(|registration| Watch {
+            closed: Box::pin(registration.closed.clone().cancelled_owned()),
+            registration,
+        });
+        Self { inner, watch }
+    }
+
+    /// An error once the connection was closed; else registers `cx` to be woken when it is.
+    fn check_open(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        let Some(watch) = &mut self.watch else {
+            return Ok(());
+        };
+        if watch.registration.closed.is_cancelled() || watch.closed.as_mut().poll(cx).is_ready() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the caller's certificate was revoked by the mesh CA",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for RevocableStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.check_open(cx)?;
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for RevocableStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.check_open(cx)?;
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.check_open(cx)?;
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.check_open(cx)?;
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+impl Connected for RevocableStream {
+    type ConnectInfo = TlsConnectInfo<TcpConnectInfo>;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}

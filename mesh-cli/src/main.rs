@@ -188,7 +188,30 @@ fn main() -> ExitCode {
             .exit();
     }
     let result = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime.block_on(run(cli)),
+        Ok(runtime) => runtime.block_on(async {
+            let talks_to_a_node = !matches!(
+                cli.command,
+                Command::Ca(CaCommand::Init { .. } | CaCommand::Issue { .. })
+                    | Command::Token(_)
+                    | Command::Join { .. }
+            );
+            let dialer = dialer(&cli.conn).ok();
+            let node = cli.conn.node.clone();
+            let result = run(cli).await;
+            // A node that refuses this certificate after the handshake makes a call fail as
+            // merely "cancelled": ask it why, once, and say so.
+            match (result, dialer) {
+                (Err(e), Some(dialer))
+                    if talks_to_a_node && e.downcast_ref::<tasks::Reported>().is_none() =>
+                {
+                    match dialer.certificate_refusal(&node).await {
+                        Some(refusal) => Err(anyhow!("{refusal} ({e:#})")),
+                        None => Err(e),
+                    }
+                }
+                (result, _) => result,
+            }
+        }),
         Err(e) => Err(anyhow!("cannot start the async runtime: {e}")),
     };
     match result {

@@ -14,7 +14,7 @@ use mesh_identity::{
     CertRole, Dialer, MeshTls, Revocation, TlsFiles, ca, revocation::certificate_id,
 };
 use mesh_proto::v1 as pb;
-use mesh_tests::{Harness, NodeOptions, NodeProcess, bin, unix_ms, wait_for};
+use mesh_tests::{Harness, NodeOptions, NodeProcess, unix_ms, wait_for};
 use prost::Message;
 use tokio::{io::AsyncReadExt, net::TcpStream, task::JoinHandle};
 use tokio_rustls::TlsConnector;
@@ -25,24 +25,6 @@ const WITHIN: Duration = Duration::from_secs(5);
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// `mesh-cli` against `node` with the certificate `files`.
-fn cli_as(files: &TlsFiles, node: &NodeProcess, args: &[&str]) -> Output {
-    std::process::Command::new(bin("mesh-cli"))
-        .arg("--node")
-        .arg(&node.addr)
-        .arg("--ca")
-        .arg(&files.ca)
-        .arg("--cert")
-        .arg(&files.cert)
-        .arg("--key")
-        .arg(&files.key)
-        .args(args)
-        .env_remove("MESH_NODE")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run mesh-cli")
 }
 
 /// A `Node` client on `node` presenting `files`.
@@ -153,7 +135,12 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
         .expect("all up");
     let gamma_files = h.issue("gamma").expect("gamma files");
     let laptop = h.issue_as("laptop", CertRole::Client).expect("laptop");
-    assert!(cli_as(&laptop, &beta, &["status"]).status.success());
+    assert!(
+        h.cli_as(&laptop, &beta, &["status"])
+            .expect("mesh-cli")
+            .status
+            .success()
+    );
 
     // Entries the CA did not sign are refused and change nothing: one signed by another CA,
     // and a genuine one altered (a later time under the CA's signature).
@@ -267,11 +254,13 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
             .expect("another certificate's handshake");
     }
     // So what gamma asks for never reaches a handler: its put fails, and nothing is stored.
-    let put = cli_as(
-        &gamma_files,
-        &alpha,
-        &["memory", "put", "notes", "through-the-gate", "x"],
-    );
+    let put = h
+        .cli_as(
+            &gamma_files,
+            &alpha,
+            &["memory", "put", "notes", "through-the-gate", "x"],
+        )
+        .expect("mesh-cli");
     assert!(!put.status.success(), "a revoked node's put succeeded");
     let missing = h
         .cli(&alpha, &["memory", "get", "notes", "through-the-gate"])
@@ -308,11 +297,18 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
         ended - revoked
     );
     for node in [&alpha, &beta] {
-        let refused = cli_as(&laptop, node, &["status"]);
+        let refused = h.cli_as(&laptop, node, &["status"]).expect("mesh-cli");
         assert!(
             !refused.status.success(),
             "{} still answers the laptop",
             node.name
+        );
+        // mesh-cli says why, not just that the call was cancelled.
+        assert!(
+            stderr(&refused).contains("the mesh CA revoked it"),
+            "{}: {}",
+            node.name,
+            stderr(&refused)
         );
         let refused = tls_handshake(&laptop, node)
             .await
@@ -387,6 +383,11 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
         );
         assert!(stderr(&missing).contains("no key"), "{}", stderr(&missing));
     }
-    assert!(!cli_as(&laptop, &beta, &["status"]).status.success());
+    assert!(
+        !h.cli_as(&laptop, &beta, &["status"])
+            .expect("mesh-cli")
+            .status
+            .success()
+    );
     let _ = (alpha, beta, gamma);
 }

@@ -111,6 +111,72 @@ impl Dialer {
     }
 }
 
+impl Dialer {
+    /// Why the node at `addr` refuses this dialer's certificate, if it does. With TLS 1.3 a
+    /// server's verdict on the client's certificate (revoked, or of another CA) arrives only
+    /// with its first answer, after the client's side of the handshake has finished, and a gRPC
+    /// call then fails as merely "cancelled". This opens a connection of its own, sends the
+    /// HTTP/2 preface and reads the first answer, to tell the caller what happened. `None` when
+    /// the node answers normally, cannot be reached, or this dialer speaks plain TCP.
+    pub async fn certificate_refusal(&self, addr: &str) -> Option<CertificateRefusal> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Self::Tls(config) = self else {
+            return None;
+        };
+        let name = server_name(addr).ok()?;
+        let connector = TlsConnector::from(config.clone());
+        let attempt = async {
+            let tcp = TcpStream::connect(addr).await?;
+            let mut tls = connector.connect(name, tcp).await?;
+            // The client preface and an empty SETTINGS frame: a server that accepts the
+            // certificate answers with its own SETTINGS.
+            tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+                .await?;
+            tls.flush().await?;
+            let mut answer = [0u8; 64];
+            tls.read(&mut answer).await.map(drop)
+        };
+        let error = tokio::time::timeout(CONNECT_TIMEOUT, attempt)
+            .await
+            .ok()?
+            .err()?;
+        match error.get_ref()?.downcast_ref::<rustls::Error>()? {
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRevoked) => {
+                Some(CertificateRefusal::Revoked)
+            }
+            rustls::Error::AlertReceived(alert) => {
+                Some(CertificateRefusal::Other(format!("{alert:?}")))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Why a node refused a client's certificate after the handshake ([`Dialer::certificate_refusal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertificateRefusal {
+    /// The mesh CA revoked it (`mesh-cli ca revoke`).
+    Revoked,
+    /// Another TLS alert, named.
+    Other(String),
+}
+
+impl std::fmt::Display for CertificateRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Revoked => f.write_str(
+                "the node refuses this certificate: the mesh CA revoked it (`mesh-cli ca revoke`); \
+                 get a new one (`mesh-cli token create --role client` where the CA key is, then \
+                 `mesh-cli join TOKEN` here)",
+            ),
+            Self::Other(alert) => write!(
+                f,
+                "the node refuses this certificate (TLS alert {alert}); is it from this mesh's CA?"
+            ),
+        }
+    }
+}
+
 fn server_name(addr: &str) -> Result<ServerName<'static>, DialError> {
     let host = addr
         .rsplit_once(':')

@@ -38,7 +38,7 @@ use std::{
 };
 
 pub use cert::CertIdentity;
-pub use dial::{DialError, Dialer};
+pub use dial::{CertificateRefusal, DialError, Dialer};
 pub use mesh_domain::CertRole;
 pub use origin::{OriginError, OriginSigner, OriginVerifier};
 pub use revocation::{Revocation, RevocationError, RevokedSet};

@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 use crate::{
     CertRole, DialError, Dialer, MeshTls, TlsError, TlsFiles, bootstrap,
     ca::new_key_and_csr,
+    deadline::{DEADLINES, within},
     pem::{read, write_new},
     tls,
 };
@@ -428,8 +429,8 @@ pub async fn redeem(token: &JoinToken, name: &str) -> Result<Joined, JoinError> 
 
     let open = Dialer::Tls(tls::any_server_client());
     let mut client = join_service(open.connect(&token.issuer).await?.channel);
-    let ca_pem = client
-        .get_ca(pb::GetCaRequest {})
+    let limit = DEADLINES.unary;
+    let ca_pem = within(limit, "Join.GetCa", client.get_ca(pb::GetCaRequest {}))
         .await
         .map_err(refused)?
         .into_inner()
@@ -451,12 +452,12 @@ pub async fn redeem(token: &JoinToken, name: &str) -> Result<Joined, JoinError> 
     // From here on the server must prove it holds a certificate of the pinned CA.
     let pinned = Dialer::Tls(tls::pinned_server_client(ca_der)?);
     let mut client = join_service(pinned.connect(&token.issuer).await?.channel);
-    let cert_pem = client
-        .redeem(pb::RedeemRequest {
-            secret: token.secret.to_string(),
-            name: name.to_owned(),
-            csr_pem,
-        })
+    let redeem = pb::RedeemRequest {
+        secret: token.secret.to_string(),
+        name: name.to_owned(),
+        csr_pem,
+    };
+    let cert_pem = within(limit, "Join.Redeem", client.redeem(redeem))
         .await
         .map_err(refused)?
         .into_inner()

@@ -14,6 +14,7 @@
 //! - [`revocation`]: certificates the mesh CA revoked: the CA-signed entry (`mesh-cli ca
 //!   revoke`) and the set every node checks certificates against ([`RevokedSet`]).
 //! - [`dial`]: opening gRPC channels to nodes over mTLS (or plain TCP) ([`Dialer`]).
+//! - [`deadline`]: how long each call one node makes to another may take ([`deadline::DEADLINES`]).
 //! - [`bootstrap`]: the zero-config layout: the data dir, and the CA a node creates there on
 //!   first start with a certificate for the local `mesh-cli` (or the certificate it joined with).
 //! - [`join`]: join tokens (made and checked with a key derived from the CA key) and the
@@ -25,6 +26,7 @@
 pub mod bootstrap;
 pub mod ca;
 pub mod cert;
+pub mod deadline;
 pub mod dial;
 pub mod join;
 pub mod origin;

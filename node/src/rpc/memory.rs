@@ -6,7 +6,7 @@ use std::{
 };
 
 use mesh_domain::{BoxFuture, NodeId, keys};
-use mesh_identity::{CertRole, OriginError, origin::MAX_CERTIFICATE_BYTES};
+use mesh_identity::{CertRole, OriginError, deadline, origin::MAX_CERTIFICATE_BYTES};
 use mesh_proto::{convert::check_len, v1 as pb};
 use tonic::{Request, Response, Status};
 
@@ -355,7 +355,9 @@ impl MemoryPeers for RemoteMemory {
                 frontier: wire_seqs(&request.frontier),
                 node: this.own.to_string(),
             };
-            let response = match client.sync(request).await {
+            let limit = this.channels.deadlines().sync;
+            let call = client.sync(request);
+            let response = match deadline::within(limit, "Memory.Sync", call).await {
                 Ok(response) => response.into_inner(),
                 Err(s) if s.code() == tonic::Code::FailedPrecondition => {
                     return Err(memory::RESYNCING.to_owned());
@@ -395,7 +397,9 @@ impl MemoryPeers for RemoteMemory {
                 node: this.own.to_string(),
                 certificates,
             };
-            match client.push(request).await {
+            let limit = this.channels.deadlines().push;
+            let call = client.push(request);
+            match deadline::within(limit, "Memory.Push", call).await {
                 Ok(response) => Ok(response.into_inner().frontier),
                 Err(s) => {
                     this.forget(&addr);

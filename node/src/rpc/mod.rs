@@ -17,7 +17,10 @@ pub mod tasks;
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use mesh_domain::{BoxFuture, NodeId, NodeInfo, sync::MutexExt};
-use mesh_identity::{CertIdentity, CertRole, DialError, Dialer};
+use mesh_identity::{
+    CertIdentity, CertRole, DialError, Dialer,
+    deadline::{Deadlines, within},
+};
 use mesh_proto::convert::{check_len, peer_state};
 use mesh_proto::v1 as pb;
 use tokio::sync::mpsc;
@@ -324,21 +327,37 @@ fn warn_legacy_once(identity: &CertIdentity) {
     }
 }
 
-/// One kept-open channel per peer address, shared by the delegation and replication clients, so
-/// a forwarded task or a push does not pay a TCP and TLS handshake.
+/// One kept-open channel per peer address, shared by the delegation, chat and replication
+/// clients, so a forwarded task or a push does not pay a TCP and TLS handshake; with the
+/// deadlines every call on them gets.
 #[derive(Debug, Clone)]
 pub struct PeerChannels {
     dialer: Dialer,
     channels: Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>,
+    /// How long each call on these channels may take (tests shorten them).
+    deadlines: Deadlines,
 }
 
 impl PeerChannels {
-    /// Dials with `dialer` on first use of an address.
+    /// Dials with `dialer` on first use of an address; calls get the mesh's
+    /// [`mesh_identity::deadline::DEADLINES`].
     pub fn new(dialer: Dialer) -> Self {
         Self {
             dialer,
             channels: Arc::default(),
+            deadlines: Deadlines::default(),
         }
+    }
+
+    /// The same, with other deadlines (tests wait for a silent peer in milliseconds).
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+        self.deadlines = deadlines;
+        self
+    }
+
+    /// How long each call on these channels may take.
+    pub fn deadlines(&self) -> Deadlines {
+        self.deadlines
     }
 
     /// The channel to `addr`, dialing it the first time.
@@ -364,6 +383,7 @@ impl PeerChannels {
 #[derive(Debug, Clone)]
 pub struct PeerClient {
     inner: pb::node_client::NodeClient<Channel>,
+    deadlines: Deadlines,
 }
 
 /// A `WatchInfo` stream, yielding validated [`NodeInfo`].
@@ -389,12 +409,22 @@ impl BeatStream for InfoStream {
 #[derive(Debug, Clone)]
 pub struct NodeLink {
     dialer: Dialer,
+    deadlines: Deadlines,
 }
 
 impl NodeLink {
-    /// Dials with `dialer`.
+    /// Dials with `dialer`; calls get the mesh's [`mesh_identity::deadline::DEADLINES`].
     pub fn new(dialer: Dialer) -> Self {
-        Self { dialer }
+        Self {
+            dialer,
+            deadlines: Deadlines::default(),
+        }
+    }
+
+    /// The same, with other deadlines (tests wait for a silent peer in milliseconds).
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+        self.deadlines = deadlines;
+        self
     }
 }
 
@@ -406,7 +436,7 @@ impl PeerLink for NodeLink {
         Box::pin(async move {
             let connection = self.dialer.connect(addr).await?;
             Ok(Box::new(NodeConnection {
-                client: PeerClient::new(connection.channel),
+                client: PeerClient::new(connection.channel).with_deadlines(self.deadlines),
                 presented: connection.peer,
             }) as Box<dyn PeerConnection>)
         })
@@ -442,12 +472,19 @@ impl PeerConnection for NodeConnection {
 }
 
 impl PeerClient {
-    /// Wraps an open channel.
+    /// Wraps an open channel; calls get the mesh's [`mesh_identity::deadline::DEADLINES`].
     pub fn new(channel: Channel) -> Self {
         Self {
             inner: pb::node_client::NodeClient::new(channel)
                 .max_decoding_message_size(4 * MAX_MESSAGE_BYTES),
+            deadlines: Deadlines::default(),
         }
+    }
+
+    /// The same, with other deadlines.
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+        self.deadlines = deadlines;
+        self
     }
 
     /// Opens `WatchInfo`, introducing ourselves.
@@ -464,17 +501,27 @@ impl PeerClient {
             }),
             interval_ms: interval.as_millis() as u32,
         };
-        let inner = self.inner.watch_info(request).await?.into_inner();
+        // Only the opening has a deadline here: membership reads the beats with its own timeout.
+        let inner = within(
+            self.deadlines.open,
+            "Node.WatchInfo",
+            self.inner.watch_info(request),
+        )
+        .await?
+        .into_inner();
         Ok(InfoStream { inner })
     }
 
     /// Calls `ListPeers`.
     pub async fn list_peers(&mut self) -> Result<FleetView, LinkError> {
-        let response = self
-            .inner
-            .list_peers(pb::ListPeersRequest {})
-            .await?
-            .into_inner();
+        let limit = self.deadlines.unary;
+        let response = within(
+            limit,
+            "Node.ListPeers",
+            self.inner.list_peers(pb::ListPeersRequest {}),
+        )
+        .await?
+        .into_inner();
         let invalid = |s: Status| LinkError::Invalid(s.message().to_owned());
         let own = response
             .node
@@ -498,5 +545,197 @@ impl PeerClient {
             });
         }
         Ok(FleetView { own, peers })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use mesh_domain::{ChatRequest, Message, Role, Target, TaskSpec};
+    use mesh_identity::{OriginSigner, OriginVerifier};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::{
+        chat::RemoteChat,
+        memory::{MemoryOptions, MemoryPeers, SyncRequest},
+        storage::SledStore,
+        tasks::Forwarder,
+    };
+
+    /// What a silent peer does with every call.
+    #[derive(Clone, Copy)]
+    enum Silence {
+        /// Accepts the call and never answers it.
+        Nothing,
+        /// Answers with the headers of a gRPC response, then never sends a message.
+        AfterHeaders,
+    }
+
+    /// A gRPC server on loopback that accepts any call and goes silent: a hung or hostile peer.
+    async fn silent_peer(silence: Silence) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let router = axum::Router::new().fallback(move || async move {
+            if let Silence::Nothing = silence {
+                std::future::pending::<()>().await;
+            }
+            let body = axum::body::Body::from_stream(tokio_stream::pending::<
+                Result<axum::body::Bytes, std::io::Error>,
+            >());
+            axum::http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(body)
+                .expect("response")
+        });
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_routes(tonic::service::Routes::from(router))
+                .serve_with_incoming(incoming),
+        );
+        addr
+    }
+
+    const SHORT: Duration = Duration::from_millis(300);
+
+    fn short() -> Deadlines {
+        Deadlines {
+            unary: SHORT,
+            sync: SHORT,
+            push: SHORT,
+            open: SHORT,
+            task_idle: SHORT,
+            chat_idle: SHORT,
+            chat: SHORT * 2,
+        }
+    }
+
+    /// Awaits `call`, which must end (with an error naming `what`) soon after its deadline.
+    async fn fails_in_time<T: std::fmt::Debug, E: std::fmt::Display>(
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, E>>,
+    ) {
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .unwrap_or_else(|_| panic!("{what} still waits for a silent peer after 10 s"));
+        let error = outcome.expect_err("a silent peer's call fails").to_string();
+        assert!(error.contains(what), "{what}: {error}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{what}");
+    }
+
+    fn memory() -> (tempfile::TempDir, Arc<Memory>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::new(sled::open(dir.path()).expect("db"));
+        let (memory, _writes) = Memory::open(
+            Arc::new(store),
+            Arc::new(OriginSigner::generate().expect("signer")),
+            Arc::new(OriginVerifier::self_certified()),
+            MemoryOptions::default(),
+        );
+        (dir, memory)
+    }
+
+    /// Every kind of call a node makes to a peer ends at its deadline when the peer accepts it
+    /// and goes silent (before answering, or between messages of a stream), and the same
+    /// clients go on serving with a peer that answers.
+    #[tokio::test]
+    async fn calls_to_a_peer_that_goes_silent_fail_at_their_deadlines_and_others_still_work() {
+        let silent = silent_peer(Silence::Nothing).await;
+        let headers_only = silent_peer(Silence::AfterHeaders).await;
+        let channels = PeerChannels::new(Dialer::Plain).with_deadlines(short());
+        let (_dir, local) = memory();
+        let own = local.own_id().clone();
+
+        let replication = memory::RemoteMemory::new(channels.clone(), own.clone());
+        let sync = SyncRequest {
+            node: Some(own.clone()),
+            after: Default::default(),
+            frontier: Default::default(),
+        };
+        fails_in_time(
+            "Memory.Sync",
+            replication.sync(silent.clone(), sync.clone()),
+        )
+        .await;
+        fails_in_time(
+            "Memory.Push",
+            replication.push(silent.clone(), Vec::new(), Vec::new()),
+        )
+        .await;
+
+        let forwarding = tasks::RemoteTasks::new(channels.clone());
+        let spec = TaskSpec::new("hi", Target::Model("m".into()));
+        fails_in_time(
+            "Tasks.Submit",
+            forwarding.forward(silent.clone(), spec.clone()),
+        )
+        .await;
+        let mut events = forwarding
+            .forward(headers_only.clone(), spec)
+            .await
+            .expect("the stream opens");
+        fails_in_time("Tasks.Submit stream", async {
+            events.recv().await.expect("the relay reports the silence")
+        })
+        .await;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            forwarding.cancel(silent.clone(), "t".into()),
+        )
+        .await
+        .expect("a cancel gives up at its deadline");
+
+        let chats = models::RemoteModels::new(channels.clone());
+        let request = ChatRequest {
+            messages: vec![Message::text(Role::User, "hi")],
+            ..Default::default()
+        };
+        let (deltas, _) = tokio::sync::mpsc::unbounded_channel();
+        let target = Target::Model("m".into());
+        let message = |e: crate::chat::RemoteChatError| e.message;
+        fails_in_time("Models.Chat", async {
+            chats
+                .chat(&silent, &target, &request, &deltas)
+                .await
+                .map_err(message)
+        })
+        .await;
+        fails_in_time("Models.Chat stream", async {
+            chats
+                .chat(&headers_only, &target, &request, &deltas)
+                .await
+                .map_err(message)
+        })
+        .await;
+
+        let link = NodeLink::new(Dialer::Plain).with_deadlines(short());
+        let mut connection = link.connect(&silent).await.expect("connects");
+        fails_in_time("Node.ListPeers", connection.list_peers()).await;
+        let hello = Hello {
+            name: "me".into(),
+            id: own.clone(),
+            port: 1,
+        };
+        fails_in_time("Node.WatchInfo", async {
+            connection.watch(&hello, MIN_BEAT).await.map(|_| ())
+        })
+        .await;
+
+        // A peer that answers is still served by the same clients.
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let answering = listener.local_addr().expect("addr").to_string();
+        let (_peer_dir, peer) = memory();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(memory::MemoryService::new(peer, false).into_server())
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        replication
+            .sync(answering, sync)
+            .await
+            .expect("a peer that answers is synced");
     }
 }

@@ -4,6 +4,7 @@
 use std::{pin::Pin, sync::Arc};
 
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Target};
+use mesh_identity::deadline;
 use mesh_proto::{convert::check_len, v1 as pb};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
@@ -163,10 +164,18 @@ async fn chat_remote(
         target: target.model_id(),
         request: serde_json::to_vec(request).map_err(|e| fail(e.to_string()))?,
     };
-    let mut stream = match client.chat(call).await {
+    let deadlines = channels.deadlines();
+    // The whole chat has a deadline, its opening a shorter one, and the
+    // stream may not go silent between chunks for longer than `chat_idle`.
+    let whole = tokio::time::Instant::now() + deadlines.chat;
+    let open = client.chat(call);
+    let mut stream = match deadline::within(deadlines.open, "Models.Chat", open).await {
         Ok(response) => response.into_inner(),
         Err(status) => {
-            if status.code() == tonic::Code::Unavailable {
+            if matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+            ) {
                 channels.forget(addr);
             }
             return Err(remote_chat_error(&status, false));
@@ -174,7 +183,10 @@ async fn chat_remote(
     };
     let mut streamed = false;
     loop {
-        match stream.message().await {
+        let idle = deadlines
+            .chat_idle
+            .min(whole.saturating_duration_since(tokio::time::Instant::now()));
+        match deadline::within(idle, "Models.Chat stream", stream.message()).await {
             Ok(Some(pb::ChatChunk {
                 kind: Some(pb::chat_chunk::Kind::Delta(text)),
             })) => {
@@ -188,7 +200,9 @@ async fn chat_remote(
                 // a stream dropped before its end is reset, and after 1,024 resets h2 refuses
                 // the connection ("locally-reset streams reached limit"), which the front-door
                 // bench hit as a failed request.
-                while let Ok(Some(_)) = stream.message().await {}
+                while let Ok(Some(_)) =
+                    deadline::within(idle, "Models.Chat", stream.message()).await
+                {}
                 return serde_json::from_slice(&bytes)
                     .map_err(|e| failure(format!("bad answer: {e}"), streamed));
             }

@@ -3,6 +3,7 @@
 use std::{pin::Pin, sync::Arc};
 
 use mesh_domain::{BoxFuture, TaskError, TaskEvent, TaskSpec, task::check_task_id};
+use mesh_identity::deadline;
 use mesh_proto::v1 as pb;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
@@ -251,11 +252,10 @@ impl Forwarder for RemoteTasks {
             let Ok(channel) = this.channel(&addr).await else {
                 return;
             };
-            let request = pb::CancelRequest { task_id };
-            if let Err(status) = pb::tasks_client::TasksClient::new(channel)
-                .cancel(request)
-                .await
-            {
+            let limit = this.channels.deadlines().unary;
+            let mut client = pb::tasks_client::TasksClient::new(channel);
+            let call = client.cancel(pb::CancelRequest { task_id });
+            if let Err(status) = deadline::within(limit, "Tasks.Cancel", call).await {
                 tracing::warn!(%addr, error = %status.message(), "cancel the delegated task");
             }
         })
@@ -274,10 +274,17 @@ impl Forwarder for RemoteTasks {
             let channel = this.channel(&addr).await?;
             let mut client = pb::tasks_client::TasksClient::new(channel)
                 .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES);
-            let mut stream = match client.submit(pb::SubmitRequest::from(&spec)).await {
+            let deadlines = this.channels.deadlines();
+            // The opening has a deadline, and then each event: the task's own deadline bounds
+            // how long it runs there.
+            let call = client.submit(pb::SubmitRequest::from(&spec));
+            let mut stream = match deadline::within(deadlines.open, "Tasks.Submit", call).await {
                 Ok(response) => response.into_inner(),
                 Err(status) => {
-                    if status.code() == tonic::Code::Unavailable {
+                    if matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                    ) {
                         this.forget(&addr);
                     }
                     let message = status.message().to_owned();
@@ -294,17 +301,21 @@ impl Forwarder for RemoteTasks {
             let (tx, rx) = tokio::sync::mpsc::channel(256);
             tokio::spawn(async move {
                 loop {
-                    let item = match stream.message().await {
-                        Ok(Some(event)) => TaskEvent::try_from(event).map_err(|s| {
-                            ForwardError::Unavailable(format!("invalid event: {}", s.message()))
-                        }),
-                        Ok(None) => return,
-                        Err(status) => Err(ForwardError::Unavailable(format!(
-                            "stream broke: {}: {}",
-                            status.code(),
-                            status.message()
-                        ))),
-                    };
+                    let next = stream.message();
+                    let item =
+                        match deadline::within(deadlines.task_idle, "Tasks.Submit stream", next)
+                            .await
+                        {
+                            Ok(Some(event)) => TaskEvent::try_from(event).map_err(|s| {
+                                ForwardError::Unavailable(format!("invalid event: {}", s.message()))
+                            }),
+                            Ok(None) => return,
+                            Err(status) => Err(ForwardError::Unavailable(format!(
+                                "stream broke: {}: {}",
+                                status.code(),
+                                status.message()
+                            ))),
+                        };
                     let end = item.is_err();
                     if tx.send(item).await.is_err() || end {
                         return;

@@ -51,10 +51,13 @@ pub(crate) enum MemoryCommand {
         /// Only keys starting with this.
         #[arg(long, default_value = "")]
         prefix: String,
-        /// At most this many.
+        /// At most this many (the node also cuts an answer at 4 MiB of keys and values).
         #[arg(long, default_value_t = 100)]
         limit: u32,
-        /// Print JSON.
+        /// Continue after this key: the one a cut answer names.
+        #[arg(long, default_value = "")]
+        after: String,
+        /// Print JSON (`next_after` is the key to continue after, null when nothing is left).
         #[arg(long)]
         json: bool,
     },
@@ -136,23 +139,28 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
             namespace,
             prefix,
             limit,
+            after,
             json,
         } => {
-            let records = client
+            let answer = client
                 .list(pb::MemoryListRequest {
                     namespace,
                     prefix,
                     limit,
+                    after,
                 })
                 .await
                 .map_err(fail)?
-                .into_inner()
-                .records;
+                .into_inner();
+            let records = answer.records;
+            let next_after = Some(answer.next_after).filter(|key| !key.is_empty());
             if json {
                 let list: Vec<_> = records.iter().map(record_json).collect();
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&json!({ "records": list }))?
+                    serde_json::to_string_pretty(
+                        &json!({ "records": list, "next_after": next_after })
+                    )?
                 );
             } else {
                 let rows: Vec<[String; 3]> = records
@@ -168,6 +176,12 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
                     })
                     .collect();
                 print_table(&["KEY", "VALUE", "WRITTEN BY"], &rows);
+                if let Some(key) = next_after {
+                    eprintln!(
+                        "cut after {} records: more keys match; continue with --after {key}",
+                        records.len()
+                    );
+                }
             }
         }
     }

@@ -54,7 +54,7 @@ mod test_support;
 
 pub use error::{MemoryError, writable_by_callers};
 pub use record::{Entry, MAX_SIGNATURE, Record};
-pub use store::{Memory, MemoryOptions};
+pub use store::{Memory, MemoryOptions, Page};
 pub use sync::{
     BATCH_BYTES, MemoryPeers, RESYNCING, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync,
     replicate, resync_from, sync_from,

@@ -126,6 +126,15 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// What the entry weighs in an answer, for byte budgets: its namespace, key, value and
+    /// signature (the fixed-size fields are left out: they are small next to a value).
+    pub fn size(&self) -> usize {
+        self.namespace.len()
+            + self.key.len()
+            + self.record.value.len()
+            + self.record.signature.len()
+    }
+
     /// The bytes the origin signs: a prefix naming them, then the namespace and the key (each
     /// with its length), the SHA-256 of the value, the HLC stamp, the origin, the sequence and
     /// the tombstone flag. Everything that decides what the record says and where it lands is

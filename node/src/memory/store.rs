@@ -89,6 +89,16 @@ pub struct Memory {
     pub(super) ahead: std::sync::Mutex<BTreeMap<NodeId, (Duration, std::time::Instant)>>,
 }
 
+/// One page of a listing ([`Memory::page`]).
+#[derive(Debug, Default)]
+pub struct Page {
+    /// The entries, in key order.
+    pub entries: Vec<Entry>,
+    /// When the page was cut (by its count or its byte budget) and more entries remain: the
+    /// last key in it, to continue after.
+    pub next_after: Option<String>,
+}
+
 impl fmt::Debug for Memory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Memory")
@@ -284,26 +294,60 @@ impl Memory {
         }
     }
 
-    /// Live (non-deleted) entries of `ns` whose key starts with `prefix`, in key order.
+    /// Live (non-deleted) entries of `ns` whose key starts with `prefix`, in key order, at most
+    /// `limit` of them. For the node's own bounded reads; answers to callers use [`Memory::page`].
     pub fn list(&self, ns: &str, prefix: &str, limit: usize) -> Result<Vec<Entry>, MemoryError> {
+        Ok(self.page(ns, prefix, "", limit, usize::MAX)?.entries)
+    }
+
+    /// One page of [`Memory::list`]: live entries of `ns` whose key starts with `prefix` and
+    /// sorts after `after` (none: from the start), in key order, until `limit` entries or
+    /// `max_bytes` of keys and values ([`Entry::size`]); the first entry is always taken, so a
+    /// page never comes back empty while entries remain. When entries remain past the page,
+    /// [`Page::next_after`] says where to continue.
+    pub fn page(
+        &self,
+        ns: &str,
+        prefix: &str,
+        after: &str,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Page, MemoryError> {
         keys::check_namespace(ns)?;
-        let mut out = Vec::new();
-        for item in self.store.scan_prefix(&ns_tree(ns), prefix.as_bytes()) {
-            let (key, bytes) = item?;
-            let record = Record::decode(&bytes)?;
+        let tree = ns_tree(ns);
+        let items = if after.as_bytes() < prefix.as_bytes() {
+            self.store.scan_prefix(&tree, prefix.as_bytes())
+        } else {
+            self.store.range(
+                &tree,
+                Bound::Excluded(after.as_bytes().to_vec()),
+                Bound::Unbounded,
+            )
+        };
+        let mut page = Page::default();
+        let mut bytes = 0usize;
+        for item in items {
+            let (key, value) = item?;
+            if !key.starts_with(prefix.as_bytes()) {
+                break;
+            }
+            let record = Record::decode(&value)?;
             if record.tombstone {
                 continue;
             }
-            out.push(Entry {
+            let entry = Entry {
                 namespace: ns.to_owned(),
                 key: String::from_utf8_lossy(&key).into_owned(),
                 record,
-            });
-            if out.len() >= limit {
+            };
+            bytes = bytes.saturating_add(entry.size());
+            if !page.entries.is_empty() && (page.entries.len() >= limit || bytes > max_bytes) {
+                page.next_after = page.entries.last().map(|e| e.key.clone());
                 break;
             }
+            page.entries.push(entry);
         }
-        Ok(out)
+        Ok(page)
     }
 
     /// Checks a record from another node before it is applied: `Ok(false)` when its namespace

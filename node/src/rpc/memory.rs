@@ -14,6 +14,10 @@ use crate::memory::{
     self, Entry, MAX_SIGNATURE, Memory, MemoryError, MemoryPeers, Record, SYNC_BATCH, SyncBatch,
 };
 
+/// The byte budget of one `List` answer (keys, values and signatures): far below the 16 MiB a
+/// message may have, and what a caller must hold at once. Past it the answer is cut and names
+/// the key to continue after.
+pub const MAX_LIST_BYTES: usize = 4 * 1024 * 1024;
 /// Most records one `Push` may carry.
 const MAX_PUSH: usize = 4096;
 /// Most entries in a per-origin map (`after`, `frontier`, `heads`, `known`).
@@ -223,9 +227,13 @@ impl pb::memory_server::Memory for MemoryService {
             0 => 100,
             n => (n as usize).min(10_000),
         };
-        let entries = self.memory.list(&r.namespace, &r.prefix, limit)?;
+        check_len("after", &r.after, keys::MAX_KEY)?;
+        let page = self
+            .memory
+            .page(&r.namespace, &r.prefix, &r.after, limit, MAX_LIST_BYTES)?;
         Ok(Response::new(pb::MemoryListResponse {
-            records: entries.iter().map(to_pb).collect(),
+            records: page.entries.iter().map(to_pb).collect(),
+            next_after: page.next_after.unwrap_or_default(),
         }))
     }
 
@@ -407,5 +415,108 @@ impl MemoryPeers for RemoteMemory {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_identity::{OriginSigner, OriginVerifier};
+    use mesh_proto::v1::memory_server::Memory as _;
+
+    use super::*;
+    use crate::{memory::MemoryOptions, storage::SledStore};
+
+    fn service() -> (tempfile::TempDir, MemoryService) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SledStore::new(sled::open(dir.path()).expect("db"));
+        let (memory, _writes) = Memory::open(
+            Arc::new(store),
+            Arc::new(OriginSigner::generate().expect("signer")),
+            Arc::new(OriginVerifier::self_certified()),
+            MemoryOptions::default(),
+        );
+        (dir, MemoryService::new(memory, false))
+    }
+
+    /// A namespace holding more than a `List` answer's byte budget is listed in pages that
+    /// each stay within the budget and name where to continue; following them returns every
+    /// live key once, tombstones and other prefixes left out.
+    #[tokio::test]
+    async fn a_list_answer_stops_at_its_byte_budget_and_the_cursor_returns_the_rest() {
+        let (_dir, service) = service();
+        let memory = &service.memory;
+        let big = vec![b'x'; keys::MAX_VALUE];
+        let mut want = Vec::new();
+        for i in 0..(MAX_LIST_BYTES / keys::MAX_VALUE + 3) {
+            let key = format!("big/{i:02}");
+            memory
+                .put("bulk", &key, Some(big.clone()))
+                .await
+                .expect("put");
+            let small = format!("big/{i:02}-small");
+            memory
+                .put("bulk", &small, Some(b"s".to_vec()))
+                .await
+                .expect("put");
+            want.extend([key, small]);
+        }
+        memory
+            .put("bulk", "big/gone", Some(b"g".to_vec()))
+            .await
+            .expect("put");
+        memory.put("bulk", "big/gone", None).await.expect("delete");
+        memory
+            .put("bulk", "other", Some(b"o".to_vec()))
+            .await
+            .expect("put");
+
+        let (mut got, mut after, mut pages) = (Vec::new(), String::new(), 0);
+        loop {
+            let answer = service
+                .list(Request::new(pb::MemoryListRequest {
+                    namespace: "bulk".into(),
+                    prefix: "big/".into(),
+                    limit: 10_000,
+                    after: after.clone(),
+                }))
+                .await
+                .expect("list")
+                .into_inner();
+            pages += 1;
+            let bytes: usize = answer
+                .records
+                .iter()
+                .map(|r| r.namespace.len() + r.key.len() + r.value.len() + r.signature.len())
+                .sum();
+            assert!(bytes <= MAX_LIST_BYTES, "page {pages}: {bytes} bytes");
+            assert!(!answer.records.is_empty(), "page {pages} is empty");
+            got.extend(answer.records.into_iter().map(|r| r.key));
+            if answer.next_after.is_empty() {
+                break;
+            }
+            assert_eq!(
+                Some(&answer.next_after),
+                got.last(),
+                "the cursor is the last key"
+            );
+            after = answer.next_after;
+        }
+        assert!(pages >= 2, "the answer was never cut");
+        want.sort();
+        assert_eq!(got, want, "every live key once, in order");
+
+        // The count limit cuts too, and says so.
+        let answer = service
+            .list(Request::new(pb::MemoryListRequest {
+                namespace: "bulk".into(),
+                prefix: "big/".into(),
+                limit: 1,
+                after: String::new(),
+            }))
+            .await
+            .expect("list")
+            .into_inner();
+        assert_eq!(answer.records.len(), 1);
+        assert_eq!(answer.next_after, want[0]);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mesh_domain::{BoxFuture, Tier, ToolSpec};
+use mesh_domain::{BoxFuture, Tier, ToolSpec, text::truncate};
 use serde_json::{Value, json};
 
 use crate::{
@@ -51,6 +51,15 @@ impl Tool for MemoryGet {
     }
 }
 
+/// Most bytes of hits one `memory_search` answer carries: the model's context pays for them.
+const SEARCH_BYTES: usize = 32 * 1024;
+/// Most bytes of one value in a hit; a longer value is cut (`memory_get` reads more of it).
+const HIT_VALUE_BYTES: usize = 2 * 1024;
+/// Most keys one search looks at, so a search for a rare word in a huge namespace ends.
+const SEARCH_SCAN: usize = 10_000;
+/// Keys read from the store at once while searching (and at most 1 MiB of them).
+const SEARCH_PAGE: usize = 256;
+
 /// `memory_search`: keys of a namespace by prefix and/or substring.
 #[derive(Debug)]
 pub(crate) struct MemorySearch {
@@ -61,13 +70,14 @@ impl Tool for MemorySearch {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "memory_search".into(),
-            description: "Search the fleet's shared memory: entries of a namespace whose key starts with `prefix` and whose key or value contains `contains` (both optional).".into(),
+            description: "Search the fleet's shared memory: entries of a namespace whose key starts with `prefix` and whose key or value contains `contains` (both optional), in key order. A long answer is cut and says which `after` key continues it.".into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
                     "namespace": {"type": "string"},
                     "prefix": {"type": "string"},
                     "contains": {"type": "string"},
+                    "after": {"type": "string", "description": "continue after this key"},
                     "limit": {"type": "integer", "minimum": 1, "maximum": 100},
                 },
                 "required": ["namespace"],
@@ -85,30 +95,87 @@ impl Tool for MemorySearch {
         _ctx: &'a ToolContext,
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
+            let text = |name: &str| args.get(name).and_then(Value::as_str).unwrap_or("");
             let ns = str_arg(args, "namespace")?;
-            let prefix = args.get("prefix").and_then(Value::as_str).unwrap_or("");
-            let contains = args.get("contains").and_then(Value::as_str).unwrap_or("");
+            let (prefix, contains) = (text("prefix"), text("contains"));
             let limit = args
                 .get("limit")
                 .and_then(Value::as_u64)
                 .unwrap_or(20)
-                .min(100) as usize;
-            let entries = self
-                .memory
-                .list(ns, prefix, 10_000)
+                .clamp(1, 100) as usize;
+            let found = search(&self.memory, ns, prefix, contains, text("after"), limit)
                 .map_err(|e| e.to_string())?;
-            let hits: Vec<Value> = entries
-                .into_iter()
-                .filter(|e| {
-                    contains.is_empty()
-                        || e.key.contains(contains)
-                        || String::from_utf8_lossy(&e.record.value).contains(contains)
-                })
-                .take(limit)
-                .map(|e| json!({"key": e.key, "value": String::from_utf8_lossy(&e.record.value)}))
-                .collect();
-            Ok(cap(Value::Array(hits).to_string()))
+            let mut answer = Value::Array(found.hits).to_string();
+            if let Some((why, after)) = found.cut {
+                answer.push_str(&format!(
+                    "\n[cut: {why}; more entries may match: call memory_search again with \"after\": {}]",
+                    Value::String(after)
+                ));
+            }
+            Ok(answer)
         })
+    }
+}
+
+/// What one search found.
+struct Found {
+    /// `{"key", "value"}` objects (a value cut to [`HIT_VALUE_BYTES`] also has `"value_cut"`).
+    hits: Vec<Value>,
+    /// When the search stopped before the end: why, and the key to continue after.
+    cut: Option<(String, String)>,
+}
+
+/// Reads `ns` page by page from after `after`, keeping the entries that match, until `limit`
+/// hits, [`SEARCH_BYTES`] of them or [`SEARCH_SCAN`] keys looked at: the memory held and the
+/// answer are bounded whatever the namespace holds.
+fn search(
+    memory: &Memory,
+    ns: &str,
+    prefix: &str,
+    contains: &str,
+    after: &str,
+    limit: usize,
+) -> Result<Found, crate::memory::MemoryError> {
+    let mut found = Found {
+        hits: Vec::new(),
+        cut: None,
+    };
+    let (mut bytes, mut scanned, mut last) = (0, 0, after.to_owned());
+    loop {
+        let page = memory.page(ns, prefix, &last, SEARCH_PAGE, 1024 * 1024)?;
+        for entry in page.entries {
+            if scanned == SEARCH_SCAN {
+                found.cut = Some((format!("looked at {SEARCH_SCAN} keys"), last));
+                return Ok(found);
+            }
+            scanned += 1;
+            let value = String::from_utf8_lossy(&entry.record.value);
+            if contains.is_empty() || entry.key.contains(contains) || value.contains(contains) {
+                let mut hit = json!({"key": entry.key, "value": truncate(&value, HIT_VALUE_BYTES)});
+                if value.len() > HIT_VALUE_BYTES {
+                    hit["value_cut"] = Value::Bool(true);
+                }
+                let size = hit.to_string().len();
+                if found.hits.len() == limit {
+                    found.cut = Some((format!("{limit} entries (the limit)"), last));
+                    return Ok(found);
+                }
+                if bytes + size > SEARCH_BYTES {
+                    let why = format!(
+                        "{} entries, the {SEARCH_BYTES}-byte budget",
+                        found.hits.len()
+                    );
+                    found.cut = Some((why, last));
+                    return Ok(found);
+                }
+                bytes += size;
+                found.hits.push(hit);
+            }
+            last = entry.key;
+        }
+        if page.next_after.is_none() {
+            return Ok(found);
+        }
     }
 }
 
@@ -168,8 +235,7 @@ mod tests {
         agent::tools::framework::test_support::ctx, memory::MemoryOptions, storage::SledStore,
     };
 
-    #[tokio::test]
-    async fn memory_put_refuses_the_nodes_own_namespaces() {
+    fn memory() -> (tempfile::TempDir, Arc<Memory>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::new(sled::open(dir.path()).expect("db"));
         let (memory, _writes) = Memory::open(
@@ -178,6 +244,75 @@ mod tests {
             Arc::new(mesh_identity::OriginVerifier::self_certified()),
             MemoryOptions::default(),
         );
+        (dir, memory)
+    }
+
+    /// `memory_search` over a namespace larger than its budget answers at most the budget,
+    /// tells the model it was cut and where to continue, and continuing finds the rest; a huge
+    /// value comes back cut and marked.
+    #[tokio::test]
+    async fn memory_search_stops_at_its_byte_budget_and_says_where_to_continue() {
+        let (_dir, memory) = memory();
+        let mut want = Vec::new();
+        for i in 0..100 {
+            let key = format!("k{i:03}");
+            let value = format!("needle {}", "v".repeat(1000));
+            memory
+                .put("notes", &key, Some(value.into_bytes()))
+                .await
+                .expect("put");
+            want.push(key);
+        }
+        memory
+            .put(
+                "notes",
+                "k999",
+                Some(vec![b'h'; mesh_domain::keys::MAX_VALUE]),
+            )
+            .await
+            .expect("put");
+        want.push("k999".into());
+        let search = MemorySearch { memory };
+        let (mut got, mut after, mut answers) = (Vec::new(), String::new(), 0);
+        loop {
+            let answer = search
+                .call(
+                    &json!({"namespace": "notes", "limit": 100, "after": after}),
+                    &ctx(),
+                )
+                .await
+                .expect("search");
+            answers += 1;
+            let (hits, note) = answer.split_once('\n').unwrap_or((&answer, ""));
+            assert!(
+                hits.len() <= SEARCH_BYTES,
+                "answer {answers}: {} bytes",
+                hits.len()
+            );
+            let hits: Vec<Value> = serde_json::from_str(hits).expect("a JSON array");
+            for hit in &hits {
+                let cut = hit.get("value_cut").is_some();
+                assert_eq!(cut, hit["key"] == "k999", "{}", hit["key"]);
+            }
+            got.extend(
+                hits.iter()
+                    .map(|h| h["key"].as_str().expect("key").to_owned()),
+            );
+            if note.is_empty() {
+                break;
+            }
+            assert!(note.starts_with("[cut: "), "{note}");
+            let (_, rest) = note.split_once("\"after\": ").expect("names the key");
+            after = serde_json::from_str(rest.trim_end_matches(']')).expect("a JSON string");
+            assert_eq!(Some(&after), got.last(), "{note}");
+        }
+        assert!(answers >= 3, "the answer was never cut by its byte budget");
+        assert_eq!(got, want, "every entry once, in order");
+    }
+
+    #[tokio::test]
+    async fn memory_put_refuses_the_nodes_own_namespaces() {
+        let (_dir, memory) = memory();
         let put = MemoryPut {
             memory: memory.clone(),
         };

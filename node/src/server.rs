@@ -295,6 +295,7 @@ impl Node {
                 max_skew: config.max_clock_skew,
                 tombstone_window: config.tombstone_window,
                 sync_interval: config.sync_interval,
+                max_namespaces: config.max_namespaces,
             },
         );
         background_tasks.spawn(memory::replicate(

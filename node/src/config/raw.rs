@@ -230,6 +230,8 @@ pub struct RawMemory {
     pub tombstone_window_s: Option<u64>,
     /// How often every up peer is synced even without news, in seconds. Default: 30.
     pub sync_interval_s: Option<u64>,
+    /// Most namespaces the node keeps (system namespaces aside). Default: 1000.
+    pub max_namespaces: Option<usize>,
 }
 
 /// `[http]`: the OpenAI-compatible front door.

@@ -57,6 +57,8 @@ pub struct Config {
     pub tombstone_window: Duration,
     /// `memory.sync_interval_s`.
     pub sync_interval: Duration,
+    /// `memory.max_namespaces`.
+    pub max_namespaces: usize,
     /// `[http]`: the front door.
     pub http: HttpConfig,
 }

@@ -46,6 +46,16 @@ pub enum MemoryError {
     /// A record written by a revoked certificate after its revocation.
     #[error("record refused: its origin {0} was revoked by the mesh CA before writing it")]
     Revoked(String),
+    /// A write would create a namespace past the node's bound on namespaces.
+    #[error(
+        "namespace `{namespace}` would be new, and this node already holds {limit} namespaces, the most it keeps (memory.max_namespaces): write into an existing namespace, or raise memory.max_namespaces in the node's config"
+    )]
+    TooManyNamespaces {
+        /// The namespace that would have been created.
+        namespace: String,
+        /// The bound (`memory.max_namespaces`).
+        limit: usize,
+    },
     /// This node was away longer than the tombstone window and has not resynced yet.
     #[error(
         "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"

@@ -274,6 +274,7 @@ fn refusal_reason(error: &MemoryError) -> &'static str {
         MemoryError::Unverified(error) => error,
         MemoryError::Revoked(_) => return "revoked",
         MemoryError::Revocation(_) => return "revocation",
+        MemoryError::TooManyNamespaces { .. } => return "namespaces",
         MemoryError::Invalid(_)
         | MemoryError::FromTheFuture { .. }
         | MemoryError::Corrupt(_)

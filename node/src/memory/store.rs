@@ -26,7 +26,10 @@ use super::{
     error::MemoryError,
     record::{Entry, Record},
 };
-use crate::storage::{self, Store, Write};
+use crate::{
+    metrics::{labels, metrics},
+    storage::{self, Store, Write},
+};
 
 /// How a node's memory behaves (`[memory]` in the config).
 #[derive(Debug, Clone)]
@@ -39,6 +42,9 @@ pub struct MemoryOptions {
     pub tombstone_window: Duration,
     /// How often every up peer is synced even without news (and tombstones are collected).
     pub sync_interval: Duration,
+    /// Most namespaces the node keeps (the system namespaces do not count, and are never
+    /// refused); a write that would create one more is refused.
+    pub max_namespaces: usize,
 }
 
 impl Default for MemoryOptions {
@@ -48,6 +54,7 @@ impl Default for MemoryOptions {
             max_skew: Duration::from_millis(500),
             tombstone_window: Duration::from_secs(7 * 24 * 3600),
             sync_interval: Duration::from_secs(30),
+            max_namespaces: 1000,
         }
     }
 }
@@ -87,6 +94,11 @@ pub struct Memory {
     pub(super) synced_at: std::sync::Mutex<BTreeMap<NodeId, std::time::Instant>>,
     /// Writers whose records were last refused as stamped too far ahead: how far, and when.
     pub(super) ahead: std::sync::Mutex<BTreeMap<NodeId, (Duration, std::time::Instant)>>,
+    /// The namespaces that hold records (system namespaces left out), kept here so a write
+    /// need not list the store's trees; changed only under `writer`.
+    namespaces: std::sync::Mutex<HashSet<String>>,
+    /// The bound on `namespaces` (`memory.max_namespaces`).
+    max_namespaces: usize,
 }
 
 /// One page of a listing ([`Memory::page`]).
@@ -151,6 +163,19 @@ impl Memory {
             .flatten()
             .and_then(|v| be_u64(&v))
             .unwrap_or(0);
+        let namespaces = match store.trees() {
+            Ok(trees) => trees
+                .iter()
+                .filter_map(|name| name.strip_prefix(NS_PREFIX))
+                .filter(|ns| !keys::SYSTEM_NAMESPACES.contains(ns))
+                .map(str::to_owned)
+                .collect(),
+            Err(e) => {
+                // Counted from nothing, the bound still holds for new namespaces from here on.
+                tracing::warn!(error = %e, "list the memory's namespaces");
+                HashSet::new()
+            }
+        };
         let memory = Self {
             store,
             writer: std::sync::Mutex::default(),
@@ -167,6 +192,8 @@ impl Memory {
             own_seq: watch::Sender::new(stored_seq),
             synced_at: std::sync::Mutex::default(),
             ahead: std::sync::Mutex::default(),
+            namespaces: std::sync::Mutex::new(namespaces),
+            max_namespaces: options.max_namespaces,
         };
         match memory.sign_stored() {
             Ok((0, 0)) => {}
@@ -193,6 +220,53 @@ impl Memory {
 
     pub(super) fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
         self.writer.lock_unpoisoned()
+    }
+
+    /// Refuses `ns` when it would be a new namespace past the bound, counting `more` new ones
+    /// already pending in the caller's batch. Called under `writer`.
+    fn check_namespace_room(&self, ns: &str, more: &HashSet<String>) -> Result<(), MemoryError> {
+        let known = self.namespaces.lock_unpoisoned();
+        if keys::SYSTEM_NAMESPACES.contains(&ns)
+            || known.contains(ns)
+            || more.contains(ns)
+            || known.len() + more.len() < self.max_namespaces
+        {
+            return Ok(());
+        }
+        Err(MemoryError::TooManyNamespaces {
+            namespace: ns.to_owned(),
+            limit: self.max_namespaces,
+        })
+    }
+
+    /// Records namespaces that now hold records (after their commit). Called under `writer`.
+    fn note_namespaces(&self, created: HashSet<String>) {
+        if !created.is_empty() {
+            self.namespaces.lock_unpoisoned().extend(
+                created
+                    .into_iter()
+                    .filter(|ns| !keys::SYSTEM_NAMESPACES.contains(&ns.as_str())),
+            );
+        }
+    }
+
+    /// Counts `count` replicated records refused because their namespace would be one too
+    /// many, and says so in the log at most once a minute (a peer may send many).
+    fn refuse_for_namespaces(&self, count: u64) {
+        static LOGGED: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+        metrics()
+            .memory_records_refused
+            .get_or_create(&labels(&[("reason", "namespaces")]))
+            .inc_by(count);
+        let mut logged = LOGGED.lock_unpoisoned();
+        if logged.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+            *logged = Some(std::time::Instant::now());
+            tracing::warn!(
+                records = count,
+                limit = self.max_namespaces,
+                "refused replicated records in new namespaces: this node holds the most namespaces it keeps (memory.max_namespaces); raise it to take them"
+            );
+        }
     }
 
     pub(super) fn replicated(&self, ns: &str) -> bool {
@@ -226,6 +300,7 @@ impl Memory {
         let replicated = self.replicated(ns);
         let record = {
             let _writer = self.write_lock();
+            self.check_namespace_room(ns, &HashSet::new())?;
             let mut writes = Vec::new();
             let seq = if replicated {
                 let next = self
@@ -267,6 +342,7 @@ impl Memory {
                 reindex(&mut writes, ns, key, &record);
             }
             self.store.commit(writes)?;
+            self.note_namespaces(HashSet::from([ns.to_owned()]));
             if replicated {
                 self.own_seq.send_replace(seq);
             }
@@ -380,8 +456,15 @@ impl Memory {
         let mut writes = Vec::new();
         // What this batch has already put at a place, for a place that comes twice.
         let mut pending: BTreeMap<(String, &str), Record> = BTreeMap::new();
+        // Namespaces this batch creates, and how many records were refused for want of room.
+        let (mut created, mut no_room) = (HashSet::new(), 0u64);
         for (entry, result) in entries.iter().zip(results.iter_mut()) {
             if !matches!(result, Ok(true)) {
+                continue;
+            }
+            if let Err(e) = self.check_namespace_room(&entry.namespace, &created) {
+                no_room += 1;
+                *result = Err(e);
                 continue;
             }
             let tree = ns_tree(&entry.namespace);
@@ -410,11 +493,20 @@ impl Memory {
             ));
             reindex(&mut writes, &entry.namespace, &entry.key, record);
             pending.insert((tree, entry.key.as_str()), record.clone());
-        }
-        if let Err(e) = self.store.commit(writes) {
-            for result in results.iter_mut().filter(|r| matches!(r, Ok(true))) {
-                *result = Err(e.clone().into());
+            if !self.namespaces.lock_unpoisoned().contains(&entry.namespace) {
+                created.insert(entry.namespace.clone());
             }
+        }
+        match self.store.commit(writes) {
+            Ok(()) => self.note_namespaces(created),
+            Err(e) => {
+                for result in results.iter_mut().filter(|r| matches!(r, Ok(true))) {
+                    *result = Err(e.clone().into());
+                }
+            }
+        }
+        if no_room > 0 {
+            self.refuse_for_namespaces(no_room);
         }
         results
     }
@@ -712,6 +804,88 @@ mod tests {
         let from_q: Vec<_> = memory.since(&q, 0, 10).expect("since");
         assert_eq!(from_q.len(), 2);
         assert!(memory.get("notes", "far").expect("get").is_none());
+    }
+
+    /// Point 7b of issue 16: a node's namespaces are bounded. Local writes and replicated
+    /// records that would create one past the bound are refused (the latter counted), while
+    /// existing namespaces, the system namespaces and everything stored stay as they were,
+    /// also after a restart.
+    #[tokio::test]
+    async fn writes_that_would_create_a_namespace_past_the_bound_are_refused() {
+        let own = id("me");
+        let options = MemoryOptions {
+            max_namespaces: 3,
+            ..MemoryOptions::default()
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let open = || {
+            let db: Arc<dyn Store> = Arc::new(SledStore::new(sled::open(dir.path()).expect("db")));
+            Memory::open(db, signer(&own), verifier(), options.clone()).0
+        };
+        let memory = open();
+        for ns in ["a", "b", "c"] {
+            memory.put(ns, "k", Some(b"1".to_vec())).await.expect("put");
+        }
+        let refused = memory
+            .put("d", "k", Some(b"1".to_vec()))
+            .await
+            .expect_err("a fourth namespace is refused");
+        assert!(
+            matches!(refused, MemoryError::TooManyNamespaces { limit: 3, .. }),
+            "{refused:?}"
+        );
+        let message = refused.to_string();
+        assert!(
+            message.contains("memory.max_namespaces") && message.contains("`d`"),
+            "{message}"
+        );
+        // Existing namespaces stay writable, deletes included; the node's own are never refused.
+        memory
+            .put("a", "k2", Some(b"2".to_vec()))
+            .await
+            .expect("put");
+        memory.put("b", "k", None).await.expect("delete");
+        memory
+            .put(keys::CRON_SCHEDULES, "s", Some(b"{}".to_vec()))
+            .await
+            .expect("a system namespace");
+
+        let refusals = || {
+            metrics()
+                .memory_records_refused
+                .get_or_create(&labels(&[("reason", "namespaces")]))
+                .get()
+        };
+        let before = refusals();
+        let now = uhlc::system_time_clock().as_u64();
+        let peer = id("peer");
+        let from_peer = |ns: &str, seq: u64| Entry {
+            namespace: ns.into(),
+            key: "r".into(),
+            record: Record {
+                seq,
+                ..record(now, &peer, false)
+            },
+        };
+        let results: Vec<_> = memory
+            .apply_all(&[from_peer("e", 1), from_peer("c", 2), from_peer("f", 3)])
+            .into_iter()
+            .map(|r| r.map_err(|e| matches!(e, MemoryError::TooManyNamespaces { .. })))
+            .collect();
+        assert_eq!(results, [Err(true), Ok(true), Err(true)]);
+        assert_eq!(refusals() - before, 2, "refused records are counted");
+        assert!(memory.get("e", "r").expect("get").is_none());
+        drop(memory);
+
+        let memory = open();
+        for ns in ["a", "b", "c"] {
+            assert!(memory.get(ns, "k").expect("get").is_some(), "{ns} kept");
+        }
+        assert!(memory.get("c", "r").expect("get").is_some());
+        assert!(
+            memory.put("g", "k", Some(b"1".to_vec())).await.is_err(),
+            "the count survives a restart"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,6 +90,7 @@ impl From<MemoryError> for Status {
             MemoryError::Corrupt(_) => Status::data_loss(message),
             MemoryError::Storage(store) => super::store_status(&store, message),
             MemoryError::Resyncing => Status::failed_precondition(message),
+            MemoryError::TooManyNamespaces { .. } => Status::resource_exhausted(message),
             MemoryError::Reserved(_) | MemoryError::Revoked(_) => {
                 Status::permission_denied(message)
             }
@@ -426,16 +427,50 @@ mod tests {
     use super::*;
     use crate::{memory::MemoryOptions, storage::SledStore};
 
-    fn service() -> (tempfile::TempDir, MemoryService) {
+    fn service_with(options: MemoryOptions) -> (tempfile::TempDir, MemoryService) {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::new(sled::open(dir.path()).expect("db"));
         let (memory, _writes) = Memory::open(
             Arc::new(store),
             Arc::new(OriginSigner::generate().expect("signer")),
             Arc::new(OriginVerifier::self_certified()),
-            MemoryOptions::default(),
+            options,
         );
         (dir, MemoryService::new(memory, false))
+    }
+
+    fn service() -> (tempfile::TempDir, MemoryService) {
+        service_with(MemoryOptions::default())
+    }
+
+    /// A `Put` that would create a namespace past `memory.max_namespaces` is refused with
+    /// `RESOURCE_EXHAUSTED`, naming the key to raise; existing namespaces stay writable.
+    #[tokio::test]
+    async fn a_put_past_the_namespace_bound_is_resource_exhausted_naming_the_key() {
+        let (_dir, service) = service_with(MemoryOptions {
+            max_namespaces: 1,
+            ..MemoryOptions::default()
+        });
+        let put = |namespace: &str| pb::MemoryPutRequest {
+            namespace: namespace.into(),
+            key: "k".into(),
+            value: b"v".to_vec(),
+        };
+        service.put(Request::new(put("a"))).await.expect("put");
+        let status = service
+            .put(Request::new(put("b")))
+            .await
+            .expect_err("a second namespace is refused");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            status.message().contains("memory.max_namespaces"),
+            "{}",
+            status.message()
+        );
+        service
+            .put(Request::new(put("a")))
+            .await
+            .expect("a is still writable");
     }
 
     /// A namespace holding more than a `List` answer's byte budget is listed in pages that

@@ -114,6 +114,8 @@ pub(super) struct MemorySection {
     pub(super) tombstone_window: Duration,
     /// `memory.sync_interval_s`.
     pub(super) sync_interval: Duration,
+    /// `memory.max_namespaces`.
+    pub(super) max_namespaces: usize,
 }
 
 /// `[memory]`: namespace names, the clock skew, and a tombstone window that outlives several
@@ -152,6 +154,14 @@ pub(super) fn memory(raw: RawMemory, origin: &Origin) -> Result<MemorySection, C
             "use 1-3600 seconds (default 30)",
         ));
     }
+    let max_namespaces = raw.max_namespaces.unwrap_or(1000);
+    if !(1..=1_000_000).contains(&max_namespaces) {
+        return Err(origin.invalid(
+            "memory.max_namespaces",
+            format!("is {max_namespaces}"),
+            "use 1-1000000 (default 1000)",
+        ));
+    }
     if window < 4 * sync_interval {
         return Err(origin.invalid(
             "memory.tombstone_window_s",
@@ -164,6 +174,7 @@ pub(super) fn memory(raw: RawMemory, origin: &Origin) -> Result<MemorySection, C
         max_clock_skew: Duration::from_millis(skew),
         tombstone_window: Duration::from_secs(window),
         sync_interval: Duration::from_secs(sync_interval),
+        max_namespaces,
     })
 }
 
@@ -181,5 +192,17 @@ mod tests {
         assert!(e.contains("memory.sync_interval_s"), "{e}");
         assert!(err("[memory]\nsync_interval_s = 0\n").contains("1-3600"));
         assert!(err("[memory]\ntombstone_window_s = 0\n").contains("default 604800"));
+    }
+
+    #[test]
+    fn the_namespace_bound_defaults_to_1000_and_must_be_positive() {
+        assert_eq!(parse("").expect("valid").max_namespaces, 1000);
+        let config = parse("[memory]\nmax_namespaces = 5\n").expect("valid");
+        assert_eq!(config.max_namespaces, 5);
+        let e = err("[memory]\nmax_namespaces = 0\n");
+        assert!(
+            e.contains("memory.max_namespaces") && e.contains("1-1000000"),
+            "{e}"
+        );
     }
 }

@@ -73,6 +73,7 @@ impl RawConfig {
             max_clock_skew: memory.max_clock_skew,
             tombstone_window: memory.tombstone_window,
             sync_interval: memory.sync_interval,
+            max_namespaces: memory.max_namespaces,
             http,
         })
     }

@@ -2,12 +2,14 @@
 //! newest last) and its numbered events (tree `task_events`, key = task id + sequence), and the
 //! recovery at start of tasks a previous process left queued or running.
 //!
-//! It stores and reads; it runs nothing.
+//! It stores and reads (a task's events a page at a time, so replaying a long history to a
+//! watcher never holds all of it); it runs nothing.
 
 use std::{fmt, ops::Bound, sync::Arc};
 
 use mesh_domain::{EventKind, TaskError, TaskEvent, TaskSpec, TaskStatus, time::now_ms};
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 
 use crate::storage::{Store, StoreError, Write, flush};
 
@@ -47,6 +49,17 @@ impl fmt::Debug for History {
 
 const RECORDS: &str = "tasks";
 const EVENTS: &str = "task_events";
+/// Most events read from the store at once when replaying a task's events.
+pub(crate) const EVENT_PAGE: usize = 256;
+
+/// How a [`History::replay`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Replayed {
+    /// The terminal event was sent, or the watcher went away: nothing more to send.
+    Ended,
+    /// Every stored event was sent; the next one will have this sequence number.
+    UpTo(u64),
+}
 
 impl History {
     /// The history kept in `store`.
@@ -80,14 +93,67 @@ impl History {
         }
     }
 
-    pub(crate) fn events_from(&self, id: &str, from: u64) -> Vec<TaskEvent> {
+    /// At most `limit` stored events of task `id` from sequence `from` on (an undecodable one
+    /// is skipped), and the sequence to read on from when there may be more.
+    fn events_page(&self, id: &str, from: u64, limit: usize) -> (Vec<TaskEvent>, Option<u64>) {
         let start = event_key(id, from);
         let end = event_key(id, u64::MAX);
-        self.0
+        let mut events = Vec::new();
+        let mut read = 0;
+        let mut next = from;
+        for (key, value) in self
+            .0
             .range(EVENTS, Bound::Included(start), Bound::Included(end))
             .filter_map(|entry| entry.ok())
-            .filter_map(|(_, value)| serde_json::from_slice(&value).ok())
-            .collect()
+            .take(limit)
+        {
+            read += 1;
+            if let Some(seq) = event_seq(&key) {
+                next = seq.saturating_add(1);
+            }
+            if let Ok(event) = serde_json::from_slice(&value) {
+                events.push(event);
+            }
+        }
+        (events, (read == limit).then_some(next))
+    }
+
+    /// Sends task `id`'s stored events from sequence `from` on to `tx`, a page at a time
+    /// ([`EVENT_PAGE`]), so a long history is never all in memory at once.
+    pub(crate) async fn replay(
+        &self,
+        id: &str,
+        mut from: u64,
+        tx: &mpsc::Sender<TaskEvent>,
+    ) -> Replayed {
+        loop {
+            let (events, more) = self.events_page(id, from, EVENT_PAGE);
+            for event in events {
+                from = event.seq.saturating_add(1);
+                let terminal = event.kind.is_terminal();
+                if tx.send(event).await.is_err() || terminal {
+                    return Replayed::Ended;
+                }
+            }
+            match more {
+                Some(next) => from = from.max(next),
+                None => return Replayed::UpTo(from),
+            }
+        }
+    }
+
+    /// The sequence number task `id`'s next event gets (0 when it has none).
+    fn next_seq(&self, id: &str) -> u64 {
+        self.0
+            .range(
+                EVENTS,
+                Bound::Included(event_key(id, 0)),
+                Bound::Included(event_key(id, u64::MAX)),
+            )
+            .next_back()
+            .and_then(|entry| entry.ok())
+            .and_then(|(key, _)| event_seq(&key))
+            .map_or(0, |seq| seq.saturating_add(1))
     }
 
     /// Every stored record, in id order.
@@ -103,6 +169,12 @@ impl History {
             tracing::error!(error = %e, "flush task history");
         }
     }
+}
+
+/// The sequence number at the end of an event key.
+fn event_seq(key: &[u8]) -> Option<u64> {
+    let tail = &key[key.len().checked_sub(8)?..];
+    tail.try_into().ok().map(u64::from_be_bytes)
 }
 
 fn event_key(id: &str, seq: u64) -> Vec<u8> {
@@ -125,10 +197,7 @@ pub(crate) fn recover(store: &History) {
         record.status = TaskStatus::Failed;
         record.error = Some(error.clone());
         record.finished_at_ms = Some(now_ms());
-        let next = store
-            .events_from(&record.id, 0)
-            .last()
-            .map_or(0, |e| e.seq + 1);
+        let next = store.next_seq(&record.id);
         let event = TaskEvent {
             task_id: record.id.clone(),
             seq: next,
@@ -147,7 +216,109 @@ pub(crate) fn recover(store: &History) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+    use crate::storage::{Entries, KeyValue, SledStore};
+
+    /// A store that remembers the most entries one range read has yielded.
+    struct Counting {
+        inner: SledStore,
+        most: Arc<AtomicUsize>,
+    }
+
+    impl Store for Counting {
+        fn get(&self, tree: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+            self.inner.get(tree, key)
+        }
+        fn range(&self, tree: &str, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Entries {
+            let (read, most) = (Arc::new(AtomicUsize::new(0)), self.most.clone());
+            Box::new(
+                self.inner
+                    .range(tree, from, to)
+                    .inspect(move |_: &Result<KeyValue, _>| {
+                        most.fetch_max(read.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                    }),
+            )
+        }
+        fn commit(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+            self.inner.commit(writes)
+        }
+        fn trees(&self) -> Result<Vec<String>, StoreError> {
+            self.inner.trees()
+        }
+        fn drop_tree(&self, tree: &str) -> Result<(), StoreError> {
+            self.inner.drop_tree(tree)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            self.inner.flush()
+        }
+        fn fail(&self, why: &str) {
+            self.inner.fail(why);
+        }
+    }
+
+    /// Issue 16, point 3: replaying a task's history to a watcher reads the store a page at a
+    /// time, never the whole history at once, and still sends every event once, in order.
+    #[tokio::test]
+    async fn a_long_history_is_replayed_in_pages_and_in_full() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let most = Arc::new(AtomicUsize::new(0));
+        let history = History::new(Arc::new(Counting {
+            inner: SledStore::new(sled::open(dir.path()).expect("db")),
+            most: most.clone(),
+        }));
+        let event = |task: &str, seq: u64, kind: EventKind| TaskEvent {
+            task_id: task.into(),
+            seq,
+            at_ms: 0,
+            kind,
+        };
+        let total = 4 * EVENT_PAGE as u64 + 7;
+        for seq in 0..total {
+            let text = format!("{seq}");
+            history
+                .put_event(&event("task", seq, EventKind::OutputDelta { text }))
+                .expect("put");
+        }
+        history
+            .put_event(&event(
+                "task0",
+                0,
+                EventKind::OutputDelta {
+                    text: "other".into(),
+                },
+            ))
+            .expect("put");
+        assert_eq!(history.next_seq("task"), total);
+
+        let (tx, mut rx) = mpsc::channel::<TaskEvent>(8);
+        let drain = tokio::spawn(async move {
+            let mut seqs = Vec::new();
+            while let Some(event) = rx.recv().await {
+                seqs.push(event.seq);
+            }
+            seqs
+        });
+        assert_eq!(history.replay("task", 0, &tx).await, Replayed::UpTo(total));
+        assert_eq!(
+            history.replay("task", total - 3, &tx).await,
+            Replayed::UpTo(total)
+        );
+        let error = TaskError::Internal {
+            message: "x".into(),
+        };
+        history
+            .put_event(&event("task", total, EventKind::Failed { error }))
+            .expect("put");
+        assert_eq!(history.replay("task", total, &tx).await, Replayed::Ended);
+        drop(tx);
+        let seqs = drain.await.expect("drain");
+        let want: Vec<u64> = (0..total).chain(total - 3..=total).collect();
+        assert_eq!(seqs, want);
+        let most = most.load(Ordering::SeqCst);
+        assert!(most <= EVENT_PAGE, "one read yielded {most} events");
+    }
 
     #[test]
     fn event_keys_sort_by_task_then_sequence() {

@@ -39,7 +39,7 @@ use crate::{
     storage::{Store, StoreError},
     tasks::{
         forward::{Forwarder, Journey, forward},
-        history::{History, TaskRecord, recover},
+        history::{History, Replayed, TaskRecord, recover},
     },
 };
 
@@ -352,14 +352,12 @@ impl TaskManager {
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             let mut next = 0;
-            // Replay from the store; on lag, replay again from where the live stream broke.
+            // Replay from the store (a page at a time); on lag, replay again from where the
+            // live stream broke.
             loop {
-                for event in history.events_from(&id, next) {
-                    next = event.seq + 1;
-                    let terminal = event.kind.is_terminal();
-                    if tx.send(event).await.is_err() || terminal {
-                        return;
-                    }
+                match history.replay(&id, next, &tx).await {
+                    Replayed::Ended => return,
+                    Replayed::UpTo(seq) => next = seq,
                 }
                 let Some(live) = receiver.as_mut().filter(|_| follow) else {
                     return;

@@ -3,6 +3,10 @@
 //! its events and fails over to the next when a node is lost or full, unless a tool that may
 //! have changed something already ran there.
 //!
+//! What other nodes relay is bounded: at most [`MAX_RELAYED_EVENTS`] events and
+//! [`MAX_RELAYED_BYTES`] of them per task are recorded here; past that, one event says the rest
+//! were cut, and the outcome is still recorded.
+//!
 //! It does not choose the nodes (that is `admission`) and keeps no task state of its own: what
 //! it learns about the task goes through the `Journey` its manager gives it.
 
@@ -15,6 +19,44 @@ use crate::{agent::EventSink, router::Destination};
 
 /// Re-routes after the first node at most this many times.
 pub const MAX_FAILOVERS: u32 = 2;
+/// Most events the nodes running a task may have this node record for it (every attempt
+/// together; its outcome aside): a node at the other end cannot fill this node's disk.
+pub const MAX_RELAYED_EVENTS: usize = 10_000;
+/// Most bytes (as stored, JSON) of those events.
+pub const MAX_RELAYED_BYTES: usize = 16 * 1024 * 1024;
+
+/// What has been recorded of a task's relayed events, against the caps.
+#[derive(Debug, Default)]
+struct Relayed {
+    events: usize,
+    bytes: usize,
+    /// Whether the cap was reached (and said so).
+    cut: bool,
+}
+
+impl Relayed {
+    /// Records `kind` through `sink` while within the caps; at the first event past them, one
+    /// event that says the rest are cut instead, then nothing.
+    fn relay(&mut self, sink: &dyn EventSink, node: &str, kind: EventKind) {
+        if self.cut {
+            return;
+        }
+        let size = serde_json::to_string(&kind).map_or(usize::MAX, |json| json.len());
+        self.events += 1;
+        self.bytes = self.bytes.saturating_add(size);
+        if self.events <= MAX_RELAYED_EVENTS && self.bytes <= MAX_RELAYED_BYTES {
+            sink.emit(kind);
+            return;
+        }
+        self.cut = true;
+        sink.emit(EventKind::Intervention {
+            rule: "relayed_events_cut".into(),
+            message: format!(
+                "{node} sent more events than this node records for one task (at most {MAX_RELAYED_EVENTS} events and {MAX_RELAYED_BYTES} bytes): the rest are not recorded here; the task's outcome still is"
+            ),
+        });
+    }
+}
 
 /// Why forwarding a task to one node did not produce an outcome.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -79,6 +121,7 @@ pub(crate) async fn forward(
         spec.lineage.origin = journey.node.to_owned();
     }
     let mut failures: Vec<String> = Vec::new();
+    let mut relayed = Relayed::default();
     for (index, Destination { name, addr }) in candidates.into_iter().enumerate() {
         let attempt = index as u32 + 1;
         if attempt > MAX_FAILOVERS + 1 {
@@ -139,7 +182,7 @@ pub(crate) async fn forward(
                     {
                         side_effect = Some(tool.clone());
                     }
-                    journey.events.emit(kind);
+                    relayed.relay(journey.events, &name, kind);
                 }
             }
         };
@@ -155,4 +198,148 @@ pub(crate) async fn forward(
     Err(TaskError::Routing {
         message: format!("no node completed the task: {}", failures.join("; ")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_domain::{Target, Usage};
+
+    use super::*;
+
+    /// A node that relays `count` events of `size` bytes each for any task, then completes it.
+    #[derive(Debug)]
+    struct Flood {
+        count: usize,
+        size: usize,
+    }
+
+    impl Forwarder for Flood {
+        fn forward(
+            &self,
+            _addr: String,
+            spec: TaskSpec,
+        ) -> BoxFuture<'static, Result<mpsc::Receiver<Result<TaskEvent, ForwardError>>, ForwardError>>
+        {
+            let (count, size) = (self.count, self.size);
+            Box::pin(async move {
+                let (tx, rx) = mpsc::channel(64);
+                let task_id = spec.lineage.task_id.unwrap_or_default();
+                tokio::spawn(async move {
+                    let event = |seq: usize, kind: EventKind| TaskEvent {
+                        task_id: task_id.clone(),
+                        seq: seq as u64,
+                        at_ms: 0,
+                        kind,
+                    };
+                    for seq in 0..count {
+                        let text = "x".repeat(size);
+                        if tx
+                            .send(Ok(event(seq, EventKind::OutputDelta { text })))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    let done = EventKind::Completed {
+                        output: "done".into(),
+                        usage: Usage::default(),
+                        executed_on: "hostile".into(),
+                        rounds: 1,
+                    };
+                    let _ = tx.send(Ok(event(count, done))).await;
+                });
+                Ok(rx)
+            })
+        }
+
+        fn cancel(&self, _addr: String, _task_id: String) -> BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<EventKind>>);
+
+    impl EventSink for Recorded {
+        fn task_id(&self) -> &str {
+            "task"
+        }
+
+        fn emit(&self, kind: EventKind) {
+            self.0.lock_unpoisoned().push(kind);
+        }
+    }
+
+    /// Issue 16, point 3: a node that relays an endless or huge stream of events for a task
+    /// forwarded to it makes this node record at most the caps, then one event saying the rest
+    /// were cut; the task still ends with the outcome that node sent.
+    #[tokio::test]
+    async fn a_remote_that_floods_events_is_recorded_up_to_the_caps_and_the_outcome_still_counts() {
+        let floods = [
+            (MAX_RELAYED_EVENTS + 500, 1),
+            (8, MAX_RELAYED_BYTES / 4),
+            (MAX_RELAYED_EVENTS / 2, 10),
+        ];
+        for (count, size) in floods {
+            let sink = Recorded::default();
+            let spec = TaskSpec::new("hi", Target::Model("m".into()));
+            let current = Mutex::new(None);
+            let answer = forward(
+                Journey {
+                    node: "victim",
+                    task_id: "task",
+                    spec: &spec,
+                    deadline: Instant::now() + Duration::from_secs(60),
+                    events: &sink,
+                    routed: &|_| {},
+                    side_effects: &|_, _| false,
+                    current: &current,
+                },
+                vec![Destination {
+                    name: "hostile".into(),
+                    addr: "127.0.0.1:1".into(),
+                }],
+                &Flood { count, size },
+            )
+            .await
+            .expect("the task completes with the outcome the node sent");
+            assert_eq!(answer.output, "done");
+            let recorded = sink.0.into_inner().expect("lock");
+            let relayed: Vec<_> = recorded
+                .iter()
+                .filter(|k| matches!(k, EventKind::OutputDelta { .. }))
+                .collect();
+            let bytes: usize = recorded
+                .iter()
+                .map(|k| serde_json::to_string(k).expect("json").len())
+                .sum();
+            assert!(
+                relayed.len() <= MAX_RELAYED_EVENTS,
+                "{count}x{size}: {}",
+                relayed.len()
+            );
+            assert!(
+                bytes <= MAX_RELAYED_BYTES + 4096,
+                "{count}x{size}: {bytes} bytes"
+            );
+            let cut = recorded
+                .iter()
+                .filter(|k| matches!(k, EventKind::Intervention { rule, .. } if rule == "relayed_events_cut"))
+                .count();
+            let over = count > MAX_RELAYED_EVENTS || count * size > MAX_RELAYED_BYTES;
+            assert_eq!(
+                cut,
+                usize::from(over),
+                "{count}x{size}: one cut event when over"
+            );
+            if !over {
+                assert_eq!(
+                    relayed.len(),
+                    count,
+                    "{count}x{size}: all kept under the caps"
+                );
+            }
+        }
+    }
 }

@@ -482,17 +482,26 @@ async fn get(client: &mut Client, key: &str) -> anyhow::Result<Option<pb::Memory
         .record)
 }
 
+/// Every record under `prefix`, following the node's cursor when an answer is cut.
 async fn list(client: &mut Client, prefix: &str) -> anyhow::Result<Vec<pb::MemoryRecord>> {
-    Ok(client
-        .list(request(pb::MemoryListRequest {
-            namespace: NS.into(),
-            prefix: prefix.into(),
-            limit: 10_000,
-        }))
-        .await
-        .with_context(|| format!("list {prefix}"))?
-        .into_inner()
-        .records)
+    let (mut records, mut after) = (Vec::new(), String::new());
+    loop {
+        let answer = client
+            .list(request(pb::MemoryListRequest {
+                namespace: NS.into(),
+                prefix: prefix.into(),
+                limit: 10_000,
+                after,
+            }))
+            .await
+            .with_context(|| format!("list {prefix}"))?
+            .into_inner();
+        records.extend(answer.records);
+        if answer.next_after.is_empty() {
+            return Ok(records);
+        }
+        after = answer.next_after;
+    }
 }
 
 /// Polls `Get key` on `client` until it holds `want`; returns the time since `since` and the

@@ -112,7 +112,7 @@ impl Metrics {
         let memory_records_refused = Family::default();
         registry.register(
             "memory_records_refused",
-            "Replicated memory records refused because their origin's signature does not vouch for them, by reason",
+            "Replicated memory records refused because their origin's signature does not vouch for them, or because they would create a namespace past memory.max_namespaces, by reason",
             memory_records_refused.clone(),
         );
         Self {

@@ -235,6 +235,51 @@ fn every_acknowledged_put_survives_sigkill() {
     );
 }
 
+/// A cut `memory ls` answer says so (on stderr, or as `next_after` with `--json`), and
+/// `--after` continues it to the end.
+#[test]
+fn memory_ls_says_when_an_answer_was_cut_and_after_continues_it() {
+    let h = Harness::new().expect("harness");
+    let node = h.spawn(NodeOptions::new("solo")).expect("node");
+    for key in ["a", "b", "c"] {
+        put(&h, &node, "pages", key, "v");
+    }
+    let ls = |args: &[&str]| {
+        let mut all = vec!["memory", "ls", "pages"];
+        all.extend_from_slice(args);
+        let output = h.cli(&node, &all).expect("ls");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    };
+    let keys = |list: &Value| -> Vec<String> {
+        list["records"]
+            .as_array()
+            .expect("records")
+            .iter()
+            .map(|r| r["key"].as_str().expect("key").to_owned())
+            .collect()
+    };
+    let first: Value =
+        serde_json::from_slice(&ls(&["--limit", "2", "--json"]).stdout).expect("json");
+    assert_eq!(keys(&first), ["a", "b"]);
+    assert_eq!(first["next_after"], "b");
+    let rest: Value =
+        serde_json::from_slice(&ls(&["--after", "b", "--json"]).stdout).expect("json");
+    assert_eq!(keys(&rest), ["c"]);
+    assert!(rest["next_after"].is_null(), "{rest}");
+    let table = ls(&["--limit", "2"]);
+    let note = String::from_utf8_lossy(&table.stderr);
+    assert!(note.contains("continue with --after b"), "{note}");
+    assert!(
+        ls(&[]).stderr.is_empty(),
+        "a complete answer says nothing more"
+    );
+}
+
 /// Now as uhlc stamps it: NTP64 over the Unix epoch, seconds in the high 32 bits, fraction in
 /// the low 32.
 fn now_ntp() -> u64 {

@@ -28,10 +28,17 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+};
+
 use crate::{
     admission::AdmissionError,
     capabilities::Capabilities,
     chat::{ChatError, ChatService},
+    config::ConnectionLimits,
+    connections::{Cap, ConnectionCap, ConnectionSlot},
     llm::ModelError,
     memory::Memory,
     metrics::{labels, metrics},
@@ -607,31 +614,106 @@ async fn chat_completions(
 /// How long in-flight front-door requests may finish once the node is leaving.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long the loop waits after a failed accept (out of file descriptors, most likely) before
+/// it accepts again, so a failing listener does not spin and log without end.
+const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Serves the front door on `listener` until `stop`; in-flight requests then get
 /// [`SHUTDOWN_GRACE`] to finish.
+///
+/// The accept loop is the node's own rather than `axum::serve`'s, for the bounds `axum::serve`
+/// does not offer: at most `connections.http_max_connections` open connections (one over is
+/// closed as soon as it is accepted), and a connection that has not sent a complete request's
+/// headers within `connections.header_timeout_s` of opening, or of its last response (an idle
+/// keep-alive connection), is closed (hyper's header read timeout). It speaks HTTP/1.1 only,
+/// as OpenAI clients do; the version sniffing of HTTP/2 would wait for bytes without a timeout.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     door: Arc<FrontDoor>,
+    limits: ConnectionLimits,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let app = router(door);
-    let stopping = stop.clone();
-    let server = std::future::IntoFuture::into_future(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stopping.cancelled().await }),
-    );
-    tokio::pin!(server);
-    tokio::select! {
-        result = &mut server => {
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "front door stopped");
-            }
+    let cap = ConnectionCap::new("http", Cap::Connections, limits.http_max_connections);
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    let builder = Arc::new(builder);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, remote)) => {
+                    // Over the cap the socket is dropped here, which closes it.
+                    if let Some(slot) = cap.admit() {
+                        let _ = tcp.set_nodelay(true);
+                        connections.spawn(connection(
+                            builder.clone(),
+                            tcp,
+                            remote,
+                            app.clone(),
+                            slot,
+                            stop.clone(),
+                        ));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept a front-door connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+            // Reaps finished connections, so the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = stop.cancelled() => break,
         }
-        () = async {
-            stop.cancelled().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => tracing::warn!("front-door requests did not finish within the grace period; closing them"),
     }
+    // No new connections; each open one finishes its request in flight and closes.
+    drop(listener);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
+        tracing::warn!("front-door requests did not finish within the grace period; closing them");
+        connections.shutdown().await;
+    }
+}
+
+/// Serves one front-door connection until it closes, or until `stop` (then it finishes the
+/// request in flight and closes).
+async fn connection(
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tcp: tokio::net::TcpStream,
+    remote: std::net::SocketAddr,
+    app: Router,
+    slot: ConnectionSlot,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        let timed_out = e
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout);
+        if timed_out {
+            metrics()
+                .connections_timed_out
+                .get_or_create(&labels(&[("listener", "http"), ("phase", "headers")]))
+                .inc();
+            tracing::debug!(%remote, "front-door connection sent no request headers in time: closed");
+        } else {
+            tracing::debug!(%remote, error = %e, "front-door connection ended with an error");
+        }
+    }
+    drop(slot);
 }
 
 #[cfg(test)]

@@ -466,7 +466,12 @@ impl Node {
                     tracing::info!(%http_addr, "front door (OpenAI-compatible) listening");
                 }
                 // Stops taking requests as the node starts leaving.
-                background_tasks.spawn(http::serve(listener, door, leaving.clone()));
+                background_tasks.spawn(http::serve(
+                    listener,
+                    door,
+                    config.connections,
+                    leaving.clone(),
+                ));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no front door: cannot bind http.listen");
@@ -500,14 +505,13 @@ impl Node {
             .with_keepalive(Some(Duration::from_secs(10)));
         // With TLS the node runs the handshakes itself (`rpc::accept`), so it can refuse a
         // revoked certificate there and close the connections of one revoked later.
-        let server_task =
-            match server_tls {
-                Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
-                    TlsIncoming::new(incoming, tls, revoked),
-                    stopped,
-                )),
-                None => tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
-            };
+        let server_task = match server_tls {
+            Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+                TlsIncoming::new(incoming, tls, revoked, &config.connections),
+                stopped,
+            )),
+            None => tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
+        };
 
         if let Err(e) = std::fs::write(config.data_dir.join(ADDR_FILE), format!("{addr}\n")) {
             tracing::warn!(error = %e, "cannot write {ADDR_FILE}");

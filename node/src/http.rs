@@ -618,8 +618,8 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// it accepts again, so a failing listener does not spin and log without end.
 const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Serves the front door on `listener` until `stop`; in-flight requests then get
-/// [`SHUTDOWN_GRACE`] to finish.
+/// Serves the front door (`app`: [`router`]) on `listener` until `stop`; in-flight requests
+/// then get [`SHUTDOWN_GRACE`] to finish.
 ///
 /// The accept loop is the node's own rather than `axum::serve`'s, for the bounds `axum::serve`
 /// does not offer: at most `connections.http_max_connections` open connections (one over is
@@ -629,11 +629,10 @@ const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100
 /// as OpenAI clients do; the version sniffing of HTTP/2 would wait for bytes without a timeout.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    door: Arc<FrontDoor>,
+    app: Router,
     limits: ConnectionLimits,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let app = router(door);
     let cap = ConnectionCap::new("http", Cap::Connections, limits.http_max_connections);
     let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     builder
@@ -718,7 +717,132 @@ async fn connection(
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpStream,
+    };
+    use tokio_util::sync::CancellationToken;
+
     use super::*;
+
+    /// A front door answering `GET /ping` with `pong`, served with `limits`.
+    async fn pong_door(limits: ConnectionLimits) -> (std::net::SocketAddr, CancellationToken) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        let app = Router::new().route("/ping", get(|| async { "pong" }));
+        tokio::spawn(serve(listener, app, limits, stop.clone()));
+        (addr, stop)
+    }
+
+    /// Sends one keep-alive `GET /ping` and reads its answer.
+    async fn ping(tcp: &mut TcpStream) -> std::io::Result<()> {
+        tcp.write_all(b"GET /ping HTTP/1.1\r\nhost: door\r\n\r\n")
+            .await?;
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 512];
+        while !answer.ends_with(b"pong") {
+            let n = tcp.read(&mut buf).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+        Ok(())
+    }
+
+    /// Whether the node closed `tcp` (a read ends or fails) within `within`.
+    async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, tcp.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    /// An idle keep-alive connection (and one that never sends a byte) is closed once the
+    /// header timeout passes, not before: without hyper's header read timeout both stay open.
+    #[tokio::test]
+    async fn idle_and_silent_connections_are_closed_after_the_header_timeout() {
+        let header_timeout = Duration::from_millis(400);
+        let (addr, stop) = pong_door(ConnectionLimits {
+            header_timeout,
+            ..ConnectionLimits::default()
+        })
+        .await;
+        let mut keep_alive = TcpStream::connect(addr).await.expect("connect");
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        ping(&mut keep_alive).await.expect("first request");
+        ping(&mut keep_alive)
+            .await
+            .expect("a second request on the same connection");
+        let idle_since = Instant::now();
+        assert!(
+            closed_within(&mut keep_alive, Duration::from_secs(5)).await,
+            "an idle keep-alive connection stayed open"
+        );
+        assert!(
+            idle_since.elapsed() >= header_timeout - Duration::from_millis(50),
+            "closed after {:?}, before the header timeout",
+            idle_since.elapsed()
+        );
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(5)).await,
+            "a connection that never sent a byte stayed open"
+        );
+        stop.cancel();
+    }
+
+    /// Past `http_max_connections` a new connection is closed at once and counted; once one
+    /// closes, the next is served. Without the cap the third connection is served.
+    #[tokio::test]
+    async fn past_the_cap_a_front_door_connection_is_closed_at_once_and_counted() {
+        let (addr, stop) = pong_door(ConnectionLimits {
+            http_max_connections: 2,
+            ..ConnectionLimits::default()
+        })
+        .await;
+        let refused = || {
+            metrics()
+                .connections_refused
+                .get_or_create(&labels(&[
+                    ("listener", "http"),
+                    ("reason", "max_connections"),
+                ]))
+                .get()
+        };
+        let before = refused();
+        let mut first = TcpStream::connect(addr).await.expect("connect");
+        let mut second = TcpStream::connect(addr).await.expect("connect");
+        // Answered: both hold their slots.
+        ping(&mut first).await.expect("first served");
+        ping(&mut second).await.expect("second served");
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        assert!(
+            closed_within(&mut third, Duration::from_secs(2)).await,
+            "the connection past the cap was served"
+        );
+        assert!(refused() > before, "the refusal was not counted");
+        ping(&mut first).await.expect("the first is still served");
+        drop(second);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut next = TcpStream::connect(addr).await.expect("connect");
+            if ping(&mut next).await.is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a closed connection never gave its slot back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await; // poll again until the deadline
+        }
+        stop.cancel();
+    }
 
     #[test]
     fn only_a_configured_key_is_known() {

@@ -468,7 +468,7 @@ impl Node {
                 // Stops taking requests as the node starts leaving.
                 background_tasks.spawn(http::serve(
                     listener,
-                    door,
+                    http::router(door),
                     config.connections,
                     leaving.clone(),
                 ));

@@ -419,3 +419,82 @@ impl Connected for RevocableStream {
         self.inner.connect_info()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use mesh_identity::{CertRole, MeshTls, TlsFiles, ca};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Whether the listener closed `tcp` (a read ends or fails) within `within`.
+    async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, tcp.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    /// Sockets that never start their TLS handshake: past `grpc_max_handshakes` one is closed
+    /// at once (while those before it are still open) and counted, and the others are closed
+    /// when the handshake timeout passes. Without the cap the third outlives the first; without
+    /// the timeout the first two stay open.
+    #[tokio::test]
+    async fn silent_sockets_are_closed_after_the_handshake_timeout_and_past_the_cap_at_once() {
+        mesh_identity::install_crypto_provider();
+        let dir = tempfile::tempdir().expect("tempdir");
+        ca::ca_init(dir.path()).expect("ca");
+        let (cert, key) = ca::issue(dir.path(), "acceptor", &[], CertRole::Node).expect("issue");
+        let tls = MeshTls::load(&TlsFiles {
+            ca: dir.path().join(ca::CA_CERT_FILE),
+            cert,
+            key,
+        })
+        .expect("load");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let refused = || {
+            metrics()
+                .connections_refused
+                .get_or_create(&labels(&[
+                    ("listener", "grpc"),
+                    ("reason", "max_handshakes"),
+                ]))
+                .get()
+        };
+        let before = refused();
+        let _incoming = TlsIncoming::new(
+            TcpIncoming::from(listener),
+            tls.server_config(false).expect("server config"),
+            tls.revoked().clone(),
+            &ConnectionLimits {
+                handshake_timeout: Duration::from_secs(1),
+                grpc_max_handshakes: 2,
+                ..ConnectionLimits::default()
+            },
+        );
+        let mut first = TcpStream::connect(addr).await.expect("connect");
+        let mut second = TcpStream::connect(addr).await.expect("connect");
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        assert!(
+            closed_within(&mut third, Duration::from_secs(5)).await,
+            "the socket past the cap stayed open"
+        );
+        let mut buf = [0u8; 8];
+        assert!(
+            matches!(first.try_read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "the socket past the cap was not closed at once: the first, accepted before it, is closed too"
+        );
+        assert!(refused() > before, "the refusal was not counted");
+        for (name, tcp) in [("first", &mut first), ("second", &mut second)] {
+            assert!(
+                closed_within(tcp, Duration::from_secs(5)).await,
+                "the {name} socket outlived its handshake timeout"
+            );
+        }
+    }
+}

@@ -26,6 +26,10 @@ use crate::metrics::{labels, metrics};
 /// At most one "cap reached" warning per listener and cap in this long.
 pub const WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// How long a listener waits after a failed accept (out of file descriptors, most likely)
+/// before it accepts again, so a failing listener neither spins nor floods the log.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 /// Which cap of a listener: what it counts, and the `reason` a refusal is counted under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cap {

@@ -6,7 +6,9 @@
 //! returned) is placed by the mesh router like a task: on this node when it serves the model and
 //! ranks best, else on the best peer through `agentmesh.v1.Models/Chat` over the mesh's mTLS.
 //! `GET /healthz` and `GET /metrics` (Prometheus text) complete it. Errors use OpenAI's error
-//! JSON; with `http.api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`.
+//! JSON; with `http.api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`. [`serve`] is
+//! the front door's own accept loop, which bounds connections before they send a request
+//! (`[connections]`: a header timeout and a cap).
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -38,7 +40,7 @@ use crate::{
     capabilities::Capabilities,
     chat::{ChatError, ChatService},
     config::ConnectionLimits,
-    connections::{Cap, ConnectionCap, ConnectionSlot},
+    connections::{ACCEPT_BACKOFF, Cap, ConnectionCap, ConnectionSlot},
     llm::ModelError,
     memory::Memory,
     metrics::{labels, metrics},
@@ -614,10 +616,6 @@ async fn chat_completions(
 /// How long in-flight front-door requests may finish once the node is leaving.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// How long the loop waits after a failed accept (out of file descriptors, most likely) before
-/// it accepts again, so a failing listener does not spin and log without end.
-const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
-
 /// Serves the front door (`app`: [`router`]) on `listener` until `stop`; in-flight requests
 /// then get [`SHUTDOWN_GRACE`] to finish.
 ///
@@ -648,6 +646,7 @@ pub async fn serve(
                 Ok((tcp, remote)) => {
                     // Over the cap the socket is dropped here, which closes it.
                     if let Some(slot) = cap.admit() {
+                        // Streamed chunks go out at once, not after a delayed ACK.
                         let _ = tcp.set_nodelay(true);
                         connections.spawn(connection(
                             builder.clone(),

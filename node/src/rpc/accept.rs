@@ -46,7 +46,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming, TlsConnec
 
 use crate::{
     config::ConnectionLimits,
-    connections::{Cap, ConnectionCap, ConnectionSlot},
+    connections::{ACCEPT_BACKOFF, Cap, ConnectionCap, ConnectionSlot},
     metrics::{labels, metrics},
 };
 
@@ -54,12 +54,8 @@ use crate::{
 /// smooths bursts.
 const HANDED_OVER: usize = 16;
 
-/// How long the loop waits after a failed accept (out of file descriptors, most likely) before
-/// it accepts again, so a failing listener does not spin and log without end.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
 /// The bounds of one listener: how long a handshake may take, and the two caps.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Bounds {
     handshake_timeout: Duration,
     /// Every open connection, from accept until tonic drops it.

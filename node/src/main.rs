@@ -112,7 +112,7 @@ fn main() -> ExitCode {
     match mesh_node::connections::raise_open_files_limit() {
         Ok(limit) => tracing::info!(
             was = limit.was,
-            open_files = limit
+            open_files = %limit
                 .now
                 .map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
             "open-files limit (soft) raised to the hard limit"

@@ -6,7 +6,9 @@
 //! returned) is placed by the mesh router like a task: on this node when it serves the model and
 //! ranks best, else on the best peer through `agentmesh.v1.Models/Chat` over the mesh's mTLS.
 //! `GET /healthz` and `GET /metrics` (Prometheus text) complete it. Errors use OpenAI's error
-//! JSON; with `http.api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`.
+//! JSON; with `http.api_keys` set, `/v1/*` needs `Authorization: Bearer <key>`. [`serve`] is
+//! the front door's own accept loop, which bounds connections before they send a request
+//! (`[connections]`: a header timeout and a cap).
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -28,10 +30,17 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+};
+
 use crate::{
     admission::AdmissionError,
     capabilities::Capabilities,
     chat::{ChatError, ChatService},
+    config::ConnectionLimits,
+    connections::{ACCEPT_BACKOFF, Cap, ConnectionCap, ConnectionSlot},
     llm::ModelError,
     memory::Memory,
     metrics::{labels, metrics},
@@ -607,36 +616,232 @@ async fn chat_completions(
 /// How long in-flight front-door requests may finish once the node is leaving.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Serves the front door on `listener` until `stop`; in-flight requests then get
-/// [`SHUTDOWN_GRACE`] to finish.
+/// Serves the front door (`app`: [`router`]) on `listener` until `stop`; in-flight requests
+/// then get [`SHUTDOWN_GRACE`] to finish.
+///
+/// The accept loop is the node's own rather than `axum::serve`'s, for the bounds `axum::serve`
+/// does not offer: at most `connections.http_max_connections` open connections (one over is
+/// closed as soon as it is accepted), and a connection that has not sent a complete request's
+/// headers within `connections.header_timeout_s` of opening, or of its last response (an idle
+/// keep-alive connection), is closed (hyper's header read timeout). It speaks HTTP/1.1 only,
+/// as OpenAI clients do; the version sniffing of HTTP/2 would wait for bytes without a timeout.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    door: Arc<FrontDoor>,
+    app: Router,
+    limits: ConnectionLimits,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let app = router(door);
-    let stopping = stop.clone();
-    let server = std::future::IntoFuture::into_future(
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stopping.cancelled().await }),
-    );
-    tokio::pin!(server);
-    tokio::select! {
-        result = &mut server => {
-            if let Err(e) = result {
-                tracing::warn!(error = %e, "front door stopped");
-            }
+    let cap = ConnectionCap::new("http", Cap::Connections, limits.http_max_connections);
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    let builder = Arc::new(builder);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, remote)) => {
+                    // Over the cap the socket is dropped here, which closes it.
+                    if let Some(slot) = cap.admit() {
+                        // Streamed chunks go out at once, not after a delayed ACK.
+                        let _ = tcp.set_nodelay(true);
+                        connections.spawn(connection(
+                            builder.clone(),
+                            tcp,
+                            remote,
+                            app.clone(),
+                            slot,
+                            stop.clone(),
+                        ));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept a front-door connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+            // Reaps finished connections, so the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = stop.cancelled() => break,
         }
-        () = async {
-            stop.cancelled().await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => tracing::warn!("front-door requests did not finish within the grace period; closing them"),
     }
+    // No new connections; each open one finishes its request in flight and closes.
+    drop(listener);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
+        tracing::warn!("front-door requests did not finish within the grace period; closing them");
+        connections.shutdown().await;
+    }
+}
+
+/// Serves one front-door connection until it closes, or until `stop` (then it finishes the
+/// request in flight and closes).
+async fn connection(
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tcp: tokio::net::TcpStream,
+    remote: std::net::SocketAddr,
+    app: Router,
+    slot: ConnectionSlot,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        let timed_out = e
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout);
+        if timed_out {
+            metrics()
+                .connections_timed_out
+                .get_or_create(&labels(&[("listener", "http"), ("phase", "headers")]))
+                .inc();
+            tracing::debug!(%remote, "front-door connection sent no request headers in time: closed");
+        } else {
+            tracing::debug!(%remote, error = %e, "front-door connection ended with an error");
+        }
+    }
+    drop(slot);
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpStream,
+    };
+    use tokio_util::sync::CancellationToken;
+
     use super::*;
+
+    /// A front door answering `GET /ping` with `pong`, served with `limits`.
+    async fn pong_door(limits: ConnectionLimits) -> (std::net::SocketAddr, CancellationToken) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        let app = Router::new().route("/ping", get(|| async { "pong" }));
+        tokio::spawn(serve(listener, app, limits, stop.clone()));
+        (addr, stop)
+    }
+
+    /// Sends one keep-alive `GET /ping` and reads its answer.
+    async fn ping(tcp: &mut TcpStream) -> std::io::Result<()> {
+        tcp.write_all(b"GET /ping HTTP/1.1\r\nhost: door\r\n\r\n")
+            .await?;
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 512];
+        while !answer.ends_with(b"pong") {
+            let n = tcp.read(&mut buf).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+        Ok(())
+    }
+
+    /// Whether the node closed `tcp` (a read ends or fails) within `within`.
+    async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, tcp.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    /// An idle keep-alive connection (and one that never sends a byte) is closed once the
+    /// header timeout passes, not before: without hyper's header read timeout both stay open.
+    #[tokio::test]
+    async fn idle_and_silent_connections_are_closed_after_the_header_timeout() {
+        let header_timeout = Duration::from_millis(400);
+        let (addr, stop) = pong_door(ConnectionLimits {
+            header_timeout,
+            ..ConnectionLimits::default()
+        })
+        .await;
+        let mut keep_alive = TcpStream::connect(addr).await.expect("connect");
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        ping(&mut keep_alive).await.expect("first request");
+        ping(&mut keep_alive)
+            .await
+            .expect("a second request on the same connection");
+        let idle_since = Instant::now();
+        assert!(
+            closed_within(&mut keep_alive, Duration::from_secs(5)).await,
+            "an idle keep-alive connection stayed open"
+        );
+        assert!(
+            idle_since.elapsed() >= header_timeout - Duration::from_millis(50),
+            "closed after {:?}, before the header timeout",
+            idle_since.elapsed()
+        );
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(5)).await,
+            "a connection that never sent a byte stayed open"
+        );
+        stop.cancel();
+    }
+
+    /// Past `http_max_connections` a new connection is closed at once and counted; once one
+    /// closes, the next is served. Without the cap the third connection is served.
+    #[tokio::test]
+    async fn past_the_cap_a_front_door_connection_is_closed_at_once_and_counted() {
+        let (addr, stop) = pong_door(ConnectionLimits {
+            http_max_connections: 2,
+            ..ConnectionLimits::default()
+        })
+        .await;
+        let refused = || {
+            metrics()
+                .connections_refused
+                .get_or_create(&labels(&[
+                    ("listener", "http"),
+                    ("reason", "max_connections"),
+                ]))
+                .get()
+        };
+        let before = refused();
+        let mut first = TcpStream::connect(addr).await.expect("connect");
+        let mut second = TcpStream::connect(addr).await.expect("connect");
+        // Answered: both hold their slots.
+        ping(&mut first).await.expect("first served");
+        ping(&mut second).await.expect("second served");
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        assert!(
+            closed_within(&mut third, Duration::from_secs(2)).await,
+            "the connection past the cap was served"
+        );
+        assert!(refused() > before, "the refusal was not counted");
+        ping(&mut first).await.expect("the first is still served");
+        drop(second);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut next = TcpStream::connect(addr).await.expect("connect");
+            if ping(&mut next).await.is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a closed connection never gave its slot back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await; // poll again until the deadline
+        }
+        stop.cancel();
+    }
 
     #[test]
     fn only_a_configured_key_is_known() {

@@ -12,7 +12,8 @@
 //! conversions are `mesh-proto`.
 //!
 //! 1. [`config`] (the TOML file and flags, validated), [`storage`] (the ordered store, sled
-//!    behind a trait), [`metrics`] (the Prometheus registry).
+//!    behind a trait), [`metrics`] (the Prometheus registry), [`connections`] (caps on the
+//!    listeners' open connections, and the open-files limit).
 //! 2. [`discovery`] (mDNS and static peers, as events), [`peers`] (the peer table and the
 //!    sessions that keep it true; dials through the `PeerLink` port), [`capabilities`] (what
 //!    this node is and has), [`llm`] (the model registry and its backends), [`router`] (pure
@@ -43,6 +44,7 @@ pub mod agent;
 pub mod capabilities;
 pub mod chat;
 pub mod config;
+pub mod connections;
 pub mod cron;
 pub mod discovery;
 pub mod http;

@@ -109,6 +109,18 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    match mesh_node::connections::raise_open_files_limit() {
+        Ok(limit) => tracing::info!(
+            was = limit.was,
+            open_files = %limit
+                .now
+                .map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+            "open-files limit (soft) raised to the hard limit"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open-files limit; a flood of idle sockets may exhaust it sooner")
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {

@@ -46,6 +46,15 @@ pub struct Metrics {
     /// verify), `certificate` (no certificate of the mesh vouches for the origin), `expired`
     /// (written after the origin's certificate expired).
     pub memory_records_refused: Family<Labels, Counter>,
+    /// Open connections by `listener` (`grpc`, `http`) and `state` (`open`: all of them;
+    /// `handshaking`: gRPC TLS handshakes in progress).
+    pub connections: Family<Labels, Gauge>,
+    /// Connections closed at accept because a cap was reached, by `listener` and `reason`
+    /// (`max_connections`, `max_handshakes`).
+    pub connections_refused: Family<Labels, Counter>,
+    /// Connections closed because they did not finish their TLS handshake (`phase=handshake`)
+    /// or send a request's headers (`phase=headers`) in time, by `listener`.
+    pub connections_timed_out: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -115,8 +124,29 @@ impl Metrics {
             "Replicated memory records refused because their origin's signature does not vouch for them, or because they would create a namespace past memory.max_namespaces, by reason",
             memory_records_refused.clone(),
         );
+        let connections = Family::default();
+        registry.register(
+            "connections",
+            "Open connections by listener (grpc, http) and state (open: all; handshaking: TLS handshakes in progress)",
+            connections.clone(),
+        );
+        let connections_refused = Family::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed at accept because a cap was reached, by listener and reason (max_connections, max_handshakes)",
+            connections_refused.clone(),
+        );
+        let connections_timed_out = Family::default();
+        registry.register(
+            "connections_timed_out",
+            "Connections closed because their TLS handshake (phase=handshake) or request headers (phase=headers) did not arrive in time, by listener",
+            connections_timed_out.clone(),
+        );
         Self {
             registry,
+            connections,
+            connections_refused,
+            connections_timed_out,
             join_redemptions,
             tasks,
             routing,

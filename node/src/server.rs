@@ -112,6 +112,26 @@ pub async fn bind(listen: Listen) -> Result<TcpListener, StartError> {
     bind_up_to(listen, LAST_FALLBACK_PORT).await
 }
 
+/// Pending connections the kernel queues for a listener before the node accepts them (capped
+/// by `net.core.somaxconn`). The default of 128 overflows under a burst of connections (an
+/// idle-socket flood, many clients at once) while the node is busy, and a connection dropped
+/// from the queue waits a second or more for its SYN to be sent again, however idle the node
+/// is a moment later.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as `TcpListener::bind`
+/// sets it, so a restarted node gets its port back at once).
+fn listen_on(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds `listen`; when its port was not chosen, the next free one up to `last_fallback`.
 async fn bind_up_to(listen: Listen, last_fallback: u16) -> Result<TcpListener, StartError> {
     let last = if listen.fallback {
@@ -121,7 +141,7 @@ async fn bind_up_to(listen: Listen, last_fallback: u16) -> Result<TcpListener, S
     };
     let mut addr = listen.addr;
     loop {
-        match TcpListener::bind(addr).await {
+        match listen_on(addr) {
             Ok(listener) => return Ok(listener),
             Err(e) if e.kind() == io::ErrorKind::AddrInUse && addr.port() < last => {
                 tracing::info!(port = addr.port(), "port taken; trying the next one");
@@ -467,7 +487,12 @@ impl Node {
                     tracing::info!(%http_addr, "front door (OpenAI-compatible) listening");
                 }
                 // Stops taking requests as the node starts leaving.
-                background_tasks.spawn(http::serve(listener, door, leaving.clone()));
+                background_tasks.spawn(http::serve(
+                    listener,
+                    http::router(door),
+                    config.connections,
+                    leaving.clone(),
+                ));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "no front door: cannot bind http.listen");
@@ -501,14 +526,13 @@ impl Node {
             .with_keepalive(Some(Duration::from_secs(10)));
         // With TLS the node runs the handshakes itself (`rpc::accept`), so it can refuse a
         // revoked certificate there and close the connections of one revoked later.
-        let server_task =
-            match server_tls {
-                Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
-                    TlsIncoming::new(incoming, tls, revoked),
-                    stopped,
-                )),
-                None => tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
-            };
+        let server_task = match server_tls {
+            Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+                TlsIncoming::new(incoming, tls, revoked, &config.connections),
+                stopped,
+            )),
+            None => tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
+        };
 
         if let Err(e) = std::fs::write(config.data_dir.join(ADDR_FILE), format!("{addr}\n")) {
             tracing::warn!(error = %e, "cannot write {ADDR_FILE}");

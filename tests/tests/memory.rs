@@ -587,6 +587,7 @@ fn serve_relay(
                         tonic::transport::server::TcpIncoming::from(listener),
                         server_tls,
                         revoked,
+                        &mesh_node::config::ConnectionLimits::default(),
                     ),
                     async {
                         let _ = stopped.await;

@@ -427,6 +427,7 @@ impl ImpostorServer {
                             tonic::transport::server::TcpIncoming::from(listener),
                             server_tls,
                             revoked,
+                            &mesh_node::config::ConnectionLimits::default(),
                         ),
                         async {
                             let _ = stopped.await;

@@ -42,6 +42,8 @@ pub struct RawConfig {
     pub memory: RawMemory,
     /// `[http]`
     pub http: RawHttp,
+    /// `[connections]`
+    pub connections: RawConnections,
 }
 
 impl RawConfig {
@@ -246,6 +248,25 @@ pub struct RawHttp {
     /// Lets a front door listen beyond loopback without `api_keys`, open to anyone who can
     /// reach it. Default: false (such a node refuses to start).
     pub allow_unauthenticated: bool,
+}
+
+/// `[connections]`: how long a connection may take to prove itself, and how many each listener
+/// holds at once.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawConnections {
+    /// gRPC port: seconds a TLS handshake may take before the connection is closed. Default: 10.
+    pub handshake_timeout_s: Option<u64>,
+    /// gRPC port: open connections, handshaking or established. Default: 4096.
+    pub grpc_max_connections: Option<usize>,
+    /// gRPC port: TLS handshakes in progress. Default: 2048.
+    pub grpc_max_handshakes: Option<usize>,
+    /// Front door: seconds a connection may take to send a request's headers, counted from when
+    /// it opened or from its last response (so it is also how long an idle keep-alive
+    /// connection stays). Default: 10.
+    pub header_timeout_s: Option<u64>,
+    /// Front door: open connections. Default: 2048.
+    pub http_max_connections: Option<usize>,
 }
 
 /// Command-line flags that override the file. Each is unset (or false) unless given.

@@ -61,6 +61,36 @@ pub struct Config {
     pub max_namespaces: usize,
     /// `[http]`: the front door.
     pub http: HttpConfig,
+    /// `[connections]`: timeouts and caps for connections not yet proven.
+    pub connections: ConnectionLimits,
+}
+
+/// Validated `[connections]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// gRPC port: how long a TLS handshake may take.
+    pub handshake_timeout: Duration,
+    /// gRPC port: open connections, handshaking or established.
+    pub grpc_max_connections: usize,
+    /// gRPC port: TLS handshakes in progress (at most `grpc_max_connections`).
+    pub grpc_max_handshakes: usize,
+    /// Front door: how long a connection may take to send a request's headers, from when it
+    /// opened or from its last response.
+    pub header_timeout: Duration,
+    /// Front door: open connections.
+    pub http_max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(10),
+            grpc_max_connections: 4096,
+            grpc_max_handshakes: 2048,
+            header_timeout: Duration::from_secs(10),
+            http_max_connections: 2048,
+        }
+    }
 }
 
 /// Validated `[security]`.

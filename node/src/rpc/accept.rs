@@ -10,8 +10,12 @@
 //! writes, so hyper drops the connection and the socket closes). This module decides nothing
 //! about who may call what: that is the TLS verifier and [`super::gate`].
 //!
-//! Handshake deadlines and a cap on open connections belong here too (issue 16): the handshake
-//! is one function, [`handshake`], and the loop holds every handshake in flight in one `JoinSet`.
+//! Nothing is owed to a caller before its handshake is done, so a connection that has not
+//! finished it within `connections.handshake_timeout_s` is closed, and the listener holds at
+//! most `connections.grpc_max_connections` connections, of which at most
+//! `connections.grpc_max_handshakes` still handshaking ([`ConnectionCap`]): a socket over
+//! either cap is closed as soon as it is accepted. Idle sockets that never send a byte thus
+//! cost a bounded number of descriptors for a bounded time, and the node keeps answering.
 
 use std::{
     collections::HashMap,
@@ -21,6 +25,7 @@ use std::{
     pin::Pin,
     sync::{Arc, Mutex},
     task::{Context, Poll},
+    time::Duration,
 };
 
 use mesh_domain::{NodeId, sync::MutexExt};
@@ -39,9 +44,25 @@ use tokio_util::{
 };
 use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming, TlsConnectInfo};
 
+use crate::{
+    config::ConnectionLimits,
+    connections::{ACCEPT_BACKOFF, Cap, ConnectionCap, ConnectionSlot},
+    metrics::{labels, metrics},
+};
+
 /// Finished handshakes waiting for tonic to take them; tonic takes each at once, so this only
 /// smooths bursts.
 const HANDED_OVER: usize = 16;
+
+/// The bounds of one listener: how long a handshake may take, and the two caps.
+#[derive(Debug)]
+struct Bounds {
+    handshake_timeout: Duration,
+    /// Every open connection, from accept until tonic drops it.
+    open: ConnectionCap,
+    /// Connections still in their handshake.
+    handshaking: ConnectionCap,
+}
 
 /// The TLS connections of one listener, for `serve_with_incoming_shutdown`. Dropping it (tonic
 /// does when it stops accepting) stops the accept loop and every handshake still in flight;
@@ -54,11 +75,27 @@ pub struct TlsIncoming {
 }
 
 impl TlsIncoming {
-    /// Starts accepting on `tcp` with `tls` (whose verifier refuses what `revoked` holds), and
-    /// closes an accepted connection as soon as `revoked` learns its certificate.
-    pub fn new(tcp: TcpIncoming, tls: Arc<rustls::ServerConfig>, revoked: RevokedSet) -> Self {
+    /// Starts accepting on `tcp` with `tls` (whose verifier refuses what `revoked` holds) within
+    /// `limits`, and closes an accepted connection as soon as `revoked` learns its certificate.
+    pub fn new(
+        tcp: TcpIncoming,
+        tls: Arc<rustls::ServerConfig>,
+        revoked: RevokedSet,
+        limits: &ConnectionLimits,
+    ) -> Self {
+        let bounds = Bounds {
+            handshake_timeout: limits.handshake_timeout,
+            open: ConnectionCap::new("grpc", Cap::Connections, limits.grpc_max_connections),
+            handshaking: ConnectionCap::new("grpc", Cap::Handshakes, limits.grpc_max_handshakes),
+        };
         let (tx, rx) = mpsc::channel(HANDED_OVER);
-        let accept = tokio::spawn(accept_loop(tcp, TlsAcceptor::from(tls), revoked, tx));
+        let accept = tokio::spawn(accept_loop(
+            tcp,
+            TlsAcceptor::from(tls),
+            revoked,
+            bounds,
+            tx,
+        ));
         Self {
             connections: ReceiverStream::new(rx),
             _accept: AbortOnDropHandle::new(accept),
@@ -74,12 +111,13 @@ impl Stream for TlsIncoming {
     }
 }
 
-/// Accepts TCP connections, starts a handshake task for each, and closes the open connections
-/// of every certificate the revoked set learns.
+/// Accepts TCP connections, starts a handshake task for each (or closes it at once when a cap
+/// is reached), and closes the open connections of every certificate the revoked set learns.
 async fn accept_loop(
     mut tcp: TcpIncoming,
     acceptor: TlsAcceptor,
     revoked: RevokedSet,
+    bounds: Bounds,
     tx: mpsc::Sender<Result<RevocableStream, Infallible>>,
 ) {
     let open = OpenConnections::default();
@@ -89,15 +127,24 @@ async fn accept_loop(
         tokio::select! {
             accepted = tcp.next() => match accepted {
                 Some(Ok(stream)) => {
-                    handshakes.spawn(handshake(
-                        acceptor.clone(),
-                        stream,
-                        revoked.clone(),
-                        open.clone(),
-                        tx.clone(),
-                    ));
+                    // Over a cap the stream is dropped here, which closes the socket.
+                    if let Some(slot) = bounds.open.admit()
+                        && let Some(handshaking) = bounds.handshaking.admit()
+                    {
+                        handshakes.spawn(handshake(
+                            acceptor.clone(),
+                            Accepted { tcp: stream, slot, handshaking },
+                            bounds.handshake_timeout,
+                            revoked.clone(),
+                            open.clone(),
+                            tx.clone(),
+                        ));
+                    }
                 }
-                Some(Err(e)) => tracing::warn!(error = %e, "accept a gRPC connection"),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "accept a gRPC connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
                 None => return,
             },
             // Reaps finished handshakes, so the set holds only those in flight.
@@ -115,22 +162,51 @@ async fn accept_loop(
     }
 }
 
-/// One TLS handshake; the connection goes to tonic, registered under its certificate's id.
+/// An accepted socket with its places under the listener's caps.
+struct Accepted {
+    tcp: TcpStream,
+    /// Held for as long as the connection is open.
+    slot: ConnectionSlot,
+    /// Held until the handshake ends.
+    handshaking: ConnectionSlot,
+}
+
+/// One TLS handshake, closed when it takes longer than `timeout`; the connection goes to tonic,
+/// registered under its certificate's id.
 async fn handshake(
     acceptor: TlsAcceptor,
-    tcp: TcpStream,
+    accepted: Accepted,
+    timeout: Duration,
     revoked: RevokedSet,
     open: OpenConnections,
     tx: mpsc::Sender<Result<RevocableStream, Infallible>>,
 ) {
+    let Accepted {
+        tcp,
+        slot,
+        handshaking,
+    } = accepted;
     let remote = tcp.peer_addr().ok();
-    let tls = match acceptor.accept(tcp).await {
-        Ok(tls) => tls,
-        Err(e) => {
+    let tls = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
             log_refused(remote, &e);
             return;
         }
+        Err(_) => {
+            metrics()
+                .connections_timed_out
+                .get_or_create(&labels(&[("listener", "grpc"), ("phase", "handshake")]))
+                .inc();
+            tracing::debug!(
+                ?remote,
+                ?timeout,
+                "TLS handshake not finished in time: closed"
+            );
+            return;
+        }
     };
+    drop(handshaking);
     let id = tls
         .get_ref()
         .1
@@ -146,7 +222,9 @@ async fn handshake(
         // revocation's sweep therefore missed.
         registration.closed.cancel();
     }
-    let _ = tx.send(Ok(RevocableStream::new(tls, registration))).await;
+    let _ = tx
+        .send(Ok(RevocableStream::new(tls, registration, slot)))
+        .await;
 }
 
 /// A refused revoked certificate is worth the operator's eye; anything else (a port scanner, a
@@ -242,6 +320,9 @@ pub struct RevocableStream {
     /// None for a caller without a certificate (who reaches `Join` only) or whose certificate
     /// has no id.
     watch: Option<Watch>,
+    /// The connection's place under `connections.grpc_max_connections`, given back when tonic
+    /// drops the connection.
+    _slot: ConnectionSlot,
 }
 
 #[derive(Debug)]
@@ -252,12 +333,20 @@ struct Watch {
 }
 
 impl RevocableStream {
-    fn new(inner: TlsStream<TcpStream>, registration: Option<Registration>) -> Self {
+    fn new(
+        inner: TlsStream<TcpStream>,
+        registration: Option<Registration>,
+        slot: ConnectionSlot,
+    ) -> Self {
         let watch = registration.map(|registration| Watch {
             closed: Box::pin(registration.closed.clone().cancelled_owned()),
             registration,
         });
-        Self { inner, watch }
+        Self {
+            inner,
+            watch,
+            _slot: slot,
+        }
     }
 
     /// An error once the connection was closed; else registers `cx` to be woken when it is.
@@ -324,5 +413,84 @@ impl Connected for RevocableStream {
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use mesh_identity::{CertRole, MeshTls, TlsFiles, ca};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// Whether the listener closed `tcp` (a read ends or fails) within `within`.
+    async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, tcp.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    /// Sockets that never start their TLS handshake: past `grpc_max_handshakes` one is closed
+    /// at once (while those before it are still open) and counted, and the others are closed
+    /// when the handshake timeout passes. Without the cap the third outlives the first; without
+    /// the timeout the first two stay open.
+    #[tokio::test]
+    async fn silent_sockets_are_closed_after_the_handshake_timeout_and_past_the_cap_at_once() {
+        mesh_identity::install_crypto_provider();
+        let dir = tempfile::tempdir().expect("tempdir");
+        ca::ca_init(dir.path()).expect("ca");
+        let (cert, key) = ca::issue(dir.path(), "acceptor", &[], CertRole::Node).expect("issue");
+        let tls = MeshTls::load(&TlsFiles {
+            ca: dir.path().join(ca::CA_CERT_FILE),
+            cert,
+            key,
+        })
+        .expect("load");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let refused = || {
+            metrics()
+                .connections_refused
+                .get_or_create(&labels(&[
+                    ("listener", "grpc"),
+                    ("reason", "max_handshakes"),
+                ]))
+                .get()
+        };
+        let before = refused();
+        let _incoming = TlsIncoming::new(
+            TcpIncoming::from(listener),
+            tls.server_config(false).expect("server config"),
+            tls.revoked().clone(),
+            &ConnectionLimits {
+                handshake_timeout: Duration::from_secs(1),
+                grpc_max_handshakes: 2,
+                ..ConnectionLimits::default()
+            },
+        );
+        let mut first = TcpStream::connect(addr).await.expect("connect");
+        let mut second = TcpStream::connect(addr).await.expect("connect");
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        assert!(
+            closed_within(&mut third, Duration::from_secs(5)).await,
+            "the socket past the cap stayed open"
+        );
+        let mut buf = [0u8; 8];
+        assert!(
+            matches!(first.try_read(&mut buf), Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "the socket past the cap was not closed at once: the first, accepted before it, is closed too"
+        );
+        assert!(refused() > before, "the refusal was not counted");
+        for (name, tcp) in [("first", &mut first), ("second", &mut second)] {
+            assert!(
+                closed_within(tcp, Duration::from_secs(5)).await,
+                "the {name} socket outlived its handshake timeout"
+            );
+        }
     }
 }

@@ -13,8 +13,8 @@ use mesh_domain::{Tier, keys};
 
 use crate::config::{
     error::{ConfigError, Origin},
-    raw::{RawMemory, RawSecurity, RawTasks, RawTools},
-    types::{Security, TaskLimits},
+    raw::{RawConnections, RawMemory, RawSecurity, RawTasks, RawTools},
+    types::{ConnectionLimits, Security, TaskLimits},
 };
 
 /// `security.remote_max_tier` (default `read`) and `security.client_max_tier` (default
@@ -178,9 +178,143 @@ pub(super) fn memory(raw: RawMemory, origin: &Origin) -> Result<MemorySection, C
     })
 }
 
+/// Longest handshake or header timeout, seconds: beyond it a timeout no longer protects much.
+const MAX_CONNECT_TIMEOUT_S: u64 = 300;
+/// Largest connection cap: more sockets than a typical hard limit on open files.
+const MAX_CONNECTIONS: usize = 1_000_000;
+
+/// `[connections]`: timeouts from 1 to [`MAX_CONNECT_TIMEOUT_S`] seconds, caps from 1 to
+/// [`MAX_CONNECTIONS`], and no more handshakes than connections.
+pub(super) fn connections(
+    raw: RawConnections,
+    origin: &Origin,
+) -> Result<ConnectionLimits, ConfigError> {
+    let defaults = ConnectionLimits::default();
+    let timeout = |key: &str, value: Option<u64>, default: Duration| {
+        match value {
+        None => Ok(default),
+        Some(s) if (1..=MAX_CONNECT_TIMEOUT_S).contains(&s) => Ok(Duration::from_secs(s)),
+        Some(s) => Err(origin.invalid(
+            key,
+            format!("is {s}"),
+            &format!(
+                "use 1-{MAX_CONNECT_TIMEOUT_S} seconds (default {}); 0 would close every connection, a long one lets idle sockets pile up",
+                default.as_secs()
+            ),
+        )),
+    }
+    };
+    let cap = |key: &str, value: Option<usize>, default: usize| match value {
+        None => Ok(default),
+        Some(n) if (1..=MAX_CONNECTIONS).contains(&n) => Ok(n),
+        Some(n) => Err(origin.invalid(
+            key,
+            format!("is {n}"),
+            &format!("use 1-{MAX_CONNECTIONS} (default {default})"),
+        )),
+    };
+    let limits = ConnectionLimits {
+        handshake_timeout: timeout(
+            "connections.handshake_timeout_s",
+            raw.handshake_timeout_s,
+            defaults.handshake_timeout,
+        )?,
+        grpc_max_connections: cap(
+            "connections.grpc_max_connections",
+            raw.grpc_max_connections,
+            defaults.grpc_max_connections,
+        )?,
+        grpc_max_handshakes: cap(
+            "connections.grpc_max_handshakes",
+            raw.grpc_max_handshakes,
+            defaults.grpc_max_handshakes,
+        )?,
+        header_timeout: timeout(
+            "connections.header_timeout_s",
+            raw.header_timeout_s,
+            defaults.header_timeout,
+        )?,
+        http_max_connections: cap(
+            "connections.http_max_connections",
+            raw.http_max_connections,
+            defaults.http_max_connections,
+        )?,
+    };
+    if limits.grpc_max_handshakes > limits.grpc_max_connections {
+        return Err(origin.invalid(
+            "connections.grpc_max_handshakes",
+            format!(
+                "is {}, more than connections.grpc_max_connections ({})",
+                limits.grpc_max_handshakes, limits.grpc_max_connections
+            ),
+            "a handshake is an open connection too: lower grpc_max_handshakes or raise grpc_max_connections",
+        ));
+    }
+    Ok(limits)
+}
+
 #[cfg(test)]
 mod tests {
-    use crate::config::validate::tests::{err, parse};
+    use std::time::Duration;
+
+    use crate::config::{
+        ConnectionLimits,
+        validate::tests::{err, parse},
+    };
+
+    #[test]
+    fn connection_limits_default_and_zero_or_absurd_values_name_the_key() {
+        assert_eq!(
+            parse("").expect("valid").connections,
+            ConnectionLimits::default()
+        );
+        let set = parse(
+            "[connections]\nhandshake_timeout_s = 2\nheader_timeout_s = 3\ngrpc_max_connections = 100\ngrpc_max_handshakes = 100\nhttp_max_connections = 50\n",
+        )
+        .expect("valid")
+        .connections;
+        assert_eq!(set.handshake_timeout, Duration::from_secs(2));
+        assert_eq!(set.header_timeout, Duration::from_secs(3));
+        assert_eq!(
+            (
+                set.grpc_max_connections,
+                set.grpc_max_handshakes,
+                set.http_max_connections
+            ),
+            (100, 100, 50)
+        );
+        for (bad, key, fix) in [
+            (
+                "handshake_timeout_s = 0",
+                "connections.handshake_timeout_s",
+                "1-300 seconds",
+            ),
+            (
+                "header_timeout_s = 86400",
+                "connections.header_timeout_s",
+                "1-300 seconds",
+            ),
+            (
+                "grpc_max_connections = 0",
+                "connections.grpc_max_connections",
+                "1-1000000",
+            ),
+            (
+                "http_max_connections = 99999999",
+                "connections.http_max_connections",
+                "1-1000000",
+            ),
+            (
+                "grpc_max_handshakes = 5000",
+                "connections.grpc_max_handshakes",
+                "raise grpc_max_connections",
+            ),
+        ] {
+            let e = err(&format!("[connections]\n{bad}\n"));
+            assert!(e.contains(key) && e.contains(fix), "{bad}: {e}");
+        }
+        assert!(err("[connections]\nmax = 3\n").contains("max"));
+    }
 
     #[test]
     fn the_tombstone_window_must_cover_several_sync_rounds() {

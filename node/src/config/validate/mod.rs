@@ -4,7 +4,8 @@
 //! key, the file and the fix:
 //! - `node.rs`: `[node]`, `[discovery]`, `[tls]`, `[http]` (who the node is, how it is reached);
 //! - `models.rs`: `[resources]`, `[[models]]` with `[roles]`, `[[personas]]` (what it runs);
-//! - `limits.rs`: `[security]`, `[tasks]`, `[tools]`, `[memory]` (the bounds work runs within);
+//! - `limits.rs`: `[security]`, `[tasks]`, `[tools]`, `[memory]`, `[connections]` (the bounds
+//!   work and callers run within);
 //! - `syntax.rs`: the shape of names and `host:port` peers, shared by the above.
 //!
 //! It must not read certificates, load models or open sockets; the one file it looks at is the
@@ -49,6 +50,7 @@ impl RawConfig {
         let memory = limits::memory(self.memory, &origin)?;
         let http = node::http(self.http, &origin)?;
         let min_free_disk = node::min_free_disk(self.node.min_free_disk_mb, &origin)?;
+        let connections = limits::connections(self.connections, &origin)?;
 
         Ok(Config {
             source: path.map(Path::to_owned),
@@ -75,6 +77,7 @@ impl RawConfig {
             sync_interval: memory.sync_interval,
             max_namespaces: memory.max_namespaces,
             http,
+            connections,
         })
     }
 }

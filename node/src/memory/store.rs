@@ -212,10 +212,15 @@ impl Memory {
             )));
         }
         let tree = ns_tree(ns);
-        let stamp = self.hlc.new_timestamp();
         let replicated = self.replicated(ns);
         let record = {
             let _writer = self.write_lock();
+            // Stamped under the writer lock, after what it replaces is read: a stamp taken
+            // before could lose to a peer's record applied in between, and this node would
+            // store its older write over the newer one while every other node kept the newer
+            // one — the two would disagree on the key for good.
+            let old = self.stored(&tree, key)?;
+            let hlc = self.stamp_after(old.as_ref())?;
             let mut writes = Vec::new();
             let seq = if replicated {
                 let next = self
@@ -236,7 +241,7 @@ impl Memory {
             let mut record = Record {
                 tombstone: value.is_none(),
                 value: value.unwrap_or_default(),
-                hlc: stamp.get_time().as_u64(),
+                hlc,
                 origin: self.own.clone(),
                 seq,
                 signature: Vec::new(),
@@ -244,8 +249,8 @@ impl Memory {
             if replicated {
                 record.signature = self.sign(ns, key, &record)?;
             }
-            if let Some(old) = self.stored(&tree, key)? {
-                unindex(&mut writes, &old);
+            if let Some(old) = &old {
+                unindex(&mut writes, old);
             }
             // A local namespace needs no tombstones: nobody can send the old value back.
             if replicated || !record.tombstone {

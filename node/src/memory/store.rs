@@ -490,15 +490,21 @@ impl Memory {
 
     /// Raises a meta counter to `value` (never lowers it).
     pub(super) fn raise_meta(&self, key: impl AsRef<[u8]>, value: u64) -> Result<(), MemoryError> {
-        let key = key.as_ref();
+        self.raise_metas(vec![(key.as_ref().to_vec(), value)])
+    }
+
+    /// Raises each meta counter to its value (never lowers one), in one commit.
+    pub(super) fn raise_metas(&self, raised: Vec<(Vec<u8>, u64)>) -> Result<(), MemoryError> {
         let _writer = self.write_lock();
-        let old = self.store.get(META, key)?.and_then(|v| be_u64(&v));
-        if old.is_none_or(|old| old < value) {
-            self.store.commit(vec![Write::Put(
-                META.into(),
-                key.to_vec(),
-                value.to_be_bytes().to_vec(),
-            )])?;
+        let mut writes = Vec::new();
+        for (key, value) in raised {
+            let old = self.store.get(META, &key)?.and_then(|v| be_u64(&v));
+            if old.is_none_or(|old| old < value) {
+                writes.push(Write::Put(META.into(), key, value.to_be_bytes().to_vec()));
+            }
+        }
+        if !writes.is_empty() {
+            self.store.commit(writes)?;
         }
         Ok(())
     }

@@ -112,6 +112,9 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
     if own > 0 {
         heads.insert(memory.own_id().clone(), own);
     }
+    // Likewise the frontier: every write it covers is visible to the walk, so a resyncing
+    // caller never takes a record that landed during the walk for one collected meanwhile.
+    let frontier = memory.frontier();
     let mut batch = SyncBatch::default();
     let mut bytes = 0;
     for (origin, _) in memory.origins()? {
@@ -131,6 +134,7 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
             if bytes + entry.record.value.len() > BATCH_BYTES && !batch.entries.is_empty() {
                 batch.more = true;
                 batch.certificates = memory.certificates_for(&batch.entries);
+                note_offered(memory, request, &batch)?;
                 return Ok(batch);
             }
             bytes += entry.record.value.len() + entry.key.len();
@@ -139,14 +143,38 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
         if !complete {
             batch.more = true;
             batch.certificates = memory.certificates_for(&batch.entries);
+            note_offered(memory, request, &batch)?;
             return Ok(batch);
         }
     }
     batch.certificates = memory.certificates_for(&batch.entries);
     batch.heads = heads;
-    batch.frontier = memory.frontier();
+    batch.frontier = frontier;
     batch.known = memory.known();
+    note_offered(memory, request, &batch)?;
     Ok(batch)
+}
+
+/// Records how far the caller was given this node's own writes: the last batch's head (every
+/// own write up to it was visible to the walk), or the highest own record in a batch before.
+fn note_offered(
+    memory: &Memory,
+    request: &SyncRequest,
+    batch: &SyncBatch,
+) -> Result<(), MemoryError> {
+    let Some(caller) = &request.node else {
+        return Ok(());
+    };
+    let own = memory.own_id();
+    let sent = batch
+        .entries
+        .iter()
+        .filter(|e| &e.record.origin == own)
+        .map(|e| e.record.seq)
+        .chain(batch.heads.get(own).copied())
+        .max()
+        .unwrap_or(0);
+    memory.note_offered(caller, sent)
 }
 
 impl Memory {
@@ -314,7 +342,7 @@ pub async fn resync_from(
             break batch;
         }
     };
-    let dropped = memory.drop_collected(&batch.frontier).map_err(fail)?;
+    let dropped = memory.drop_collected(peer, &batch.frontier).map_err(fail)?;
     for (origin, seq) in after.iter().chain(&batch.heads) {
         if !refused.contains(origin) {
             memory.set_watermark(peer, origin, *seq).map_err(fail)?;
@@ -500,7 +528,9 @@ mod tests {
         frontier::{CONTACT_KEY, seen_key},
         record::Record,
         store::{META, MemoryOptions},
-        test_support::{InProcess, certificate, id, open_memory, record, signed, tombstone_of},
+        test_support::{
+            CannedPeer, InProcess, certificate, id, open_memory, record, signed, tombstone_of,
+        },
     };
 
     #[test]
@@ -617,6 +647,62 @@ mod tests {
         let (applied, refused, held) = push(&me, write(4, "d"));
         assert_eq!((applied, refused.len(), held), (1, 0, 0));
         assert_eq!(memory.frontier()[&sender], 2);
+    }
+
+    /// Regression: a resync dropped every record the peer's frontier covered and the peer did
+    /// not hold, its own writes included, so a peer claiming to hold all of this node's writes
+    /// (`u64::MAX`) while holding none made a node back from a long absence delete what it had
+    /// written meanwhile, which no one had ever seen.
+    #[tokio::test]
+    async fn a_resync_drops_none_of_this_nodes_writes_the_peer_was_never_given() {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(3600),
+            ..MemoryOptions::default()
+        };
+        let (me, peer) = (id("resync-me"), id("resync-liar"));
+        let (_dir, memory) = open_memory(&me, options);
+        memory
+            .put("notes", "given", Some(b"v".to_vec()))
+            .await
+            .expect("put");
+        // The peer pulls it (and so may have seen it deleted and collected since).
+        let answer = answer_sync(
+            &memory,
+            &SyncRequest {
+                node: Some(peer.clone()),
+                ..SyncRequest::default()
+            },
+        )
+        .expect("answer");
+        assert_eq!(answer.entries.len(), 1);
+        memory
+            .put("notes", "news", Some(b"n".to_vec()))
+            .await
+            .expect("put");
+        let long_ago = now_ms() - 2 * 3600 * 1000;
+        memory
+            .store
+            .commit(vec![Write::Put(
+                META.into(),
+                CONTACT_KEY.to_vec(),
+                long_ago.to_be_bytes().to_vec(),
+            )])
+            .expect("age contact");
+        assert!(memory.stale());
+        let liar = CannedPeer::new(SyncBatch {
+            frontier: BTreeMap::from([(me.clone(), u64::MAX)]),
+            ..SyncBatch::default()
+        });
+        let (_, dropped) = resync_from(&memory, &liar, &peer, "liar")
+            .await
+            .expect("resync");
+        assert_eq!(tombstone_of(&memory, "news"), Some(false), "never given");
+        assert_eq!(
+            tombstone_of(&memory, "given"),
+            None,
+            "given, and gone there"
+        );
+        assert_eq!(dropped, 1);
     }
 
     #[tokio::test]

@@ -511,6 +511,12 @@ pub async fn replicate(
                     // deletes we missed.
                     let mut all_away = !up.is_empty();
                     for peer in &up {
+                        // One sync per peer at a time, resyncs included, at most every
+                        // `PULL_GAP`: a pull started before this node went stale may still run.
+                        let Some(_pull) = pulls.start(&peer.info.id) else {
+                            all_away = false;
+                            continue;
+                        };
                         match resync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
                             Ok((applied, dropped)) => {
                                 tracing::warn!(
@@ -732,6 +738,18 @@ mod tests {
         run: Duration,
     ) {
         let (_dir, memory) = open_memory(&id(me), MemoryOptions::default());
+        replicate_memory(&memory, fake, memory_seq, writes, run).await;
+    }
+
+    /// [`replicate_against`] with a memory of the test's own.
+    async fn replicate_memory(
+        memory: &Arc<Memory>,
+        fake: &Arc<Fake>,
+        memory_seq: u64,
+        writes: usize,
+        run: Duration,
+    ) {
+        let me = memory.own_id().to_string();
         let peer = id(&format!("{me}-peer"));
         let mut info = crate::capabilities::test_support::test_capabilities().snapshot();
         info.id = peer.clone();
@@ -796,6 +814,35 @@ mod tests {
         assert_eq!(most, 1);
         // 20.6 s at one pull per 2 s.
         assert!((10..=11).contains(&total), "{total} pulls");
+    }
+
+    /// A node back from a long absence resyncs from a peer at most every 2 s, as it pulls: a
+    /// peer that refuses every resync is not asked again at every tick.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_node_resyncs_from_a_failing_peer_at_most_every_gap() {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(3600),
+            ..MemoryOptions::default()
+        };
+        let (_dir, memory) = open_memory(&id("stale"), options);
+        let long_ago = now_ms() - 2 * 3600 * 1000;
+        memory
+            .store
+            .commit(vec![Write::Put(
+                META.into(),
+                CONTACT_KEY.to_vec(),
+                long_ago.to_be_bytes().to_vec(),
+            )])
+            .expect("age contact");
+        assert!(memory.stale());
+        let fake = Arc::new(Fake {
+            answer: Answer::Fail,
+            ..Fake::default()
+        });
+        replicate_memory(&memory, &fake, 0, 0, Duration::from_secs(20)).await;
+        let total = fake.syncs.total();
+        assert!((10..=11).contains(&total), "{total} resyncs");
+        assert!(memory.stale(), "no peer brought it back");
     }
 
     /// Regression: a pull went on as long as the peer answered "more", so a peer whose answers

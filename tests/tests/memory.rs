@@ -13,7 +13,11 @@ use std::{
 
 use mesh_identity::{MeshTls, OriginSigner};
 use mesh_proto::v1 as pb;
-use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
+use mesh_tests::{
+    Harness, NodeOptions, NodeProcess,
+    hostile::{Behaviour, HostilePeer, ntp_in},
+    wait_for,
+};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -235,15 +239,6 @@ fn every_acknowledged_put_survives_sigkill() {
     );
 }
 
-/// Now as uhlc stamps it: NTP64 over the Unix epoch, seconds in the high 32 bits, fraction in
-/// the low 32.
-fn now_ntp() -> u64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock");
-    (since_epoch.as_secs() << 32) + ((u64::from(since_epoch.subsec_nanos()) << 32) / 1_000_000_000)
-}
-
 /// A member certificate of the harness CA playing a node: its TLS material and its signer.
 fn member(h: &Harness, name: &str) -> (MeshTls, OriginSigner) {
     let tls = MeshTls::load(&h.issue(name).expect("issue")).expect("load");
@@ -271,7 +266,7 @@ async fn a_record_stamped_far_in_the_future_or_in_another_nodes_name_is_refused(
     let node = h.spawn(NodeOptions::new("solo")).expect("node");
     let channel = h.member_channel(&node).await.expect("connect");
     let mut client = pb::memory_client::MemoryClient::new(channel);
-    let future = now_ntp() + (60u64 << 32);
+    let future = ntp_in(60);
     // The member certificate's id: a node pushes only its own writes.
     let (tls, signer) = member(&h, "member");
     let member_id = tls.identity().id.to_string();
@@ -344,7 +339,7 @@ async fn a_push_whose_signature_does_not_verify_over_the_record_is_refused_and_c
     let mut client = pb::memory_client::MemoryClient::new(channel);
     let (tls, signer) = member(&h, "member");
     let member_id = tls.identity().id.to_string();
-    let now = now_ntp();
+    let now = ntp_in(0);
     let signed = |key: &str, value: &str, seq: u64| {
         let mut record = wire_record(&member_id, key, value, now + seq, seq);
         mesh_tests::sign_record(&signer, &mut record).expect("sign");
@@ -395,165 +390,6 @@ async fn a_push_whose_signature_does_not_verify_over_the_record_is_refused_and_c
     assert_eq!(refused_total(&node, "signature"), bad.len() as u64);
 }
 
-/// A fake member node (a real certificate of the harness CA) that relays: it answers `Node`
-/// calls honestly under its own id, and every `Memory.Sync` with the records it was given.
-#[derive(Clone)]
-struct Relay {
-    id: String,
-    answer: Arc<pb::MemorySyncResponse>,
-}
-
-#[tonic::async_trait]
-impl pb::node_server::Node for Relay {
-    async fn get_info(
-        &self,
-        _: tonic::Request<pb::GetInfoRequest>,
-    ) -> Result<tonic::Response<pb::NodeInfo>, tonic::Status> {
-        Ok(tonic::Response::new(self.info()))
-    }
-
-    type WatchInfoStream =
-        tokio_stream::wrappers::ReceiverStream<Result<pb::NodeInfo, tonic::Status>>;
-
-    async fn watch_info(
-        &self,
-        _: tonic::Request<pb::WatchInfoRequest>,
-    ) -> Result<tonic::Response<Self::WatchInfoStream>, tonic::Status> {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let info = self.info();
-        tokio::spawn(async move {
-            let mut beat = tokio::time::interval(Duration::from_millis(500));
-            loop {
-                beat.tick().await;
-                if tx.send(Ok(info.clone())).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(tonic::Response::new(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
-    }
-
-    async fn revoke(
-        &self,
-        _request: tonic::Request<pb::SignedRevocation>,
-    ) -> Result<tonic::Response<pb::RevokeResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented(
-            "a relay records no revocations",
-        ))
-    }
-
-    async fn list_peers(
-        &self,
-        _: tonic::Request<pb::ListPeersRequest>,
-    ) -> Result<tonic::Response<pb::ListPeersResponse>, tonic::Status> {
-        Ok(tonic::Response::new(pb::ListPeersResponse {
-            node: Some(self.info()),
-            peers: Vec::new(),
-        }))
-    }
-}
-
-impl Relay {
-    fn info(&self) -> pb::NodeInfo {
-        pb::NodeInfo {
-            name: "relay".into(),
-            id: self.id.clone(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            protocol: 1,
-            ..Default::default()
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl pb::memory_server::Memory for Relay {
-    async fn get(
-        &self,
-        _: tonic::Request<pb::MemoryGetRequest>,
-    ) -> Result<tonic::Response<pb::MemoryGetResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("a relay only answers Sync"))
-    }
-
-    async fn put(
-        &self,
-        _: tonic::Request<pb::MemoryPutRequest>,
-    ) -> Result<tonic::Response<pb::MemoryRecord>, tonic::Status> {
-        Err(tonic::Status::unimplemented("a relay only answers Sync"))
-    }
-
-    async fn delete(
-        &self,
-        _: tonic::Request<pb::MemoryDeleteRequest>,
-    ) -> Result<tonic::Response<pb::MemoryRecord>, tonic::Status> {
-        Err(tonic::Status::unimplemented("a relay only answers Sync"))
-    }
-
-    async fn list(
-        &self,
-        _: tonic::Request<pb::MemoryListRequest>,
-    ) -> Result<tonic::Response<pb::MemoryListResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("a relay only answers Sync"))
-    }
-
-    async fn sync(
-        &self,
-        _: tonic::Request<pb::MemorySyncRequest>,
-    ) -> Result<tonic::Response<pb::MemorySyncResponse>, tonic::Status> {
-        Ok(tonic::Response::new((*self.answer).clone()))
-    }
-
-    async fn push(
-        &self,
-        _: tonic::Request<pb::MemoryPushRequest>,
-    ) -> Result<tonic::Response<pb::MemoryPushResponse>, tonic::Status> {
-        Ok(tonic::Response::new(pb::MemoryPushResponse::default()))
-    }
-}
-
-/// Serves `relay` over mTLS on 127.0.0.1 on a thread and runtime of its own (the test blocks
-/// while it polls); returns its address and the sender that stops it.
-fn serve_relay(
-    tls: &MeshTls,
-    relay: Relay,
-) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let server_tls = tls.server_config(false).expect("relay tls");
-    let revoked = tls.revoked().clone();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("relay runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind relay");
-            addr_tx
-                .send(listener.local_addr().expect("addr"))
-                .expect("report addr");
-            tonic::transport::Server::builder()
-                .add_service(pb::node_server::NodeServer::new(relay.clone()))
-                .add_service(pb::memory_server::MemoryServer::new(relay))
-                .serve_with_incoming_shutdown(
-                    mesh_node::rpc::accept::TlsIncoming::new(
-                        tonic::transport::server::TcpIncoming::from(listener),
-                        server_tls,
-                        revoked,
-                    ),
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
-                .await
-                .expect("relay server");
-        });
-    });
-    (addr_rx.recv().expect("relay started"), stop)
-}
-
 /// The issue's test: alpha's only peer is a relay (a member of the mesh) whose `Sync` answer
 /// carries beta's genuine records, fetched from beta with beta's certificate, and one record
 /// the relay forged in beta's name. Alpha never talks to beta. The forgery is refused, counted
@@ -564,16 +400,11 @@ fn a_relayed_sync_answer_with_a_record_forged_in_a_third_nodes_name_is_refused_a
     let beta = h.spawn(NodeOptions::new("beta")).expect("beta");
     put(&h, &beta, "notes", "genuine-1", "from beta");
     put(&h, &beta, "notes", "genuine-2", "also from beta");
-    let (tls, relay_signer) = member(&h, "relay");
+    let relay = HostilePeer::new(&h, "relay").expect("relay");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     // The relay pulls beta's records as any node would: they come with beta's certificate.
     let from_beta = runtime.block_on(async {
-        let channel = tls
-            .dialer()
-            .connect(&beta.addr)
-            .await
-            .expect("connect")
-            .channel;
+        let channel = relay.channel(&beta).await.expect("connect");
         pb::memory_client::MemoryClient::new(channel)
             .sync(pb::MemorySyncRequest::default())
             .await
@@ -584,23 +415,19 @@ fn a_relayed_sync_answer_with_a_record_forged_in_a_third_nodes_name_is_refused_a
     assert_eq!(from_beta.records.len(), 2);
     assert_eq!(from_beta.certificates.len(), 1, "beta's certificate");
     // In beta's name, with beta's next sequence, signed with the only key the relay has.
-    let mut forged = wire_record(&beta_id, "forged", "not from beta", now_ntp(), 3);
-    mesh_tests::sign_record(&relay_signer, &mut forged).expect("sign");
+    let forged = relay.forged(&beta_id, "forged", "not from beta", ntp_in(0), 3);
     let mut answer = from_beta.clone();
     // The forgery goes first, so a node that skipped the rest of a batch after a refusal
     // would not converge.
     answer.records.insert(0, forged);
     answer.heads.insert(beta_id.clone(), 3);
-    let relay_id = tls.identity().id.to_string();
-    let (relay_addr, _stop) = serve_relay(
-        &tls,
-        Relay {
-            id: relay_id.clone(),
-            answer: Arc::new(answer),
-        },
-    );
+    let relay_id = relay.id();
+    // It answers `Node` calls honestly under its own id, and every `Sync` with that answer.
+    let mut behaviour = Behaviour::new(relay.info("relay"));
+    behaviour.sync = Arc::new(move |_| Ok(answer.clone()));
+    let server = relay.serve(behaviour).expect("relay");
     let alpha = h
-        .spawn(NodeOptions::new("alpha").peer(relay_addr.to_string()))
+        .spawn(NodeOptions::new("alpha").peer(server.addr.to_string()))
         .expect("alpha");
 
     wait_value(&h, &alpha, "notes", "genuine-1", Some("from beta"));

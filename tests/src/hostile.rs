@@ -271,32 +271,67 @@ impl Counter {
         self.most.load(Ordering::SeqCst)
     }
 
-    fn enter(&self) -> Running<'_> {
+    fn enter(self: &Arc<Self>) -> Running {
         self.total.fetch_add(1, Ordering::SeqCst);
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
-        Running(self)
+        Running(self.clone())
     }
 }
 
 /// A call being answered; counted out on drop (also when the caller gives up on it).
-struct Running<'a>(&'a Counter);
+struct Running(Arc<Counter>);
 
-impl Drop for Running<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
         self.0.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// The calls a served hostile peer got.
+/// Calls of one kind, counted per calling node (the id a `Sync` or `Push` declares).
+#[derive(Debug, Default)]
+pub struct PerCaller(Mutex<HashMap<String, Arc<Counter>>>);
+
+impl PerCaller {
+    /// The counter of `caller`'s calls.
+    pub fn of(&self, caller: &str) -> Arc<Counter> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(caller.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// The most calls one caller had running at once.
+    pub fn most(&self) -> usize {
+        self.counters().iter().map(|c| c.most()).max().unwrap_or(0)
+    }
+
+    /// The calls of every caller.
+    pub fn total(&self) -> usize {
+        self.counters().iter().map(|c| c.total()).sum()
+    }
+
+    fn counters(&self) -> Vec<Arc<Counter>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+/// The calls a served hostile peer got, per calling node.
 #[derive(Debug, Default)]
 pub struct Calls {
     /// `Memory.Sync` calls.
-    pub sync: Counter,
+    pub sync: PerCaller,
     /// `Sync` calls that asked from the start (an empty `after`): pulls begun.
-    pub sync_from_start: Counter,
+    pub sync_from_start: PerCaller,
     /// `Memory.Push` calls.
-    pub push: Counter,
+    pub push: PerCaller,
 }
 
 /// A served hostile peer; it stops on drop.
@@ -414,23 +449,27 @@ impl pb::memory_server::Memory for Service {
         &self,
         request: Request<pb::MemorySyncRequest>,
     ) -> Result<Response<pb::MemorySyncResponse>, Status> {
-        let calls = self.0.calls.clone();
-        let _running = calls.sync.enter();
+        let caller = &request.get_ref().node;
+        let (counter, from_start) = (
+            self.0.calls.sync.of(caller),
+            self.0.calls.sync_from_start.of(caller),
+        );
+        let _running = counter.enter();
         let _from_start = request
             .get_ref()
             .after
             .is_empty()
-            .then(|| calls.sync_from_start.enter());
+            .then(|| from_start.enter());
         tokio::time::sleep(self.0.sync_delay).await;
         (self.0.sync)(request.get_ref()).map(Response::new)
     }
 
     async fn push(
         &self,
-        _: Request<pb::MemoryPushRequest>,
+        request: Request<pb::MemoryPushRequest>,
     ) -> Result<Response<pb::MemoryPushResponse>, Status> {
-        let calls = self.0.calls.clone();
-        let _running = calls.push.enter();
+        let counter = self.0.calls.push.of(&request.get_ref().node);
+        let _running = counter.enter();
         tokio::time::sleep(self.0.push_delay).await;
         Ok(Response::new(pb::MemoryPushResponse::default()))
     }

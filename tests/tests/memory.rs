@@ -4,6 +4,7 @@
 //! bad signature, a relayed forgery).
 
 use std::{
+    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -15,7 +16,7 @@ use mesh_identity::{MeshTls, OriginSigner};
 use mesh_proto::v1 as pb;
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
-    hostile::{Behaviour, HostilePeer, ntp_in},
+    hostile::{Behaviour, HostilePeer, made_up_ids, ntp_in, seq_map},
     wait_for,
 };
 use serde_json::Value;
@@ -762,4 +763,259 @@ fn a_node_whose_clock_runs_ahead_has_its_writes_refused_and_named_until_the_cloc
     })
     .expect("clock reason cleared");
     drop(right);
+}
+
+/// How many file descriptors `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count())
+}
+
+/// The issue's hostile-peer test (issue 16, points 3, 4 and 10). Alpha's peers are beta, an
+/// honest node, and a hostile member of the mesh that advertises `memory_seq = u64::MAX`,
+/// answers every `Sync` with "more" for ever (records in made-up origins' names, one forged in
+/// beta's name, one stamped a minute ahead, and 10,000-entry `known`/`frontier` maps) and never
+/// answers a push in time. As a client it sends alpha a `Sync` naming more origins than the
+/// bound, NUL bytes, a message past the size limit, a forged and a far-future push. Alpha keeps
+/// one call at a time to it (pulls end and start again, pushes wait in one queue), refuses
+/// every forgery with a message naming the field, keeps its file descriptors bounded, serves
+/// other callers, and every write it acknowledged reaches beta.
+#[test]
+fn a_hostile_peer_piles_up_no_calls_gets_no_forgery_in_and_costs_no_acknowledged_write() {
+    let h = Harness::new().expect("harness");
+    let beta = h.spawn(NodeOptions::new("beta")).expect("beta");
+    let hostile = HostilePeer::new(&h, "hostile").expect("hostile");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let beta_id = runtime.block_on(async {
+        let channel = hostile.channel(&beta).await.expect("connect");
+        let mut node = pb::node_client::NodeClient::new(channel);
+        node.get_info(pb::GetInfoRequest::default())
+            .await
+            .expect("beta's info")
+            .into_inner()
+            .id
+    });
+    let made_up = made_up_ids(10_000);
+    let huge = seq_map(&made_up, u64::MAX);
+    let answers = Arc::new(AtomicUsize::new(0));
+    let mut behaviour = Behaviour::new(pb::NodeInfo {
+        memory_seq: u64::MAX,
+        ..hostile.info("hostile")
+    });
+    behaviour.sync = {
+        let (forged, future) = (
+            hostile.forged(&beta_id, "forged", "not from beta", ntp_in(0), 1),
+            hostile.record("future", "from a minute ahead", ntp_in(60), 1),
+        );
+        let (answers, made_up, huge) = (answers.clone(), made_up.clone(), huge.clone());
+        Arc::new(move |request: &pb::MemorySyncRequest| {
+            // A new made-up origin each time, so every answer looks like progress; the huge
+            // maps with the first answer of each pull (parsing them is what costs).
+            let n = answers.fetch_add(1, Ordering::SeqCst);
+            let origin = &made_up[n % made_up.len()];
+            let mut records = vec![forged.clone(), future.clone()];
+            records.push(hostile_record(origin, n as u64 + 1));
+            let maps = if request.after.is_empty() {
+                huge.clone()
+            } else {
+                HashMap::new()
+            };
+            Ok(pb::MemorySyncResponse {
+                records,
+                more: true,
+                heads: maps.clone(),
+                frontier: maps.clone(),
+                known: maps,
+                certificates: Vec::new(),
+            })
+        })
+    };
+    behaviour.sync_delay = Duration::from_millis(20);
+    behaviour.push_delay = Duration::from_secs(120);
+    let server = hostile.serve(behaviour).expect("hostile");
+    let alpha = h
+        .spawn(
+            NodeOptions::new("alpha")
+                .peer(beta.addr.clone())
+                .peer(server.addr.to_string()),
+        )
+        .expect("alpha");
+    h.wait_all_up(&[&alpha, &beta], DEADLINE).expect("up");
+    wait_for("alpha to see the hostile peer up", DEADLINE, || {
+        (h.state_of(&alpha, "hostile").as_deref() == Some("up")).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
+    let fds_before = open_fds(alpha.pid());
+
+    // As a client of alpha.
+    runtime.block_on(async {
+        let channel = hostile.channel(&alpha).await.expect("connect");
+        let mut memory = pb::memory_client::MemoryClient::new(channel)
+            .max_encoding_message_size(64 << 20)
+            .max_decoding_message_size(64 << 20);
+        let too_many = seq_map(&made_up_ids(10_001), 1);
+        let refused = memory
+            .sync(pb::MemorySyncRequest {
+                after: too_many,
+                ..Default::default()
+            })
+            .await
+            .expect_err("more origins than the bound");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused.message().contains("after: at most 10000"),
+            "{refused:?}"
+        );
+        // At the bound, with absurd sequences: answered, and stored nothing for made-up ids.
+        memory
+            .sync(pb::MemorySyncRequest {
+                after: huge.clone(),
+                frontier: huge.clone(),
+                node: String::new(),
+            })
+            .await
+            .expect("a Sync at the bound is answered");
+        let nul = memory
+            .sync(pb::MemorySyncRequest {
+                node: "beta\0".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a NUL in the node id");
+        assert_eq!(nul.code(), tonic::Code::InvalidArgument, "{nul:?}");
+        assert!(nul.message().starts_with("node:"), "{nul:?}");
+        let push = |records: Vec<pb::MemoryRecord>| pb::MemoryPushRequest {
+            records,
+            node: String::new(),
+            certificates: vec![hostile.signer().certificate().to_vec()],
+        };
+        let nul_key = memory
+            .push(push(vec![hostile.record("a\0b", "v", ntp_in(0), 1)]))
+            .await
+            .expect_err("a NUL in a key");
+        assert_eq!(nul_key.code(), tonic::Code::InvalidArgument, "{nul_key:?}");
+        assert!(nul_key.message().contains("without NUL"), "{nul_key:?}");
+        let forged = memory
+            .push(push(vec![hostile.forged(
+                &beta_id,
+                "forged",
+                "x",
+                ntp_in(0),
+                1,
+            )]))
+            .await
+            .expect_err("a push in beta's name");
+        assert_eq!(forged.code(), tonic::Code::PermissionDenied, "{forged:?}");
+        let future = memory
+            .push(push(vec![hostile.record("future", "x", ntp_in(60), 1)]))
+            .await
+            .expect("answered")
+            .into_inner();
+        assert_eq!(future.applied, 0);
+        assert!(future.refused[0].contains("ahead"), "{:?}", future.refused);
+        // Past the 8 MiB a `Push` may take: refused by size, and the node goes on.
+        let big: Vec<_> = (0..9)
+            .map(|i| {
+                let value = "x".repeat(1 << 20);
+                hostile.record(&format!("big{i}"), &value, ntp_in(0), i + 1)
+            })
+            .collect();
+        let oversized = memory
+            .push(push(big))
+            .await
+            .expect_err("a push past the limit");
+        assert!(
+            matches!(
+                oversized.code(),
+                tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+            ),
+            "{oversized:?}"
+        );
+    });
+
+    // Acknowledged writes on alpha while the hostile peer holds its pushes and pulls.
+    let acknowledged: Vec<String> = runtime.block_on(async {
+        let channel = h.member_channel(&alpha).await.expect("connect");
+        let mut memory = pb::memory_client::MemoryClient::new(channel);
+        let mut keys = Vec::new();
+        for i in 0..40 {
+            let key = format!("acked-{i}");
+            memory
+                .put(pb::MemoryPutRequest {
+                    namespace: "notes".into(),
+                    key: key.clone(),
+                    value: b"v".to_vec(),
+                })
+                .await
+                .expect("alpha acknowledges the write");
+            keys.push(key);
+        }
+        keys
+    });
+    let calls = &server.behaviour.calls;
+    let alpha_id = h.status(&alpha).expect("status")["nodes"][0]["id"]
+        .as_str()
+        .expect("alpha's id")
+        .to_owned();
+    let pulls = calls.sync_from_start.of(&alpha_id);
+    wait_for(
+        "alpha to end a pull from the hostile peer and start another",
+        DEADLINE,
+        || (pulls.total() >= 2).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}; {} Sync calls", calls.sync.of(&alpha_id).total()));
+    let on_beta = |key: &str| {
+        runtime.block_on(async {
+            let channel = h.member_channel(&beta).await.ok()?;
+            pb::memory_client::MemoryClient::new(channel)
+                .get(pb::MemoryGetRequest {
+                    namespace: "notes".into(),
+                    key: key.to_owned(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .record
+        })
+    };
+    for key in &acknowledged {
+        wait_for(&format!("beta to hold {key}"), DEADLINE, || on_beta(key))
+            .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
+    }
+    // Per node (beta learns of the hostile peer from alpha and pulls from it too).
+    assert_eq!(
+        calls.sync.most(),
+        1,
+        "one Sync at a time to the hostile peer"
+    );
+    assert_eq!(
+        calls.push.most(),
+        1,
+        "one push at a time to the hostile peer"
+    );
+    let pushes = calls.push.of(&alpha_id).total();
+    assert!(pushes <= 2, "{pushes} pushes");
+    for key in ["forged", "future", "a\0b"] {
+        assert_eq!(get(&h, &alpha, "notes", key), None, "{key:?}");
+    }
+    let status = h.status(&alpha).expect("alpha still answers");
+    assert!(status["nodes"].as_array().is_some_and(|n| n.len() == 3));
+    let fds_after = open_fds(alpha.pid());
+    assert!(
+        fds_after <= fds_before + 16,
+        "alpha's open files grew from {fds_before} to {fds_after}"
+    );
+}
+
+/// A record in `origin`'s name that no certificate vouches for, with sequence `seq`.
+fn hostile_record(origin: &str, seq: u64) -> pb::MemoryRecord {
+    pb::MemoryRecord {
+        namespace: "notes".into(),
+        key: format!("made-up-{seq}"),
+        value: b"v".to_vec(),
+        hlc: ntp_in(0),
+        origin: origin.to_owned(),
+        seq,
+        tombstone: false,
+        signature: vec![0; 64],
+    }
 }

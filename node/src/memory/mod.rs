@@ -40,8 +40,8 @@
 //!
 //! Imports point one way: `record` and `error` at the bottom, then `store`, which names no
 //! sibling above it; `clock`, `frontier`, `gc`, `signatures` and `sync` name `store` (and `gc`
-//! names `frontier`), never the reverse; `push` and `sync` name each other (the port, the
-//! queues), as the two halves of replication. `store` reaches them by calling methods only. This file
+//! names `frontier`), never the reverse; `push` names `store` and `record` only (it is handed
+//! the call that sends a batch), and `sync` names it. `store` reaches them by calling methods only. This file
 //! declares and re-exports; it defines nothing.
 
 mod clock;

@@ -4,7 +4,7 @@
 //! queue is full, or a push to it fails, the batch is dropped and the peer is marked for a
 //! sync instead: the pull fetches what it lacks from the watermarks. It decides nothing about
 //! what to push (`sync::replicate` batches the writes) and speaks to peers only through the
-//! [`MemoryPeers`] port.
+//! call it is given (`MemoryPeers::push`).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -16,7 +16,18 @@ use mesh_domain::{NodeId, sync::MutexExt};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::{record::Entry, store::Memory, sync::MemoryPeers};
+use mesh_domain::BoxFuture;
+
+use super::{record::Entry, store::Memory};
+
+/// How a batch reaches a peer: `(address, records, certificates)` to the peer's frontier for
+/// this node's writes. `sync::replicate` makes it from its `MemoryPeers::push`; it is a
+/// function here so that this file names nothing above `store`.
+pub(super) type PushCall = Arc<
+    dyn Fn(String, Vec<Entry>, Vec<Vec<u8>>) -> BoxFuture<'static, Result<u64, String>>
+        + Send
+        + Sync,
+>;
 
 /// Most batches waiting for one peer; past it the peer is marked for a sync.
 pub(super) const PUSH_QUEUE: usize = 16;
@@ -43,10 +54,10 @@ struct Queue {
 }
 
 /// The per-peer queues and their sending tasks, owned by the replicator.
-#[derive(Debug)]
 pub(super) struct PushQueues {
     memory: Arc<Memory>,
-    link: Arc<dyn MemoryPeers>,
+    /// Sends one batch to one peer.
+    link: PushCall,
     /// Ends every sending task with the replicator.
     cancel: CancellationToken,
     queues: HashMap<NodeId, Queue>,
@@ -56,13 +67,18 @@ pub(super) struct PushQueues {
     behind: Arc<std::sync::Mutex<HashSet<NodeId>>>,
 }
 
+impl std::fmt::Debug for PushQueues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushQueues")
+            .field("peers", &self.queues.len())
+            .field("tasks", &self.tasks.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl PushQueues {
     /// No queues yet; each peer gets one with its first batch.
-    pub(super) fn new(
-        memory: Arc<Memory>,
-        link: Arc<dyn MemoryPeers>,
-        cancel: CancellationToken,
-    ) -> Self {
+    pub(super) fn new(memory: Arc<Memory>, link: PushCall, cancel: CancellationToken) -> Self {
         Self {
             memory,
             link,
@@ -129,7 +145,7 @@ struct Target {
 /// One peer's sending task: one push at a time, each bounded by [`PUSH_CALL_DEADLINE`].
 async fn send(
     memory: Arc<Memory>,
-    link: Arc<dyn MemoryPeers>,
+    link: PushCall,
     behind: Arc<std::sync::Mutex<HashSet<NodeId>>>,
     peer: Target,
     mut queue: mpsc::Receiver<Arc<Push>>,
@@ -143,7 +159,7 @@ async fn send(
                 None => return,
             },
         };
-        let call = link.push(
+        let call = link(
             peer.addr.clone(),
             push.entries.clone(),
             push.certificates.clone(),

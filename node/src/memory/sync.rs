@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     error::MemoryError,
-    push::{Push, PushQueues},
+    push::{Push, PushCall, PushQueues},
     record::Entry,
     store::{Memory, RESYNC, index_value},
 };
@@ -483,7 +483,11 @@ pub async fn replicate(
     let mut was_up: HashSet<NodeId> = HashSet::new();
     let mut last_full = tokio::time::Instant::now();
     let pulls = Pulls::default();
-    let mut pushes = PushQueues::new(memory.clone(), link.clone(), cancel.clone());
+    let push_call: PushCall = {
+        let link = link.clone();
+        Arc::new(move |addr, entries, certificates| link.push(addr, entries, certificates))
+    };
+    let mut pushes = PushQueues::new(memory.clone(), push_call, cancel.clone());
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,

@@ -8,6 +8,8 @@
 //!   bridge) and remove them on drop. mDNS never runs outside them.
 //! - [`wait_for`] polls a condition until a deadline; tests never sleep to let things settle.
 //! - [`sign_record`] signs a wire record as a node would (tests that play a node, or forge one).
+//! - [`hostile`] is a member of the mesh that misbehaves: a client sending adversarial
+//!   messages, and a fake peer the node dials (see [`hostile::HostilePeer`]).
 
 use std::{
     fmt::Write as _,
@@ -19,6 +21,7 @@ use std::{
 };
 
 pub mod fake_openai;
+pub mod hostile;
 pub mod soak;
 
 use anyhow::{Context, anyhow, bail};

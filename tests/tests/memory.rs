@@ -4,6 +4,7 @@
 //! bad signature, a relayed forgery).
 
 use std::{
+    collections::HashMap,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -13,7 +14,11 @@ use std::{
 
 use mesh_identity::{MeshTls, OriginSigner};
 use mesh_proto::v1 as pb;
-use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
+use mesh_tests::{
+    Harness, NodeOptions, NodeProcess,
+    hostile::{Behaviour, HostilePeer, made_up_ids, ntp_in, seq_map},
+    wait_for,
+};
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -280,15 +285,6 @@ fn memory_ls_says_when_an_answer_was_cut_and_after_continues_it() {
     );
 }
 
-/// Now as uhlc stamps it: NTP64 over the Unix epoch, seconds in the high 32 bits, fraction in
-/// the low 32.
-fn now_ntp() -> u64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock");
-    (since_epoch.as_secs() << 32) + ((u64::from(since_epoch.subsec_nanos()) << 32) / 1_000_000_000)
-}
-
 /// A member certificate of the harness CA playing a node: its TLS material and its signer.
 fn member(h: &Harness, name: &str) -> (MeshTls, OriginSigner) {
     let tls = MeshTls::load(&h.issue(name).expect("issue")).expect("load");
@@ -316,7 +312,7 @@ async fn a_record_stamped_far_in_the_future_or_in_another_nodes_name_is_refused(
     let node = h.spawn(NodeOptions::new("solo")).expect("node");
     let channel = h.member_channel(&node).await.expect("connect");
     let mut client = pb::memory_client::MemoryClient::new(channel);
-    let future = now_ntp() + (60u64 << 32);
+    let future = ntp_in(60);
     // The member certificate's id: a node pushes only its own writes.
     let (tls, signer) = member(&h, "member");
     let member_id = tls.identity().id.to_string();
@@ -389,7 +385,7 @@ async fn a_push_whose_signature_does_not_verify_over_the_record_is_refused_and_c
     let mut client = pb::memory_client::MemoryClient::new(channel);
     let (tls, signer) = member(&h, "member");
     let member_id = tls.identity().id.to_string();
-    let now = now_ntp();
+    let now = ntp_in(0);
     let signed = |key: &str, value: &str, seq: u64| {
         let mut record = wire_record(&member_id, key, value, now + seq, seq);
         mesh_tests::sign_record(&signer, &mut record).expect("sign");
@@ -440,166 +436,6 @@ async fn a_push_whose_signature_does_not_verify_over_the_record_is_refused_and_c
     assert_eq!(refused_total(&node, "signature"), bad.len() as u64);
 }
 
-/// A fake member node (a real certificate of the harness CA) that relays: it answers `Node`
-/// calls honestly under its own id, and every `Memory.Sync` with the records it was given.
-#[derive(Clone)]
-struct Relay {
-    id: String,
-    answer: Arc<pb::MemorySyncResponse>,
-}
-
-#[tonic::async_trait]
-impl pb::node_server::Node for Relay {
-    async fn get_info(
-        &self,
-        _: tonic::Request<pb::GetInfoRequest>,
-    ) -> Result<tonic::Response<pb::NodeInfo>, tonic::Status> {
-        Ok(tonic::Response::new(self.info()))
-    }
-
-    type WatchInfoStream =
-        tokio_stream::wrappers::ReceiverStream<Result<pb::NodeInfo, tonic::Status>>;
-
-    async fn watch_info(
-        &self,
-        _: tonic::Request<pb::WatchInfoRequest>,
-    ) -> Result<tonic::Response<Self::WatchInfoStream>, tonic::Status> {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let info = self.info();
-        tokio::spawn(async move {
-            let mut beat = tokio::time::interval(Duration::from_millis(500));
-            loop {
-                beat.tick().await;
-                if tx.send(Ok(info.clone())).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(tonic::Response::new(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
-    }
-
-    async fn revoke(
-        &self,
-        _request: tonic::Request<pb::SignedRevocation>,
-    ) -> Result<tonic::Response<pb::RevokeResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented(
-            "a relay records no revocations",
-        ))
-    }
-
-    async fn list_peers(
-        &self,
-        _: tonic::Request<pb::ListPeersRequest>,
-    ) -> Result<tonic::Response<pb::ListPeersResponse>, tonic::Status> {
-        Ok(tonic::Response::new(pb::ListPeersResponse {
-            node: Some(self.info()),
-            peers: Vec::new(),
-        }))
-    }
-}
-
-impl Relay {
-    fn info(&self) -> pb::NodeInfo {
-        pb::NodeInfo {
-            name: "relay".into(),
-            id: self.id.clone(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            protocol: 1,
-            ..Default::default()
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl pb::memory_server::Memory for Relay {
-    async fn get(
-        &self,
-        _: tonic::Request<pb::MemoryGetRequest>,
-    ) -> Result<tonic::Response<pb::MemoryGetResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("a relay only answers Sync"))
-    }
-
-    async fn put(
-        &self,
-        _: tonic::Request<pb::MemoryPutRequest>,
-    ) -> Result<tonic::Response<pb::MemoryRecord>, tonic::Status> {
-        Err(tonic::Status::unimplemented("a relay only answers Sync"))
-    }
-
-    async fn delete(
-        &self,
-        _: tonic::Request<pb::MemoryDeleteRequest>,
-    ) -> Result<tonic::Response<pb::MemoryRecord>, tonic::Status> {
-        Err(tonic::Status::unimplemented("a relay only answers Sync"))
-    }
-
-    async fn list(
-        &self,
-        _: tonic::Request<pb::MemoryListRequest>,
-    ) -> Result<tonic::Response<pb::MemoryListResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented("a relay only answers Sync"))
-    }
-
-    async fn sync(
-        &self,
-        _: tonic::Request<pb::MemorySyncRequest>,
-    ) -> Result<tonic::Response<pb::MemorySyncResponse>, tonic::Status> {
-        Ok(tonic::Response::new((*self.answer).clone()))
-    }
-
-    async fn push(
-        &self,
-        _: tonic::Request<pb::MemoryPushRequest>,
-    ) -> Result<tonic::Response<pb::MemoryPushResponse>, tonic::Status> {
-        Ok(tonic::Response::new(pb::MemoryPushResponse::default()))
-    }
-}
-
-/// Serves `relay` over mTLS on 127.0.0.1 on a thread and runtime of its own (the test blocks
-/// while it polls); returns its address and the sender that stops it.
-fn serve_relay(
-    tls: &MeshTls,
-    relay: Relay,
-) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>) {
-    let server_tls = tls.server_config(false).expect("relay tls");
-    let revoked = tls.revoked().clone();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("relay runtime");
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind relay");
-            addr_tx
-                .send(listener.local_addr().expect("addr"))
-                .expect("report addr");
-            tonic::transport::Server::builder()
-                .add_service(pb::node_server::NodeServer::new(relay.clone()))
-                .add_service(pb::memory_server::MemoryServer::new(relay))
-                .serve_with_incoming_shutdown(
-                    mesh_node::rpc::accept::TlsIncoming::new(
-                        tonic::transport::server::TcpIncoming::from(listener),
-                        server_tls,
-                        revoked,
-                        &mesh_node::config::ConnectionLimits::default(),
-                    ),
-                    async {
-                        let _ = stopped.await;
-                    },
-                )
-                .await
-                .expect("relay server");
-        });
-    });
-    (addr_rx.recv().expect("relay started"), stop)
-}
-
 /// The issue's test: alpha's only peer is a relay (a member of the mesh) whose `Sync` answer
 /// carries beta's genuine records, fetched from beta with beta's certificate, and one record
 /// the relay forged in beta's name. Alpha never talks to beta. The forgery is refused, counted
@@ -610,16 +446,11 @@ fn a_relayed_sync_answer_with_a_record_forged_in_a_third_nodes_name_is_refused_a
     let beta = h.spawn(NodeOptions::new("beta")).expect("beta");
     put(&h, &beta, "notes", "genuine-1", "from beta");
     put(&h, &beta, "notes", "genuine-2", "also from beta");
-    let (tls, relay_signer) = member(&h, "relay");
+    let relay = HostilePeer::new(&h, "relay").expect("relay");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     // The relay pulls beta's records as any node would: they come with beta's certificate.
     let from_beta = runtime.block_on(async {
-        let channel = tls
-            .dialer()
-            .connect(&beta.addr)
-            .await
-            .expect("connect")
-            .channel;
+        let channel = relay.channel(&beta).await.expect("connect");
         pb::memory_client::MemoryClient::new(channel)
             .sync(pb::MemorySyncRequest::default())
             .await
@@ -630,23 +461,19 @@ fn a_relayed_sync_answer_with_a_record_forged_in_a_third_nodes_name_is_refused_a
     assert_eq!(from_beta.records.len(), 2);
     assert_eq!(from_beta.certificates.len(), 1, "beta's certificate");
     // In beta's name, with beta's next sequence, signed with the only key the relay has.
-    let mut forged = wire_record(&beta_id, "forged", "not from beta", now_ntp(), 3);
-    mesh_tests::sign_record(&relay_signer, &mut forged).expect("sign");
+    let forged = relay.forged(&beta_id, "forged", "not from beta", ntp_in(0), 3);
     let mut answer = from_beta.clone();
     // The forgery goes first, so a node that skipped the rest of a batch after a refusal
     // would not converge.
     answer.records.insert(0, forged);
     answer.heads.insert(beta_id.clone(), 3);
-    let relay_id = tls.identity().id.to_string();
-    let (relay_addr, _stop) = serve_relay(
-        &tls,
-        Relay {
-            id: relay_id.clone(),
-            answer: Arc::new(answer),
-        },
-    );
+    let relay_id = relay.id();
+    // It answers `Node` calls honestly under its own id, and every `Sync` with that answer.
+    let mut behaviour = Behaviour::new(relay.info("relay"));
+    behaviour.sync = Arc::new(move |_| Ok(answer.clone()));
+    let server = relay.serve(behaviour).expect("relay");
     let alpha = h
-        .spawn(NodeOptions::new("alpha").peer(relay_addr.to_string()))
+        .spawn(NodeOptions::new("alpha").peer(server.addr.to_string()))
         .expect("alpha");
 
     wait_value(&h, &alpha, "notes", "genuine-1", Some("from beta"));
@@ -981,4 +808,262 @@ fn a_node_whose_clock_runs_ahead_has_its_writes_refused_and_named_until_the_cloc
     })
     .expect("clock reason cleared");
     drop(right);
+}
+
+/// How many file descriptors `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count())
+}
+
+/// The issue's hostile-peer test (issue 16, points 3, 4 and 10). Alpha's peers are beta, an
+/// honest node, and a hostile member of the mesh that advertises `memory_seq = u64::MAX`,
+/// answers every `Sync` with "more" for ever (records in made-up origins' names, one forged in
+/// beta's name, one stamped a minute ahead, and 10,000-entry `known`/`frontier` maps) and never
+/// answers a push in time. As a client it sends alpha a `Sync` naming more origins than the
+/// bound, NUL bytes, a message past the size limit, a forged and a far-future push. Alpha keeps
+/// one call at a time to it (pulls end and start again, pushes wait in one queue), refuses
+/// every forgery with a message naming the field, keeps its file descriptors bounded, serves
+/// other callers, and every write it acknowledged reaches beta.
+#[test]
+fn a_hostile_peer_piles_up_no_calls_gets_no_forgery_in_and_costs_no_acknowledged_write() {
+    let h = Harness::new().expect("harness");
+    let beta = h.spawn(NodeOptions::new("beta")).expect("beta");
+    let hostile = HostilePeer::new(&h, "hostile").expect("hostile");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let beta_id = runtime.block_on(async {
+        let channel = hostile.channel(&beta).await.expect("connect");
+        let mut node = pb::node_client::NodeClient::new(channel);
+        node.get_info(pb::GetInfoRequest::default())
+            .await
+            .expect("beta's info")
+            .into_inner()
+            .id
+    });
+    let made_up = made_up_ids(10_000);
+    let huge = seq_map(&made_up, u64::MAX);
+    let answers = Arc::new(AtomicUsize::new(0));
+    let mut behaviour = Behaviour::new(pb::NodeInfo {
+        memory_seq: u64::MAX,
+        ..hostile.info("hostile")
+    });
+    behaviour.sync = {
+        let (forged, future) = (
+            hostile.forged(&beta_id, "forged", "not from beta", ntp_in(0), 1),
+            hostile.record("future", "from a minute ahead", ntp_in(60), 1),
+        );
+        let (answers, made_up, huge) = (answers.clone(), made_up.clone(), huge.clone());
+        Arc::new(move |request: &pb::MemorySyncRequest| {
+            // A new made-up origin each time, so every answer looks like progress; the huge
+            // maps with the first answer of each pull (parsing them is what costs).
+            let n = answers.fetch_add(1, Ordering::SeqCst);
+            let origin = &made_up[n % made_up.len()];
+            let mut records = vec![forged.clone(), future.clone()];
+            records.push(hostile_record(origin, n as u64 + 1));
+            let maps = if request.after.is_empty() {
+                huge.clone()
+            } else {
+                HashMap::new()
+            };
+            Ok(pb::MemorySyncResponse {
+                records,
+                more: true,
+                heads: maps.clone(),
+                frontier: maps.clone(),
+                known: maps,
+                certificates: Vec::new(),
+            })
+        })
+    };
+    behaviour.sync_delay = Duration::from_millis(20);
+    behaviour.push_delay = Duration::from_secs(120);
+    let server = hostile.serve(behaviour).expect("hostile");
+    let alpha = h
+        .spawn(
+            NodeOptions::new("alpha")
+                .peer(beta.addr.clone())
+                .peer(server.addr.to_string()),
+        )
+        .expect("alpha");
+    h.wait_all_up(&[&alpha, &beta], DEADLINE).expect("up");
+    wait_for("alpha to see the hostile peer up", DEADLINE, || {
+        (h.state_of(&alpha, "hostile").as_deref() == Some("up")).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
+    let fds_before = open_fds(alpha.pid());
+    let started = std::time::Instant::now();
+
+    // As a client of alpha.
+    runtime.block_on(async {
+        let channel = hostile.channel(&alpha).await.expect("connect");
+        let mut memory = pb::memory_client::MemoryClient::new(channel)
+            .max_encoding_message_size(64 << 20)
+            .max_decoding_message_size(64 << 20);
+        let too_many = seq_map(&made_up_ids(10_001), 1);
+        let refused = memory
+            .sync(pb::MemorySyncRequest {
+                after: too_many,
+                ..Default::default()
+            })
+            .await
+            .expect_err("more origins than the bound");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(
+            refused.message().contains("after: at most 10000"),
+            "{refused:?}"
+        );
+        // At the bound, with absurd sequences: answered, and stored nothing for made-up ids.
+        memory
+            .sync(pb::MemorySyncRequest {
+                after: huge.clone(),
+                frontier: huge.clone(),
+                node: String::new(),
+            })
+            .await
+            .expect("a Sync at the bound is answered");
+        let nul = memory
+            .sync(pb::MemorySyncRequest {
+                node: "beta\0".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a NUL in the node id");
+        assert_eq!(nul.code(), tonic::Code::InvalidArgument, "{nul:?}");
+        assert!(nul.message().starts_with("node:"), "{nul:?}");
+        let push = |records: Vec<pb::MemoryRecord>| pb::MemoryPushRequest {
+            records,
+            node: String::new(),
+            certificates: vec![hostile.signer().certificate().to_vec()],
+        };
+        let nul_key = memory
+            .push(push(vec![hostile.record("a\0b", "v", ntp_in(0), 1)]))
+            .await
+            .expect_err("a NUL in a key");
+        assert_eq!(nul_key.code(), tonic::Code::InvalidArgument, "{nul_key:?}");
+        assert!(nul_key.message().contains("without NUL"), "{nul_key:?}");
+        let forged = memory
+            .push(push(vec![hostile.forged(
+                &beta_id,
+                "forged",
+                "x",
+                ntp_in(0),
+                1,
+            )]))
+            .await
+            .expect_err("a push in beta's name");
+        assert_eq!(forged.code(), tonic::Code::PermissionDenied, "{forged:?}");
+        let future = memory
+            .push(push(vec![hostile.record("future", "x", ntp_in(60), 1)]))
+            .await
+            .expect("answered")
+            .into_inner();
+        assert_eq!(future.applied, 0);
+        assert!(future.refused[0].contains("ahead"), "{:?}", future.refused);
+        // Past the 8 MiB a `Push` may take: refused by size, and the node goes on.
+        let big: Vec<_> = (0..9)
+            .map(|i| {
+                let value = "x".repeat(1 << 20);
+                hostile.record(&format!("big{i}"), &value, ntp_in(0), i + 1)
+            })
+            .collect();
+        let oversized = memory
+            .push(push(big))
+            .await
+            .expect_err("a push past the limit");
+        assert!(
+            matches!(
+                oversized.code(),
+                tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+            ),
+            "{oversized:?}"
+        );
+    });
+
+    // Acknowledged writes on alpha while the hostile peer holds its pushes and pulls.
+    let acknowledged: Vec<String> = runtime.block_on(async {
+        let channel = h.member_channel(&alpha).await.expect("connect");
+        let mut memory = pb::memory_client::MemoryClient::new(channel);
+        let mut keys = Vec::new();
+        for i in 0..40 {
+            let key = format!("acked-{i}");
+            memory
+                .put(pb::MemoryPutRequest {
+                    namespace: "notes".into(),
+                    key: key.clone(),
+                    value: b"v".to_vec(),
+                })
+                .await
+                .expect("alpha acknowledges the write");
+            keys.push(key);
+        }
+        keys
+    });
+    let calls = &server.behaviour.calls;
+    let alpha_id = h.status(&alpha).expect("status")["nodes"][0]["id"]
+        .as_str()
+        .expect("alpha's id")
+        .to_owned();
+    let pulls = calls.sync_from_start.of(&alpha_id);
+    wait_for(
+        "alpha to end a pull from the hostile peer and start another",
+        DEADLINE,
+        || (pulls.total() >= 2).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}; {} Sync calls", calls.sync.of(&alpha_id).total()));
+    let on_beta = |key: &str| {
+        runtime.block_on(async {
+            let channel = h.member_channel(&beta).await.ok()?;
+            pb::memory_client::MemoryClient::new(channel)
+                .get(pb::MemoryGetRequest {
+                    namespace: "notes".into(),
+                    key: key.to_owned(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .record
+        })
+    };
+    for key in &acknowledged {
+        wait_for(&format!("beta to hold {key}"), DEADLINE, || on_beta(key))
+            .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
+    }
+    // Per node (beta learns of the hostile peer from alpha and pulls from it too).
+    assert_eq!(
+        calls.sync.most(),
+        1,
+        "one Sync at a time to the hostile peer"
+    );
+    assert_eq!(
+        calls.push.most(),
+        1,
+        "one push at a time to the hostile peer"
+    );
+    // Each push waits up to its 10 s deadline before the next is sent.
+    let pushes = calls.push.of(&alpha_id).total();
+    let most = started.elapsed().as_secs() / 10 + 1;
+    assert!(pushes as u64 <= most, "{pushes} pushes, at most {most}");
+    for key in ["forged", "future", "a\0b"] {
+        assert_eq!(get(&h, &alpha, "notes", key), None, "{key:?}");
+    }
+    let status = h.status(&alpha).expect("alpha still answers");
+    assert!(status["nodes"].as_array().is_some_and(|n| n.len() == 3));
+    let fds_after = open_fds(alpha.pid());
+    assert!(
+        fds_after <= fds_before + 16,
+        "alpha's open files grew from {fds_before} to {fds_after}"
+    );
+}
+
+/// A record in `origin`'s name that no certificate vouches for, with sequence `seq`.
+fn hostile_record(origin: &str, seq: u64) -> pb::MemoryRecord {
+    pb::MemoryRecord {
+        namespace: "notes".into(),
+        key: format!("made-up-{seq}"),
+        value: b"v".to_vec(),
+        hlc: ntp_in(0),
+        origin: origin.to_owned(),
+        seq,
+        tombstone: false,
+        signature: vec![0; 64],
+    }
 }

@@ -7,17 +7,18 @@
 
 use std::{
     net::{SocketAddr, TcpStream},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::Duration,
 };
 
 use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, ca};
 use mesh_node::rpc::PeerClient;
 use mesh_proto::v1 as pb;
-use mesh_tests::{Harness, NodeOptions, wait_for};
+use mesh_tests::{
+    Harness, NodeOptions,
+    hostile::{Behaviour, HostilePeer},
+    wait_for,
+};
 use rustls::{
     ClientConfig, RootCertStore,
     crypto::ring,
@@ -310,150 +311,6 @@ fn listed_ids(status: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// A fake node with a real member certificate of the mesh CA. Its `Node` service answers with a
-/// `NodeInfo` that names `claimed` as its id while `forging` is set, and its own id otherwise.
-#[derive(Debug, Clone)]
-struct Impostor {
-    own_id: String,
-    claimed: String,
-    forging: Arc<AtomicBool>,
-}
-
-impl Impostor {
-    fn info(&self) -> pb::NodeInfo {
-        let id = if self.forging.load(Ordering::SeqCst) {
-            &self.claimed
-        } else {
-            &self.own_id
-        };
-        pb::NodeInfo {
-            name: "impostor".into(),
-            id: id.clone(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            protocol: 1,
-            ..Default::default()
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl pb::node_server::Node for Impostor {
-    async fn get_info(
-        &self,
-        _request: tonic::Request<pb::GetInfoRequest>,
-    ) -> Result<tonic::Response<pb::NodeInfo>, tonic::Status> {
-        Ok(tonic::Response::new(self.info()))
-    }
-
-    type WatchInfoStream =
-        tokio_stream::wrappers::ReceiverStream<Result<pb::NodeInfo, tonic::Status>>;
-
-    async fn watch_info(
-        &self,
-        _request: tonic::Request<pb::WatchInfoRequest>,
-    ) -> Result<tonic::Response<Self::WatchInfoStream>, tonic::Status> {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let this = self.clone();
-        tokio::spawn(async move {
-            let mut beat = tokio::time::interval(Duration::from_millis(500));
-            loop {
-                beat.tick().await;
-                if tx.send(Ok(this.info())).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(tonic::Response::new(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
-    }
-
-    async fn revoke(
-        &self,
-        _request: tonic::Request<pb::SignedRevocation>,
-    ) -> Result<tonic::Response<pb::RevokeResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented(
-            "an impostor records no revocations",
-        ))
-    }
-
-    async fn list_peers(
-        &self,
-        _request: tonic::Request<pb::ListPeersRequest>,
-    ) -> Result<tonic::Response<pb::ListPeersResponse>, tonic::Status> {
-        Ok(tonic::Response::new(pb::ListPeersResponse {
-            node: Some(self.info()),
-            peers: Vec::new(),
-        }))
-    }
-}
-
-/// An [`Impostor`] served over mTLS on 127.0.0.1, on a thread and runtime of its own (the test
-/// itself blocks while it polls); it stops on drop.
-struct ImpostorServer {
-    addr: SocketAddr,
-    forging: Arc<AtomicBool>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl ImpostorServer {
-    fn start(tls: &MeshTls, claimed: &str) -> Self {
-        let forging = Arc::new(AtomicBool::new(true));
-        let service = Impostor {
-            own_id: tls.identity().id.to_string(),
-            claimed: claimed.to_owned(),
-            forging: forging.clone(),
-        };
-        let server_tls = tls.server_config(false).expect("impostor tls");
-        let revoked = tls.revoked().clone();
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("impostor runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind impostor");
-                addr_tx
-                    .send(listener.local_addr().expect("addr"))
-                    .expect("report addr");
-                tonic::transport::Server::builder()
-                    .add_service(pb::node_server::NodeServer::new(service))
-                    .serve_with_incoming_shutdown(
-                        mesh_node::rpc::accept::TlsIncoming::new(
-                            tonic::transport::server::TcpIncoming::from(listener),
-                            server_tls,
-                            revoked,
-                            &mesh_node::config::ConnectionLimits::default(),
-                        ),
-                        async {
-                            let _ = stopped.await;
-                        },
-                    )
-                    .await
-                    .expect("impostor server");
-            });
-        });
-        let addr = addr_rx.recv().expect("impostor started");
-        Self {
-            addr,
-            forging,
-            stop: Some(stop),
-        }
-    }
-}
-
-impl Drop for ImpostorServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
 /// A member of the mesh (a valid certificate from the CA) claims beta's id, and an id nobody has:
 /// in the hello of a `WatchInfo` call (PERMISSION_DENIED), and in the first `NodeInfo` it answers
 /// alpha's dial with (the session is rejected and the claimed id never enters alpha's peer
@@ -464,9 +321,15 @@ fn a_hello_or_node_info_whose_id_is_not_the_certificates_is_refused() {
     let harness = Harness::new().expect("harness");
     let beta = harness.spawn(NodeOptions::new("beta")).expect("beta");
     let beta_id = listed_ids(&harness.status(&beta).expect("beta status"))[0].clone();
-    let tls = MeshTls::load(&harness.issue("impostor").expect("impostor cert")).expect("load");
-    let impostor_id = tls.identity().id.to_string();
-    let impostor = ImpostorServer::start(&tls, &beta_id);
+    let hostile = HostilePeer::new(&harness, "impostor").expect("impostor");
+    let tls = hostile.tls();
+    let impostor_id = hostile.id();
+    // Its `Node` service answers with a `NodeInfo` that names beta's id.
+    let forged = pb::NodeInfo {
+        id: beta_id.clone(),
+        ..hostile.info("impostor")
+    };
+    let impostor = hostile.serve(Behaviour::new(forged)).expect("impostor");
     // alpha dials the impostor as a static peer from the start (and again every second).
     let alpha = harness
         .spawn(NodeOptions::new("alpha").peer(impostor.addr.to_string()))
@@ -528,7 +391,7 @@ fn a_hello_or_node_info_whose_id_is_not_the_certificates_is_refused() {
     );
 
     // The control: the same fake node, answering with its own id, is let in.
-    impostor.forging.store(false, Ordering::SeqCst);
+    *impostor.behaviour.info.lock().expect("info") = hostile.info("impostor");
     wait_for("the honest impostor to be up at alpha", DEADLINE, || {
         (harness.state_of(&alpha, "impostor").as_deref() == Some("up")).then_some(())
     })

@@ -99,7 +99,10 @@ impl Memory {
         out
     }
 
-    /// Records what `peer` says it holds (its frontier) and that we heard from it now.
+    /// Records what `peer` says it holds (its frontier) and that we heard from it now. Only
+    /// origins this node holds records of count (the frontiers only ever decide about those
+    /// records' tombstones), and no peer holds more of this node's writes than it made: a peer
+    /// naming thousands of made-up origins, or `u64::MAX`, stores nothing for them. One commit.
     pub fn note_peer(
         &self,
         peer: &NodeId,
@@ -108,22 +111,49 @@ impl Memory {
         if peer == &self.own {
             return Ok(());
         }
+        let origins = self.origins()?;
+        let mut raised = vec![(seen_key(peer), now_ms())];
         for (origin, seq) in frontier {
-            self.raise_meta(frontier_key(peer, origin), *seq)?;
+            if origin == &self.own {
+                raised.push((frontier_key(peer, origin), (*seq).min(self.own_seq())));
+            } else if origins.contains_key(origin) {
+                raised.push((frontier_key(peer, origin), *seq));
+            }
         }
-        self.raise_meta(seen_key(peer), now_ms())
+        self.raise_metas(raised)
     }
 
     /// Takes in the nodes a peer has heard of (and when), so that a node we never met but
-    /// that may still hold old values also holds back early tombstone collection.
+    /// that may still hold old values also holds back early tombstone collection. Only nodes
+    /// this node holds records of, or has heard of itself, are taken: a node's records are
+    /// signed, so a peer cannot make up a node that holds back collection here (or fill the
+    /// meta tree with made-up ids).
     pub fn merge_known(&self, known: &BTreeMap<NodeId, u64>) -> Result<(), MemoryError> {
         let now = now_ms();
-        for (node, at) in known {
-            if node != &self.own {
-                self.raise_meta(seen_key(node), (*at).min(now))?;
-            }
+        let origins = self.origins()?;
+        let raised = known
+            .iter()
+            .filter(|(node, _)| *node != &self.own)
+            .filter(|(node, _)| {
+                origins.contains_key(*node) || self.meta_u64(seen_key(node)).is_some()
+            })
+            .map(|(node, at)| (seen_key(node), (*at).min(now)))
+            .collect();
+        self.raise_metas(raised)
+    }
+
+    /// The highest of this node's own writes it gave `peer` (in a `Sync` answer or a push):
+    /// what `peer` can have seen of them.
+    pub(super) fn offered(&self, peer: &NodeId) -> u64 {
+        self.meta_u64(offered_key(peer)).unwrap_or(0)
+    }
+
+    /// Records that `peer` was given this node's writes up to `seq`.
+    pub(super) fn note_offered(&self, peer: &NodeId, seq: u64) -> Result<(), MemoryError> {
+        if seq == 0 || peer == &self.own {
+            return Ok(());
         }
-        Ok(())
+        self.raise_meta(offered_key(peer), seq)
     }
 
     /// The nodes heard of within the tombstone window, with when (Unix ms).
@@ -167,6 +197,11 @@ fn frontier_key(peer: &NodeId, origin: &NodeId) -> Vec<u8> {
 /// Meta key of when `peer` was last heard of (Unix ms).
 pub(super) fn seen_key(peer: &NodeId) -> Vec<u8> {
     format!("seen/{}", peer.as_str()).into_bytes()
+}
+
+/// Meta key of the highest own write this node gave `peer` ([`Memory::offered`]).
+pub(super) fn offered_key(peer: &NodeId) -> Vec<u8> {
+    format!("of/{}", peer.as_str()).into_bytes()
 }
 
 fn watermark_key(peer: &NodeId, origin: &NodeId) -> Vec<u8> {

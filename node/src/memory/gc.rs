@@ -96,6 +96,7 @@ impl Memory {
                     META.into(),
                     format!("seen/{id}").into_bytes(),
                 ));
+                writes.push(Write::Delete(META.into(), format!("of/{id}").into_bytes()));
                 for (origin, _) in self.meta_under(&format!("fr/{id}/")) {
                     writes.push(Write::Delete(
                         META.into(),
@@ -108,14 +109,22 @@ impl Memory {
         Ok(())
     }
 
-    /// After a full sync from a peer: drops every record the peer has seen (its frontier covers
-    /// it) but no longer holds (not in [`RESYNC`]) — deleted while we were away, and the
+    /// After a full sync from `peer`: drops every record the peer has seen (its frontier
+    /// covers it) but no longer holds (not in [`RESYNC`]) — deleted while we were away, and the
     /// tombstone since collected. Records the peer never saw are kept; they reach it by the
-    /// usual replication.
+    /// usual replication. Of this node's own writes the peer can only have seen those this
+    /// node gave it ([`Memory::offered`]): its claim is capped there, so a peer that claims to
+    /// hold them all (`u64::MAX`) cannot make this node drop writes nobody has seen.
     pub(super) fn drop_collected(
         &self,
+        peer: &NodeId,
         peer_frontier: &BTreeMap<NodeId, u64>,
     ) -> Result<usize, MemoryError> {
+        let own_seen = peer_frontier
+            .get(&self.own)
+            .copied()
+            .unwrap_or(0)
+            .min(self.offered(peer));
         let mut dropped = 0;
         for ns in self.replicated_namespaces()? {
             let tree = ns_tree(&ns);
@@ -128,7 +137,11 @@ impl Memory {
                 let Ok(record) = Record::decode(&bytes) else {
                     continue;
                 };
-                let seen = peer_frontier.get(&record.origin).copied().unwrap_or(0);
+                let seen = if record.origin == self.own {
+                    own_seen
+                } else {
+                    peer_frontier.get(&record.origin).copied().unwrap_or(0)
+                };
                 if record.seq == 0 || record.seq > seen {
                     continue;
                 }
@@ -163,7 +176,17 @@ mod tests {
             .await
             .expect("put");
         let deleted = ma.put("notes", "k", None).await.expect("delete");
-        // b pulls from a, then a hears of c through b: c has not reported anything yet.
+        // b pulls from a, then a hears of c through b: c has not reported anything yet. Both
+        // hold a record c wrote (a node is taken from a peer's `known` only when its records
+        // vouch for it).
+        let from_c = Entry {
+            namespace: "notes".into(),
+            key: "by-c".into(),
+            record: record(uhlc::system_time_clock().as_u64(), &c, false),
+        };
+        for memory in [&ma, &mb] {
+            assert!(memory.apply(&from_c).expect("c's record"));
+        }
         mb.merge_known(&BTreeMap::from([(c.clone(), now_ms())]))
             .expect("known");
         sync_from(&mb, &link, &a, a.as_str()).await.expect("sync");
@@ -201,6 +224,51 @@ mod tests {
             "index entry gone"
         );
         assert_eq!(ma.store.scan_prefix(TOMBS, b"").count(), 0);
+    }
+
+    /// A peer (a real node, or anyone with a node certificate) that names thousands of made-up
+    /// nodes in its `known` map and made-up origins in its frontier stores nothing for them,
+    /// and cannot hold back the collection of a tombstone that every real node holds.
+    #[tokio::test]
+    async fn made_up_nodes_in_a_peers_maps_hold_back_no_collection_and_store_nothing() {
+        let (me, honest, liar) = (id("gc-me"), id("gc-honest"), id("gc-liar"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        memory
+            .put("notes", "k", Some(b"v".to_vec()))
+            .await
+            .expect("put");
+        let deleted = memory.put("notes", "k", None).await.expect("delete");
+        let made_up: BTreeMap<NodeId, u64> = (0..10_000u64)
+            .map(|i| {
+                let id = NodeId::parse(&format!("{i:064x}")).expect("an id");
+                (id, now_ms())
+            })
+            .collect();
+        memory.merge_known(&made_up).expect("known");
+        let mut frontier: BTreeMap<NodeId, u64> =
+            made_up.keys().map(|id| (id.clone(), u64::MAX)).collect();
+        frontier.insert(me.clone(), u64::MAX);
+        memory.note_peer(&liar, &frontier).expect("note liar");
+        memory
+            .note_peer(&honest, &BTreeMap::from([(me.clone(), deleted.seq)]))
+            .expect("note honest");
+        assert_eq!(
+            memory.known().into_keys().collect::<Vec<_>>(),
+            {
+                let mut real = vec![honest.clone(), liar.clone()];
+                real.sort();
+                real
+            },
+            "only the nodes heard of directly"
+        );
+        assert_eq!(memory.meta_under("fr/").len(), 2, "one own entry per peer");
+        assert_eq!(
+            memory.peer_frontier(&liar, &me),
+            deleted.seq,
+            "capped at this node's own writes"
+        );
+        assert_eq!(memory.collect_tombstones(&[]).expect("collect"), 1);
+        assert_eq!(tombstone_of(&memory, "k"), None);
     }
 
     #[tokio::test]

@@ -32,18 +32,23 @@
 //! - `signatures`: signing own records, verifying every peer's record against its origin's
 //!   certificate before it is applied, keeping origins' certificates to relay them, counting
 //!   and logging refusals, and the upgrade of a store written before records were signed.
+//! - `push`: the per-peer bounded push queues ([`replicate`]'s back-pressure: one push in
+//!   flight per peer; a full queue marks the peer for a sync).
 //! - `sync`: the `Sync` exchange ([`SyncRequest`], [`SyncBatch`], [`answer_sync`],
-//!   [`sync_from`], [`resync_from`]), pushes, the [`MemoryPeers`] port and [`replicate`].
+//!   [`sync_from`], [`resync_from`]), batching pushes, the [`MemoryPeers`] port and
+//!   [`replicate`].
 //!
 //! Imports point one way: `record` and `error` at the bottom, then `store`, which names no
 //! sibling above it; `clock`, `frontier`, `gc`, `signatures` and `sync` name `store` (and `gc`
-//! names `frontier`), never the reverse. `store` reaches them by calling methods only. This file
+//! names `frontier`), never the reverse; `push` names `store` and `record` only (it is handed
+//! the call that sends a batch), and `sync` names it. `store` reaches them by calling methods only. This file
 //! declares and re-exports; it defines nothing.
 
 mod clock;
 mod error;
 mod frontier;
 mod gc;
+mod push;
 mod record;
 mod revocations;
 mod signatures;

@@ -296,11 +296,16 @@ impl Memory {
             )));
         }
         let tree = ns_tree(ns);
-        let stamp = self.hlc.new_timestamp();
         let replicated = self.replicated(ns);
         let record = {
             let _writer = self.write_lock();
             self.check_namespace_room(ns, &HashSet::new())?;
+            // Stamped under the writer lock, after what it replaces is read: a stamp taken
+            // before could lose to a peer's record applied in between, and this node would
+            // store its older write over the newer one while every other node kept the newer
+            // one — the two would disagree on the key for good.
+            let old = self.stored(&tree, key)?;
+            let hlc = self.stamp_after(old.as_ref())?;
             let mut writes = Vec::new();
             let seq = if replicated {
                 let next = self
@@ -321,7 +326,7 @@ impl Memory {
             let mut record = Record {
                 tombstone: value.is_none(),
                 value: value.unwrap_or_default(),
-                hlc: stamp.get_time().as_u64(),
+                hlc,
                 origin: self.own.clone(),
                 seq,
                 signature: Vec::new(),
@@ -329,8 +334,8 @@ impl Memory {
             if replicated {
                 record.signature = self.sign(ns, key, &record)?;
             }
-            if let Some(old) = self.stored(&tree, key)? {
-                unindex(&mut writes, &old);
+            if let Some(old) = &old {
+                unindex(&mut writes, old);
             }
             // A local namespace needs no tombstones: nobody can send the old value back.
             if replicated || !record.tombstone {
@@ -621,15 +626,21 @@ impl Memory {
 
     /// Raises a meta counter to `value` (never lowers it).
     pub(super) fn raise_meta(&self, key: impl AsRef<[u8]>, value: u64) -> Result<(), MemoryError> {
-        let key = key.as_ref();
+        self.raise_metas(vec![(key.as_ref().to_vec(), value)])
+    }
+
+    /// Raises each meta counter to its value (never lowers one), in one commit.
+    pub(super) fn raise_metas(&self, raised: Vec<(Vec<u8>, u64)>) -> Result<(), MemoryError> {
         let _writer = self.write_lock();
-        let old = self.store.get(META, key)?.and_then(|v| be_u64(&v));
-        if old.is_none_or(|old| old < value) {
-            self.store.commit(vec![Write::Put(
-                META.into(),
-                key.to_vec(),
-                value.to_be_bytes().to_vec(),
-            )])?;
+        let mut writes = Vec::new();
+        for (key, value) in raised {
+            let old = self.store.get(META, &key)?.and_then(|v| be_u64(&v));
+            if old.is_none_or(|old| old < value) {
+                writes.push(Write::Put(META.into(), key, value.to_be_bytes().to_vec()));
+            }
+        }
+        if !writes.is_empty() {
+            self.store.commit(writes)?;
         }
         Ok(())
     }

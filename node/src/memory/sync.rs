@@ -6,7 +6,7 @@
 //! connections (`rpc::memory` implements the port over gRPC).
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     fmt,
     sync::Arc,
     time::Duration,
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     error::MemoryError,
+    push::{Push, PushCall, PushQueues},
     record::Entry,
     store::{Memory, RESYNC, index_value},
 };
@@ -43,6 +44,15 @@ async fn sync_call(
         .await
         .map_err(|_| format!("no answer within {} s", SYNC_CALL_DEADLINE.as_secs()))?
 }
+
+/// Most `Sync` calls one pull makes (up to [`SYNC_BATCH`] records each); a longer catch-up
+/// goes on at the next pull. A peer that answers "more" for ever holds one pull, not the
+/// replicator, and is pulled again only after [`PULL_GAP`].
+const PULL_BATCHES: usize = 64;
+/// Most `Sync` calls of a full resync (two million records), which must see everything.
+const RESYNC_BATCHES: usize = 4096;
+/// Why a pull stops when the peer answers "more" with nothing past what it sent.
+const STUCK: &str = "the peer answered `more` with nothing new; giving up this pull";
 
 /// What [`MemoryPeers::sync`] fails with when the peer is resyncing itself.
 pub const RESYNCING: &str = "the peer is resyncing";
@@ -112,6 +122,9 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
     if own > 0 {
         heads.insert(memory.own_id().clone(), own);
     }
+    // Likewise the frontier: every write it covers is visible to the walk, so a resyncing
+    // caller never takes a record that landed during the walk for one collected meanwhile.
+    let frontier = memory.frontier();
     let mut batch = SyncBatch::default();
     let mut bytes = 0;
     for (origin, _) in memory.origins()? {
@@ -131,6 +144,7 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
             if bytes + entry.record.value.len() > BATCH_BYTES && !batch.entries.is_empty() {
                 batch.more = true;
                 batch.certificates = memory.certificates_for(&batch.entries);
+                note_offered(memory, request, &batch)?;
                 return Ok(batch);
             }
             bytes += entry.record.value.len() + entry.key.len();
@@ -139,14 +153,38 @@ pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, 
         if !complete {
             batch.more = true;
             batch.certificates = memory.certificates_for(&batch.entries);
+            note_offered(memory, request, &batch)?;
             return Ok(batch);
         }
     }
     batch.certificates = memory.certificates_for(&batch.entries);
     batch.heads = heads;
-    batch.frontier = memory.frontier();
+    batch.frontier = frontier;
     batch.known = memory.known();
+    note_offered(memory, request, &batch)?;
     Ok(batch)
+}
+
+/// Records how far the caller was given this node's own writes: the last batch's head (every
+/// own write up to it was visible to the walk), or the highest own record in a batch before.
+fn note_offered(
+    memory: &Memory,
+    request: &SyncRequest,
+    batch: &SyncBatch,
+) -> Result<(), MemoryError> {
+    let Some(caller) = &request.node else {
+        return Ok(());
+    };
+    let own = memory.own_id();
+    let sent = batch
+        .entries
+        .iter()
+        .filter(|e| &e.record.origin == own)
+        .map(|e| e.record.seq)
+        .chain(batch.heads.get(own).copied())
+        .max()
+        .unwrap_or(0);
+    memory.note_offered(caller, sent)
 }
 
 impl Memory {
@@ -171,7 +209,7 @@ impl Memory {
                     applied += u32::from(stored);
                     if let Some(sender) = sender
                         && &entry.record.origin == sender
-                        && entry.record.seq == self.watermark(sender, sender) + 1
+                        && self.watermark(sender, sender).checked_add(1) == Some(entry.record.seq)
                         && let Err(e) = self.set_watermark(sender, sender, entry.record.seq)
                     {
                         refused.push(format!("{}/{}: {e}", entry.namespace, entry.key));
@@ -206,13 +244,14 @@ pub async fn sync_from(
     let mut after = memory.watermarks(peer);
     // Origins with a refused record in this pull: their stored watermark stays below it.
     let mut refused: HashSet<NodeId> = HashSet::new();
-    loop {
+    for _ in 0..PULL_BATCHES {
         let request = SyncRequest {
             node: Some(memory.own_id().clone()),
             after: after.clone(),
             frontier: memory.frontier(),
         };
         let batch = sync_call(peers, addr, request).await?;
+        let before = after.clone();
         let mut highest: BTreeMap<NodeId, u64> = BTreeMap::new();
         let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
         for (entry, result) in batch.entries.iter().zip(results) {
@@ -263,7 +302,12 @@ pub async fn sync_from(
                 .insert(peer.clone(), std::time::Instant::now());
             return Ok(applied);
         }
+        if after == before {
+            return Err(STUCK.to_owned());
+        }
     }
+    // A long catch-up goes on at the next pull, from the watermarks stored so far.
+    Ok(applied)
 }
 
 /// The full resync of a node that was out of touch longer than the tombstone window: pulls
@@ -281,7 +325,14 @@ pub async fn resync_from(
     // As in `sync_from`: no watermark is stored past a refused record.
     let mut refused: HashSet<NodeId> = HashSet::new();
     let mut applied = 0;
+    let mut batches = 0;
     let batch = loop {
+        batches += 1;
+        if batches > RESYNC_BATCHES {
+            return Err(format!(
+                "the peer had more than {RESYNC_BATCHES} batches to send; resyncing from another"
+            ));
+        }
         let request = SyncRequest {
             node: Some(memory.own_id().clone()),
             after: after.clone(),
@@ -306,6 +357,7 @@ pub async fn resync_from(
             .store
             .commit(held.collect())
             .map_err(|e| e.to_string())?;
+        let before = after.clone();
         for entry in &batch.entries {
             let seen = after.entry(entry.record.origin.clone()).or_default();
             *seen = (*seen).max(entry.record.seq);
@@ -313,8 +365,11 @@ pub async fn resync_from(
         if !batch.more || batch.entries.is_empty() {
             break batch;
         }
+        if after == before {
+            return Err(STUCK.to_owned());
+        }
     };
-    let dropped = memory.drop_collected(&batch.frontier).map_err(fail)?;
+    let dropped = memory.drop_collected(peer, &batch.frontier).map_err(fail)?;
     for (origin, seq) in after.iter().chain(&batch.heads) {
         if !refused.contains(origin) {
             memory.set_watermark(peer, origin, *seq).map_err(fail)?;
@@ -351,12 +406,27 @@ fn push_batches(entries: Vec<Entry>) -> Vec<Vec<Entry>> {
     batches
 }
 
-/// The peers a pull is running from. The replicator starts no second pull from a peer while
-/// one runs: a node that has never finished a sync with a peer counts as lagging at every
-/// tick, so a pull slower than the tick (a large catch-up, records being verified on a busy
-/// machine) was started again every 500 ms, each fetching and checking the same records.
+/// How soon after a pull from a peer ended the next one from it may start: a peer that
+/// advertises writes it never sends (a `memory_seq` of `u64::MAX`), or whose pulls keep
+/// failing, counts as lagging at every tick, and would otherwise be pulled every 500 ms.
+const PULL_GAP: Duration = Duration::from_secs(2);
+
+/// The peers a pull is running from, and when the last pull from each ended. The replicator
+/// starts no second pull from a peer while one runs: a node that has never finished a sync with
+/// a peer counts as lagging at every tick, so a pull slower than the tick (a large catch-up,
+/// records being verified on a busy machine) was started again every 500 ms, each fetching and
+/// checking the same records. Nor does it start one within [`PULL_GAP`] of the last.
 #[derive(Debug, Clone, Default)]
-struct Pulls(Arc<std::sync::Mutex<HashSet<NodeId>>>);
+struct Pulls(Arc<std::sync::Mutex<PullTimes>>);
+
+/// What [`Pulls`] keeps.
+#[derive(Debug, Default)]
+struct PullTimes {
+    /// Peers a pull from is running.
+    running: HashSet<NodeId>,
+    /// When the last pull from each peer ended.
+    ended: HashMap<NodeId, tokio::time::Instant>,
+}
 
 /// A running pull from one peer; the peer is free for the next pull when it drops.
 #[derive(Debug)]
@@ -366,18 +436,35 @@ struct Pull {
 }
 
 impl Pulls {
-    /// Claims `peer` for a pull, unless one from it is running.
+    /// Claims `peer` for a pull, unless one from it is running or ended within [`PULL_GAP`].
     fn start(&self, peer: &NodeId) -> Option<Pull> {
-        self.0.lock_unpoisoned().insert(peer.clone()).then(|| Pull {
+        let mut times = self.0.lock_unpoisoned();
+        let recent = times
+            .ended
+            .get(peer)
+            .is_some_and(|at| at.elapsed() < PULL_GAP);
+        (!recent && times.running.insert(peer.clone())).then(|| Pull {
             pulls: self.clone(),
             peer: peer.clone(),
         })
+    }
+
+    /// Forgets the end times of peers that are no longer up.
+    fn retain(&self, up: &HashSet<NodeId>) {
+        self.0
+            .lock_unpoisoned()
+            .ended
+            .retain(|id, _| up.contains(id));
     }
 }
 
 impl Drop for Pull {
     fn drop(&mut self) {
-        self.pulls.0.lock_unpoisoned().remove(&self.peer);
+        let mut times = self.pulls.0.lock_unpoisoned();
+        times.running.remove(&self.peer);
+        times
+            .ended
+            .insert(self.peer.clone(), tokio::time::Instant::now());
     }
 }
 
@@ -396,6 +483,11 @@ pub async fn replicate(
     let mut was_up: HashSet<NodeId> = HashSet::new();
     let mut last_full = tokio::time::Instant::now();
     let pulls = Pulls::default();
+    let push_call: PushCall = {
+        let link = link.clone();
+        Arc::new(move |addr, entries, certificates| link.push(addr, entries, certificates))
+    };
+    let mut pushes = PushQueues::new(memory.clone(), push_call, cancel.clone());
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -404,25 +496,14 @@ pub async fn replicate(
                 while let Ok(more) = writes.try_recv() {
                     pending.push(more);
                 }
+                let up: Vec<_> = peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up).collect();
                 for batch in push_batches(pending) {
-                    let certificates = memory.certificates_for(&batch);
-                    for peer in peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up) {
-                        let push = link.push(peer.addr.clone(), batch.clone(), certificates.clone());
-                        let memory = memory.clone();
-                        tokio::spawn(async move {
-                            match push.await {
-                                // The peer's frontier for our writes: what lets us collect our
-                                // tombstones early.
-                                Ok(held) => {
-                                    let own = memory.own_id().clone();
-                                    let frontier = BTreeMap::from([(own, held)]);
-                                    if let Err(e) = memory.note_peer(&peer.info.id, &frontier) {
-                                        tracing::warn!(error = %e, "record a peer's frontier");
-                                    }
-                                }
-                                Err(e) => tracing::debug!(peer = %peer.info.name, error = %e, "push memory (the next sync catches up)"),
-                            }
-                        });
+                    let push = Arc::new(Push {
+                        certificates: memory.certificates_for(&batch),
+                        entries: batch,
+                    });
+                    for peer in &up {
+                        pushes.offer(&peer.info.id, &peer.info.name, &peer.addr, &push);
                     }
                 }
             }
@@ -434,6 +515,12 @@ pub async fn replicate(
                     // deletes we missed.
                     let mut all_away = !up.is_empty();
                     for peer in &up {
+                        // One sync per peer at a time, resyncs included, at most every
+                        // `PULL_GAP`: a pull started before this node went stale may still run.
+                        let Some(_pull) = pulls.start(&peer.info.id) else {
+                            all_away = false;
+                            continue;
+                        };
                         match resync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
                             Ok((applied, dropped)) => {
                                 tracing::warn!(
@@ -467,12 +554,18 @@ pub async fn replicate(
                         tracing::warn!(error = %e, "collect tombstones");
                     }
                 }
+                pushes.retain(&now_up);
+                pulls.retain(&now_up);
+                let behind = pushes.take_behind();
                 for peer in up {
                     // A peer that advertises writes we lack gets synced too (pushes can be lost),
-                    // at most every couple of seconds.
+                    // at most every couple of seconds; so does one a push could not reach.
                     let lagging = memory.lag(&peer.info.id, peer.info.memory_seq).0 > 0
                         && memory.since_sync(&peer.info.id) > Duration::from_secs(2);
-                    let due = full || lagging || !was_up.contains(&peer.info.id);
+                    let due = full
+                        || lagging
+                        || behind.contains(&peer.info.id)
+                        || !was_up.contains(&peer.info.id);
                     if let Some(pull) = due.then(|| pulls.start(&peer.info.id)).flatten() {
                         let (memory, link) = (memory.clone(), link.clone());
                         tokio::spawn(async move {
@@ -500,7 +593,9 @@ mod tests {
         frontier::{CONTACT_KEY, seen_key},
         record::Record,
         store::{META, MemoryOptions},
-        test_support::{InProcess, certificate, id, open_memory, record, signed, tombstone_of},
+        test_support::{
+            CannedPeer, InProcess, certificate, id, open_memory, record, signed, tombstone_of,
+        },
     };
 
     #[test]
@@ -526,25 +621,99 @@ mod tests {
         );
     }
 
-    /// A peer that answers `Sync` slowly, counting how many calls run at once.
-    #[derive(Debug, Default)]
-    struct Slow {
-        running: std::sync::atomic::AtomicUsize,
-        most: std::sync::atomic::AtomicUsize,
-        calls: std::sync::atomic::AtomicUsize,
+    /// How a [`Fake`] peer answers `Sync`.
+    #[derive(Debug, Default, Clone, Copy)]
+    enum Answer {
+        /// After 3 s, with nothing.
+        #[default]
+        Slow,
+        /// At once, with an error.
+        Fail,
+        /// After 100 ms, with "more" and one record of a new made-up origin, for ever.
+        Endless,
     }
 
-    impl MemoryPeers for Arc<Slow> {
-        fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
+    /// How many calls of one kind a [`Fake`] peer got, and how many ran at once at most.
+    #[derive(Debug, Default)]
+    struct Calls {
+        running: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        total: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Calls {
+        /// Counts a call for as long as the returned guard lives.
+        fn enter(self: &Arc<Self>) -> impl Drop {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.total.fetch_add(1, SeqCst);
+            let now = self.running.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            struct Leave(Arc<Calls>);
+            impl Drop for Leave {
+                fn drop(&mut self) {
+                    self.0.running.fetch_sub(1, SeqCst);
+                }
+            }
+            Leave(self.clone())
+        }
+
+        fn most(&self) -> usize {
+            self.most.load(std::sync::atomic::Ordering::SeqCst)
+        }
+
+        fn total(&self) -> usize {
+            self.total.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    /// A peer that answers `Sync` as told and takes a minute to answer each push, counting
+    /// the calls; pulls started are the `Sync` calls that ask from the start.
+    #[derive(Debug, Default)]
+    struct Fake {
+        answer: Answer,
+        syncs: Arc<Calls>,
+        pushes: Arc<Calls>,
+        pulls: std::sync::atomic::AtomicUsize,
+        next_seq: std::sync::atomic::AtomicU64,
+    }
+
+    impl MemoryPeers for Arc<Fake> {
+        fn sync(
+            &self,
+            _: String,
+            request: SyncRequest,
+        ) -> BoxFuture<'static, Result<SyncBatch, String>> {
             use std::sync::atomic::Ordering::SeqCst;
             let this = self.clone();
             Box::pin(async move {
-                this.calls.fetch_add(1, SeqCst);
-                let now = this.running.fetch_add(1, SeqCst) + 1;
-                this.most.fetch_max(now, SeqCst);
-                tokio::time::sleep(Duration::from_secs(3)).await;
-                this.running.fetch_sub(1, SeqCst);
-                Ok(SyncBatch::default())
+                let _call = this.syncs.enter();
+                if request.after.is_empty() {
+                    this.pulls.fetch_add(1, SeqCst);
+                }
+                match this.answer {
+                    Answer::Slow => {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        Ok(SyncBatch::default())
+                    }
+                    Answer::Fail => Err("refused".into()),
+                    Answer::Endless => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        let seq = this.next_seq.fetch_add(1, SeqCst) + 1;
+                        let origin = NodeId::parse(&format!("{seq:064x}")).expect("an id");
+                        Ok(SyncBatch {
+                            entries: vec![Entry {
+                                namespace: "notes".into(),
+                                key: format!("k{seq}"),
+                                record: Record {
+                                    seq,
+                                    ..record(now_ms(), &origin, false)
+                                },
+                            }],
+                            more: true,
+                            ..SyncBatch::default()
+                        })
+                    }
+                }
             })
         }
 
@@ -554,8 +723,72 @@ mod tests {
             _: Vec<Entry>,
             _: Vec<Vec<u8>>,
         ) -> BoxFuture<'static, Result<u64, String>> {
-            Box::pin(async { Ok(0) })
+            let this = self.clone();
+            Box::pin(async move {
+                let _call = this.pushes.enter();
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok(0)
+            })
         }
+    }
+
+    /// Runs the replicator of a fresh node `me` for `run` (paused time) with one up peer that
+    /// advertises `memory_seq` and answers as `fake` does, after `writes` local writes.
+    async fn replicate_against(
+        me: &str,
+        fake: &Arc<Fake>,
+        memory_seq: u64,
+        writes: usize,
+        run: Duration,
+    ) {
+        let (_dir, memory) = open_memory(&id(me), MemoryOptions::default());
+        replicate_memory(&memory, fake, memory_seq, writes, run).await;
+    }
+
+    /// [`replicate_against`] with a memory of the test's own.
+    async fn replicate_memory(
+        memory: &Arc<Memory>,
+        fake: &Arc<Fake>,
+        memory_seq: u64,
+        writes: usize,
+        run: Duration,
+    ) {
+        let me = memory.own_id().to_string();
+        let peer = id(&format!("{me}-peer"));
+        let mut info = crate::capabilities::test_support::test_capabilities().snapshot();
+        info.id = peer.clone();
+        info.name = "peer".into();
+        info.memory_seq = memory_seq;
+        let table = Arc::new(PeerTable::default());
+        table.beat(info, "peer:7700", crate::discovery::PeerSource::Static);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let replicator = tokio::spawn(replicate(
+            memory.clone(),
+            table,
+            Arc::new(fake.clone()),
+            rx,
+            cancel.clone(),
+        ));
+        // Let the replicator see the peer up before the writes.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        for i in 0..writes {
+            let record = Record {
+                seq: i as u64 + 1,
+                ..record(now_ms(), memory.own_id(), false)
+            };
+            let entry = Entry {
+                namespace: "notes".into(),
+                key: format!("w{i}"),
+                record,
+            };
+            tx.send(entry).expect("replicator listening");
+            // One batch each: the replicator takes what is queued at once as one.
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(run).await;
+        cancel.cancel();
+        replicator.await.expect("replicator");
     }
 
     /// Regression: a peer this node never finished a sync with counts as lagging at every
@@ -564,32 +797,108 @@ mod tests {
     /// instead of 2.
     #[tokio::test(start_paused = true)]
     async fn no_second_pull_from_a_peer_starts_while_one_runs() {
-        use std::sync::atomic::Ordering::SeqCst;
-        let (_dir, memory) = open_memory(&id("me"), MemoryOptions::default());
-        let peer = id("slow-peer");
-        let mut info = crate::capabilities::test_support::test_capabilities().snapshot();
-        info.id = peer.clone();
-        info.name = "slow-peer".into();
-        info.memory_seq = 100;
-        let table = Arc::new(PeerTable::default());
-        table.beat(info, "slow-peer:7700", crate::discovery::PeerSource::Static);
-        let slow = Arc::new(Slow::default());
-        let (_writes, rx) = mpsc::unbounded_channel();
-        let cancel = CancellationToken::new();
-        let replicator = tokio::spawn(replicate(
-            memory,
-            table,
-            Arc::new(slow.clone()),
-            rx,
-            cancel.clone(),
-        ));
+        let fake = Arc::new(Fake::default());
         // Ten ticks: the first pull is still running for the first six of them.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        cancel.cancel();
-        replicator.await.expect("replicator");
-        assert_eq!(slow.most.load(SeqCst), 1, "pulls at once");
+        replicate_against("slow", &fake, 100, 0, Duration::from_millis(4400)).await;
+        assert_eq!(fake.syncs.most(), 1, "pulls at once");
         // Once it ended the peer was synced, so nothing was due any more.
-        assert_eq!(slow.calls.load(SeqCst), 1);
+        assert_eq!(fake.syncs.total(), 1);
+    }
+
+    /// Regression: a peer advertising writes it never sends (`memory_seq = u64::MAX`) whose
+    /// pulls fail counted as lagging at every 500 ms tick and was pulled at every one.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_advertising_endless_writes_whose_pulls_fail_is_pulled_at_most_every_gap() {
+        let fake = Arc::new(Fake {
+            answer: Answer::Fail,
+            ..Fake::default()
+        });
+        replicate_against("gap", &fake, u64::MAX, 0, Duration::from_secs(20)).await;
+        let (most, total) = (fake.syncs.most(), fake.syncs.total());
+        assert_eq!(most, 1);
+        // 20.6 s at one pull per 2 s.
+        assert!((10..=11).contains(&total), "{total} pulls");
+    }
+
+    /// A node back from a long absence resyncs from a peer at most every 2 s, as it pulls: a
+    /// peer that refuses every resync is not asked again at every tick.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_node_resyncs_from_a_failing_peer_at_most_every_gap() {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(3600),
+            ..MemoryOptions::default()
+        };
+        let (_dir, memory) = open_memory(&id("stale"), options);
+        let long_ago = now_ms() - 2 * 3600 * 1000;
+        memory
+            .store
+            .commit(vec![Write::Put(
+                META.into(),
+                CONTACT_KEY.to_vec(),
+                long_ago.to_be_bytes().to_vec(),
+            )])
+            .expect("age contact");
+        assert!(memory.stale());
+        let fake = Arc::new(Fake {
+            answer: Answer::Fail,
+            ..Fake::default()
+        });
+        replicate_memory(&memory, &fake, 0, 0, Duration::from_secs(20)).await;
+        let total = fake.syncs.total();
+        assert!((10..=11).contains(&total), "{total} resyncs");
+        assert!(memory.stale(), "no peer brought it back");
+    }
+
+    /// Regression: a pull went on as long as the peer answered "more", so a peer whose answers
+    /// never end held it for ever, growing its per-origin map with every made-up origin.
+    #[tokio::test(start_paused = true)]
+    async fn a_sync_answer_that_never_ends_ends_the_pull_after_a_bounded_number_of_batches() {
+        let fake = Arc::new(Fake {
+            answer: Answer::Endless,
+            ..Fake::default()
+        });
+        replicate_against("endless", &fake, u64::MAX, 0, Duration::from_secs(30)).await;
+        assert_eq!(fake.syncs.most(), 1, "one call at a time");
+        // Each pull: 64 calls of 100 ms, then 2 s before the next.
+        let pulls = fake.pulls.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((3..=4).contains(&pulls), "{pulls} pulls");
+    }
+
+    /// Regression: every batch of writes spawned one push per up peer, so a peer that never
+    /// answers gathered a task (and a copy of the batch) per write.
+    #[tokio::test(start_paused = true)]
+    async fn pushes_to_a_peer_that_never_answers_wait_in_one_bounded_queue_and_mark_it_behind() {
+        let fake = Arc::new(Fake::default());
+        replicate_against("stuck", &fake, 0, 200, Duration::from_secs(15)).await;
+        assert_eq!(fake.pushes.most(), 1, "one push in flight");
+        // The first push timed out after 10 s; the next one is on its way.
+        assert_eq!(fake.pushes.total(), 2);
+        // The first pull when it came up, and one when its queue overflowed.
+        assert_eq!(fake.pulls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// Regression: a push that followed a watermark of `u64::MAX` (the peer's heads claimed it)
+    /// overflowed `watermark + 1`: a panic in a debug build.
+    #[tokio::test]
+    async fn a_push_after_an_absurd_watermark_is_applied_without_overflow() {
+        let (me, sender) = (id("wm-me"), id("wm-sender"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        let liar = CannedPeer::new(SyncBatch {
+            heads: BTreeMap::from([(sender.clone(), u64::MAX)]),
+            ..SyncBatch::default()
+        });
+        sync_from(&memory, &liar, &sender, "liar")
+            .await
+            .expect("sync");
+        assert_eq!(memory.watermark(&sender, &sender), u64::MAX);
+        let write = signed(Entry {
+            namespace: "notes".into(),
+            key: "k".into(),
+            record: record(uhlc::system_time_clock().as_u64(), &sender, false),
+        });
+        let (applied, refused, _) =
+            memory.accept_push(Some(&sender), &[write], &certificate(&sender));
+        assert_eq!((applied, refused.len()), (1, 0));
     }
 
     #[tokio::test]
@@ -617,6 +926,62 @@ mod tests {
         let (applied, refused, held) = push(&me, write(4, "d"));
         assert_eq!((applied, refused.len(), held), (1, 0, 0));
         assert_eq!(memory.frontier()[&sender], 2);
+    }
+
+    /// Regression: a resync dropped every record the peer's frontier covered and the peer did
+    /// not hold, its own writes included, so a peer claiming to hold all of this node's writes
+    /// (`u64::MAX`) while holding none made a node back from a long absence delete what it had
+    /// written meanwhile, which no one had ever seen.
+    #[tokio::test]
+    async fn a_resync_drops_none_of_this_nodes_writes_the_peer_was_never_given() {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(3600),
+            ..MemoryOptions::default()
+        };
+        let (me, peer) = (id("resync-me"), id("resync-liar"));
+        let (_dir, memory) = open_memory(&me, options);
+        memory
+            .put("notes", "given", Some(b"v".to_vec()))
+            .await
+            .expect("put");
+        // The peer pulls it (and so may have seen it deleted and collected since).
+        let answer = answer_sync(
+            &memory,
+            &SyncRequest {
+                node: Some(peer.clone()),
+                ..SyncRequest::default()
+            },
+        )
+        .expect("answer");
+        assert_eq!(answer.entries.len(), 1);
+        memory
+            .put("notes", "news", Some(b"n".to_vec()))
+            .await
+            .expect("put");
+        let long_ago = now_ms() - 2 * 3600 * 1000;
+        memory
+            .store
+            .commit(vec![Write::Put(
+                META.into(),
+                CONTACT_KEY.to_vec(),
+                long_ago.to_be_bytes().to_vec(),
+            )])
+            .expect("age contact");
+        assert!(memory.stale());
+        let liar = CannedPeer::new(SyncBatch {
+            frontier: BTreeMap::from([(me.clone(), u64::MAX)]),
+            ..SyncBatch::default()
+        });
+        let (_, dropped) = resync_from(&memory, &liar, &peer, "liar")
+            .await
+            .expect("resync");
+        assert_eq!(tombstone_of(&memory, "news"), Some(false), "never given");
+        assert_eq!(
+            tombstone_of(&memory, "given"),
+            None,
+            "given, and gone there"
+        );
+        assert_eq!(dropped, 1);
     }
 
     #[tokio::test]

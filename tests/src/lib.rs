@@ -22,6 +22,7 @@ use std::{
 
 pub mod fake_openai;
 pub mod hostile;
+pub mod hostile_soak;
 pub mod soak;
 
 use anyhow::{Context, anyhow, bail};

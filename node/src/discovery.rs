@@ -6,6 +6,12 @@
 //! (addresses from config, re-offered periodically so a peer that starts later or restarts is
 //! still found). The `peers` module dials what is seen and decides trust through TLS; this module
 //! opens no gRPC connections and keeps no peer state.
+//!
+//! Adverts are unauthenticated, so the mDNS source never lets their number slow it down: an
+//! advert names at most [`MAX_ADVERT_ADDRS`] addresses, an event that finds membership's queue
+//! full is dropped (counted) rather than waited for, and when mdns-sd ends the browse because
+//! its own queue overflowed (it does that when events come faster than they are read), the
+//! source browses again, which also offers every advert in its cache once more.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -14,12 +20,18 @@ use mesh_domain::{BoxFuture, NodeId};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::{labels, metrics};
+
 /// The DNS-SD service type every node advertises.
 pub const SERVICE_TYPE: &str = "_agentmesh._tcp.local.";
 /// TXT records stay under this many bytes; the full picture comes from `GetInfo`.
 pub const MAX_TXT_BYTES: usize = 400;
 /// How often static peers are offered again to the dialer.
 pub const STATIC_REOFFER_INTERVAL: Duration = Duration::from_secs(1);
+/// Addresses taken from one advert (best first); an advert may list any number.
+pub const MAX_ADVERT_ADDRS: usize = 4;
+/// Wait before browsing again after mdns-sd ended a browse.
+const REBROWSE_DELAY: Duration = Duration::from_secs(1);
 
 /// How a peer became known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -267,6 +279,7 @@ impl Mdns {
         ips.sort_by_key(|ip| (ip.is_loopback(), ip.is_ipv6(), *ip));
         let addrs: Vec<String> = ips
             .iter()
+            .take(MAX_ADVERT_ADDRS)
             .map(|ip| std::net::SocketAddr::new(*ip, service.get_port()).to_string())
             .collect();
         if addrs.is_empty() {
@@ -299,38 +312,7 @@ impl Discovery for Mdns {
                     None
                 }
             };
-            let browse = match self.daemon.browse(SERVICE_TYPE) {
-                Ok(receiver) => Some(receiver),
-                Err(e) => {
-                    tracing::error!(error = %e, "mdns: browse failed; only static peers will be found");
-                    None
-                }
-            };
-            if let Some(receiver) = browse {
-                loop {
-                    let event = tokio::select! {
-                        () = cancel.cancelled() => break,
-                        event = receiver.recv_async() => match event {
-                            Ok(event) => event,
-                            Err(_) => break,
-                        },
-                    };
-                    let out = match event {
-                        ServiceEvent::ServiceResolved(service) => self.seen(&service),
-                        ServiceEvent::ServiceRemoved(_, fullname) => Some(DiscoveryEvent::Gone {
-                            name: instance_name(&fullname),
-                        }),
-                        _ => None,
-                    };
-                    if let Some(out) = out
-                        && events.send(out).await.is_err()
-                    {
-                        break;
-                    }
-                }
-            } else {
-                cancel.cancelled().await;
-            }
+            self.browse(&events, &cancel).await;
 
             // Goodbye: unregister sends the TTL=0 announcement peers act on.
             if let Some(fullname) = fullname
@@ -342,6 +324,58 @@ impl Discovery for Mdns {
                 let _ = tokio::time::timeout(Duration::from_secs(1), done.recv_async()).await;
             }
         })
+    }
+}
+
+impl Mdns {
+    /// Browses until `cancel` or until membership is gone, browsing again whenever mdns-sd ends
+    /// the browse (its queue overflowed in a flood of adverts).
+    async fn browse(&self, events: &mpsc::Sender<DiscoveryEvent>, cancel: &CancellationToken) {
+        loop {
+            let receiver = match self.daemon.browse(SERVICE_TYPE) {
+                Ok(receiver) => receiver,
+                Err(e) => {
+                    tracing::error!(error = %e, "mdns: browse failed; only static peers will be found");
+                    cancel.cancelled().await;
+                    return;
+                }
+            };
+            loop {
+                let event = tokio::select! {
+                    () = cancel.cancelled() => return,
+                    event = receiver.recv_async() => match event {
+                        Ok(event) => event,
+                        Err(_) => break,
+                    },
+                };
+                let out = match event {
+                    ServiceEvent::ServiceResolved(service) => self.seen(&service),
+                    ServiceEvent::ServiceRemoved(_, fullname) => Some(DiscoveryEvent::Gone {
+                        name: instance_name(&fullname),
+                    }),
+                    _ => None,
+                };
+                let Some(out) = out else { continue };
+                // Waiting here would let mdns-sd's queue overflow, which ends the browse.
+                match events.try_send(out) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        metrics()
+                            .adverts_dropped
+                            .get_or_create(&labels(&[("reason", "queue_full")]))
+                            .inc();
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => return,
+                }
+            }
+            tracing::warn!(
+                "mdns: the browse ended (adverts came faster than they were read); browsing again"
+            );
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(REBROWSE_DELAY) => {}
+            }
+        }
     }
 }
 

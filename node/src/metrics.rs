@@ -46,6 +46,10 @@ pub struct Metrics {
     /// verify), `certificate` (no certificate of the mesh vouches for the origin), `expired`
     /// (written after the origin's certificate expired).
     pub memory_records_refused: Family<Labels, Counter>,
+    /// mDNS adverts that started no dial, by `reason`: `already_dialing` (the claimed id is being
+    /// dialed), `cap` (`discovery.max_advert_dials` pending), `failing_address` (every address is
+    /// held back after failing), `queue_full` (membership's event queue was full).
+    pub adverts_dropped: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -115,8 +119,15 @@ impl Metrics {
             "Replicated memory records refused because their origin's signature does not vouch for them, by reason",
             memory_records_refused.clone(),
         );
+        let adverts_dropped = Family::default();
+        registry.register(
+            "discovery_adverts_dropped",
+            "mDNS adverts that started no dial, by reason (already_dialing, cap, failing_address, queue_full)",
+            adverts_dropped.clone(),
+        );
         Self {
             registry,
+            adverts_dropped,
             join_redemptions,
             tasks,
             routing,

@@ -36,7 +36,7 @@ use crate::{
     issuer::Issuer,
     llm::ModelRegistry,
     memory::{self, Memory, MemoryOptions},
-    peers::{Hello, Membership, PeerTable},
+    peers::{Hello, Membership, PeerTable, adverts::AdvertGuard},
     rpc::{
         NodeLink, NodeService, PeerChannels,
         accept::TlsIncoming,
@@ -228,6 +228,10 @@ impl Node {
             Arc::new(NodeLink::new(dialer.clone())),
             peers.clone(),
             events_tx.clone(),
+            AdvertGuard::new(
+                config.discovery.max_advert_dials,
+                config.discovery.max_failing_addrs,
+            ),
         );
         background_tasks.spawn(membership.run(events_rx, background.child_token()));
 

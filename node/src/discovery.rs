@@ -11,13 +11,15 @@
 //! advert names at most [`MAX_ADVERT_ADDRS`] addresses, an event that finds membership's queue
 //! full is dropped (counted) rather than waited for, and when mdns-sd ends the browse because
 //! its own queue overflowed (it does that when events come faster than they are read), the
-//! source browses again, which also offers every advert in its cache once more.
+//! source browses again, which also offers every advert in its cache once more. Browsing again
+//! is also how adverts that membership dropped at its cap are offered again: membership
+//! notifies `reoffer`, and the source browses again at most every [`REOFFER_INTERVAL`].
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use mdns_sd::{IfKind, ServiceDaemon, ServiceEvent, ServiceInfo};
 use mesh_domain::{BoxFuture, NodeId};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{labels, metrics};
@@ -32,6 +34,9 @@ pub const STATIC_REOFFER_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_ADVERT_ADDRS: usize = 4;
 /// Wait before browsing again after mdns-sd ended a browse.
 const REBROWSE_DELAY: Duration = Duration::from_secs(1);
+/// Adverts dropped by membership are offered again at most this often (each time is a fresh
+/// browse: one query on the LAN, and every cached advert read again).
+pub const REOFFER_INTERVAL: Duration = Duration::from_secs(3);
 
 /// How a peer became known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -203,6 +208,7 @@ pub struct Mdns {
     daemon: ServiceDaemon,
     advert: Advert,
     own_id: NodeId,
+    reoffer: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Mdns {
@@ -214,8 +220,13 @@ impl std::fmt::Debug for Mdns {
 }
 
 impl Mdns {
-    /// Starts the mDNS daemon, restricted to `interfaces` when not empty.
-    pub fn new(advert: Advert, interfaces: &[String]) -> Result<Self, mdns_sd::Error> {
+    /// Starts the mDNS daemon, restricted to `interfaces` when not empty. `reoffer` is notified
+    /// by membership when it dropped adverts it wants offered again.
+    pub fn new(
+        advert: Advert,
+        interfaces: &[String],
+        reoffer: Arc<Notify>,
+    ) -> Result<Self, mdns_sd::Error> {
         let daemon = ServiceDaemon::new()?;
         if !interfaces.is_empty() {
             daemon.disable_interface(IfKind::All)?;
@@ -228,6 +239,7 @@ impl Mdns {
             daemon,
             advert,
             own_id,
+            reoffer,
         })
     }
 
@@ -329,9 +341,12 @@ impl Discovery for Mdns {
 
 impl Mdns {
     /// Browses until `cancel` or until membership is gone, browsing again whenever mdns-sd ends
-    /// the browse (its queue overflowed in a flood of adverts).
+    /// the browse (its queue overflowed in a flood of adverts) and when membership asks for its
+    /// dropped adverts again (at most every [`REOFFER_INTERVAL`]).
     async fn browse(&self, events: &mpsc::Sender<DiscoveryEvent>, cancel: &CancellationToken) {
         loop {
+            let browsed = tokio::time::Instant::now();
+            let mut reoffer = false;
             let receiver = match self.daemon.browse(SERVICE_TYPE) {
                 Ok(receiver) => receiver,
                 Err(e) => {
@@ -343,6 +358,11 @@ impl Mdns {
             loop {
                 let event = tokio::select! {
                     () = cancel.cancelled() => return,
+                    () = self.reoffer.notified(), if !reoffer => {
+                        reoffer = true;
+                        continue;
+                    }
+                    () = tokio::time::sleep_until(browsed + REOFFER_INTERVAL), if reoffer => break,
                     event = receiver.recv_async() => match event {
                         Ok(event) => event,
                         Err(_) => break,
@@ -368,12 +388,18 @@ impl Mdns {
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
                 }
             }
-            tracing::warn!(
-                "mdns: the browse ended (adverts came faster than they were read); browsing again"
-            );
+            if reoffer {
+                tracing::debug!("mdns: offering the cached adverts again");
+            } else {
+                tracing::warn!(
+                    "mdns: the browse ended (adverts came faster than they were read); browsing again"
+                );
+            }
+            // However often it ends or is asked for, a browse (a query on the LAN, and the whole
+            // cache read again) is repeated at most every REBROWSE_DELAY.
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(REBROWSE_DELAY) => {}
+                () = tokio::time::sleep_until(browsed + REBROWSE_DELAY) => {}
             }
         }
     }

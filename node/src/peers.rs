@@ -535,13 +535,14 @@ async fn session(
                     last_success = beat;
                     backoff = Duration::from_millis(100);
                 }
-                // Static peers are re-offered every second by discovery; the others retry here,
-                // an advert that never came up only while one of its addresses is not held back.
+                // Static peers are re-offered every second by discovery; the others retry here.
+                // An advert that never came up retries only while one of its addresses is not
+                // held back, and not at all when refused: nothing listens where it says.
                 if source == PeerSource::Static
                     || last_success.elapsed() > GIVE_UP_AFTER
                     || slot
                         .as_ref()
-                        .is_some_and(|slot| !addrs.iter().any(|addr| slot.usable(addr)))
+                        .is_some_and(|slot| refused || !addrs.iter().any(|addr| slot.usable(addr)))
                 {
                     break;
                 }
@@ -871,11 +872,13 @@ mod tests {
         assert_eq!(foreign.seen.len(), MAX_FOREIGN_NODES);
     }
 
-    /// A link that records every dial; each is refused at once, or never answers (`hang`).
+    /// A link that records every dial; each is refused at once, never answers (`hang`), or
+    /// times out (`time_out`).
     #[derive(Debug, Default)]
     struct FakeLink {
         dials: Mutex<Vec<String>>,
         hang: bool,
+        time_out: bool,
     }
 
     impl PeerLink for FakeLink {
@@ -887,6 +890,9 @@ mod tests {
             Box::pin(async move {
                 if self.hang {
                     std::future::pending::<()>().await;
+                }
+                if self.time_out {
+                    return Err(DialError::Timeout(addr.to_owned()));
                 }
                 Err(DialError::Refused(addr.to_owned()))
             })
@@ -920,7 +926,7 @@ mod tests {
             link,
             Arc::new(PeerTable::default()),
             tx.clone(),
-            AdvertGuard::new(max_pending, 64),
+            AdvertGuard::new(max_pending, 64, Arc::new(tokio::sync::Notify::new())),
         );
         let guard = membership.shared.adverts.clone();
         let cancel = CancellationToken::new();
@@ -989,11 +995,14 @@ mod tests {
     async fn an_advertised_address_that_keeps_failing_is_no_longer_dialed() {
         let link = Arc::new(FakeLink::default());
         let (tx, guard, cancel) = membership(link.clone(), 4);
-        tx.send(advert(1, &["10.0.0.9:7700"])).await.expect("send");
-        settle(Duration::from_secs(10)).await;
-        // The session tried a few times, then gave up and freed its place.
+        // A refused dial ends an advert's session at once (nothing listens where it says) and
+        // frees its place; the advert coming again is dialed again, until the address is held.
+        for _ in 0..adverts::STRIKES + 2 {
+            tx.send(advert(1, &["10.0.0.9:7700"])).await.expect("send");
+            settle(Duration::from_secs(1)).await;
+            assert_eq!(guard.lock_unpoisoned().pending(), 0);
+        }
         assert_eq!(link.dials().len(), adverts::STRIKES as usize);
-        assert_eq!(guard.lock_unpoisoned().pending(), 0);
         // Other adverts naming that address dial only their other addresses.
         tx.send(advert(2, &["10.0.0.9:7700"])).await.expect("send");
         tx.send(advert(3, &["10.0.0.9:7700", "10.0.0.10:7700"]))
@@ -1003,6 +1012,23 @@ mod tests {
         let dials = link.dials();
         assert_eq!(dials.len(), adverts::STRIKES as usize + 1, "{dials:?}");
         assert_eq!(dials.last().map(String::as_str), Some("10.0.0.10:7700"));
+        cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_advert_whose_address_times_out_is_retried_until_the_address_is_held_back() {
+        let link = Arc::new(FakeLink {
+            time_out: true,
+            ..FakeLink::default()
+        });
+        let (tx, guard, cancel) = membership(link.clone(), 4);
+        tx.send(advert(1, &["10.0.0.9:7700"])).await.expect("send");
+        settle(Duration::from_secs(10)).await;
+        assert_eq!(link.dials().len(), adverts::STRIKES as usize);
+        assert_eq!(guard.lock_unpoisoned().pending(), 0, "the place is freed");
+        tx.send(advert(2, &["10.0.0.9:7700"])).await.expect("send");
+        settle(Duration::from_secs(10)).await;
+        assert_eq!(link.dials().len(), adverts::STRIKES as usize, "held back");
         cancel.cancel();
     }
 

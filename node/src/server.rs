@@ -222,6 +222,8 @@ impl Node {
             id: id.clone(),
             port: addr.port(),
         };
+        // Membership asks the mDNS source through this to offer adverts it dropped again.
+        let reoffer = Arc::new(tokio::sync::Notify::new());
         let membership = Membership::new(
             id.clone(),
             hello,
@@ -231,6 +233,7 @@ impl Node {
             AdvertGuard::new(
                 config.discovery.max_advert_dials,
                 config.discovery.max_failing_addrs,
+                reoffer.clone(),
             ),
         );
         background_tasks.spawn(membership.run(events_rx, background.child_token()));
@@ -257,7 +260,7 @@ impl Node {
                 gpus: caps.snapshot().resources.gpus.len(),
                 fingerprint: fingerprint.clone(),
             };
-            match Mdns::new(advert, &config.discovery.interfaces) {
+            match Mdns::new(advert, &config.discovery.interfaces, reoffer) {
                 Ok(mdns) => sources.push(Box::new(mdns)),
                 Err(e) => caps.set_check(
                     "mdns",

@@ -7,9 +7,12 @@
 //! failed (no TCP, no TLS handshake, a refused identity, no first beat) [`STRIKES`] times is not
 //! dialed for a back-off that starts at [`FIRST_BACKOFF`] and doubles with each further failure
 //! up to [`MAX_BACKOFF`]; the failing addresses remembered are capped too, the one that failed
-//! longest ago forgotten first. Only adverts go through here: static peers are the operator's
-//! word, exchanged peers come from an authenticated node, and a session that came up once is a
-//! real node whose retries this module does not limit.
+//! longest ago forgotten first. An advert dropped at the cap is not remembered (that would be
+//! unbounded too); instead the first place freed after such a drop asks the mDNS source, through
+//! the `reoffer` notification, to offer its cached adverts again, so a real node whose advert
+//! came in a flood is dialed once the flood leaves room. Only adverts go through here: static
+//! peers are the operator's word, exchanged peers come from an authenticated node, and a session
+//! that came up once is a real node whose retries this module does not limit.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -18,6 +21,7 @@ use std::{
 };
 
 use mesh_domain::{NodeId, sync::MutexExt};
+use tokio::sync::Notify;
 
 /// Failures in a row after which an address is held back.
 pub const STRIKES: u32 = 3;
@@ -73,12 +77,17 @@ pub struct AdvertGuard {
     /// Adverts dropped at the cap since the last log line, and when that line was written.
     unlogged_drops: u64,
     last_log: Option<Instant>,
+    /// Whether an advert was dropped at the cap since the adverts were last offered again.
+    reoffer_owed: bool,
+    /// Tells the mDNS source to offer its adverts again.
+    reoffer: Arc<Notify>,
 }
 
 impl AdvertGuard {
     /// `max_pending` (`discovery.max_advert_dials`) and `max_failing`
-    /// (`discovery.max_failing_addrs`) are at least 1 (config checks it).
-    pub fn new(max_pending: usize, max_failing: usize) -> Self {
+    /// (`discovery.max_failing_addrs`) are at least 1 (config checks it); `reoffer` is notified
+    /// when adverts dropped at the cap should be offered again.
+    pub fn new(max_pending: usize, max_failing: usize, reoffer: Arc<Notify>) -> Self {
         Self {
             max_pending: max_pending.max(1),
             max_failing: max_failing.max(1),
@@ -86,6 +95,8 @@ impl AdvertGuard {
             failing: HashMap::new(),
             unlogged_drops: 0,
             last_log: None,
+            reoffer_owed: false,
+            reoffer,
         }
     }
 
@@ -109,15 +120,19 @@ impl AdvertGuard {
             return Err(Dropped::FailingAddress);
         }
         if self.pending.len() >= self.max_pending {
+            self.reoffer_owed = true;
             return Err(Dropped::Cap);
         }
         self.pending.insert(id.clone());
         Ok(usable)
     }
 
-    /// `id`'s advert dial came up or ended.
+    /// `id`'s advert dial came up or ended. The first place freed after adverts were dropped at
+    /// the cap asks for them again.
     pub fn release(&mut self, id: &NodeId) {
-        self.pending.remove(id);
+        if self.pending.remove(id) && std::mem::take(&mut self.reoffer_owed) {
+            self.reoffer.notify_one();
+        }
     }
 
     /// How many advert dials are pending.
@@ -230,6 +245,10 @@ mod tests {
         NodeId::from_spki_der(&n.to_be_bytes())
     }
 
+    fn guard(max_pending: usize, max_failing: usize) -> AdvertGuard {
+        AdvertGuard::new(max_pending, max_failing, Arc::new(Notify::new()))
+    }
+
     fn addrs(a: &str) -> Vec<String> {
         vec![a.to_owned()]
     }
@@ -237,7 +256,7 @@ mod tests {
     #[test]
     fn pending_dials_are_keyed_by_the_claimed_id_and_capped() {
         let now = Instant::now();
-        let mut guard = AdvertGuard::new(2, 16);
+        let mut guard = guard(2, 16);
         assert_eq!(guard.admit(&id(1), &addrs("a:1"), now), Ok(addrs("a:1")));
         // A second advert for the same id, even at another address, starts nothing.
         assert_eq!(
@@ -255,7 +274,7 @@ mod tests {
 
     #[test]
     fn a_slot_releases_its_place_when_dropped() {
-        let guard = Arc::new(Mutex::new(AdvertGuard::new(1, 16)));
+        let guard = Arc::new(Mutex::new(guard(1, 16)));
         let now = Instant::now();
         assert!(
             guard
@@ -278,9 +297,33 @@ mod tests {
     }
 
     #[test]
+    fn the_first_place_freed_after_a_drop_at_the_cap_asks_for_the_adverts_again() {
+        let reoffer = Arc::new(Notify::new());
+        let mut guard = AdvertGuard::new(1, 16, reoffer.clone());
+        let now = Instant::now();
+        let asked = || {
+            let notified = reoffer.notified();
+            tokio::pin!(notified);
+            // `enable` takes a stored permit, so this is true only if one was stored.
+            notified.as_mut().enable()
+        };
+        assert!(guard.admit(&id(1), &addrs("a:1"), now).is_ok());
+        guard.release(&id(1));
+        assert!(!asked(), "nothing was dropped: nothing to offer again");
+        assert!(guard.admit(&id(1), &addrs("a:1"), now).is_ok());
+        assert_eq!(guard.admit(&id(2), &addrs("b:1"), now), Err(Dropped::Cap));
+        assert_eq!(guard.admit(&id(3), &addrs("c:1"), now), Err(Dropped::Cap));
+        guard.release(&id(1));
+        assert!(asked(), "the drops are owed a re-offer");
+        assert!(guard.admit(&id(2), &addrs("b:1"), now).is_ok());
+        guard.release(&id(2));
+        assert!(!asked(), "once per run of drops");
+    }
+
+    #[test]
     fn an_address_that_keeps_failing_is_held_back_longer_each_time() {
         let start = Instant::now();
-        let mut guard = AdvertGuard::new(8, 16);
+        let mut guard = guard(8, 16);
         for _ in 1..STRIKES {
             guard.failed("bad:1", start);
             assert!(guard.usable("bad:1", start), "held back too early");
@@ -318,7 +361,7 @@ mod tests {
     #[test]
     fn the_failing_addresses_are_capped_and_the_oldest_is_forgotten() {
         let start = Instant::now();
-        let mut guard = AdvertGuard::new(8, 3);
+        let mut guard = guard(8, 3);
         for (i, addr) in ["a:1", "b:1", "c:1", "d:1"].into_iter().enumerate() {
             for _ in 0..STRIKES {
                 guard.failed(addr, start + Duration::from_millis(i as u64));
@@ -337,7 +380,7 @@ mod tests {
     #[test]
     fn drops_at_the_cap_are_logged_at_most_once_per_interval() {
         let start = Instant::now();
-        let mut guard = AdvertGuard::new(1, 1);
+        let mut guard = guard(1, 1);
         assert_eq!(guard.note_cap_drop(start), Some(1));
         for _ in 0..999 {
             assert_eq!(guard.note_cap_drop(start + Duration::from_secs(1)), None);

@@ -5,7 +5,7 @@
 //! The adverts are sent as raw mDNS response packets built with python-zeroconf's DNS classes
 //! (registering 10,000 services one by one takes minutes: each is probed and announced with
 //! delays), four services to a packet, each complete (PTR, SRV, TXT, A) so a node resolves it
-//! from the packet alone. Half point at 128 listeners the script holds open (the kernel accepts
+//! from the packet alone. Half point at 400 listeners the script holds open (the kernel accepts
 //! the TCP connection; nothing ever speaks TLS), half at random ports of random 127/8 addresses
 //! (refused), each with a random claimed id and name.
 
@@ -23,7 +23,7 @@ const ADVERTS: usize = 10_000;
 /// Open files the flood may add to a node. A node dials at most `discovery.max_advert_dials`
 /// (64 by default) adverts at once, one socket each; the rest is the normal churn of a node.
 /// Without the cap every advert starts a session and the count reaches the thousands.
-const MAX_EXTRA_FDS: usize = 200;
+const MAX_EXTRA_FDS: usize = 150;
 /// Memory the flood may add to a node: mdns-sd's cache of 10,000 adverts and the bounded
 /// tables of the dialer stay in tens of MB.
 const MAX_EXTRA_RSS_KB: u64 = 100 * 1024;
@@ -42,7 +42,7 @@ from zeroconf.const import _FLAGS_AA, _FLAGS_QR_RESPONSE
 count = int(sys.argv[1])
 TYPE = "_agentmesh._tcp.local."
 holes = []
-for _ in range(128):
+for _ in range(400):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     s.listen(4096)

@@ -34,6 +34,8 @@ pub const STATIC_REOFFER_INTERVAL: Duration = Duration::from_secs(1);
 pub const MAX_ADVERT_ADDRS: usize = 4;
 /// Wait before browsing again after mdns-sd ended a browse.
 const REBROWSE_DELAY: Duration = Duration::from_secs(1);
+/// At most one warning per this period that mdns-sd ended a browse.
+const OVERFLOW_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 /// Adverts dropped by membership are offered again at most this often (each time is a fresh
 /// browse: one query on the LAN, and every cached advert read again).
 pub const REOFFER_INTERVAL: Duration = Duration::from_secs(3);
@@ -304,46 +306,12 @@ impl Mdns {
             source: PeerSource::Mdns,
         })
     }
-}
 
-impl Discovery for Mdns {
-    fn name(&self) -> &'static str {
-        "mdns"
-    }
-
-    fn run(
-        self: Box<Self>,
-        events: mpsc::Sender<DiscoveryEvent>,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            let fullname = match self.register() {
-                Ok(fullname) => Some(fullname),
-                Err(e) => {
-                    tracing::error!(error = %e, "mdns: advertise failed; peers can still dial this node");
-                    None
-                }
-            };
-            self.browse(&events, &cancel).await;
-
-            // Goodbye: unregister sends the TTL=0 announcement peers act on.
-            if let Some(fullname) = fullname
-                && let Ok(done) = self.daemon.unregister(&fullname)
-            {
-                let _ = tokio::time::timeout(Duration::from_secs(1), done.recv_async()).await;
-            }
-            if let Ok(done) = self.daemon.shutdown() {
-                let _ = tokio::time::timeout(Duration::from_secs(1), done.recv_async()).await;
-            }
-        })
-    }
-}
-
-impl Mdns {
     /// Browses until `cancel` or until membership is gone, browsing again whenever mdns-sd ends
     /// the browse (its queue overflowed in a flood of adverts) and when membership asks for its
     /// dropped adverts again (at most every [`REOFFER_INTERVAL`]).
     async fn browse(&self, events: &mpsc::Sender<DiscoveryEvent>, cancel: &CancellationToken) {
+        let mut last_warning: Option<tokio::time::Instant> = None;
         loop {
             let browsed = tokio::time::Instant::now();
             let mut reoffer = false;
@@ -390,10 +358,14 @@ impl Mdns {
             }
             if reoffer {
                 tracing::debug!("mdns: offering the cached adverts again");
-            } else {
+            } else if last_warning.is_none_or(|at| at.elapsed() >= OVERFLOW_WARNING_INTERVAL) {
+                // A flood may end every browse; one warning a minute says so.
+                last_warning = Some(tokio::time::Instant::now());
                 tracing::warn!(
                     "mdns: the browse ended (adverts came faster than they were read); browsing again"
                 );
+            } else {
+                tracing::debug!("mdns: the browse ended again; browsing again");
             }
             // However often it ends or is asked for, a browse (a query on the LAN, and the whole
             // cache read again) is repeated at most every REBROWSE_DELAY.
@@ -402,6 +374,39 @@ impl Mdns {
                 () = tokio::time::sleep_until(browsed + REBROWSE_DELAY) => {}
             }
         }
+    }
+}
+
+impl Discovery for Mdns {
+    fn name(&self) -> &'static str {
+        "mdns"
+    }
+
+    fn run(
+        self: Box<Self>,
+        events: mpsc::Sender<DiscoveryEvent>,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let fullname = match self.register() {
+                Ok(fullname) => Some(fullname),
+                Err(e) => {
+                    tracing::error!(error = %e, "mdns: advertise failed; peers can still dial this node");
+                    None
+                }
+            };
+            self.browse(&events, &cancel).await;
+
+            // Goodbye: unregister sends the TTL=0 announcement peers act on.
+            if let Some(fullname) = fullname
+                && let Ok(done) = self.daemon.unregister(&fullname)
+            {
+                let _ = tokio::time::timeout(Duration::from_secs(1), done.recv_async()).await;
+            }
+            if let Ok(done) = self.daemon.shutdown() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), done.recv_async()).await;
+            }
+        })
     }
 }
 

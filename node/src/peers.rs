@@ -625,7 +625,9 @@ async fn watch_once(
 }
 
 /// The part of [`watch_once`] after the dial: check the presented identity against the claim,
-/// open `WatchInfo`, take the first beat, then stream beats.
+/// open `WatchInfo`, take the first beat, then stream beats. Split from it so that every early
+/// end before the first beat is counted against the address in one place; the arguments are
+/// the session's, passed on as they are.
 #[allow(clippy::too_many_arguments)]
 async fn verify_and_watch(
     shared: &Shared,

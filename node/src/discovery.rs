@@ -6,13 +6,23 @@
 //! (addresses from config, re-offered periodically so a peer that starts later or restarts is
 //! still found). The `peers` module dials what is seen and decides trust through TLS; this module
 //! opens no gRPC connections and keeps no peer state.
+//!
+//! Adverts are unauthenticated, so the mDNS source never lets their number slow it down: an
+//! advert names at most [`MAX_ADVERT_ADDRS`] addresses, an event that finds membership's queue
+//! full is dropped (counted) rather than waited for, and when mdns-sd ends the browse because
+//! its own queue overflowed (it does that when events come faster than they are read), the
+//! source browses again, which also offers every advert in its cache once more. Browsing again
+//! is also how adverts that membership dropped at its cap are offered again: membership
+//! notifies `reoffer`, and the source browses again at most every [`REOFFER_INTERVAL`].
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use mdns_sd::{IfKind, ServiceDaemon, ServiceEvent, ServiceInfo};
 use mesh_domain::{BoxFuture, NodeId};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{labels, metrics};
 
 /// The DNS-SD service type every node advertises.
 pub const SERVICE_TYPE: &str = "_agentmesh._tcp.local.";
@@ -20,6 +30,15 @@ pub const SERVICE_TYPE: &str = "_agentmesh._tcp.local.";
 pub const MAX_TXT_BYTES: usize = 400;
 /// How often static peers are offered again to the dialer.
 pub const STATIC_REOFFER_INTERVAL: Duration = Duration::from_secs(1);
+/// Addresses taken from one advert (best first); an advert may list any number.
+pub const MAX_ADVERT_ADDRS: usize = 4;
+/// Wait before browsing again after mdns-sd ended a browse.
+const REBROWSE_DELAY: Duration = Duration::from_secs(1);
+/// At most one warning per this period that mdns-sd ended a browse.
+const OVERFLOW_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+/// Adverts dropped by membership are offered again at most this often (each time is a fresh
+/// browse: one query on the LAN, and every cached advert read again).
+pub const REOFFER_INTERVAL: Duration = Duration::from_secs(3);
 
 /// How a peer became known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -191,6 +210,7 @@ pub struct Mdns {
     daemon: ServiceDaemon,
     advert: Advert,
     own_id: NodeId,
+    reoffer: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Mdns {
@@ -202,8 +222,13 @@ impl std::fmt::Debug for Mdns {
 }
 
 impl Mdns {
-    /// Starts the mDNS daemon, restricted to `interfaces` when not empty.
-    pub fn new(advert: Advert, interfaces: &[String]) -> Result<Self, mdns_sd::Error> {
+    /// Starts the mDNS daemon, restricted to `interfaces` when not empty. `reoffer` is notified
+    /// by membership when it dropped adverts it wants offered again.
+    pub fn new(
+        advert: Advert,
+        interfaces: &[String],
+        reoffer: Arc<Notify>,
+    ) -> Result<Self, mdns_sd::Error> {
         let daemon = ServiceDaemon::new()?;
         if !interfaces.is_empty() {
             daemon.disable_interface(IfKind::All)?;
@@ -216,6 +241,7 @@ impl Mdns {
             daemon,
             advert,
             own_id,
+            reoffer,
         })
     }
 
@@ -267,6 +293,7 @@ impl Mdns {
         ips.sort_by_key(|ip| (ip.is_loopback(), ip.is_ipv6(), *ip));
         let addrs: Vec<String> = ips
             .iter()
+            .take(MAX_ADVERT_ADDRS)
             .map(|ip| std::net::SocketAddr::new(*ip, service.get_port()).to_string())
             .collect();
         if addrs.is_empty() {
@@ -278,6 +305,75 @@ impl Mdns {
             claim: Some(Claim { id, fingerprint }),
             source: PeerSource::Mdns,
         })
+    }
+
+    /// Browses until `cancel` or until membership is gone, browsing again whenever mdns-sd ends
+    /// the browse (its queue overflowed in a flood of adverts) and when membership asks for its
+    /// dropped adverts again (at most every [`REOFFER_INTERVAL`]).
+    async fn browse(&self, events: &mpsc::Sender<DiscoveryEvent>, cancel: &CancellationToken) {
+        let mut last_warning: Option<tokio::time::Instant> = None;
+        loop {
+            let browsed = tokio::time::Instant::now();
+            let mut reoffer = false;
+            let receiver = match self.daemon.browse(SERVICE_TYPE) {
+                Ok(receiver) => receiver,
+                Err(e) => {
+                    tracing::error!(error = %e, "mdns: browse failed; only static peers will be found");
+                    cancel.cancelled().await;
+                    return;
+                }
+            };
+            loop {
+                let event = tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = self.reoffer.notified(), if !reoffer => {
+                        reoffer = true;
+                        continue;
+                    }
+                    () = tokio::time::sleep_until(browsed + REOFFER_INTERVAL), if reoffer => break,
+                    event = receiver.recv_async() => match event {
+                        Ok(event) => event,
+                        Err(_) => break,
+                    },
+                };
+                let out = match event {
+                    ServiceEvent::ServiceResolved(service) => self.seen(&service),
+                    ServiceEvent::ServiceRemoved(_, fullname) => Some(DiscoveryEvent::Gone {
+                        name: instance_name(&fullname),
+                    }),
+                    _ => None,
+                };
+                let Some(out) = out else { continue };
+                // Waiting here would let mdns-sd's queue overflow, which ends the browse.
+                match events.try_send(out) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        metrics()
+                            .adverts_dropped
+                            .get_or_create(&labels(&[("reason", "queue_full")]))
+                            .inc();
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => return,
+                }
+            }
+            if reoffer {
+                tracing::debug!("mdns: offering the cached adverts again");
+            } else if last_warning.is_none_or(|at| at.elapsed() >= OVERFLOW_WARNING_INTERVAL) {
+                // A flood may end every browse; one warning a minute says so.
+                last_warning = Some(tokio::time::Instant::now());
+                tracing::warn!(
+                    "mdns: the browse ended (adverts came faster than they were read); browsing again"
+                );
+            } else {
+                tracing::debug!("mdns: the browse ended again; browsing again");
+            }
+            // However often it ends or is asked for, a browse (a query on the LAN, and the whole
+            // cache read again) is repeated at most every REBROWSE_DELAY.
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep_until(browsed + REBROWSE_DELAY) => {}
+            }
+        }
     }
 }
 
@@ -299,38 +395,7 @@ impl Discovery for Mdns {
                     None
                 }
             };
-            let browse = match self.daemon.browse(SERVICE_TYPE) {
-                Ok(receiver) => Some(receiver),
-                Err(e) => {
-                    tracing::error!(error = %e, "mdns: browse failed; only static peers will be found");
-                    None
-                }
-            };
-            if let Some(receiver) = browse {
-                loop {
-                    let event = tokio::select! {
-                        () = cancel.cancelled() => break,
-                        event = receiver.recv_async() => match event {
-                            Ok(event) => event,
-                            Err(_) => break,
-                        },
-                    };
-                    let out = match event {
-                        ServiceEvent::ServiceResolved(service) => self.seen(&service),
-                        ServiceEvent::ServiceRemoved(_, fullname) => Some(DiscoveryEvent::Gone {
-                            name: instance_name(&fullname),
-                        }),
-                        _ => None,
-                    };
-                    if let Some(out) = out
-                        && events.send(out).await.is_err()
-                    {
-                        break;
-                    }
-                }
-            } else {
-                cancel.cancelled().await;
-            }
+            self.browse(&events, &cancel).await;
 
             // Goodbye: unregister sends the TTL=0 announcement peers act on.
             if let Some(fullname) = fullname

@@ -55,6 +55,10 @@ pub struct Metrics {
     /// Connections closed because they did not finish their TLS handshake (`phase=handshake`)
     /// or send a request's headers (`phase=headers`) in time, by `listener`.
     pub connections_timed_out: Family<Labels, Counter>,
+    /// mDNS adverts that started no dial, by `reason`: `already_dialing` (the claimed id is being
+    /// dialed), `cap` (`discovery.max_advert_dials` pending), `failing_address` (every address is
+    /// held back after failing), `queue_full` (membership's event queue was full).
+    pub adverts_dropped: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -142,11 +146,18 @@ impl Metrics {
             "Connections closed because their TLS handshake (phase=handshake) or request headers (phase=headers) did not arrive in time, by listener",
             connections_timed_out.clone(),
         );
+        let adverts_dropped = Family::default();
+        registry.register(
+            "discovery_adverts_dropped",
+            "mDNS adverts that started no dial, by reason (already_dialing, cap, failing_address, queue_full)",
+            adverts_dropped.clone(),
+        );
         Self {
             registry,
             connections,
             connections_refused,
             connections_timed_out,
+            adverts_dropped,
             join_redemptions,
             tasks,
             routing,

@@ -9,7 +9,8 @@
 //! 5 s. Sessions also run peer exchange: each peer's `ListPeers` answer feeds the peers it knows
 //! back in as candidates, so a few static peers are enough to learn the whole fleet. A
 //! candidate that turns out to be a node of another mesh (its certificate is from another CA)
-//! is named once in the log, with the way to bring it in ([`ForeignNodes`]).
+//! is named once in the log, with the way to bring it in ([`ForeignNodes`]). What an mDNS advert
+//! may make this node dial is bounded by [`adverts`].
 //!
 //! This module decides liveness and membership only; it does not route or run anything.
 
@@ -28,7 +29,14 @@ use mesh_identity::{CertIdentity, CertRole, DialError};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::discovery::{Claim, DiscoveryEvent, PeerSource};
+use crate::{
+    discovery::{Claim, DiscoveryEvent, PeerSource},
+    metrics::{labels, metrics},
+};
+
+pub mod adverts;
+
+use adverts::{AdvertGuard, Dropped, PendingSlot};
 
 /// Beat interval asked of peers.
 pub const BEAT_INTERVAL: Duration = Duration::from_secs(1);
@@ -282,6 +290,8 @@ struct Shared {
     sessions: Mutex<Sessions>,
     /// Nodes of other meshes already named in the log.
     foreign: Mutex<ForeignNodes>,
+    /// Pending advert dials and failing addresses.
+    adverts: Arc<Mutex<AdvertGuard>>,
 }
 
 /// The nodes of other meshes this node has met, by (name, certificate fingerprint), so that the
@@ -321,13 +331,15 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// `events` is the sender side of the channel `run` reads; sessions feed exchanged peers into it.
+    /// `events` is the sender side of the channel `run` reads; sessions feed exchanged peers into
+    /// it. `adverts` bounds what mDNS adverts may dial.
     pub fn new(
         own_id: NodeId,
         hello: Hello,
         link: Arc<dyn PeerLink>,
         table: Arc<PeerTable>,
         events: mpsc::Sender<DiscoveryEvent>,
+        adverts: AdvertGuard,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -338,6 +350,7 @@ impl Membership {
                 events,
                 sessions: Mutex::default(),
                 foreign: Mutex::default(),
+                adverts: Arc::new(Mutex::new(adverts)),
             }),
         }
     }
@@ -360,12 +373,16 @@ impl Membership {
                     None => break,
                     Some(DiscoveryEvent::Gone { name }) => self.gone(&name),
                     Some(DiscoveryEvent::Seen { addrs, name, claim, source }) => {
-                        if self.should_dial(&addrs, claim.as_ref()) {
-                            let shared = self.shared.clone();
-                            let cancel = cancel.child_token();
-                            tracing::debug!(?addrs, ?name, source = source.as_str(), "dialing candidate peer");
-                            sessions.spawn(session(shared, addrs, claim, source, cancel));
+                        if !self.should_dial(&addrs, claim.as_ref()) {
+                            continue;
                         }
+                        let Some((addrs, slot)) = self.admit(addrs, claim.as_ref(), source) else {
+                            continue;
+                        };
+                        let shared = self.shared.clone();
+                        let cancel = cancel.child_token();
+                        tracing::debug!(?addrs, ?name, source = source.as_str(), "dialing candidate peer");
+                        sessions.spawn(session(shared, addrs, claim, source, slot, cancel));
                     }
                 },
             }
@@ -382,6 +399,47 @@ impl Membership {
         let watched = self.shared.lock().ids.contains(&id);
         if !watched {
             self.shared.table.mark(&id, PeerState::Down, "mdns goodbye");
+        }
+    }
+
+    /// Holds an mDNS advert to [`AdvertGuard`]: the addresses to dial and the pending place it
+    /// takes, or `None` when it is dropped (counted, and named in the log at most every 10 s
+    /// when the cap is reached). Other sources pass as they are.
+    fn admit(
+        &self,
+        addrs: Vec<String>,
+        claim: Option<&Claim>,
+        source: PeerSource,
+    ) -> Option<(Vec<String>, Option<PendingSlot>)> {
+        if source != PeerSource::Mdns {
+            return Some((addrs, None));
+        }
+        // An advert always claims an id (`Mdns::seen`); one without is nothing to dial.
+        let id = &claim?.id;
+        let now = Instant::now();
+        let mut guard = self.shared.adverts.lock_unpoisoned();
+        match guard.admit(id, &addrs, now) {
+            Ok(addrs) => {
+                drop(guard);
+                let slot = PendingSlot::new(self.shared.adverts.clone(), id.clone());
+                Some((addrs, Some(slot)))
+            }
+            Err(why) => {
+                metrics()
+                    .adverts_dropped
+                    .get_or_create(&labels(&[("reason", why.as_str())]))
+                    .inc();
+                if why == Dropped::Cap
+                    && let Some(dropped) = guard.note_cap_drop(now)
+                {
+                    tracing::warn!(
+                        dropped,
+                        pending = guard.pending(),
+                        "mDNS adverts dropped: as many advert dials as discovery.max_advert_dials allows are pending (a flood of adverts, or raise the limit for a LAN where that many nodes appear at once)"
+                    );
+                }
+                None
+            }
         }
     }
 
@@ -426,6 +484,7 @@ async fn session(
     addrs: Vec<String>,
     claim: Option<Claim>,
     source: PeerSource,
+    mut slot: Option<PendingSlot>,
     cancel: CancellationToken,
 ) {
     {
@@ -436,8 +495,16 @@ async fn session(
     let mut backoff = Duration::from_millis(100);
     let mut last_success = Instant::now();
     loop {
-        let outcome =
-            watch_once(&shared, &addrs, claim.as_ref(), source, &cancel, &mut known).await;
+        let outcome = watch_once(
+            &shared,
+            &addrs,
+            claim.as_ref(),
+            source,
+            &mut slot,
+            &cancel,
+            &mut known,
+        )
+        .await;
         match outcome {
             End::Cancelled | End::Rejected => break,
             End::Alias(id) => {
@@ -469,7 +536,14 @@ async fn session(
                     backoff = Duration::from_millis(100);
                 }
                 // Static peers are re-offered every second by discovery; the others retry here.
-                if source == PeerSource::Static || last_success.elapsed() > GIVE_UP_AFTER {
+                // An advert that never came up retries only while one of its addresses is not
+                // held back, and not at all when refused: nothing listens where it says.
+                if source == PeerSource::Static
+                    || last_success.elapsed() > GIVE_UP_AFTER
+                    || slot
+                        .as_ref()
+                        .is_some_and(|slot| refused || !addrs.iter().any(|addr| slot.usable(addr)))
+                {
                     break;
                 }
             }
@@ -486,18 +560,24 @@ async fn session(
     }
 }
 
-/// One connection: dial, verify, stream beats until the stream ends.
+/// One connection: dial, verify, stream beats until the stream ends. While `slot` holds a
+/// pending advert dial, every failure before the first beat counts against the address, held-back
+/// addresses are skipped, and the first beat releases the slot.
 async fn watch_once(
     shared: &Shared,
     addrs: &[String],
     claim: Option<&Claim>,
     source: PeerSource,
+    slot: &mut Option<PendingSlot>,
     cancel: &CancellationToken,
     known: &mut Option<NodeId>,
 ) -> End {
     let mut refused = true;
     let mut connected = None;
     for addr in addrs {
+        if slot.as_ref().is_some_and(|slot| !slot.usable(addr)) {
+            continue;
+        }
         let attempt = tokio::select! {
             () = cancel.cancelled() => return End::Cancelled,
             attempt = shared.link.connect(addr) => attempt,
@@ -507,8 +587,15 @@ async fn watch_once(
                 connected = Some((addr.clone(), conn));
                 break;
             }
-            Err(DialError::Refused(_)) => {}
+            Err(DialError::Refused(_)) => {
+                if let Some(slot) = slot {
+                    slot.failed(addr);
+                }
+            }
             Err(e) => {
+                if let Some(slot) = slot {
+                    slot.failed(addr);
+                }
                 refused = false;
                 tracing::debug!(error = %e, "dial peer");
                 if let DialError::ForeignMesh { addr, presented } = &e {
@@ -520,7 +607,38 @@ async fn watch_once(
     let Some((addr, mut conn)) = connected else {
         return End::Retry { refused };
     };
+    let end = verify_and_watch(
+        shared,
+        &addr,
+        conn.as_mut(),
+        claim,
+        source,
+        slot,
+        cancel,
+        known,
+    )
+    .await;
+    if let (Some(slot), End::Rejected | End::Retry { .. }) = (slot.as_ref(), &end) {
+        slot.failed(&addr);
+    }
+    end
+}
 
+/// The part of [`watch_once`] after the dial: check the presented identity against the claim,
+/// open `WatchInfo`, take the first beat, then stream beats. Split from it so that every early
+/// end before the first beat is counted against the address in one place; the arguments are
+/// the session's, passed on as they are.
+#[allow(clippy::too_many_arguments)]
+async fn verify_and_watch(
+    shared: &Shared,
+    addr: &str,
+    conn: &mut dyn PeerConnection,
+    claim: Option<&Claim>,
+    source: PeerSource,
+    slot: &mut Option<PendingSlot>,
+    cancel: &CancellationToken,
+    known: &mut Option<NodeId>,
+) -> End {
     if let Some(presented) = conn.presented()
         && presented.role == Some(CertRole::Client)
     {
@@ -583,18 +701,14 @@ async fn watch_once(
         }
     }
     *known = Some(id.clone());
-    shared.table.beat(info, &addr, source);
+    // Up: the advert was true. Its address is forgotten as failing and its pending place freed;
+    // later failures of this session are a real peer's, which this guard does not count.
+    if let Some(slot) = slot.take() {
+        slot.succeeded(addr);
+    }
+    shared.table.beat(info, addr, source);
 
-    let end = stream_beats(
-        shared,
-        conn.as_mut(),
-        stream.as_mut(),
-        &addr,
-        &id,
-        source,
-        cancel,
-    )
-    .await;
+    let end = stream_beats(shared, conn, stream.as_mut(), addr, &id, source, cancel).await;
     shared.lock().ids.remove(&id);
     end
 }
@@ -758,6 +872,166 @@ mod tests {
             "the set is full"
         );
         assert_eq!(foreign.seen.len(), MAX_FOREIGN_NODES);
+    }
+
+    /// A link that records every dial; each is refused at once, never answers (`hang`), or
+    /// times out (`time_out`).
+    #[derive(Debug, Default)]
+    struct FakeLink {
+        dials: Mutex<Vec<String>>,
+        hang: bool,
+        time_out: bool,
+    }
+
+    impl PeerLink for FakeLink {
+        fn connect<'a>(
+            &'a self,
+            addr: &'a str,
+        ) -> BoxFuture<'a, Result<Box<dyn PeerConnection>, DialError>> {
+            self.dials.lock_unpoisoned().push(addr.to_owned());
+            Box::pin(async move {
+                if self.hang {
+                    std::future::pending::<()>().await;
+                }
+                if self.time_out {
+                    return Err(DialError::Timeout(addr.to_owned()));
+                }
+                Err(DialError::Refused(addr.to_owned()))
+            })
+        }
+    }
+
+    impl FakeLink {
+        fn dials(&self) -> Vec<String> {
+            self.dials.lock_unpoisoned().clone()
+        }
+    }
+
+    /// Membership over `link` with room for `max_pending` advert dials, running.
+    fn membership(
+        link: Arc<FakeLink>,
+        max_pending: usize,
+    ) -> (
+        mpsc::Sender<DiscoveryEvent>,
+        Arc<Mutex<AdvertGuard>>,
+        CancellationToken,
+    ) {
+        let (tx, rx) = mpsc::channel(1024);
+        let own = info("self");
+        let membership = Membership::new(
+            own.id.clone(),
+            Hello {
+                name: own.name,
+                id: own.id,
+                port: 1,
+            },
+            link,
+            Arc::new(PeerTable::default()),
+            tx.clone(),
+            AdvertGuard::new(max_pending, 64, Arc::new(tokio::sync::Notify::new())),
+        );
+        let guard = membership.shared.adverts.clone();
+        let cancel = CancellationToken::new();
+        tokio::spawn(membership.run(rx, cancel.clone()));
+        (tx, guard, cancel)
+    }
+
+    fn advert(n: u32, addrs: &[&str]) -> DiscoveryEvent {
+        DiscoveryEvent::Seen {
+            addrs: addrs.iter().map(|a| (*a).to_owned()).collect(),
+            name: Some(format!("n{n}")),
+            claim: Some(Claim {
+                id: NodeId::from_spki_der(&n.to_be_bytes()),
+                fingerprint: None,
+            }),
+            source: PeerSource::Mdns,
+        }
+    }
+
+    /// Lets the spawned tasks run for `d` of (paused, auto-advancing) time.
+    async fn settle(d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn adverts_start_at_most_the_cap_of_pending_dials_one_per_claimed_id() {
+        let link = Arc::new(FakeLink {
+            hang: true,
+            ..FakeLink::default()
+        });
+        let (tx, guard, cancel) = membership(link.clone(), 4);
+        // The same id advertised again, at other addresses, while it is being dialed.
+        for port in 1..=5 {
+            tx.send(advert(0, &[&format!("10.0.0.1:{port}")]))
+                .await
+                .expect("send");
+        }
+        for n in 1..100 {
+            tx.send(advert(n, &[&format!("10.0.1.{n}:7700")]))
+                .await
+                .expect("send");
+        }
+        settle(Duration::from_secs(10)).await;
+        let dials = link.dials();
+        assert_eq!(dials.len(), 4, "{dials:?}");
+        assert_eq!(dials[0], "10.0.0.1:1", "{dials:?}");
+        assert_eq!(guard.lock_unpoisoned().pending(), 4);
+        // A static peer is the operator's word: it is dialed whatever the adverts did.
+        tx.send(DiscoveryEvent::Seen {
+            addrs: vec!["10.0.2.1:7700".into()],
+            name: None,
+            claim: None,
+            source: PeerSource::Static,
+        })
+        .await
+        .expect("send");
+        settle(Duration::from_secs(1)).await;
+        assert_eq!(
+            link.dials().last().map(String::as_str),
+            Some("10.0.2.1:7700")
+        );
+        cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_advertised_address_that_keeps_failing_is_no_longer_dialed() {
+        let link = Arc::new(FakeLink::default());
+        let (tx, guard, cancel) = membership(link.clone(), 4);
+        // A refused dial ends an advert's session at once (nothing listens where it says) and
+        // frees its place; the advert coming again is dialed again, until the address is held.
+        for _ in 0..adverts::STRIKES + 2 {
+            tx.send(advert(1, &["10.0.0.9:7700"])).await.expect("send");
+            settle(Duration::from_secs(1)).await;
+            assert_eq!(guard.lock_unpoisoned().pending(), 0);
+        }
+        assert_eq!(link.dials().len(), adverts::STRIKES as usize);
+        // Other adverts naming that address dial only their other addresses.
+        tx.send(advert(2, &["10.0.0.9:7700"])).await.expect("send");
+        tx.send(advert(3, &["10.0.0.9:7700", "10.0.0.10:7700"]))
+            .await
+            .expect("send");
+        settle(Duration::from_millis(50)).await;
+        let dials = link.dials();
+        assert_eq!(dials.len(), adverts::STRIKES as usize + 1, "{dials:?}");
+        assert_eq!(dials.last().map(String::as_str), Some("10.0.0.10:7700"));
+        cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_advert_whose_address_times_out_is_retried_until_the_address_is_held_back() {
+        let link = Arc::new(FakeLink {
+            time_out: true,
+            ..FakeLink::default()
+        });
+        let (tx, guard, cancel) = membership(link.clone(), 4);
+        tx.send(advert(1, &["10.0.0.9:7700"])).await.expect("send");
+        settle(Duration::from_secs(10)).await;
+        assert_eq!(link.dials().len(), adverts::STRIKES as usize);
+        assert_eq!(guard.lock_unpoisoned().pending(), 0, "the place is freed");
+        tx.send(advert(2, &["10.0.0.9:7700"])).await.expect("send");
+        settle(Duration::from_secs(10)).await;
+        assert_eq!(link.dials().len(), adverts::STRIKES as usize, "held back");
+        cancel.cancel();
     }
 
     #[test]

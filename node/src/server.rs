@@ -36,7 +36,7 @@ use crate::{
     issuer::Issuer,
     llm::ModelRegistry,
     memory::{self, Memory, MemoryOptions},
-    peers::{Hello, Membership, PeerTable},
+    peers::{Hello, Membership, PeerTable, adverts::AdvertGuard},
     rpc::{
         NodeLink, NodeService, PeerChannels,
         accept::TlsIncoming,
@@ -242,12 +242,19 @@ impl Node {
             id: id.clone(),
             port: addr.port(),
         };
+        // Membership asks the mDNS source through this to offer adverts it dropped again.
+        let reoffer = Arc::new(tokio::sync::Notify::new());
         let membership = Membership::new(
             id.clone(),
             hello,
             Arc::new(NodeLink::new(dialer.clone())),
             peers.clone(),
             events_tx.clone(),
+            AdvertGuard::new(
+                config.discovery.max_advert_dials,
+                config.discovery.max_failing_addrs,
+                reoffer.clone(),
+            ),
         );
         background_tasks.spawn(membership.run(events_rx, background.child_token()));
 
@@ -273,7 +280,7 @@ impl Node {
                 gpus: caps.snapshot().resources.gpus.len(),
                 fingerprint: fingerprint.clone(),
             };
-            match Mdns::new(advert, &config.discovery.interfaces) {
+            match Mdns::new(advert, &config.discovery.interfaces, reoffer) {
                 Ok(mdns) => sources.push(Box::new(mdns)),
                 Err(e) => caps.set_check(
                     "mdns",

@@ -89,6 +89,12 @@ pub struct RawDiscovery {
     /// `host:port` of peers to dial at start (bootstrap; the rest is learned from them).
     /// Default: none.
     pub static_peers: Vec<String>,
+    /// Dials started by mDNS adverts that may be pending (not up yet) at once; more adverts
+    /// are dropped. Default: 64.
+    pub max_advert_dials: usize,
+    /// Failing advertised addresses remembered (and held back); the oldest is forgotten
+    /// first. Default: 4096.
+    pub max_failing_addrs: usize,
 }
 
 impl Default for RawDiscovery {
@@ -97,6 +103,8 @@ impl Default for RawDiscovery {
             mdns: true,
             interfaces: Vec::new(),
             static_peers: Vec::new(),
+            max_advert_dials: 64,
+            max_failing_addrs: 4096,
         }
     }
 }

@@ -148,6 +148,10 @@ pub struct Discovery {
     pub interfaces: Vec<String>,
     /// Bootstrap peers, `host:port`.
     pub static_peers: Vec<String>,
+    /// `discovery.max_advert_dials`: pending dials started by mDNS adverts, at most.
+    pub max_advert_dials: usize,
+    /// `discovery.max_failing_addrs`: failing advertised addresses remembered, at most.
+    pub max_failing_addrs: usize,
 }
 
 /// How the node talks to its peers.

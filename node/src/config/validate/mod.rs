@@ -108,6 +108,8 @@ mod tests {
         assert_eq!(config.listen.addr.port(), DEFAULT_PORT);
         assert!(config.listen.fallback);
         assert!(config.discovery.mdns);
+        assert_eq!(config.discovery.max_advert_dials, 64);
+        assert_eq!(config.discovery.max_failing_addrs, 4096);
         assert_eq!(config.tls, TlsMode::Bootstrap);
         assert_eq!(config.remote_max_tier, Tier::Read);
         assert!(!config.name.is_empty());
@@ -179,6 +181,14 @@ mod tests {
             (
                 "[discovery]\nstatic_peers = [\"1.2.3.4:0\"]",
                 "discovery.static_peers[0]",
+            ),
+            (
+                "[discovery]\nmax_advert_dials = 0",
+                "discovery.max_advert_dials",
+            ),
+            (
+                "[discovery]\nmax_failing_addrs = 2000000",
+                "discovery.max_failing_addrs",
             ),
             ("[tls]\nca = \"ca.pem\"", "tls.cert"),
             ("[tls]\ninsecure = true", "tls.insecure"),

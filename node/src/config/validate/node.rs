@@ -13,7 +13,9 @@ use std::{
 use mesh_identity::{TlsFiles, bootstrap::default_data_dir};
 
 use crate::config::{
-    defaults::{DEFAULT_HTTP_PORT, DEFAULT_PORT, default_name},
+    defaults::{
+        DEFAULT_HTTP_PORT, DEFAULT_PORT, MAX_ADVERT_DIALS, MAX_FAILING_ADDRS, default_name,
+    },
     error::{ConfigError, Origin},
     raw::{Overrides, RawDiscovery, RawHttp, RawNode, RawTls},
     types::{Discovery, HttpConfig, Listen, TlsMode},
@@ -173,10 +175,33 @@ pub(super) fn discovery(
             ));
         }
     }
+    // Each pending dial may hold a socket, so the cap stays well under the open-files limit.
+    if !(1..=MAX_ADVERT_DIALS).contains(&raw.max_advert_dials) {
+        return Err(origin.invalid(
+            "discovery.max_advert_dials",
+            format!(
+                "is {}, not between 1 and {MAX_ADVERT_DIALS}",
+                raw.max_advert_dials
+            ),
+            "give the number of nodes that may appear on the LAN at once, e.g. the default 64",
+        ));
+    }
+    if !(1..=MAX_FAILING_ADDRS).contains(&raw.max_failing_addrs) {
+        return Err(origin.invalid(
+            "discovery.max_failing_addrs",
+            format!(
+                "is {}, not between 1 and {MAX_FAILING_ADDRS}",
+                raw.max_failing_addrs
+            ),
+            "give how many failing addresses to hold back, e.g. the default 4096",
+        ));
+    }
     Ok(Discovery {
         mdns: raw.mdns && !overrides.no_mdns,
         interfaces: raw.interfaces,
         static_peers,
+        max_advert_dials: raw.max_advert_dials,
+        max_failing_addrs: raw.max_failing_addrs,
     })
 }
 

@@ -7,7 +7,7 @@
 //! still found). The `peers` module dials what is seen and decides trust through TLS; this module
 //! opens no gRPC connections and keeps no peer state.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use mdns_sd::{IfKind, ServiceDaemon, ServiceEvent, ServiceInfo};
 use mesh_domain::{BoxFuture, NodeId};
@@ -78,12 +78,12 @@ pub enum DiscoveryEvent {
 
 /// A source of peers. `run` emits events until `cancel` fires, then cleans up (for mDNS: sends
 /// goodbye packets) before returning.
-pub trait Discovery: Send + 'static {
+pub trait Discovery: Send + Sync + 'static {
     /// Short name for logs (`mdns`, `static`).
     fn name(&self) -> &'static str;
     /// Runs the source.
     fn run(
-        self: Box<Self>,
+        self: Arc<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, ()>;
@@ -108,7 +108,7 @@ impl Discovery for StaticPeers {
     }
 
     fn run(
-        self: Box<Self>,
+        self: Arc<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, ()> {
@@ -287,7 +287,7 @@ impl Discovery for Mdns {
     }
 
     fn run(
-        self: Box<Self>,
+        self: Arc<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, ()> {

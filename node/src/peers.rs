@@ -315,7 +315,7 @@ struct Sessions {
 }
 
 /// Turns discovery events into watch sessions and keeps the table's states current.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Membership {
     shared: Arc<Shared>,
 }
@@ -344,7 +344,11 @@ impl Membership {
 
     /// Runs until `cancel`: reads discovery events, starts sessions, sweeps states. Returns after
     /// every session has closed its stream.
-    pub async fn run(self, mut events: mpsc::Receiver<DiscoveryEvent>, cancel: CancellationToken) {
+    pub async fn run(
+        &self,
+        events: &mut mpsc::Receiver<DiscoveryEvent>,
+        cancel: CancellationToken,
+    ) {
         let mut sessions = JoinSet::new();
         let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
         loop {

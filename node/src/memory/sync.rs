@@ -389,7 +389,7 @@ pub async fn replicate(
     memory: Arc<Memory>,
     peers: Arc<PeerTable>,
     link: Arc<dyn MemoryPeers>,
-    mut writes: mpsc::UnboundedReceiver<Entry>,
+    writes: &mut mpsc::UnboundedReceiver<Entry>,
     cancel: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -574,15 +574,13 @@ mod tests {
         let table = Arc::new(PeerTable::default());
         table.beat(info, "slow-peer:7700", crate::discovery::PeerSource::Static);
         let slow = Arc::new(Slow::default());
-        let (_writes, rx) = mpsc::unbounded_channel();
+        let (_writes, mut rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
-        let replicator = tokio::spawn(replicate(
-            memory,
-            table,
-            Arc::new(slow.clone()),
-            rx,
-            cancel.clone(),
-        ));
+        let link = Arc::new(slow.clone());
+        let stop = cancel.clone();
+        let replicator = tokio::spawn(async move {
+            replicate(memory, table, link, &mut rx, stop).await;
+        });
         // Ten ticks: the first pull is still running for the first six of them.
         tokio::time::sleep(Duration::from_secs(5)).await;
         cancel.cancel();

@@ -171,7 +171,7 @@ impl Memory {
                     applied += u32::from(stored);
                     if let Some(sender) = sender
                         && &entry.record.origin == sender
-                        && entry.record.seq == self.watermark(sender, sender) + 1
+                        && self.watermark(sender, sender).checked_add(1) == Some(entry.record.seq)
                         && let Err(e) = self.set_watermark(sender, sender, entry.record.seq)
                     {
                         refused.push(format!("{}/{}: {e}", entry.namespace, entry.key));

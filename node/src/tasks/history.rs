@@ -128,7 +128,7 @@ pub(crate) fn recover(store: &History) {
         let next = store
             .events_from(&record.id, 0)
             .last()
-            .map_or(0, |e| e.seq + 1);
+            .map_or(0, |e| e.seq.saturating_add(1));
         let event = TaskEvent {
             task_id: record.id.clone(),
             seq: next,

@@ -1,7 +1,7 @@
 //! The `agentmesh.v1.Models` service: another node's front door runs a chat on this node's
 //! models; and the client side of it.
 
-use std::{pin::Pin, sync::Arc};
+use std::{pin::Pin, sync::Arc, time::Duration};
 
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Target};
 use mesh_proto::{convert::check_len, v1 as pb};
@@ -76,6 +76,9 @@ impl pb::models_server::Models for ModelsService {
                 let result = loop {
                     tokio::select! {
                         result = &mut run => break result,
+                        // The caller went away (its stream was reset or timed out): dropping
+                        // `run` stops the generation, also while the model sends nothing.
+                        () = tx.closed() => return,
                         Some(text) = rx.recv() => {
                             if tx.send(Ok(pb::ChatChunk { kind: Some(pb::chat_chunk::Kind::Delta(text)) })).await.is_err() {
                                 return;
@@ -142,9 +145,32 @@ impl RemoteChat for RemoteModels {
         request: &'a ChatRequest,
         deltas: &'a mpsc::UnboundedSender<String>,
     ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
-        Box::pin(chat_remote(&self.channels, addr, target, request, deltas))
+        Box::pin(async move {
+            // A chat on a peer ends by its deadline whatever the peer does; dropping the call
+            // resets the stream, so the peer stops generating too.
+            tokio::time::timeout(
+                CHAT_DEADLINE,
+                chat_remote(&self.channels, addr, target, request, deltas),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(failure(
+                    format!(
+                        "no answer within {} s (the deadline of a chat on a peer)",
+                        CHAT_DEADLINE.as_secs()
+                    ),
+                    // Text may have gone out already: another node would repeat it.
+                    true,
+                ))
+            })
+        })
     }
 }
+
+/// How long a chat on a peer may take in all: twice a model backend's default timeout
+/// (120 s), so a peer's slow model still answers but a stuck peer cannot hold a front-door
+/// request (and its connection) for ever.
+pub const CHAT_DEADLINE: Duration = Duration::from_secs(240);
 
 /// Runs a chat on the peer at `addr`, forwarding its deltas; the complete answer at the end.
 async fn chat_remote(

@@ -288,17 +288,23 @@ mod tests {
         panic!("the condition never held");
     }
 
-    /// Starts `attempt` (given the run number, 1-based) under a supervisor; returns the run
-    /// counter, the health reasons, the start times of the runs, and the token.
+    /// One supervised loop under test and what can be seen of it.
+    struct Watched {
+        supervisor: Supervisor,
+        /// Runs started so far.
+        runs: Arc<AtomicU32>,
+        /// The health reasons reported.
+        reasons: Arc<Reasons>,
+        /// When each run started.
+        starts: Arc<Mutex<Vec<Instant>>>,
+        /// Stops the loop.
+        cancel: CancellationToken,
+    }
+
+    /// Starts `attempt` (given the run number, 1-based) under a supervisor.
     fn start<Fut>(
         attempt: impl Fn(u32, CancellationToken) -> Fut + Send + Sync + 'static,
-    ) -> (
-        Supervisor,
-        Arc<AtomicU32>,
-        Arc<Reasons>,
-        Arc<Mutex<Vec<Instant>>>,
-        CancellationToken,
-    )
+    ) -> Watched
     where
         Fut: Future<Output = Result<(), String>> + Send + 'static,
     {
@@ -313,7 +319,13 @@ mod tests {
             times.lock_unpoisoned().push(Instant::now());
             attempt(n, token)
         });
-        (supervisor, runs, reasons, starts, cancel)
+        Watched {
+            supervisor,
+            runs,
+            reasons,
+            starts,
+            cancel,
+        }
     }
 
     /// The gaps between consecutive starts, in whole seconds.
@@ -327,7 +339,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_panicking_loop_degrades_health_by_name_and_restarts_with_growing_backoff() {
-        let (supervisor, runs, reasons, starts, cancel) = start(|n, token| async move {
+        let Watched {
+            supervisor,
+            runs,
+            reasons,
+            starts,
+            cancel,
+        } = start(|n, token| async move {
             if n <= 4 {
                 panic!("tick {n} went wrong");
             }
@@ -348,7 +366,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_loop_returning_an_error_or_ending_on_its_own_is_restarted() {
-        let (supervisor, runs, reasons, starts, cancel) = start(|n, token| async move {
+        let Watched {
+            supervisor,
+            runs,
+            reasons,
+            starts,
+            cancel,
+        } = start(|n, token| async move {
             match n {
                 1 => Err("the store is closed".to_owned()),
                 2 => Ok(()),
@@ -374,7 +398,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_loop_ending_because_the_node_stops_is_not_restarted() {
-        let (supervisor, runs, reasons, _starts, cancel) = start(|_, token| async move {
+        let Watched {
+            supervisor,
+            runs,
+            reasons,
+            cancel,
+            ..
+        } = start(|_, token| async move {
             token.cancelled().await;
             Err("interrupted".to_owned())
         });

@@ -456,6 +456,7 @@ fn kind_name(kind: &Kind) -> &'static str {
         Kind::ToolCalled(_) => "tool_called",
         Kind::ToolResult(_) => "tool_result",
         Kind::Intervention(_) => "intervention",
+        Kind::Warning(_) => "warning",
         Kind::OutputDelta(_) => "output_delta",
         Kind::Completed(_) => "completed",
         Kind::Failed(_) => "failed",
@@ -504,6 +505,7 @@ fn describe(kind: &Kind) -> Option<String> {
             )
         }
         Kind::Intervention(i) => format!("! supervisor ({}): {}", i.rule, i.message),
+        Kind::Warning(w) => format!("! warning: {}", w.message),
         Kind::OutputDelta(_) => return None,
         Kind::Completed(c) => format!(
             "✓ completed on {} in {} rounds ({} tokens)",

@@ -21,7 +21,10 @@ use mesh_domain::{
 };
 use tokio::{process::Command, sync::watch};
 
-use crate::config::{Backend, Config};
+use crate::{
+    config::{Backend, Config},
+    supervise::LoopHealth,
+};
 
 /// How often nvidia-smi is asked for free VRAM.
 pub const GPU_PROBE_INTERVAL: Duration = Duration::from_secs(10);
@@ -98,6 +101,13 @@ pub struct Capabilities {
     memory_seq: Mutex<Option<watch::Receiver<u64>>>,
     /// Each measuring model's decode speed, as the models publish it.
     model_speeds: Mutex<BTreeMap<String, watch::Receiver<Option<f64>>>>,
+}
+
+/// A failing background loop makes the node `degraded`, named after the loop.
+impl LoopHealth for Capabilities {
+    fn loop_failing(&self, name: &str, reason: Option<String>) {
+        self.set_check(name, reason.map(|reason| (HealthStatus::Degraded, reason)));
+    }
 }
 
 impl Capabilities {

@@ -530,6 +530,12 @@ impl Scheduler {
         check_name(&schedule.name)?;
         Timetable::parse(&schedule.expression, &schedule.timezone)?
             .check_fires(&schedule.expression, chrono::Utc::now().timestamp_millis())?;
+        // Its task as each firing will submit it (bounds such as `timeout_s`), so nothing is
+        // stored that would never fire.
+        schedule
+            .task
+            .check()
+            .map_err(|e| CronError::Invalid(format!("task.{e}")))?;
         if self.get(&schedule.name).is_ok() {
             return Err(CronError::Exists(schedule.name));
         }
@@ -869,7 +875,9 @@ impl Scheduler {
             let now = now_ms();
             let next = self.tick(now).await;
             let wait = next
-                .map(|at| Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)))
+                .map(|at| {
+                    Duration::from_millis(u64::try_from(at.saturating_sub(now_ms())).unwrap_or(0))
+                })
                 .map_or(TICK, |until| until.min(TICK));
             tokio::select! {
                 () = cancel.cancelled() => return,
@@ -1305,6 +1313,15 @@ mod tests {
         let mut with_lineage = schedule("with-lineage", "* * * * * *", Overlap::Skip, 60);
         with_lineage.task.lineage.hops = 3;
         bad.push(with_lineage);
+        // Issue 16, point 5: a timeout of `u64::MAX` seconds must neither panic nor fire.
+        let mut endless = schedule("endless", "* * * * * *", Overlap::Skip, 60);
+        endless.task.timeout = Some(Duration::from_secs(u64::MAX));
+        let refused = cron
+            .add(endless.clone())
+            .await
+            .expect_err("Cron.Add refuses it");
+        assert!(refused.to_string().contains("timeout_s"), "{refused}");
+        bad.push(endless);
         for schedule in &bad {
             let value = serde_json::to_vec(schedule).expect("json");
             memory

@@ -97,12 +97,12 @@ pub enum DiscoveryEvent {
 
 /// A source of peers. `run` emits events until `cancel` fires, then cleans up (for mDNS: sends
 /// goodbye packets) before returning.
-pub trait Discovery: Send + 'static {
+pub trait Discovery: Send + Sync + 'static {
     /// Short name for logs (`mdns`, `static`).
     fn name(&self) -> &'static str;
     /// Runs the source.
     fn run(
-        self: Box<Self>,
+        self: Arc<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, ()>;
@@ -127,7 +127,7 @@ impl Discovery for StaticPeers {
     }
 
     fn run(
-        self: Box<Self>,
+        self: Arc<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, ()> {
@@ -383,7 +383,7 @@ impl Discovery for Mdns {
     }
 
     fn run(
-        self: Box<Self>,
+        self: Arc<Self>,
         events: mpsc::Sender<DiscoveryEvent>,
         cancel: CancellationToken,
     ) -> BoxFuture<'static, ()> {

@@ -574,6 +574,12 @@ async fn chat_completions(
             tokio::select! {
                 result = &mut run => break result,
                 Some(text) = rx.recv() => send(chunk(json!({"content": text}), None)).await,
+                // The client went away (its body stream was dropped): dropping `run` stops the
+                // generation here, or resets the `Models.Chat` stream so the peer stops too.
+                () = events_tx.closed() => {
+                    tracing::info!(%model, "front door: the client went away; chat cancelled");
+                    return;
+                }
             }
         };
         while let Ok(text) = rx.try_recv() {

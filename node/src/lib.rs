@@ -13,7 +13,8 @@
 //!
 //! 1. [`config`] (the TOML file and flags, validated), [`storage`] (the ordered store, sled
 //!    behind a trait), [`metrics`] (the Prometheus registry), [`connections`] (caps on the
-//!    listeners' open connections, and the open-files limit).
+//!    listeners' open connections, and the open-files limit), [`supervise`] (background loops
+//!    restarted with back-off when they fail; reports through `LoopHealth`).
 //! 2. [`discovery`] (mDNS and static peers, as events), [`peers`] (the peer table and the
 //!    sessions that keep it true; dials through the `PeerLink` port), [`capabilities`] (what
 //!    this node is and has), [`llm`] (the model registry and its backends), [`router`] (pure
@@ -57,4 +58,5 @@ pub mod router;
 pub mod rpc;
 pub mod server;
 pub mod storage;
+pub mod supervise;
 pub mod tasks;

@@ -325,7 +325,7 @@ struct Sessions {
 }
 
 /// Turns discovery events into watch sessions and keeps the table's states current.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Membership {
     shared: Arc<Shared>,
 }
@@ -357,7 +357,18 @@ impl Membership {
 
     /// Runs until `cancel`: reads discovery events, starts sessions, sweeps states. Returns after
     /// every session has closed its stream.
-    pub async fn run(self, mut events: mpsc::Receiver<DiscoveryEvent>, cancel: CancellationToken) {
+    pub async fn run(
+        &self,
+        events: &mut mpsc::Receiver<DiscoveryEvent>,
+        cancel: CancellationToken,
+    ) {
+        // No session runs yet: after a restart (the supervisor's, following a panic) the
+        // aborted sessions of the last run must not keep their peers from being dialed again.
+        {
+            let mut running = self.shared.lock();
+            running.addrs.clear();
+            running.ids.clear();
+        }
         let mut sessions = JoinSet::new();
         let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
         loop {
@@ -814,6 +825,80 @@ mod tests {
     use super::*;
     use mesh_domain::{Health, Load, Resources};
 
+    /// A link whose dials never complete; counts them per address.
+    #[derive(Debug, Default)]
+    struct Unanswered(Mutex<HashMap<String, usize>>);
+
+    impl Unanswered {
+        fn dials(&self, addr: &str) -> usize {
+            self.0.lock_unpoisoned().get(addr).copied().unwrap_or(0)
+        }
+    }
+
+    impl PeerLink for Unanswered {
+        fn connect<'a>(
+            &'a self,
+            addr: &'a str,
+        ) -> BoxFuture<'a, Result<Box<dyn PeerConnection>, DialError>> {
+            *self.0.lock_unpoisoned().entry(addr.to_owned()).or_default() += 1;
+            Box::pin(std::future::pending())
+        }
+    }
+
+    /// Polls `check` every 10 ms for up to 5 s.
+    async fn eventually(what: &str, check: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !check() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await; // poll until the deadline
+        }
+    }
+
+    /// Issue 16, point 5: membership restarted by the supervisor after a panic found the
+    /// addresses of its aborted sessions still marked as dialed, and never dialed them again.
+    #[tokio::test]
+    async fn a_restarted_membership_dials_the_peers_of_its_aborted_sessions_again() {
+        let link = Arc::new(Unanswered::default());
+        let own = info("me").id;
+        let (events_tx, events_rx) = mpsc::channel(16);
+        let membership = Membership::new(
+            own.clone(),
+            Hello {
+                name: "me".into(),
+                id: own,
+                port: 7700,
+            },
+            link.clone(),
+            Arc::new(PeerTable::default()),
+            events_tx.clone(),
+            AdvertGuard::new(64, 64, Arc::new(tokio::sync::Notify::new())),
+        );
+        let events_rx = Arc::new(tokio::sync::Mutex::new(events_rx));
+        let seen = || DiscoveryEvent::Seen {
+            addrs: vec!["192.0.2.1:7700".into()],
+            name: None,
+            claim: None,
+            source: PeerSource::Static,
+        };
+        for run in 1..=2 {
+            let (membership, events_rx) = (membership.clone(), events_rx.clone());
+            let task = tokio::spawn(async move {
+                let mut events_rx = events_rx.lock_owned().await;
+                membership
+                    .run(&mut events_rx, CancellationToken::new())
+                    .await;
+            });
+            events_tx.send(seen()).await.expect("send");
+            eventually(&format!("dial {run}"), || {
+                link.dials("192.0.2.1:7700") == run
+            })
+            .await;
+            // What a panic does to the run: its future, and its sessions, are dropped.
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
     fn info(name: &str) -> NodeInfo {
         NodeInfo {
             name: name.into(),
@@ -932,7 +1017,11 @@ mod tests {
         );
         let guard = membership.shared.adverts.clone();
         let cancel = CancellationToken::new();
-        tokio::spawn(membership.run(rx, cancel.clone()));
+        let stop = cancel.clone();
+        tokio::spawn(async move {
+            let mut rx = rx;
+            membership.run(&mut rx, stop).await;
+        });
         (tx, guard, cancel)
     }
 

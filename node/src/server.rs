@@ -48,6 +48,7 @@ use crate::{
         tasks::{RemoteTasks, TasksService},
     },
     storage::{self, SledStore, Store},
+    supervise::{Backoff, Supervisor, no_error},
     tasks::{TaskManager, TaskParts},
 };
 
@@ -179,6 +180,9 @@ pub struct Node {
     background: CancellationToken,
     /// Stops the gRPC server (graceful drain).
     serve: CancellationToken,
+    /// Every long-running loop, restarted when it fails (so none dies silently).
+    supervisor: Supervisor,
+    /// The front door's server (it owns its listener, so it is not restarted).
     background_tasks: JoinSet<()>,
     server_task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -232,6 +236,7 @@ impl Node {
         let background = CancellationToken::new();
         let serve = CancellationToken::new();
         let mut background_tasks = JoinSet::new();
+        let mut supervisor = Supervisor::new(caps.clone(), Backoff::default());
 
         let dialer = match &mesh_tls {
             Some(tls) => tls.dialer(),
@@ -256,7 +261,15 @@ impl Node {
                 reoffer.clone(),
             ),
         );
-        background_tasks.spawn(membership.run(events_rx, background.child_token()));
+        // Shared between runs: a restarted membership reads on where the last one stopped.
+        let events_rx = Arc::new(tokio::sync::Mutex::new(events_rx));
+        supervisor.spawn("membership", background.clone(), move |cancel| {
+            let (membership, events_rx) = (membership.clone(), events_rx.clone());
+            no_error(async move {
+                let mut events_rx = events_rx.lock_owned().await;
+                membership.run(&mut events_rx, cancel).await;
+            })
+        });
 
         let mut static_peers = config.discovery.static_peers.clone();
         // A node that joined with a token dials its issuer at every start, so it finds its
@@ -267,9 +280,9 @@ impl Node {
         {
             static_peers.push(issuer);
         }
-        let mut sources: Vec<Box<dyn Discovery>> = Vec::new();
+        let mut sources: Vec<Arc<dyn Discovery>> = Vec::new();
         if !static_peers.is_empty() {
-            sources.push(Box::new(StaticPeers::new(static_peers)));
+            sources.push(Arc::new(StaticPeers::new(static_peers)));
         }
         if config.discovery.mdns {
             let advert = Advert {
@@ -281,7 +294,7 @@ impl Node {
                 fingerprint: fingerprint.clone(),
             };
             match Mdns::new(advert, &config.discovery.interfaces, reoffer) {
-                Ok(mdns) => sources.push(Box::new(mdns)),
+                Ok(mdns) => sources.push(Arc::new(mdns)),
                 Err(e) => caps.set_check(
                     "mdns",
                     Some((
@@ -325,26 +338,40 @@ impl Node {
                 max_namespaces: config.max_namespaces,
             },
         );
-        background_tasks.spawn(memory::replicate(
-            memory.clone(),
-            peers.clone(),
-            Arc::new(RemoteMemory::new(channels.clone(), id.clone())),
-            memory_writes,
-            background.child_token(),
-        ));
+        {
+            let (memory, peers) = (memory.clone(), peers.clone());
+            let link: Arc<dyn memory::MemoryPeers> =
+                Arc::new(RemoteMemory::new(channels.clone(), id.clone()));
+            // Shared between runs: a restarted replicator pushes the writes not yet pushed.
+            let writes = Arc::new(tokio::sync::Mutex::new(memory_writes));
+            supervisor.spawn("replication", background.clone(), move |cancel| {
+                let (memory, peers, link, writes) =
+                    (memory.clone(), peers.clone(), link.clone(), writes.clone());
+                no_error(async move {
+                    let mut writes = writes.lock_owned().await;
+                    memory::replicate(memory, peers, link, &mut writes, cancel).await;
+                })
+            });
+        }
         caps.follow_memory_seq(memory.follow_own_seq());
         // A peer whose certificate is revoked (loaded at start, or learned from any path) leaves
         // the table's live rows at once; its session ends at its next beat.
-        background_tasks.spawn(mark_revoked(
-            memory.revoked().clone(),
-            peers.clone(),
-            background.child_token(),
-        ));
+        {
+            let (revoked, peers) = (memory.revoked().clone(), peers.clone());
+            supervisor.spawn("revocations", background.clone(), move |cancel| {
+                no_error(mark_revoked(revoked.clone(), peers.clone(), cancel))
+            });
+        }
         // Discovery starts only now that the memory has loaded the revocations into the
         // dialer's revoked set, so no revoked peer is dialed (and listed up) at start.
         for source in sources {
             tracing::info!(source = source.name(), "discovery started");
-            background_tasks.spawn(source.run(events_tx.clone(), background.child_token()));
+            let events_tx = events_tx.clone();
+            supervisor.spawn(
+                &format!("discovery {}", source.name()),
+                background.clone(),
+                move |cancel| no_error(source.clone().run(events_tx.clone(), cancel)),
+            );
         }
         let (models, skipped) = ModelRegistry::from_config(&config);
         for (name, reason) in skipped {
@@ -358,22 +385,9 @@ impl Node {
         {
             // Probed at start and then with the other health checks, so a model server that
             // comes up later clears the node's `degraded` reason.
-            let (models, caps, stop) = (models.clone(), caps.clone(), leaving.clone());
-            background_tasks.spawn(async move {
-                loop {
-                    for (name, result) in models.probe_all().await {
-                        caps.set_check(
-                            &format!("model {name}"),
-                            result
-                                .err()
-                                .map(|e| (HealthStatus::Degraded, format!("unreachable ({e})"))),
-                        );
-                    }
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        () = tokio::time::sleep(HEALTH_CHECK_INTERVAL) => {}
-                    }
-                }
+            let (models, probe_caps) = (models.clone(), caps.clone());
+            supervisor.spawn("model prober", leaving.clone(), move |stop| {
+                no_error(probe_models(models.clone(), probe_caps.clone(), stop))
             });
         }
         // One door for every task and chat, whichever way it comes.
@@ -416,15 +430,26 @@ impl Node {
 
         let (health, health_service) = tonic_health::server::health_reporter();
         report_health(&health, &caps).await;
-        background_tasks.spawn(health_loop(
-            caps.clone(),
-            health.clone(),
-            store.clone(),
-            memory.clone(),
-            config.data_dir.clone(),
-            not_after,
-            leaving.clone(),
-        ));
+        {
+            let (caps, health, store, memory, data_dir) = (
+                caps.clone(),
+                health.clone(),
+                store.clone(),
+                memory.clone(),
+                config.data_dir.clone(),
+            );
+            supervisor.spawn("health checks", leaving.clone(), move |stop| {
+                no_error(health_loop(
+                    caps.clone(),
+                    health.clone(),
+                    store.clone(),
+                    memory.clone(),
+                    data_dir.clone(),
+                    not_after,
+                    stop,
+                ))
+            });
+        }
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(mesh_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -449,7 +474,12 @@ impl Node {
             config.remote_max_tier,
             Arc::new(tasks.clone()),
         );
-        background_tasks.spawn(scheduler.clone().run(leaving.child_token()));
+        {
+            let scheduler = scheduler.clone();
+            supervisor.spawn("scheduler", leaving.clone(), move |stop| {
+                no_error(scheduler.clone().run(stop))
+            });
+        }
 
         // The handshake refuses a revoked certificate; an issuer also lets a caller without a
         // certificate through, for `Join` (the gate below refuses it everything else).
@@ -560,6 +590,7 @@ impl Node {
             leaving,
             background,
             serve,
+            supervisor,
             background_tasks,
             server_task,
         })
@@ -583,6 +614,11 @@ impl Node {
     /// The task manager.
     pub fn tasks(&self) -> TaskManager {
         self.tasks.clone()
+    }
+
+    /// The names of the background loops running under the supervisor.
+    pub fn supervised(&self) -> &[String] {
+        self.supervisor.names()
     }
 
     /// The capabilities (for tests and the task runner).
@@ -610,6 +646,7 @@ impl Node {
         while self.task_workers.join_next().await.is_some() {}
 
         self.background.cancel();
+        self.supervisor.shutdown().await;
         while let Some(done) = self.background_tasks.join_next().await {
             if let Err(e) = done {
                 tracing::error!(error = %e, "background task failed during shutdown");
@@ -832,6 +869,29 @@ fn check_cert_expiry(caps: &Capabilities, not_after: i64) {
     caps.set_check("tls", failure);
 }
 
+/// Probes every model at start and then every [`HEALTH_CHECK_INTERVAL`], so a model server that
+/// comes up later clears the node's `degraded` reason.
+async fn probe_models(
+    models: Arc<ModelRegistry>,
+    caps: Arc<Capabilities>,
+    stop: CancellationToken,
+) {
+    loop {
+        for (name, result) in models.probe_all().await {
+            caps.set_check(
+                &format!("model {name}"),
+                result
+                    .err()
+                    .map(|e| (HealthStatus::Degraded, format!("unreachable ({e})"))),
+            );
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(HEALTH_CHECK_INTERVAL) => {}
+        }
+    }
+}
+
 /// Marks every revoked certificate's peer row `revoked`, now and after every new revocation.
 async fn mark_revoked(revoked: RevokedSet, peers: Arc<PeerTable>, stop: CancellationToken) {
     let mut changed = revoked.subscribe();
@@ -843,5 +903,49 @@ async fn mark_revoked(revoked: RevokedSet, peers: Arc<PeerTable>, stop: Cancella
             () = stop.cancelled() => return,
             result = changed.changed() => if result.is_err() { return },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Overrides;
+
+    /// Point 5 of issue 16: no background loop may run outside the supervisor, where its death
+    /// would go unnoticed while the node looks healthy.
+    #[tokio::test]
+    async fn every_background_loop_runs_under_the_supervisor() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("node.toml");
+        std::fs::write(&file, "[http]\nlisten = \"127.0.0.1:0\"\n").expect("write config");
+        let overrides = Overrides {
+            name: Some("supervised".into()),
+            listen: Some("127.0.0.1:0".into()),
+            data_dir: Some(dir.path().join("data")),
+            // Port 9 (discard) on loopback: a static source runs, its dials fail quietly.
+            static_peers: vec!["127.0.0.1:9".into()],
+            no_mdns: true,
+            insecure: true,
+            ..Overrides::default()
+        };
+        let config = Config::load(Some(&file), &overrides).expect("config");
+        let listener = bind(config.listen).await.expect("bind");
+        let node = Node::start(config, listener).await.expect("start");
+        let names = node.supervised().to_vec();
+        for expected in [
+            "membership",
+            "replication",
+            "revocations",
+            "discovery static",
+            "model prober",
+            "health checks",
+            "scheduler",
+        ] {
+            assert!(
+                names.iter().any(|name| name == expected),
+                "`{expected}` is not supervised: {names:?}"
+            );
+        }
+        node.shutdown().await;
     }
 }

@@ -468,6 +468,9 @@ impl From<&TaskEvent> for pb::TaskEvent {
                 rule: rule.clone(),
                 message: message.clone(),
             }),
+            EventKind::Warning { message } => Kind::Warning(pb::Warning {
+                message: message.clone(),
+            }),
             EventKind::OutputDelta { text } => {
                 Kind::OutputDelta(pb::OutputDelta { text: text.clone() })
             }
@@ -582,6 +585,9 @@ impl TryFrom<pb::TaskEvent> for TaskEvent {
             Kind::Intervention(i) => EventKind::Intervention {
                 rule: text("intervention.rule", i.rule)?,
                 message: text("intervention.message", i.message)?,
+            },
+            Kind::Warning(w) => EventKind::Warning {
+                message: text("warning.message", w.message)?,
             },
             Kind::OutputDelta(d) => EventKind::OutputDelta {
                 text: text("output_delta.text", d.text)?,

@@ -1,11 +1,17 @@
 //! A scripted fake OpenAI-compatible server: `/v1/models` and `/v1/chat/completions` (plain and
 //! streaming), answering from a queue of canned replies, tool calls included, and recording every
 //! request it received. It runs on its own thread and runtime, so tests stay synchronous.
+//! [`FakeOpenAi::in_flight`] counts the requests whose client is still there (a stalled or
+//! trickling answer ends only when the client hangs up), so tests can see generation stop.
 
 use std::{
     collections::VecDeque,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
 };
 
 use axum::{
@@ -28,6 +34,9 @@ pub enum Reply {
     Status(u16),
     /// Never answer (until the client hangs up).
     Stall,
+    /// Stream a piece of text every period, for ever (until the client hangs up): a slow
+    /// generation. Without `stream`, the same as [`Reply::Stall`].
+    Trickle(Duration),
 }
 
 /// A reply and the usage it reports.
@@ -67,6 +76,12 @@ impl Scripted {
         Self::new(Reply::Stall, (0, 0))
     }
 
+    /// Streams `tick ` every `period` and never finishes (a generation that only stops when
+    /// its client goes away).
+    pub fn trickle(period: Duration) -> Self {
+        Self::new(Reply::Trickle(period), (0, 0))
+    }
+
     /// Answers only after `delay` (a model that takes its time).
     pub fn after(mut self, delay: std::time::Duration) -> Self {
         self.delay = delay;
@@ -86,6 +101,26 @@ struct Script {
     /// The answer once the scripted replies are used up.
     otherwise: Option<Scripted>,
     requests: Vec<Value>,
+    /// Requests being answered whose client has not gone away.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts one request as in flight until dropped (with the handler, or with its body stream
+/// when the client hangs up).
+#[derive(Debug)]
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The running fake server.
@@ -156,6 +191,16 @@ impl FakeOpenAi {
         self.script.lock().expect("script lock").otherwise = Some(reply);
     }
 
+    /// Chat requests still being answered: a stalled or trickling one counts until its client
+    /// hangs up.
+    pub fn in_flight(&self) -> usize {
+        self.script
+            .lock()
+            .expect("script lock")
+            .in_flight
+            .load(Ordering::SeqCst)
+    }
+
     /// Every chat request received so far (the JSON bodies).
     pub fn requests(&self) -> Vec<Value> {
         self.script.lock().expect("script lock").requests.clone()
@@ -180,15 +225,17 @@ async fn models() -> Json<Value> {
 }
 
 async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
-    let next = {
+    let (next, in_flight) = {
         let mut script = script.lock().expect("script lock");
         script.requests.push(body.clone());
+        let in_flight = InFlight::new(&script.in_flight);
         let otherwise = script.otherwise.clone();
-        script
+        let next = script
             .replies
             .pop_front()
             .or(otherwise)
-            .unwrap_or_else(|| Scripted::text("(the fake model has no more scripted replies)"))
+            .unwrap_or_else(|| Scripted::text("(the fake model has no more scripted replies)"));
+        (next, in_flight)
     };
     tokio::time::sleep(next.delay).await;
     let stream = body["stream"].as_bool().unwrap_or(false);
@@ -196,7 +243,35 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
     let (prompt, completion) = next.usage;
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
     match next.reply {
-        Reply::Stall => std::future::pending().await,
+        Reply::Stall | Reply::Trickle(_) if !stream => {
+            let _in_flight = in_flight;
+            std::future::pending().await
+        }
+        Reply::Stall => {
+            let _in_flight = in_flight;
+            std::future::pending().await
+        }
+        Reply::Trickle(period) => {
+            let first = chunk(&model, json!({"role": "assistant", "content": ""}), None);
+            let ticks = tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::IntervalStream::new(tokio::time::interval(period)),
+                move |_| {
+                    // Moved in: dropped with the body once the client is gone.
+                    let _held = &in_flight;
+                    let piece = chunk("fake", json!({"content": "tick "}), None);
+                    Ok::<_, std::convert::Infallible>(format!("data: {piece}\n\n"))
+                },
+            );
+            let body = tokio_stream::StreamExt::chain(
+                tokio_stream::once(Ok(format!("data: {first}\n\n"))),
+                ticks,
+            );
+            (
+                [(header::CONTENT_TYPE, "text/event-stream")],
+                axum::body::Body::from_stream(body),
+            )
+                .into_response()
+        }
         Reply::Status(code) => (
             StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             Json(json!({"error": {"message": format!("scripted status {code}"), "type": "server_error", "param": null, "code": null}})),

@@ -1,14 +1,15 @@
 //! The OpenAI-compatible front door, driven by the official `openai` Python client: a node
 //! without models lists and reaches the model its peer serves (plain and streamed), an unknown
 //! model is a 404, and with `http.api_keys` a missing, malformed or wrong key is a 401. Plus
-//! `/healthz` and `/metrics` over plain HTTP.
+//! `/healthz` and `/metrics` over plain HTTP, and a streamed chat whose client hangs up stops
+//! generating, on the node running it and across a hop.
 
 use std::{process::Command, time::Duration};
 
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
     fake_openai::{FakeOpenAi, Scripted},
-    python3,
+    python3, wait_for,
 };
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -369,4 +370,66 @@ print(json.load(urllib.request.urlopen(req, timeout=20))["choices"][0]["message"
         "{}",
         laptop.log_text()
     );
+}
+
+/// Issue 16, point 8: a streamed chat whose client went away kept its model generating (the
+/// front door's task ran the chat to its end, and the node serving `Models.Chat` for a peer
+/// noticed the reset stream only at its next delta). Now the generation stops soon after the
+/// client hangs up: on the node running the model, and when the chat came across a hop.
+#[test]
+fn a_streamed_chat_whose_client_hangs_up_stops_generating_here_and_across_a_hop() {
+    use std::io::{Read, Write};
+    let Mesh {
+        h: _h,
+        fake,
+        laptop,
+        gpu,
+    } = mesh();
+    let cases = [
+        (&gpu, "on the node running it", "trickling"),
+        (&gpu, "on the node running it", "silent"),
+        (&laptop, "across a hop", "trickling"),
+        (&laptop, "across a hop", "silent"),
+    ];
+    for (node, place, model) in cases {
+        let how = format!("{place} ({model} model)");
+        fake.push([if model == "silent" {
+            Scripted::stall()
+        } else {
+            Scripted::trickle(Duration::from_millis(50))
+        }]);
+        let url = node.http_url().expect("front door");
+        let host = url.trim_start_matches("http://");
+        let body = r#"{"model": "m", "stream": true, "messages": [{"role": "user", "content": "go on for ever"}]}"#;
+        let mut socket = std::net::TcpStream::connect(host).expect("connect");
+        socket
+            .set_read_timeout(Some(DEADLINE))
+            .expect("read timeout");
+        write!(
+            socket,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        // The stream is open once its first chunk arrives (a silent model sends no more).
+        let mut seen = String::new();
+        let mut buf = [0u8; 4096];
+        let until = if model == "silent" { "data:" } else { "tick" };
+        while !seen.contains(until) {
+            let n = socket.read(&mut buf).expect("read the stream");
+            assert!(n > 0, "the stream ended early: {seen}");
+            seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+        wait_for(&format!("the model to start {how}"), DEADLINE, || {
+            (fake.in_flight() == 1).then_some(())
+        })
+        .expect("the model is generating");
+        drop(socket);
+        wait_for(
+            &format!("the model to stop generating {how}"),
+            Duration::from_secs(5),
+            || (fake.in_flight() == 0).then_some(()),
+        )
+        .expect("generation stops when the client goes away");
+    }
 }

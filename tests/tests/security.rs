@@ -514,3 +514,51 @@ fn a_node_without_http_listen_keeps_its_front_door_on_loopback() {
         );
     }
 }
+
+/// Issue 16, point 5: the largest timeout the wire can carry (`timeout_s` = `u32::MAX`), on a
+/// task and on a schedule's task, is refused with the field and its limit (a deadline past what
+/// an `Instant` holds used to be a panic waiting to happen), and the node keeps serving.
+#[tokio::test]
+async fn a_task_or_schedule_timeout_of_u32_max_is_refused_with_its_limit() {
+    let harness = Harness::new().expect("harness");
+    let node = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
+    let member = harness.issue("member").expect("member cert");
+    let ca = harness.client_files().ca.clone();
+    let channel = client(&ca, Some(&member))
+        .connect(&node.addr)
+        .await
+        .expect("connect")
+        .channel;
+    let task = pb::SubmitRequest {
+        prompt: "wait for ever".into(),
+        target: Some(pb::submit_request::Target::Role("chat".into())),
+        timeout_s: u32::MAX,
+        ..Default::default()
+    };
+    let submitted = pb::tasks_client::TasksClient::new(channel.clone())
+        .submit(task.clone())
+        .await
+        .map(drop)
+        .expect_err("refused");
+    let added = pb::cron_client::CronClient::new(channel.clone())
+        .add(pb::CronAddRequest {
+            name: "endless".into(),
+            schedule: "* * * * *".into(),
+            task: Some(task),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+        .expect_err("refused");
+    for status in [submitted, added] {
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains("timeout_s: at most 86400"),
+            "{status:?}"
+        );
+    }
+    let peers = pb::node_client::NodeClient::new(channel)
+        .list_peers(pb::ListPeersRequest::default())
+        .await;
+    assert!(peers.is_ok(), "the node still serves: {peers:?}");
+}

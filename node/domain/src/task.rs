@@ -10,6 +10,9 @@ use crate::{chat::Usage, id::NodeId, keys, target::Target, tier::Tier};
 
 /// Longest prompt accepted.
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
+/// Longest session name: each turn is stored under `<session>/<time>-<task id>`, which must
+/// stay within a memory key's 512 bytes.
+pub const MAX_SESSION_BYTES: usize = 256;
 /// Longest deadline a task may ask for, in seconds.
 pub const MAX_TIMEOUT_S: u32 = 86_400;
 /// Most model rounds a task may ask for.
@@ -202,6 +205,7 @@ impl TaskSpec {
         }
         if let Some(session) = &self.session {
             keys::check_key(session).map_err(|e| format!("session: {e}"))?;
+            len("session", session, MAX_SESSION_BYTES)?;
         }
         Ok(())
     }
@@ -425,6 +429,11 @@ pub enum EventKind {
         /// The supervisor's rule that spoke (`repeat`, `tier`, …).
         rule: String,
         /// Message added to the conversation.
+        message: String,
+    },
+    /// Something went wrong that did not stop the task (its session turn was not saved).
+    Warning {
+        /// What went wrong, and what it means for the caller.
         message: String,
     },
     /// Streamed output.

@@ -39,6 +39,36 @@ pub trait EventSink: Send + Sync {
     fn emit(&self, kind: EventKind);
 }
 
+/// Most turns a session keeps: saving one more deletes the oldest (a turn is one record, so a
+/// long session neither grows one record without bound nor loads an unbounded history).
+pub const MAX_SESSION_TURNS: usize = 50;
+/// Digits of a turn key's time: unix ms, zero-padded so keys sort by time.
+const TURN_TIME_DIGITS: usize = 20;
+
+/// The key of one turn of `session`: `<session>/<unix ms, 20 digits>-<task id>`; the task id
+/// keeps two turns of the same millisecond (on two nodes) apart.
+fn turn_key(session: &str, at_ms: u64, task_id: &str) -> String {
+    format!("{session}/{at_ms:0TURN_TIME_DIGITS$}-{task_id}")
+}
+
+/// Whether `name` (what follows `<session>/`) is a turn's: 20 digits, `-`, then no `/` (so
+/// the turns of a session named `a/b` are not read as `a`'s).
+fn is_turn_name(name: &str) -> bool {
+    name.len() > TURN_TIME_DIGITS + 1
+        && name.as_bytes()[..TURN_TIME_DIGITS]
+            .iter()
+            .all(u8::is_ascii_digit)
+        && name.as_bytes()[TURN_TIME_DIGITS] == b'-'
+        && !name.contains('/')
+}
+
+/// The messages of one stored turn (or of a session's earlier single record).
+fn decode_turn(session: &str, value: &[u8]) -> Result<Vec<Message>, TaskError> {
+    serde_json::from_slice(value).map_err(|e| TaskError::Internal {
+        message: format!("session `{session}` is not readable: {e}"),
+    })
+}
+
 /// Share of the context window the conversation may fill before old tool results are shortened.
 const CONTEXT_FILL: f64 = 0.75;
 /// What a shortened tool result keeps.
@@ -159,7 +189,7 @@ impl AgentRuntime {
             Some(session) => self.session_history(session)?,
             None => Vec::new(),
         };
-        messages.extend(history.iter().cloned());
+        messages.extend(history);
         messages.push(Message::text(Role::User, spec.prompt.clone()));
         let mut state = LoopState {
             tier: Some(plan.tier),
@@ -200,10 +230,20 @@ impl AgentRuntime {
             }
             if response.tool_calls.is_empty() {
                 if let Some(session) = &spec.session {
-                    let mut turns = history;
-                    turns.push(Message::text(Role::User, spec.prompt.clone()));
-                    turns.push(Message::text(Role::Assistant, response.content.clone()));
-                    self.save_session(session, &turns).await?;
+                    let turn = [
+                        Message::text(Role::User, spec.prompt.clone()),
+                        Message::text(Role::Assistant, response.content.clone()),
+                    ];
+                    // The answer is what the caller asked for: a turn that cannot be saved
+                    // (a full disk, an oversized answer) is a warning, not a failed task.
+                    if let Err(e) = self.save_turn(session, events.task_id(), &turn).await {
+                        tracing::warn!(session, error = %e, "save a session turn");
+                        events.emit(EventKind::Warning {
+                            message: format!(
+                                "the answer was not saved to session `{session}` ({e}); the session's next turn will not see it"
+                            ),
+                        });
+                    }
                 }
                 return Ok(Answer {
                     output: response.content,
@@ -236,35 +276,70 @@ impl AgentRuntime {
         })
     }
 
-    /// The earlier turns of a session (user prompts and final answers).
+    /// The earlier turns of a session (user prompts and final answers), oldest first: the
+    /// single record a session was before turns were kept apart (read, never rewritten), then
+    /// one record per turn.
     fn session_history(&self, session: &str) -> Result<Vec<Message>, TaskError> {
-        let record = self
+        let read = |what: &str, e: &dyn std::fmt::Display| TaskError::Internal {
+            message: format!("read session `{session}` ({what}): {e}"),
+        };
+        let mut messages = Vec::new();
+        if let Some(record) = self
             .memory
             .get(SESSIONS, session)
-            .map_err(|e| TaskError::Internal {
-                message: format!("read session `{session}`: {e}"),
-            })?;
-        match record {
-            Some(record) if !record.tombstone => {
-                serde_json::from_slice(&record.value).map_err(|e| TaskError::Internal {
-                    message: format!("session `{session}` is not readable: {e}"),
-                })
-            }
-            _ => Ok(Vec::new()),
+            .map_err(|e| read("its earlier record", &e))?
+            && !record.tombstone
+        {
+            messages = decode_turn(session, &record.value)?;
         }
+        for (_, value) in self.session_turns(session)? {
+            messages.extend(decode_turn(session, &value)?);
+        }
+        Ok(messages)
     }
 
-    async fn save_session(&self, session: &str, turns: &[Message]) -> Result<(), TaskError> {
-        let value = serde_json::to_vec(turns).map_err(|e| TaskError::Internal {
-            message: format!("encode session: {e}"),
-        })?;
-        self.memory
-            .put(SESSIONS, session, Some(value))
-            .await
-            .map(|_| ())
+    /// The session's turn records, oldest first: `(key, value)`.
+    fn session_turns(&self, session: &str) -> Result<Vec<(String, Vec<u8>)>, TaskError> {
+        let prefix = format!("{session}/");
+        // A session named `a/b` shares the prefix `a/`: scan beyond the cap, keep only turns.
+        let entries = self
+            .memory
+            .list(SESSIONS, &prefix, 4 * MAX_SESSION_TURNS)
             .map_err(|e| TaskError::Internal {
-                message: format!("save session `{session}`: {e}"),
-            })
+                message: format!("read session `{session}` (its turns): {e}"),
+            })?;
+        let mut turns: Vec<(String, Vec<u8>)> = entries
+            .into_iter()
+            .filter(|entry| entry.key.strip_prefix(&prefix).is_some_and(is_turn_name))
+            .map(|entry| (entry.key, entry.record.value))
+            .collect();
+        turns.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(turns)
+    }
+
+    /// Saves one turn under its own key (concurrent turns on two nodes never overwrite each
+    /// other), then deletes the oldest turns beyond [`MAX_SESSION_TURNS`].
+    async fn save_turn(
+        &self,
+        session: &str,
+        task_id: &str,
+        turn: &[Message],
+    ) -> Result<(), String> {
+        let value = serde_json::to_vec(turn).map_err(|e| format!("encode the turn: {e}"))?;
+        let key = turn_key(session, mesh_domain::time::now_ms(), task_id);
+        self.memory
+            .put(SESSIONS, &key, Some(value))
+            .await
+            .map_err(|e| e.to_string())?;
+        let turns = self.session_turns(session).map_err(|e| e.to_string())?;
+        let excess = turns.len().saturating_sub(MAX_SESSION_TURNS);
+        for (old, _) in turns.into_iter().take(excess) {
+            self.memory
+                .put(SESSIONS, &old, None)
+                .await
+                .map_err(|e| format!("trim the oldest turn: {e}"))?;
+        }
+        Ok(())
     }
 
     /// Runs one tool call through the supervisor; returns what the model sees.
@@ -545,8 +620,18 @@ mod tests {
 
     /// A runtime whose role `chat` is served by `script`; the temp dir holds its memory.
     fn runtime(script: Vec<ChatResponse>) -> (tempfile::TempDir, AgentRuntime) {
+        runtime_with_floor(script, 0)
+    }
+
+    /// [`runtime`] on a store that refuses writes when its disk has less than `min_free`
+    /// bytes free (0: no floor).
+    fn runtime_with_floor(
+        script: Vec<ChatResponse>,
+        min_free: u64,
+    ) -> (tempfile::TempDir, AgentRuntime) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = SledStore::new(sled::open(dir.path().join("db")).expect("db"));
+        let store = SledStore::new(sled::open(dir.path().join("db")).expect("db"))
+            .with_floor(dir.path().to_owned(), min_free);
         let (memory, _writes) = Memory::open(
             Arc::new(store),
             Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
@@ -634,6 +719,105 @@ mod tests {
             matches!(&error, TaskError::Gate { rule, .. } if rule == "repeat"),
             "{error:?}"
         );
+    }
+
+    /// Collects a task's events, under a task id of its own.
+    #[derive(Debug)]
+    struct Turn(String, Mutex<Vec<EventKind>>);
+
+    impl EventSink for Turn {
+        fn task_id(&self) -> &str {
+            &self.0
+        }
+
+        fn emit(&self, kind: EventKind) {
+            self.1.lock_unpoisoned().push(kind);
+        }
+    }
+
+    fn session_spec(prompt: &str) -> TaskSpec {
+        TaskSpec {
+            session: Some("ada".into()),
+            ..TaskSpec::new(prompt, Target::Role("chat".into()))
+        }
+    }
+
+    /// Issue 16, point 6: a session was one record rewritten whole by every turn, so it grew
+    /// until it no longer fit and two nodes' turns overwrote each other. Each turn is now its
+    /// own record, the oldest beyond [`MAX_SESSION_TURNS`] are deleted, and a session stored
+    /// the old way is still read (first).
+    #[tokio::test]
+    async fn each_turn_is_its_own_record_the_oldest_are_trimmed_and_an_old_session_still_reads() {
+        let turns = MAX_SESSION_TURNS + 2;
+        let mut script: Vec<ChatResponse> =
+            (0..turns).map(|i| answer(&format!("answer {i}"))).collect();
+        script.push(answer("another session's"));
+        let (_dir, runtime) = runtime(script);
+        let old = vec![
+            Message::text(Role::User, "before turns were records"),
+            Message::text(Role::Assistant, "kept"),
+        ];
+        runtime
+            .memory
+            .put(
+                SESSIONS,
+                "ada",
+                Some(serde_json::to_vec(&old).expect("json")),
+            )
+            .await
+            .expect("an old single-record session");
+        for i in 0..turns {
+            let sink = Turn(uuid::Uuid::now_v7().to_string(), Mutex::default());
+            runtime
+                .run(&session_spec(&format!("prompt {i}")), &sink)
+                .await
+                .expect("completes");
+        }
+        // A session named `ada/x` shares the prefix `ada/` but not the turns.
+        let other = Turn(uuid::Uuid::now_v7().to_string(), Mutex::default());
+        let spec = TaskSpec {
+            session: Some("ada/x".into()),
+            ..TaskSpec::new("x", Target::Role("chat".into()))
+        };
+        runtime.run(&spec, &other).await.expect("completes");
+        let stored = runtime.session_turns("ada").expect("turns");
+        assert_eq!(stored.len(), MAX_SESSION_TURNS);
+        let history = runtime.session_history("ada").expect("history");
+        let texts: Vec<&str> = history.iter().map(|m| m.content.as_str()).collect();
+        assert_eq!(texts.len(), 2 + 2 * MAX_SESSION_TURNS);
+        assert_eq!(texts[..2], ["before turns were records", "kept"]);
+        // The two oldest turns were trimmed; the rest are in order.
+        assert_eq!(texts[2..4], ["prompt 2", "answer 2"]);
+        let last = format!("answer {}", turns - 1);
+        assert_eq!(texts.last(), Some(&last.as_str()));
+        assert_eq!(runtime.session_history("ada/x").expect("history").len(), 2);
+        assert!(is_turn_name("00000000000000000001-task"));
+        assert!(!is_turn_name("x/00000000000000000001-task"));
+        assert!(!is_turn_name("0001-task"));
+    }
+
+    /// Issue 16, point 6: a turn that cannot be saved (here the disk is below the node's
+    /// free-space floor) failed the whole task, answer and all; now the answer comes, with a
+    /// warning event saying the turn was not saved.
+    #[tokio::test]
+    async fn an_answer_is_returned_with_a_warning_when_its_turn_cannot_be_saved() {
+        let (_dir, runtime) = runtime_with_floor(vec![answer("still here")], u64::MAX / 2);
+        let sink = Turn(uuid::Uuid::now_v7().to_string(), Mutex::default());
+        let done = runtime
+            .run(&session_spec("hello"), &sink)
+            .await
+            .expect("the answer comes");
+        assert_eq!(done.output, "still here");
+        let events = sink.1.into_inner().expect("events");
+        let warning = events
+            .iter()
+            .find_map(|e| match e {
+                EventKind::Warning { message } => Some(message.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no warning: {events:?}"));
+        assert!(warning.contains("session `ada`"), "{warning}");
+        assert!(warning.contains("min_free_disk"), "{warning}");
     }
 
     #[test]

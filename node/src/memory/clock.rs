@@ -27,7 +27,10 @@ impl Memory {
     /// clock, as a health reason (`None` once none was refused for two sync rounds, since a
     /// refused record is fetched again every round).
     pub fn clock_problem(&self) -> Option<String> {
-        let recent = self.sync_interval * 2 + Duration::from_secs(5);
+        let recent = self
+            .sync_interval
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(5));
         let mut ahead = self.ahead.lock_unpoisoned();
         ahead.retain(|_, (_, at)| at.elapsed() < recent);
         if ahead.is_empty() {

@@ -476,7 +476,7 @@ pub async fn replicate(
     memory: Arc<Memory>,
     peers: Arc<PeerTable>,
     link: Arc<dyn MemoryPeers>,
-    mut writes: mpsc::UnboundedReceiver<Entry>,
+    writes: &mut mpsc::UnboundedReceiver<Entry>,
     cancel: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -761,15 +761,13 @@ mod tests {
         info.memory_seq = memory_seq;
         let table = Arc::new(PeerTable::default());
         table.beat(info, "peer:7700", crate::discovery::PeerSource::Static);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
-        let replicator = tokio::spawn(replicate(
-            memory.clone(),
-            table,
-            Arc::new(fake.clone()),
-            rx,
-            cancel.clone(),
-        ));
+        let (replicated, stop) = (memory.clone(), cancel.clone());
+        let link = Arc::new(fake.clone());
+        let replicator = tokio::spawn(async move {
+            replicate(replicated, table, link, &mut rx, stop).await;
+        });
         // Let the replicator see the peer up before the writes.
         tokio::time::sleep(Duration::from_millis(600)).await;
         for i in 0..writes {

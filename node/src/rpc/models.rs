@@ -1,7 +1,7 @@
 //! The `agentmesh.v1.Models` service: another node's front door runs a chat on this node's
 //! models; and the client side of it.
 
-use std::{pin::Pin, sync::Arc};
+use std::{pin::Pin, sync::Arc, time::Duration};
 
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Target};
 use mesh_identity::deadline;
@@ -77,6 +77,9 @@ impl pb::models_server::Models for ModelsService {
                 let result = loop {
                     tokio::select! {
                         result = &mut run => break result,
+                        // The caller went away (its stream was reset or timed out): dropping
+                        // `run` stops the generation, also while the model sends nothing.
+                        () = tx.closed() => return,
                         Some(text) = rx.recv() => {
                             if tx.send(Ok(pb::ChatChunk { kind: Some(pb::chat_chunk::Kind::Delta(text)) })).await.is_err() {
                                 return;
@@ -126,12 +129,23 @@ fn failure(message: impl Into<String>, streamed: bool) -> RemoteChatError {
 #[derive(Debug, Clone)]
 pub struct RemoteModels {
     channels: super::PeerChannels,
+    /// How long one chat on a peer may take in all ([`CHAT_DEADLINE`] unless set).
+    deadline: Duration,
 }
 
 impl RemoteModels {
     /// Reaches peers through `channels`.
     pub fn new(channels: super::PeerChannels) -> Self {
-        Self { channels }
+        Self {
+            channels,
+            deadline: CHAT_DEADLINE,
+        }
+    }
+
+    /// Gives each chat on a peer `deadline` instead of [`CHAT_DEADLINE`].
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
     }
 }
 
@@ -143,9 +157,32 @@ impl RemoteChat for RemoteModels {
         request: &'a ChatRequest,
         deltas: &'a mpsc::UnboundedSender<String>,
     ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
-        Box::pin(chat_remote(&self.channels, addr, target, request, deltas))
+        Box::pin(async move {
+            // A chat on a peer ends by its deadline whatever the peer does; dropping the call
+            // resets the stream, so the peer stops generating too.
+            tokio::time::timeout(
+                self.deadline,
+                chat_remote(&self.channels, addr, target, request, deltas),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(failure(
+                    format!(
+                        "no answer within {:?} (the deadline of a chat on a peer)",
+                        self.deadline
+                    ),
+                    // Text may have gone out already: another node would repeat it.
+                    true,
+                ))
+            })
+        })
     }
 }
+
+/// How long a chat on a peer may take in all: twice a model backend's default timeout
+/// (120 s), so a peer's slow model still answers but a stuck peer cannot hold a front-door
+/// request (and its connection) for ever.
+pub const CHAT_DEADLINE: Duration = Duration::from_secs(240);
 
 /// Runs a chat on the peer at `addr`, forwarding its deltas; the complete answer at the end.
 async fn chat_remote(
@@ -274,5 +311,114 @@ mod tests {
             panic!("an empty registry served a chat");
         };
         assert_eq!(status.code(), tonic::Code::NotFound, "{}", status.message());
+    }
+
+    /// A model that never answers; counts the calls still running (a call stops when its
+    /// future is dropped), and all calls.
+    #[derive(Debug, Default)]
+    struct Silent(
+        Arc<std::sync::atomic::AtomicUsize>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    );
+
+    /// Counts one running call until dropped.
+    struct Running(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Drop for Running {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl crate::llm::ChatModel for Silent {
+        fn name(&self) -> &str {
+            "m"
+        }
+
+        fn context_window(&self) -> usize {
+            8192
+        }
+
+        fn chat<'a>(
+            &'a self,
+            _request: &'a ChatRequest,
+            _deltas: &'a mpsc::UnboundedSender<String>,
+        ) -> BoxFuture<'a, Result<ChatResponse, crate::llm::ModelError>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let running = Running(self.0.clone());
+            Box::pin(async move {
+                let _running = running;
+                std::future::pending().await
+            })
+        }
+
+        fn probe(&self) -> BoxFuture<'_, Result<(), crate::llm::ModelError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    fn chat_service(models: Vec<Arc<dyn crate::llm::ChatModel>>) -> Arc<ChatService> {
+        Arc::new(ChatService::new(
+            Arc::new(ModelRegistry::new(models, Default::default())),
+            Arc::new(Admission::new(
+                test_capabilities(),
+                Arc::default(),
+                mesh_domain::Tier::Write,
+            )),
+            Arc::new(RemoteModels::new(super::super::PeerChannels::new(
+                mesh_identity::Dialer::Plain,
+            ))),
+        ))
+    }
+
+    /// Issue 16, point 8: a chat forwarded to a peer whose model never answers held the front
+    /// door's request for ever. It ends at its deadline, and the peer's model stops too.
+    #[tokio::test]
+    async fn a_chat_on_a_peer_ends_at_its_deadline_and_the_peers_model_stops() {
+        let silent = Silent::default();
+        let (running, calls) = (silent.0.clone(), silent.1.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let server = tonic::transport::Server::builder()
+            .add_service(ModelsService::new(chat_service(vec![Arc::new(silent)])).into_server())
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop.clone().cancelled_owned(),
+            );
+        let server = tokio::spawn(server);
+
+        let remote = RemoteModels::new(super::super::PeerChannels::new(
+            mesh_identity::Dialer::Plain,
+        ))
+        .with_deadline(Duration::from_millis(300));
+        let request = ChatRequest {
+            messages: vec![Message::text(Role::User, "hi")],
+            ..Default::default()
+        };
+        let (deltas, _rx) = mpsc::unbounded_channel();
+        let error = tokio::time::timeout(
+            Duration::from_secs(5),
+            remote.chat(&addr, &Target::Model("m".into()), &request, &deltas),
+        )
+        .await
+        .expect("the chat ends by its deadline")
+        .expect_err("no answer comes");
+        assert!(error.message.contains("deadline"), "{}", error.message);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // The peer notices the reset stream and drops its model call.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while running.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the peer's model is still generating"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await; // poll until the deadline
+        }
+        stop.cancel();
+        server.await.expect("server task").expect("server");
     }
 }

@@ -116,7 +116,7 @@ pub(crate) async fn forward(
 ) -> Result<Answer, TaskError> {
     let mut spec = journey.spec.clone();
     spec.lineage.task_id = Some(journey.task_id.to_owned());
-    spec.lineage.hops += 1;
+    spec.lineage.hops = spec.lineage.hops.saturating_add(1);
     if spec.lineage.origin.is_empty() {
         spec.lineage.origin = journey.node.to_owned();
     }

@@ -466,6 +466,18 @@ impl TaskManager {
     }
 }
 
+/// How far ahead a deadline that does not fit in an [`Instant`] is put instead.
+const FAR_DEADLINE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `now + timeout`, checked: `Instant + Duration` panics on overflow, and a timeout may come
+/// from a stored record or a peer; one that does not fit means "about never".
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(FAR_DEADLINE))
+        .unwrap_or(now)
+}
+
 impl Inner {
     /// Records a new task and makes it live.
     fn admit(
@@ -503,7 +515,7 @@ impl Inner {
         let task = Arc::new(LiveTask {
             id: id.clone(),
             spec,
-            deadline: Instant::now() + timeout,
+            deadline: deadline_after(timeout),
             cancel: CancellationToken::new(),
             cancel_reason: Mutex::default(),
             seq: AtomicU64::new(0),
@@ -665,5 +677,22 @@ impl Runner for TaskManager {
             .submit(spec, &Caller::Schedule { written_here })
             .map_err(|e| e.to_string())?;
         self.watch(&id, true).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Point 5 of issue 16: `Instant::now() + timeout` panicked for a timeout of `u64::MAX`
+    /// seconds (a stored or forwarded spec); the deadline is now checked.
+    #[test]
+    fn a_deadline_that_does_not_fit_is_far_away_instead_of_a_panic() {
+        let now = Instant::now();
+        let far = deadline_after(Duration::from_secs(u64::MAX));
+        assert!(far >= now + Duration::from_secs(365 * 24 * 3600), "{far:?}");
+        assert!(deadline_after(Duration::MAX) > now);
+        let near = deadline_after(Duration::from_secs(5));
+        assert!(near > now && near <= Instant::now() + Duration::from_secs(5));
     }
 }

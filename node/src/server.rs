@@ -20,7 +20,11 @@ use mesh_identity::{
     bootstrap,
     ca::{self, CaSigner},
 };
-use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
+use tokio::{
+    net::{TcpListener, UdpSocket},
+    sync::mpsc,
+    task::JoinSet,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
@@ -36,7 +40,11 @@ use crate::{
     issuer::Issuer,
     llm::ModelRegistry,
     memory::{self, Memory, MemoryOptions},
-    peers::{Hello, Membership, PeerTable, adverts::AdvertGuard},
+    peers::{
+        PeerTable,
+        envelope::{Opener, Sealer},
+        swim::{self, Member, Membership},
+    },
     rpc::{
         NodeLink, NodeService, PeerChannels,
         accept::TlsIncoming,
@@ -242,28 +250,34 @@ impl Node {
             Some(tls) => tls.dialer(),
             None => Dialer::Plain,
         };
-        let hello = Hello {
-            name: config.name.clone(),
+        // SWIM listens on UDP at the gRPC port's number and address (one port to open and
+        // forward); bound here, once, so a restarted loop keeps it.
+        let socket = Arc::new(UdpSocket::bind(addr).await.map_err(|source| StartError::Bind {
+            addr,
+            source,
+            hint: " (membership's UDP socket, on the same port as gRPC: free that UDP port)",
+        })?);
+        let signer = Arc::new(signer);
+        let verifier = Arc::new(verifier);
+        let own = Member {
             id: id.clone(),
-            port: addr.port(),
+            addr: member_addr(addr),
+            bump: mesh_domain::time::unix_ms(std::time::SystemTime::now()),
         };
-        // Membership asks the mDNS source through this to offer adverts it dropped again.
-        let reoffer = Arc::new(tokio::sync::Notify::new());
-        let membership = Membership::new(
-            id.clone(),
-            hello,
-            Arc::new(NodeLink::new(dialer.clone())),
-            peers.clone(),
-            events_tx.clone(),
-            AdvertGuard::new(
-                config.discovery.max_advert_dials,
-                config.discovery.max_failing_addrs,
-                reoffer.clone(),
-            ),
-        );
-        // Shared between runs: a restarted membership reads on where the last one stopped.
+        let membership = Arc::new(Membership {
+            own,
+            socket,
+            sealer: Arc::new(Sealer::new(signer.clone())),
+            opener: Arc::new(Opener::new(verifier.clone())),
+            link: Arc::new(NodeLink::new(dialer.clone())),
+            table: peers.clone(),
+            changes: caps.subscribe(),
+            config: swim::lan_config(),
+        });
+        // Shared between runs: a restarted membership reads on where the last one stopped. It
+        // stops when the node starts leaving, so its goodbye goes out first.
         let events_rx = Arc::new(tokio::sync::Mutex::new(events_rx));
-        supervisor.spawn("membership", background.clone(), move |cancel| {
+        supervisor.spawn("membership", leaving.clone(), move |cancel| {
             let (membership, events_rx) = (membership.clone(), events_rx.clone());
             no_error(async move {
                 let mut events_rx = events_rx.lock_owned().await;
@@ -293,6 +307,9 @@ impl Node {
                 gpus: caps.snapshot().resources.gpus.len(),
                 fingerprint: fingerprint.clone(),
             };
+            // Membership drops no advert it would want offered again: announcing costs one
+            // datagram, so nothing is held back and nothing asks for a re-offer.
+            let reoffer = Arc::new(tokio::sync::Notify::new());
             match Mdns::new(advert, &config.discovery.interfaces, reoffer) {
                 Ok(mdns) => sources.push(Arc::new(mdns)),
                 Err(e) => caps.set_check(
@@ -328,8 +345,8 @@ impl Node {
         let channels = PeerChannels::new(dialer.clone());
         let (memory, memory_writes) = Memory::open(
             store.clone(),
-            Arc::new(signer),
-            Arc::new(verifier),
+            signer,
+            verifier,
             MemoryOptions {
                 local_namespaces: config.local_namespaces.clone(),
                 max_skew: config.max_clock_skew,
@@ -748,6 +765,19 @@ fn bootstrap_tls(data_dir: &Path, name: &str) -> Result<TlsFiles, StartError> {
         tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add a device, run `mesh-cli token create` here and `mesh-node --join TOKEN` there");
     }
     Ok(files)
+}
+
+/// The address this node is a SWIM member at: the listener's, or on a wildcard the first
+/// address it advertises (members gossip it, so it must be one peers can reach).
+fn member_addr(addr: SocketAddr) -> SocketAddr {
+    if !addr.ip().is_unspecified() {
+        return addr;
+    }
+    advertised_addrs(addr)
+        .iter()
+        .filter_map(|a| a.parse::<SocketAddr>().ok())
+        .find(|a| !a.ip().is_loopback())
+        .unwrap_or(addr)
 }
 
 /// `addr`, or one `ip:port` per interface address when listening on a wildcard.

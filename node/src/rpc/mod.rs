@@ -32,9 +32,7 @@ use crate::{
     capabilities::Capabilities,
     discovery::{Claim, DiscoveryEvent, PeerSource},
     memory::Memory,
-    peers::{
-        BeatStream, FleetView, Hello, LinkError, PeerConnection, PeerLink, PeerTable, PeerView,
-    },
+    peers::{FleetView, LinkError, PeerLink, PeerTable, PeerView},
     storage::StoreError,
 };
 
@@ -386,26 +384,9 @@ pub struct PeerClient {
     deadlines: Deadlines,
 }
 
-/// A `WatchInfo` stream, yielding validated [`NodeInfo`].
-#[derive(Debug)]
-pub struct InfoStream {
-    inner: tonic::Streaming<pb::NodeInfo>,
-}
-
-impl BeatStream for InfoStream {
-    fn next(&mut self) -> BoxFuture<'_, Result<Option<NodeInfo>, LinkError>> {
-        Box::pin(async move {
-            match self.inner.message().await? {
-                None => Ok(None),
-                Some(info) => NodeInfo::try_from(info)
-                    .map(Some)
-                    .map_err(|status| LinkError::Invalid(status.message().to_owned())),
-            }
-        })
-    }
-}
-
-/// Membership's link to peers: dials with the node's dialer and speaks their `Node` service.
+/// Membership's link to peers: fetches a member's `NodeInfo` over a fresh connection of the
+/// node's dialer (it is needed only when the member's version changes, so no connection is
+/// kept for it), checking that the certificate presented is the member's.
 #[derive(Debug, Clone)]
 pub struct NodeLink {
     dialer: Dialer,
@@ -429,45 +410,45 @@ impl NodeLink {
 }
 
 impl PeerLink for NodeLink {
-    fn connect<'a>(
+    fn info<'a>(
         &'a self,
         addr: &'a str,
-    ) -> BoxFuture<'a, Result<Box<dyn PeerConnection>, DialError>> {
+        id: &'a NodeId,
+    ) -> BoxFuture<'a, Result<NodeInfo, LinkError>> {
         Box::pin(async move {
-            let connection = self.dialer.connect(addr).await?;
-            Ok(Box::new(NodeConnection {
-                client: PeerClient::new(connection.channel).with_deadlines(self.deadlines),
-                presented: connection.peer,
-            }) as Box<dyn PeerConnection>)
+            let connection = self
+                .dialer
+                .connect(addr)
+                .await
+                .map_err(|e| LinkError::Failed(format!("dial {addr}: {e}")))?;
+            if let Some(presented) = &connection.peer {
+                if presented.role == Some(CertRole::Client) {
+                    return Err(LinkError::Invalid(
+                        "the peer presents a client certificate, which may never serve as a node"
+                            .into(),
+                    ));
+                }
+                if presented.id != *id {
+                    return Err(LinkError::Invalid(format!(
+                        "the node at {addr} presents the certificate of {}, not of member {}",
+                        presented.id.short(),
+                        id.short()
+                    )));
+                }
+            }
+            let info = PeerClient::new(connection.channel)
+                .with_deadlines(self.deadlines)
+                .info()
+                .await?;
+            if info.id != *id {
+                return Err(LinkError::Invalid(format!(
+                    "GetInfo at {addr} answered for {}, not for member {}",
+                    info.id.short(),
+                    id.short()
+                )));
+            }
+            Ok(info)
         })
-    }
-}
-
-/// An open connection to a peer's `Node` service.
-#[derive(Debug)]
-struct NodeConnection {
-    client: PeerClient,
-    presented: Option<CertIdentity>,
-}
-
-impl PeerConnection for NodeConnection {
-    fn presented(&self) -> Option<&CertIdentity> {
-        self.presented.as_ref()
-    }
-
-    fn watch<'a>(
-        &'a mut self,
-        hello: &'a Hello,
-        interval: Duration,
-    ) -> BoxFuture<'a, Result<Box<dyn BeatStream>, LinkError>> {
-        Box::pin(async move {
-            let stream = self.client.watch(hello, interval).await?;
-            Ok(Box::new(stream) as Box<dyn BeatStream>)
-        })
-    }
-
-    fn list_peers(&mut self) -> BoxFuture<'_, Result<FleetView, LinkError>> {
-        Box::pin(self.client.list_peers())
     }
 }
 
@@ -487,29 +468,16 @@ impl PeerClient {
         self
     }
 
-    /// Opens `WatchInfo`, introducing ourselves.
-    pub async fn watch(
-        &mut self,
-        hello: &Hello,
-        interval: Duration,
-    ) -> Result<InfoStream, LinkError> {
-        let request = pb::WatchInfoRequest {
-            hello: Some(pb::PeerHello {
-                name: hello.name.clone(),
-                id: hello.id.to_string(),
-                port: u32::from(hello.port),
-            }),
-            interval_ms: interval.as_millis() as u32,
-        };
-        // Only the opening has a deadline here: membership reads the beats with its own timeout.
-        let inner = within(
-            self.deadlines.open,
-            "Node.WatchInfo",
-            self.inner.watch_info(request),
+    /// Calls `GetInfo`.
+    pub async fn info(&mut self) -> Result<NodeInfo, LinkError> {
+        let info = within(
+            self.deadlines.unary,
+            "Node.GetInfo",
+            self.inner.get_info(pb::GetInfoRequest {}),
         )
         .await?
         .into_inner();
-        Ok(InfoStream { inner })
+        NodeInfo::try_from(info).map_err(|s| LinkError::Invalid(s.message().to_owned()))
     }
 
     /// Calls `ListPeers`.

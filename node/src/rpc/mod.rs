@@ -680,17 +680,10 @@ mod tests {
         .await;
 
         let link = NodeLink::new(Dialer::Plain).with_deadlines(short());
-        let mut connection = link.connect(&silent).await.expect("connects");
-        fails_in_time("Node.ListPeers", connection.list_peers()).await;
-        let hello = Hello {
-            name: "me".into(),
-            id: own.clone(),
-            port: 1,
-        };
-        fails_in_time("Node.WatchInfo", async {
-            connection.watch(&hello, MIN_BEAT).await.map(|_| ())
-        })
-        .await;
+        fails_in_time("Node.GetInfo", link.info(&silent, &own)).await;
+        let mut client = PeerClient::new(channels.get(&silent).await.expect("connects"))
+            .with_deadlines(short());
+        fails_in_time("Node.ListPeers", client.list_peers()).await;
 
         // A peer that answers is still served by the same clients.
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -262,7 +262,7 @@ impl Node {
         let own = Member {
             id: id.clone(),
             addr: member_addr(addr),
-            bump: mesh_domain::time::unix_ms(std::time::SystemTime::now()),
+            bump: next_run(&config.data_dir),
         };
         let membership = Arc::new(Membership {
             own,
@@ -273,6 +273,7 @@ impl Node {
             table: peers.clone(),
             changes: caps.subscribe(),
             config: swim::lan_config(),
+            restarts: std::sync::atomic::AtomicU64::new(0),
         });
         // Shared between runs: a restarted membership reads on where the last one stopped. It
         // stops when the node starts leaving, so its goodbye goes out first.
@@ -765,6 +766,24 @@ fn bootstrap_tls(data_dir: &Path, name: &str) -> Result<TlsFiles, StartError> {
         tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add a device, run `mesh-cli token create` here and `mesh-node --join TOKEN` there");
     }
     Ok(files)
+}
+
+/// The file in the data directory holding the bump of this node's last SWIM run.
+const SWIM_RUN_FILE: &str = "swim.run";
+
+/// This run's bump: above the last run's (kept in the data dir) even when the clock is now
+/// behind it, so peers take this run for the newer one at the same address.
+fn next_run(data_dir: &Path) -> u64 {
+    let path = data_dir.join(SWIM_RUN_FILE);
+    let last = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let run = mesh_domain::time::unix_ms(std::time::SystemTime::now()).max(last + 1);
+    if let Err(e) = std::fs::write(&path, run.to_string()) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot keep the SWIM run number; a restart with the clock behind may not be taken for the newer run");
+    }
+    run
 }
 
 /// The address this node is a SWIM member at: the listener's, or on a wildcard the first

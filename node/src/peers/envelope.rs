@@ -12,8 +12,10 @@
 //! datagram. This module only seals and opens; it decides nothing about membership.
 //!
 //! Layout (integers big-endian):
-//! `"AMS1" | stamp u64 (Unix µs) | cert_len u16 | cert | payload_len u16 | payload | sig_len u8 | sig`;
-//! the signature covers everything before `sig_len`.
+//! `"AMS1" | run u64 | stamp u64 (Unix µs) | cert_len u16 | cert | payload_len u16 | payload |
+//! sig_len u8 | sig`; the signature covers everything before `sig_len`. `run` is drawn at
+//! random when the node starts: stamps only grow within a run, so a restarted node (whose clock
+//! may now be behind its last run's) is not taken for a replay of its last run.
 
 use std::{
     collections::HashMap,
@@ -31,8 +33,8 @@ pub const MAGIC: &[u8; 4] = b"AMS1";
 pub const REPLAY_WINDOW: Duration = Duration::from_secs(30);
 /// Largest datagram accepted (a certificate of at most 4 KiB plus a foca packet).
 pub const MAX_DATAGRAM: usize = 8 * 1024;
-/// Most senders whose last stamp is remembered; past it the memory starts over, which reopens
-/// nothing older than [`REPLAY_WINDOW`].
+/// Most runs of senders whose last stamp is remembered; past it the memory starts over, which
+/// reopens nothing older than [`REPLAY_WINDOW`].
 const MAX_SENDERS: usize = 4096;
 
 /// Why a datagram was refused; [`Refusal::reason`] is its metric label.
@@ -94,6 +96,8 @@ fn now_us() -> u64 {
 #[derive(Debug)]
 pub struct Sealer {
     signer: Arc<OriginSigner>,
+    /// This run's random number.
+    run: u64,
     last: Mutex<u64>,
 }
 
@@ -102,6 +106,7 @@ impl Sealer {
     pub fn new(signer: Arc<OriginSigner>) -> Self {
         Self {
             signer,
+            run: rand::RngExt::random(&mut rand::make_rng::<rand::rngs::StdRng>()),
             last: Mutex::new(0),
         }
     }
@@ -130,6 +135,7 @@ impl Sealer {
             u16::try_from(payload.len()).map_err(|_| SealError::TooLarge(payload.len()))?;
         let mut out = Vec::with_capacity(4 + 8 + 2 + cert.len() + 2 + payload.len() + 1 + 72);
         out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&self.run.to_be_bytes());
         out.extend_from_slice(&stamp.to_be_bytes());
         out.extend_from_slice(&cert_len.to_be_bytes());
         out.extend_from_slice(cert);
@@ -160,8 +166,8 @@ pub struct Opened<'a> {
 #[derive(Debug)]
 pub struct Opener {
     verifier: Arc<OriginVerifier>,
-    /// The highest stamp accepted from each sender.
-    last: Mutex<HashMap<NodeId, u64>>,
+    /// The highest stamp accepted from each run of each sender.
+    last: Mutex<HashMap<(NodeId, u64), u64>>,
 }
 
 /// Reads `n` bytes at `*at`, advancing it.
@@ -173,6 +179,12 @@ fn take<'a>(data: &'a [u8], at: &mut usize, n: usize) -> Result<&'a [u8], Refusa
     let slice = &data[*at..end];
     *at = end;
     Ok(slice)
+}
+
+fn u64_at(data: &[u8], at: &mut usize) -> Result<u64, Refusal> {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(take(data, at, 8)?);
+    Ok(u64::from_be_bytes(bytes))
 }
 
 fn u16_at(data: &[u8], at: &mut usize) -> Result<usize, Refusal> {
@@ -198,10 +210,8 @@ impl Opener {
         if take(datagram, &mut at, 4)? != MAGIC {
             return Err(Refusal::Malformed("not a membership datagram (magic)"));
         }
-        let stamp_bytes = take(datagram, &mut at, 8)?;
-        let mut stamp = [0u8; 8];
-        stamp.copy_from_slice(stamp_bytes);
-        let stamp = u64::from_be_bytes(stamp);
+        let run = u64_at(datagram, &mut at)?;
+        let stamp = u64_at(datagram, &mut at)?;
         let cert_len = u16_at(datagram, &mut at)?;
         let cert = take(datagram, &mut at, cert_len)?;
         let payload_len = u16_at(datagram, &mut at)?;
@@ -230,13 +240,15 @@ impl Opener {
             return Err(Refusal::Stale(short, stamp));
         }
         let mut last = self.last.lock_unpoisoned();
-        if last.get(&sender).is_some_and(|seen| stamp <= *seen) {
+        let key = (sender, run);
+        if last.get(&key).is_some_and(|seen| stamp <= *seen) {
             return Err(Refusal::Replayed(short));
         }
-        if last.len() >= MAX_SENDERS && !last.contains_key(&sender) {
+        if last.len() >= MAX_SENDERS && !last.contains_key(&key) {
             last.clear();
         }
-        last.insert(sender.clone(), stamp);
+        last.insert(key.clone(), stamp);
+        let sender = key.0;
         Ok(Opened { sender, payload })
     }
 }
@@ -267,6 +279,13 @@ mod tests {
         );
         // The next datagram of the same sender opens: stamps only grow.
         assert!(opener.open(&sealer.seal(b"ack").expect("seal")).is_ok());
+        // A restarted sender (a new run) whose clock is now behind is no replay.
+        let restarted = Sealer {
+            run: sealer.run.wrapping_add(1),
+            ..Sealer::new(sealer.signer.clone())
+        };
+        let behind = now_us() - 1_000_000;
+        assert!(opener.open(&restarted.seal_at(b"ping", behind).expect("seal")).is_ok());
     }
 
     #[test]

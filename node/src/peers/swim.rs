@@ -98,40 +98,47 @@ impl foca::Identity for Member {
     }
 }
 
-/// A gossiped `NodeInfo` version: `id` is at `version`.
+/// A gossiped `NodeInfo` version: run `bump` of node `id` is at `version`. A restarted node
+/// counts again from 1 under a higher bump, so versions compare as `(bump, version)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InfoVersion {
     id: NodeId,
+    bump: u64,
     version: u64,
 }
 
 impl Invalidates for InfoVersion {
     fn invalidates(&self, other: &Self) -> bool {
-        self.id == other.id && self.version >= other.version
+        self.id == other.id && (self.bump, self.version) >= (other.bump, other.version)
     }
 }
 
 impl InfoVersion {
-    /// 64 id characters, then the version big-endian.
+    /// 64 id characters, then bump and version big-endian.
     fn encode(&self) -> Vec<u8> {
         let mut out = self.id.as_str().as_bytes().to_vec();
+        out.extend_from_slice(&self.bump.to_be_bytes());
         out.extend_from_slice(&self.version.to_be_bytes());
         out
     }
 
     fn decode(data: &[u8]) -> Result<Self, BadVersion> {
-        if data.len() != 72 {
-            return Err(BadVersion("length is not 72"));
+        if data.len() != 80 {
+            return Err(BadVersion("length is not 80"));
         }
         let id = std::str::from_utf8(&data[..64])
             .ok()
             .and_then(|s| NodeId::parse(s).ok())
             .ok_or(BadVersion("not a node id"))?;
-        let mut version = [0u8; 8];
-        version.copy_from_slice(&data[64..]);
+        let number = |at: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&data[at..at + 8]);
+            u64::from_be_bytes(bytes)
+        };
         Ok(Self {
             id,
-            version: u64::from_be_bytes(version),
+            bump: number(64),
+            version: number(72),
         })
     }
 }
@@ -145,7 +152,7 @@ pub struct BadVersion(&'static str);
 /// looked wait in `raised`.
 #[derive(Debug, Default)]
 struct VersionBook {
-    latest: HashMap<NodeId, u64>,
+    latest: HashMap<NodeId, (u64, u64)>,
     raised: Vec<NodeId>,
 }
 
@@ -170,11 +177,11 @@ impl BroadcastHandler<Member> for Versions {
         let newer = book
             .latest
             .get(&item.id)
-            .is_none_or(|known| item.version > *known);
+            .is_none_or(|known| (item.bump, item.version) > *known);
         if !newer {
             return Ok(None);
         }
-        book.latest.insert(item.id.clone(), item.version);
+        book.latest.insert(item.id.clone(), (item.bump, item.version));
         book.raised.push(item.id.clone());
         Ok(Some(item))
     }
@@ -185,8 +192,8 @@ type Swim = Foca<Member, PostcardCodec, StdRng, Versions>;
 /// Where a member's `NodeInfo` stands.
 #[derive(Debug, Default)]
 struct Fetched {
-    /// The version the table's row was fetched at (`None`: never).
-    version: Option<u64>,
+    /// The run (bump) and `(bump, version)` the table's row was fetched at (`None`: never).
+    at: Option<(u64, (u64, u64))>,
     /// A fetch is under way.
     fetching: bool,
 }
@@ -210,6 +217,8 @@ pub struct Membership {
     pub changes: tokio::sync::watch::Receiver<u64>,
     /// foca's settings.
     pub config: Config,
+    /// How often [`Membership::run`] started; each start is a new run (bump) of this node.
+    pub restarts: std::sync::atomic::AtomicU64,
 }
 
 /// How long a suspect has to refute before it is declared down. memberlist's LAN rule would
@@ -244,8 +253,8 @@ struct Run<'a> {
     pending: HashMap<u64, Timer<Member>>,
     next_timer: u64,
     fetched: HashMap<NodeId, Fetched>,
-    fetches: JoinSet<(NodeId, SocketAddr, u64, Result<NodeInfo, LinkError>)>,
-    announced: HashMap<SocketAddr, Instant>,
+    fetches: JoinSet<(Member, (u64, u64), Result<NodeInfo, LinkError>)>,
+    announced: HashMap<SocketAddr, (Instant, PeerSource)>,
     version: u64,
     versions: Versions,
 }
@@ -254,9 +263,10 @@ impl Membership {
     /// Runs SWIM until `cancel`, then leaves the cluster (a goodbye to the members) and returns.
     /// `events` are discovery's: where a first member may be.
     pub async fn run(&self, events: &mut mpsc::Receiver<DiscoveryEvent>, cancel: CancellationToken) {
+        // A restarted loop (after a panic) is a new run of this node: it must win.
         let own = Member {
-            // A restarted loop (after a panic) is a new run of this node: it must win.
-            bump: self.own.bump.max(mesh_domain::time::unix_ms(std::time::SystemTime::now())),
+            bump: self.own.bump
+                + 1000 * self.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..self.own.clone()
         };
         let versions = Versions::default();
@@ -303,8 +313,8 @@ impl Membership {
                     Some(DiscoveryEvent::Gone { .. }) => {}
                 },
                 Some(done) = run.fetches.join_next(), if !run.fetches.is_empty() => {
-                    if let Ok((id, addr, version, result)) = done {
-                        run.fetched_info(id, addr, version, result);
+                    if let Ok((member, version, result)) = done {
+                        run.fetched_info(member, version, result);
                     }
                 }
                 _ = sync.tick() => run.sync_table(),
@@ -398,14 +408,14 @@ impl Run<'_> {
         if self
             .announced
             .get(&addr)
-            .is_some_and(|at| now.duration_since(*at) < ANNOUNCE_EVERY)
+            .is_some_and(|(at, _)| now.duration_since(*at) < ANNOUNCE_EVERY)
         {
             return;
         }
         if self.announced.len() >= MAX_ANNOUNCED {
             self.announced.clear();
         }
-        self.announced.insert(addr, now);
+        self.announced.insert(addr, (now, source));
         tracing::debug!(%addr, source = source.as_str(), "announcing to a candidate member");
         if let Err(e) = self.foca.announce(Member::at(addr), &mut self.runtime) {
             tracing::debug!(error = %e, "announce");
@@ -415,8 +425,10 @@ impl Run<'_> {
     /// Raises our `NodeInfo` version and gossips it.
     fn raise_version(&mut self) {
         self.version += 1;
+        let own = self.foca.identity();
         let item = InfoVersion {
-            id: self.foca.identity().id.clone(),
+            id: own.id.clone(),
+            bump: own.bump,
             version: self.version,
         };
         if let Err(e) = self.foca.add_broadcast(&item.encode()) {
@@ -510,34 +522,39 @@ impl Run<'_> {
             .latest
             .get(id)
             .copied()
-            .unwrap_or(0);
+            .unwrap_or_default();
         let state = self.fetched.entry(id.clone()).or_default();
-        if state.fetching || state.version.is_some_and(|v| v >= version) {
+        let current = state
+            .at
+            .is_some_and(|(bump, fetched)| bump == member.bump && fetched >= version);
+        if state.fetching || current {
             return;
         }
         state.fetching = true;
         let link = self.parts.link.clone();
-        let id = id.clone();
         self.fetches.spawn(async move {
-            let addr = member.addr;
-            let result = link.info(&addr.to_string(), &id).await;
-            (id, addr, version, result)
+            let result = link.info(&member.addr.to_string(), &member.id).await;
+            (member, version, result)
         });
     }
 
     fn fetched_info(
         &mut self,
-        id: NodeId,
-        addr: SocketAddr,
-        version: u64,
+        member: Member,
+        version: (u64, u64),
         result: Result<NodeInfo, LinkError>,
     ) {
+        let (id, addr) = (member.id.clone(), member.addr);
         let state = self.fetched.entry(id.clone()).or_default();
         state.fetching = false;
         match result {
             Ok(info) => {
-                state.version = Some(version);
-                let source = PeerSource::Exchange;
+                state.at = Some((member.bump, version));
+                // Found where discovery pointed, or through another member.
+                let source = self
+                    .announced
+                    .get(&addr)
+                    .map_or(PeerSource::Exchange, |(_, source)| *source);
                 self.parts.table.beat(info, &addr.to_string(), source);
                 if !self.alive(&id) {
                     self.parts.table.mark(&id, PeerState::Down, "declared down (SWIM)");

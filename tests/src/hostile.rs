@@ -148,6 +148,7 @@ impl HostilePeer {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = Service(Arc::new(behaviour.clone()));
+        let membership_tls = self.tls.clone();
         std::thread::spawn(move || {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -168,7 +169,28 @@ impl HostilePeer {
                         return;
                     }
                 };
-                let _ = addr_tx.send(listener.local_addr().context("local addr"));
+                let addr = match listener.local_addr() {
+                    Ok(addr) => addr,
+                    Err(e) => {
+                        let _ = addr_tx.send(Err(anyhow::anyhow!("local addr: {e}")));
+                        return;
+                    }
+                };
+                // It speaks SWIM too, as a member of the mesh, so nodes list it and call it.
+                let membership = match swim_member(&membership_tls, addr).await {
+                    Ok(membership) => membership,
+                    Err(e) => {
+                        let _ = addr_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = addr_tx.send(Ok(addr));
+                let leave = tokio_util::sync::CancellationToken::new();
+                let (_events_tx, mut events) = tokio::sync::mpsc::channel(1);
+                let swim = {
+                    let leave = leave.clone();
+                    tokio::spawn(async move { membership.run(&mut events, leave).await })
+                };
                 let served = tonic::transport::Server::builder()
                     .add_service(pb::node_server::NodeServer::new(service.clone()))
                     .add_service(
@@ -191,6 +213,8 @@ impl HostilePeer {
                 if let Err(e) = served {
                     eprintln!("hostile peer server: {e}");
                 }
+                leave.cancel();
+                let _ = swim.await;
             });
         });
         let addr = addr_rx.recv().context("hostile server thread")??;
@@ -474,4 +498,38 @@ impl pb::memory_server::Memory for Service {
         tokio::time::sleep(self.0.push_delay).await;
         Ok(Response::new(pb::MemoryPushResponse::default()))
     }
+}
+
+/// A SWIM member with `tls`'s identity on UDP at `addr` (the hostile server's port).
+async fn swim_member(
+    tls: &MeshTls,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<mesh_node::peers::swim::Membership> {
+    use mesh_node::peers::{
+        PeerTable,
+        envelope::{Opener, Sealer},
+        swim::{Member, Membership, lan_config},
+    };
+    let socket = tokio::net::UdpSocket::bind(addr).await.context("bind UDP")?;
+    let signer = Arc::new(tls.origin_signer()?);
+    let bump = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    // Nothing about it ever changes (its NodeInfo is the behaviour's): no sender is kept.
+    let (_, changes) = tokio::sync::watch::channel(0);
+    Ok(Membership {
+        own: Member {
+            id: signer.id().clone(),
+            addr,
+            bump,
+        },
+        socket: Arc::new(socket),
+        sealer: Arc::new(Sealer::new(signer)),
+        opener: Arc::new(Opener::new(Arc::new(tls.origin_verifier()?))),
+        link: Arc::new(mesh_node::rpc::NodeLink::new(tls.dialer())),
+        table: Arc::new(PeerTable::default()),
+        changes,
+        config: lan_config(),
+        restarts: std::sync::atomic::AtomicU64::new(0),
+    })
 }

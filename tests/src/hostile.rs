@@ -176,21 +176,18 @@ impl HostilePeer {
                         return;
                     }
                 };
-                // It speaks SWIM too, as a member of the mesh, so nodes list it and call it.
-                let membership = match swim_member(&membership_tls, addr).await {
-                    Ok(membership) => membership,
+                // It speaks SWIM too, as a member of the mesh, so nodes list it and call it; on
+                // a thread of its own, so slow answers of the hostile service do not make it
+                // look dead.
+                let leave = tokio_util::sync::CancellationToken::new();
+                let swim = match swim_member(membership_tls, addr, leave.clone()) {
+                    Ok(swim) => swim,
                     Err(e) => {
                         let _ = addr_tx.send(Err(e));
                         return;
                     }
                 };
                 let _ = addr_tx.send(Ok(addr));
-                let leave = tokio_util::sync::CancellationToken::new();
-                let (_events_tx, mut events) = tokio::sync::mpsc::channel(1);
-                let swim = {
-                    let leave = leave.clone();
-                    tokio::spawn(async move { membership.run(&mut events, leave).await })
-                };
                 let served = tonic::transport::Server::builder()
                     .add_service(pb::node_server::NodeServer::new(service.clone()))
                     .add_service(
@@ -214,7 +211,7 @@ impl HostilePeer {
                     eprintln!("hostile peer server: {e}");
                 }
                 leave.cancel();
-                let _ = swim.await;
+                let _ = swim.join();
             });
         });
         let addr = addr_rx.recv().context("hostile server thread")??;
@@ -500,36 +497,56 @@ impl pb::memory_server::Memory for Service {
     }
 }
 
-/// A SWIM member with `tls`'s identity on UDP at `addr` (the hostile server's port).
-async fn swim_member(
-    tls: &MeshTls,
+/// A SWIM member with `tls`'s identity on UDP at `addr` (the hostile server's port), running
+/// on a thread of its own until `leave`.
+fn swim_member(
+    tls: MeshTls,
     addr: std::net::SocketAddr,
-) -> anyhow::Result<mesh_node::peers::swim::Membership> {
+    leave: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
     use mesh_node::peers::{
         PeerTable,
         envelope::{Opener, Sealer},
         swim::{Member, Membership, lan_config},
     };
-    let socket = tokio::net::UdpSocket::bind(addr).await.context("bind UDP")?;
+    let socket = std::net::UdpSocket::bind(addr).context("bind UDP")?;
+    socket.set_nonblocking(true)?;
     let signer = Arc::new(tls.origin_signer()?);
+    let opener = Opener::new(Arc::new(tls.origin_verifier()?));
     let bump = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    // Nothing about it ever changes (its NodeInfo is the behaviour's): no sender is kept.
-    let (_, changes) = tokio::sync::watch::channel(0);
-    Ok(Membership {
-        own: Member {
-            id: signer.id().clone(),
-            addr,
-            bump,
-        },
-        socket: Arc::new(socket),
-        sealer: Arc::new(Sealer::new(signer)),
-        opener: Arc::new(Opener::new(Arc::new(tls.origin_verifier()?))),
-        link: Arc::new(mesh_node::rpc::NodeLink::new(tls.dialer())),
-        table: Arc::new(PeerTable::default()),
-        changes,
-        config: lan_config(),
-        restarts: std::sync::atomic::AtomicU64::new(0),
-    })
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let socket = match tokio::net::UdpSocket::from_std(socket) {
+                Ok(socket) => socket,
+                Err(e) => {
+                    eprintln!("hostile peer SWIM socket: {e}");
+                    return;
+                }
+            };
+            // Nothing about it ever changes (its NodeInfo is the behaviour's): no sender kept.
+            let (_, changes) = tokio::sync::watch::channel(0);
+            let membership = Membership {
+                own: Member {
+                    id: signer.id().clone(),
+                    addr,
+                    bump,
+                },
+                socket: Arc::new(socket),
+                sealer: Arc::new(Sealer::new(signer)),
+                opener: Arc::new(opener),
+                link: Arc::new(mesh_node::rpc::NodeLink::new(tls.dialer())),
+                table: Arc::new(PeerTable::default()),
+                changes,
+                config: lan_config(),
+                restarts: std::sync::atomic::AtomicU64::new(0),
+            };
+            let (_events_tx, mut events) = tokio::sync::mpsc::channel(1);
+            membership.run(&mut events, leave).await;
+        });
+    }))
 }

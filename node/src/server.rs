@@ -42,6 +42,7 @@ use crate::{
     memory::{self, Memory, MemoryOptions},
     peers::{
         PeerTable,
+        adverts::AdvertGuard,
         envelope::{Opener, Sealer},
         swim::{self, Member, Membership},
     },
@@ -250,6 +251,8 @@ impl Node {
             Some(tls) => tls.dialer(),
             None => Dialer::Plain,
         };
+        // Membership asks the mDNS source through this to offer adverts it dropped again.
+        let reoffer = Arc::new(tokio::sync::Notify::new());
         // SWIM listens on UDP at the gRPC port's number and address (one port to open and
         // forward); bound here, once, so a restarted loop keeps it.
         let socket = Arc::new(UdpSocket::bind(addr).await.map_err(|source| StartError::Bind {
@@ -274,6 +277,11 @@ impl Node {
             changes: caps.subscribe(),
             config: swim::lan_config(),
             restarts: std::sync::atomic::AtomicU64::new(0),
+            adverts: std::sync::Mutex::new(AdvertGuard::new(
+                config.discovery.max_advert_dials,
+                config.discovery.max_failing_addrs,
+                reoffer.clone(),
+            )),
         });
         // Shared between runs: a restarted membership reads on where the last one stopped. It
         // stops when the node starts leaving, so its goodbye goes out first.
@@ -308,9 +316,6 @@ impl Node {
                 gpus: caps.snapshot().resources.gpus.len(),
                 fingerprint: fingerprint.clone(),
             };
-            // Membership drops no advert it would want offered again: announcing costs one
-            // datagram, so nothing is held back and nothing asks for a re-offer.
-            let reoffer = Arc::new(tokio::sync::Notify::new());
             match Mdns::new(advert, &config.discovery.interfaces, reoffer) {
                 Ok(mdns) => sources.push(Arc::new(mdns)),
                 Err(e) => caps.set_check(

@@ -544,6 +544,11 @@ fn swim_member(
                 changes,
                 config: lan_config(),
                 restarts: std::sync::atomic::AtomicU64::new(0),
+                adverts: std::sync::Mutex::new(mesh_node::peers::adverts::AdvertGuard::new(
+                    64,
+                    64,
+                    Arc::new(tokio::sync::Notify::new()),
+                )),
             };
             let (_events_tx, mut events) = tokio::sync::mpsc::channel(1);
             membership.run(&mut events, leave).await;

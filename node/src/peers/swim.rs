@@ -36,10 +36,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     LinkError, PeerLink, PeerTable,
+    adverts::{AdvertGuard, Dropped},
     envelope::{MAX_DATAGRAM, Opener, Sealer},
 };
 use crate::{
-    discovery::{DiscoveryEvent, PeerSource},
+    discovery::{Claim, DiscoveryEvent, PeerSource},
     metrics::{labels, metrics},
 };
 
@@ -51,6 +52,11 @@ pub const VERSION_EVERY: Duration = Duration::from_secs(2);
 /// The same address is announced to at most this often (static peers are offered every
 /// second; an advert may repeat).
 pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
+/// An mDNS advert's announce that brings no member of the advertised id within this long has
+/// failed (it counts against the address, as a refused dial did).
+pub const ADVERT_ANSWER_WITHIN: Duration = Duration::from_secs(3);
+/// Longest wait before fetching again a `NodeInfo` whose fetch failed.
+const FETCH_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How often the table's states are brought in line with foca's (suspicion is not notified).
 const SYNC_EVERY: Duration = Duration::from_millis(250);
 /// Most addresses whose last announce is remembered.
@@ -196,6 +202,8 @@ struct Fetched {
     at: Option<(u64, (u64, u64))>,
     /// A fetch is under way.
     fetching: bool,
+    /// After a failed fetch: not before then, and how long the next wait is.
+    retry: Option<(Instant, Duration)>,
 }
 
 /// What [`Membership::run`] needs from the node.
@@ -219,6 +227,9 @@ pub struct Membership {
     pub config: Config,
     /// How often [`Membership::run`] started; each start is a new run (bump) of this node.
     pub restarts: std::sync::atomic::AtomicU64,
+    /// Bounds what mDNS adverts may make this node announce to (pending announces, failing
+    /// addresses held back).
+    pub adverts: Mutex<AdvertGuard>,
 }
 
 /// How long a suspect has to refute before it is declared down. memberlist's LAN rule would
@@ -231,6 +242,12 @@ pub const SUSPECT_TO_DOWN: Duration = Duration::from_secs(2);
 pub fn lan_config() -> Config {
     let mut config = Config::new_lan(NonZeroU32::new(CLUSTER_SIZE).expect("non-zero"));
     config.suspect_to_down_after = SUSPECT_TO_DOWN;
+    // Members on the two sides of a healed partition find each other by announcing to the
+    // members they hold down: every 5 s, not memberlist's 65 s, so a heal shows within seconds.
+    config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(5),
+        num_members: NonZeroUsize::new(2).expect("non-zero"),
+    });
     // A sealed datagram adds a certificate and a signature (~600 bytes) to foca's packet.
     config.max_packet_size = NonZeroUsize::new(1200).expect("non-zero");
     config
@@ -255,6 +272,8 @@ struct Run<'a> {
     fetched: HashMap<NodeId, Fetched>,
     fetches: JoinSet<(Member, (u64, u64), Result<NodeInfo, LinkError>)>,
     announced: HashMap<SocketAddr, (Instant, PeerSource)>,
+    /// Advert announces waiting for their member: the address and when it counts as failed.
+    advert_pending: HashMap<NodeId, (String, Instant)>,
     version: u64,
     versions: Versions,
 }
@@ -287,6 +306,7 @@ impl Membership {
             fetched: HashMap::new(),
             fetches: JoinSet::new(),
             announced: HashMap::new(),
+            advert_pending: HashMap::new(),
             version: 0,
             versions,
         };
@@ -308,7 +328,9 @@ impl Membership {
                 () = sleep_until(next_timer) => run.fire_timers(),
                 event = events.recv() => match event {
                     None => break,
-                    Some(DiscoveryEvent::Seen { addrs, source, .. }) => run.announce(&addrs, source),
+                    Some(DiscoveryEvent::Seen { addrs, claim, source, .. }) => {
+                        run.discovered(addrs, claim.as_ref(), source);
+                    }
                     // SWIM hears the node's own goodbye; an mDNS goodbye adds nothing.
                     Some(DiscoveryEvent::Gone { .. }) => {}
                 },
@@ -317,7 +339,10 @@ impl Membership {
                         run.fetched_info(member, version, result);
                     }
                 }
-                _ = sync.tick() => run.sync_table(),
+                _ = sync.tick() => {
+                    run.sync_table();
+                    run.expire_adverts();
+                }
                 _ = version_tick.tick() => {
                     if changes.has_changed().unwrap_or(false) {
                         changes.mark_unchanged();
@@ -389,6 +414,85 @@ impl Run<'_> {
             {
                 tracing::debug!(error = %e, "membership timer");
             }
+        }
+    }
+
+    /// A discovery event: announce to it, through [`AdvertGuard`] when it is an mDNS advert.
+    fn discovered(&mut self, addrs: Vec<String>, claim: Option<&Claim>, source: PeerSource) {
+        if let Some(claim) = claim
+            && (claim.id == self.foca.identity().id || self.alive(&claim.id))
+        {
+            return;
+        }
+        if source != PeerSource::Mdns {
+            self.announce(&addrs, source);
+            return;
+        }
+        // An advert always claims an id (`Mdns::seen`); one without is nothing to announce to.
+        let Some(id) = claim.map(|c| c.id.clone()) else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let admitted = {
+            let mut guard = self.parts.adverts.lock_unpoisoned();
+            match guard.admit(&id, &addrs, now) {
+                Ok(usable) => Ok(usable),
+                Err(why) => {
+                    metrics()
+                        .adverts_dropped
+                        .get_or_create(&labels(&[("reason", why.as_str())]))
+                        .inc();
+                    if why == Dropped::Cap
+                        && let Some(dropped) = guard.note_cap_drop(now)
+                    {
+                        tracing::warn!(
+                            dropped,
+                            pending = guard.pending(),
+                            "mDNS adverts dropped: as many advert dials as discovery.max_advert_dials allows are pending (a flood of adverts, or raise the limit for a LAN where that many nodes appear at once)"
+                        );
+                    }
+                    Err(why)
+                }
+            }
+        };
+        let Ok(usable) = admitted else { return };
+        let Some(addr) = usable.first().cloned() else {
+            self.parts.adverts.lock_unpoisoned().release(&id);
+            return;
+        };
+        self.advert_pending
+            .insert(id, (addr.clone(), Instant::now() + ADVERT_ANSWER_WITHIN));
+        self.announce(&[addr], source);
+    }
+
+    /// Advert announces whose member did not come within [`ADVERT_ANSWER_WITHIN`]: a failure
+    /// of the address; the pending place is freed.
+    fn expire_adverts(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<NodeId> = self
+            .advert_pending
+            .iter()
+            .filter(|(_, (_, until))| *until <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        let mut guard = self.parts.adverts.lock_unpoisoned();
+        for id in expired {
+            if let Some((addr, _)) = self.advert_pending.remove(&id) {
+                guard.failed(&addr, now.into_std());
+                guard.release(&id);
+            }
+        }
+    }
+
+    /// An advertised member came: the advert was true.
+    fn advert_answered(&mut self, id: &NodeId) {
+        if let Some((addr, _)) = self.advert_pending.remove(id) {
+            let mut guard = self.parts.adverts.lock_unpoisoned();
+            guard.succeeded(&addr);
+            guard.release(id);
         }
     }
 
@@ -474,6 +578,7 @@ impl Run<'_> {
         match notification {
             OwnedNotification::MemberUp(member) => {
                 self.parts.table.mark(&member.id, PeerState::Up, "alive (SWIM)");
+                self.advert_answered(&member.id);
                 self.maybe_fetch(&member.id);
             }
             OwnedNotification::MemberDown(member) => {
@@ -527,7 +632,8 @@ impl Run<'_> {
         let current = state
             .at
             .is_some_and(|(bump, fetched)| bump == member.bump && fetched >= version);
-        if state.fetching || current {
+        let waiting = state.retry.is_some_and(|(at, _)| Instant::now() < at);
+        if state.fetching || current || waiting {
             return;
         }
         state.fetching = true;
@@ -550,6 +656,7 @@ impl Run<'_> {
         match result {
             Ok(info) => {
                 state.at = Some((member.bump, version));
+                state.retry = None;
                 // Found where discovery pointed, or through another member.
                 let source = self
                     .announced
@@ -560,14 +667,32 @@ impl Run<'_> {
                     self.parts.table.mark(&id, PeerState::Down, "declared down (SWIM)");
                 }
             }
-            Err(e) => tracing::debug!(peer = %id.short(), %addr, error = %e, "fetch NodeInfo"),
+            Err(e) => {
+                // Tried again by the sync tick, backing off: 1 s, doubling up to 30 s.
+                let wait = state
+                    .retry
+                    .map_or(Duration::from_secs(1), |(_, last)| (last * 2).min(FETCH_BACKOFF_MAX));
+                state.retry = Some((Instant::now() + wait, wait));
+                tracing::debug!(peer = %id.short(), %addr, error = %e, "fetch NodeInfo");
+                return;
+            }
         }
         // A version that rose while fetching is fetched again.
         self.maybe_fetch(&id);
     }
 
-    /// Brings the table's states in line with foca's members.
+    /// Brings the table's states in line with foca's members, and fetches again the `NodeInfo`
+    /// of live members whose last fetch failed (once their backoff has passed).
     fn sync_table(&mut self) {
+        let retry: Vec<NodeId> = self
+            .fetched
+            .iter()
+            .filter(|(_, f)| f.retry.is_some_and(|(at, _)| Instant::now() >= at))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in retry {
+            self.maybe_fetch(&id);
+        }
         let mut states: HashMap<&NodeId, (u64, State)> = HashMap::new();
         for member in self.foca.iter_membership_state() {
             let id = member.id();

@@ -24,7 +24,7 @@ use std::{
 };
 
 use mesh_domain::{NodeId, sync::MutexExt};
-use mesh_identity::{OriginError, OriginSigner, OriginVerifier};
+use mesh_identity::{CertIdentity, OriginError, OriginSigner, OriginVerifier};
 
 /// First bytes of every membership datagram (version 1 of this layout).
 pub const MAGIC: &[u8; 4] = b"AMS1";
@@ -43,9 +43,17 @@ pub enum Refusal {
     /// Not this layout (truncated, wrong magic, lengths that do not add up).
     #[error("malformed membership datagram: {0}")]
     Malformed(&'static str),
-    /// The certificate does not vouch for the sender (not from the mesh CA, a client's, bad).
+    /// The certificate does not vouch for the sender (a client's, expired, unreadable).
     #[error("membership datagram: {0}")]
     Certificate(OriginError),
+    /// A node of another mesh: its certificate is not from this mesh's CA.
+    #[error("membership datagram from `{name}`, a node of another mesh")]
+    Foreign {
+        /// Its certificate's common name (or `a node`).
+        name: String,
+        /// Its certificate's fingerprint.
+        fingerprint: String,
+    },
     /// The sender's certificate is revoked.
     #[error("membership datagram from revoked node {0}")]
     Revoked(String),
@@ -65,7 +73,7 @@ impl Refusal {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Malformed(_) => "malformed",
-            Self::Certificate(_) => "certificate",
+            Self::Certificate(_) | Self::Foreign { .. } => "certificate",
             Self::Revoked(_) => "revoked",
             Self::BadSignature(_) => "bad_signature",
             Self::Stale(..) => "stale",
@@ -223,7 +231,16 @@ impl Opener {
             return Err(Refusal::Malformed("trailing bytes"));
         }
 
-        let sender = self.verifier.learn(cert).map_err(Refusal::Certificate)?;
+        let sender = self.verifier.learn(cert).map_err(|e| match e {
+            OriginError::NotFromCa(_) => match CertIdentity::from_der(cert) {
+                Ok(presented) => Refusal::Foreign {
+                    name: presented.common_name.unwrap_or_else(|| "a node".into()),
+                    fingerprint: presented.fingerprint,
+                },
+                Err(_) => Refusal::Certificate(e),
+            },
+            other => Refusal::Certificate(other),
+        })?;
         let short = sender.short().to_owned();
         if self.verifier.revoked().contains(&sender) {
             return Err(Refusal::Revoked(short));

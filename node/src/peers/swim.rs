@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     LinkError, PeerLink, PeerTable,
     adverts::{AdvertGuard, Dropped},
-    envelope::{MAX_DATAGRAM, Opener, Sealer},
+    envelope::{MAX_DATAGRAM, Opener, Refusal, Sealer},
 };
 use crate::{
     discovery::{Claim, DiscoveryEvent, PeerSource},
@@ -276,6 +276,31 @@ struct Run<'a> {
     advert_pending: HashMap<NodeId, (String, Instant)>,
     version: u64,
     versions: Versions,
+    /// Nodes of other meshes already named in the log.
+    foreign: ForeignNodes,
+}
+
+/// How many nodes of other meshes are remembered (and so named once each); past that, more are
+/// met silently, so a LAN full of strangers cannot grow the set without bound.
+const MAX_FOREIGN_NODES: usize = 256;
+
+/// The nodes of other meshes this node has met, by (name, certificate fingerprint), so that
+/// the hint about each is logged once, not at every datagram. Bounded by [`MAX_FOREIGN_NODES`].
+#[derive(Debug, Default)]
+struct ForeignNodes {
+    seen: std::collections::HashSet<(String, String)>,
+}
+
+impl ForeignNodes {
+    /// Whether this is the first meeting with the node `name` presenting the certificate
+    /// `fingerprint`; false for one met before, and for every node once the set is full.
+    fn first_meeting(&mut self, name: &str, fingerprint: &str) -> bool {
+        let key = (name.to_owned(), fingerprint.to_owned());
+        if self.seen.len() >= MAX_FOREIGN_NODES || self.seen.contains(&key) {
+            return false;
+        }
+        self.seen.insert(key)
+    }
 }
 
 impl Membership {
@@ -309,6 +334,7 @@ impl Membership {
             advert_pending: HashMap::new(),
             version: 0,
             versions,
+            foreign: ForeignNodes::default(),
         };
         run.raise_version();
         let mut changes = self.changes.clone();
@@ -320,7 +346,7 @@ impl Membership {
             tokio::select! {
                 () = cancel.cancelled() => break,
                 received = self.socket.recv_from(&mut buf) => match received {
-                    Ok((len, _from)) => run.receive(&buf[..len]),
+                    Ok((len, from)) => run.receive(&buf[..len], from),
                     Err(e) => {
                         tracing::debug!(error = %e, "receive membership datagram");
                     }
@@ -369,11 +395,20 @@ async fn sleep_until(at: Option<Instant>) {
 
 impl Run<'_> {
     /// Opens a datagram and hands it to foca if it passes.
-    fn receive(&mut self, datagram: &[u8]) {
+    fn receive(&mut self, datagram: &[u8], from: SocketAddr) {
         let opened = match self.parts.opener.open(datagram) {
             Ok(opened) => opened,
             Err(refusal) => {
                 dropped(refusal.reason());
+                if let Refusal::Foreign { name, fingerprint } = &refusal
+                    && self.foreign.first_meeting(name, fingerprint)
+                {
+                    tracing::warn!(
+                        node = name.as_str(),
+                        addr = %from,
+                        "`{name}` at {from} belongs to another mesh (its certificate is not from this mesh's CA); to bring it in, run `mesh-cli token create --role node` where this mesh's CA key is and start it with `mesh-node --join TOKEN`"
+                    );
+                }
                 tracing::debug!(%refusal, "membership datagram dropped");
                 return;
             }
@@ -673,7 +708,10 @@ impl Run<'_> {
                     .retry
                     .map_or(Duration::from_secs(1), |(_, last)| (last * 2).min(FETCH_BACKOFF_MAX));
                 state.retry = Some((Instant::now() + wait, wait));
-                tracing::debug!(peer = %id.short(), %addr, error = %e, "fetch NodeInfo");
+                match e {
+                    LinkError::Invalid(why) => tracing::warn!(peer = %id.short(), %addr, "ignoring member: its NodeInfo is not its own ({why})"),
+                    other => tracing::debug!(peer = %id.short(), %addr, error = %other, "fetch NodeInfo"),
+                }
                 return;
             }
         }
@@ -709,5 +747,42 @@ impl Run<'_> {
             };
             self.parts.table.mark(id, state, "SWIM");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_of_another_mesh_is_met_once_and_the_set_stays_bounded() {
+        let mut foreign = ForeignNodes::default();
+        assert!(foreign.first_meeting("mallory", "fp1"));
+        assert!(!foreign.first_meeting("mallory", "fp1"), "a retry is no new meeting");
+        // A new certificate (re-issued elsewhere) or another name is a new node to name.
+        assert!(foreign.first_meeting("mallory", "fp2"));
+        assert!(foreign.first_meeting("eve", "fp1"));
+        for i in foreign.seen.len()..MAX_FOREIGN_NODES {
+            assert!(foreign.first_meeting(&format!("n{i}"), "fp"));
+        }
+        assert!(!foreign.first_meeting("one-too-many", "fp"), "the set is full");
+        assert_eq!(foreign.seen.len(), MAX_FOREIGN_NODES);
+    }
+
+    #[test]
+    fn a_gossiped_version_round_trips_and_orders_by_run_then_version() {
+        let id = NodeId::from_spki_der(b"alpha");
+        let item = InfoVersion { id: id.clone(), bump: 7, version: 3 };
+        assert_eq!(InfoVersion::decode(&item.encode()).expect("decodes"), item);
+        assert!(InfoVersion::decode(&item.encode()[1..]).is_err());
+        let versions = Versions::default();
+        let mut handler = versions.clone();
+        let newer_run = InfoVersion { id: id.clone(), bump: 8, version: 1 };
+        assert!(handler.receive_item(&item.encode(), None).expect("ok").is_some());
+        assert!(handler.receive_item(&item.encode(), None).expect("ok").is_none(), "not newer");
+        assert!(handler.receive_item(&newer_run.encode(), None).expect("ok").is_some());
+        let stale = InfoVersion { id, bump: 7, version: 9 };
+        assert!(handler.receive_item(&stale.encode(), None).expect("ok").is_none(), "older run");
+        assert_eq!(versions.book.lock_unpoisoned().raised.len(), 2);
     }
 }

@@ -245,5 +245,8 @@ fn twenty_nodes_with_one_seed_reach_a_full_view() {
         )
         .unwrap_or_else(|e| panic!("{e}\n{}", observer.log_text()));
     }
-    eprintln!("full view of {NODES} nodes {:?} after the last start", started.elapsed());
+    eprintln!(
+        "full view of {NODES} nodes {:?} after the last start",
+        started.elapsed()
+    );
 }

@@ -235,9 +235,11 @@ fn a_node_names_a_node_of_another_mesh_once_with_the_way_to_bring_it_in() {
     // Mallory's datagrams keep coming to alpha (sealed here with its certificate, as its
     // retries would be): each is dropped and counted, and none is named again.
     let wait_hint = |node: &mesh_tests::NodeProcess| {
-        wait_for(&format!("{} to name the other", node.name), DEADLINE, || {
-            node.log_text().contains(FOREIGN_HINT).then_some(())
-        })
+        wait_for(
+            &format!("{} to name the other", node.name),
+            DEADLINE,
+            || node.log_text().contains(FOREIGN_HINT).then_some(()),
+        )
         .unwrap_or_else(|e| panic!("{e}\n{}", node.log_text()));
     };
     wait_hint(&alpha);
@@ -282,9 +284,7 @@ fn a_node_names_a_node_of_another_mesh_once_with_the_way_to_bring_it_in() {
         wait_for(
             &format!("{} to name {}", node.name, other.name),
             DEADLINE,
-            || {
-                node.log_text().contains(FOREIGN_HINT).then_some(())
-            },
+            || node.log_text().contains(FOREIGN_HINT).then_some(()),
         )
         .unwrap_or_else(|e| panic!("{e}\n{}", node.log_text()));
         let log = node.log_text();

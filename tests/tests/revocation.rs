@@ -349,9 +349,7 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
                 observer
                     .log_text()
                     .lines()
-                    .any(|l| {
-                        l.contains("membership datagram from revoked node")
-                    })
+                    .any(|l| l.contains("membership datagram from revoked node"))
                     .then_some(())
             },
         )

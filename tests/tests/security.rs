@@ -111,9 +111,11 @@ fn a_node_from_another_ca_never_joins_the_fleet() {
 
     // Wait until alpha has dropped mallory's announce (its certificate is from another CA),
     // then look at both tables.
-    wait_for("mallory's announce dropped", Duration::from_secs(15), || {
-        (swim_dropped(&alpha, "certificate") >= 1).then_some(())
-    })
+    wait_for(
+        "mallory's announce dropped",
+        Duration::from_secs(15),
+        || (swim_dropped(&alpha, "certificate") >= 1).then_some(()),
+    )
     .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
     let names = |status: serde_json::Value| -> Vec<String> {
         status["nodes"]

@@ -302,7 +302,11 @@ mod tests {
             ..Sealer::new(sealer.signer.clone())
         };
         let behind = now_us() - 1_000_000;
-        assert!(opener.open(&restarted.seal_at(b"ping", behind).expect("seal")).is_ok());
+        assert!(
+            opener
+                .open(&restarted.seal_at(b"ping", behind).expect("seal"))
+                .is_ok()
+        );
     }
 
     #[test]

@@ -187,7 +187,8 @@ impl BroadcastHandler<Member> for Versions {
         if !newer {
             return Ok(None);
         }
-        book.latest.insert(item.id.clone(), (item.bump, item.version));
+        book.latest
+            .insert(item.id.clone(), (item.bump, item.version));
         book.raised.push(item.id.clone());
         Ok(Some(item))
     }
@@ -261,6 +262,10 @@ fn dropped(reason: &str) {
         .inc();
 }
 
+/// A finished `NodeInfo` fetch: the member, the `(bump, version)` it was fetched for, and the
+/// info with the fetch's time.
+type FetchDone = (Member, (u64, u64), Result<(NodeInfo, Duration), LinkError>);
+
 /// The loop's mutable state besides foca.
 struct Run<'a> {
     parts: &'a Membership,
@@ -270,7 +275,7 @@ struct Run<'a> {
     pending: HashMap<u64, Timer<Member>>,
     next_timer: u64,
     fetched: HashMap<NodeId, Fetched>,
-    fetches: JoinSet<(Member, (u64, u64), Result<NodeInfo, LinkError>)>,
+    fetches: JoinSet<FetchDone>,
     announced: HashMap<SocketAddr, (Instant, PeerSource)>,
     /// Advert announces waiting for their member: the address and when it counts as failed.
     advert_pending: HashMap<NodeId, (String, Instant)>,
@@ -306,11 +311,18 @@ impl ForeignNodes {
 impl Membership {
     /// Runs SWIM until `cancel`, then leaves the cluster (a goodbye to the members) and returns.
     /// `events` are discovery's: where a first member may be.
-    pub async fn run(&self, events: &mut mpsc::Receiver<DiscoveryEvent>, cancel: CancellationToken) {
+    pub async fn run(
+        &self,
+        events: &mut mpsc::Receiver<DiscoveryEvent>,
+        cancel: CancellationToken,
+    ) {
         // A restarted loop (after a panic) is a new run of this node: it must win.
         let own = Member {
             bump: self.own.bump
-                + 1000 * self.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                + 1000
+                    * self
+                        .restarts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..self.own.clone()
         };
         let versions = Versions::default();
@@ -535,7 +547,11 @@ impl Run<'_> {
     /// [`ANNOUNCE_EVERY`] per address, and not to an address of a live member.
     fn announce(&mut self, addrs: &[String], source: PeerSource) {
         let Some(addr) = addrs.iter().find_map(|a| a.parse::<SocketAddr>().ok()) else {
-            tracing::debug!(?addrs, source = source.as_str(), "no IP address to announce to");
+            tracing::debug!(
+                ?addrs,
+                source = source.as_str(),
+                "no IP address to announce to"
+            );
             return;
         };
         if addr == self.foca.identity().addr
@@ -612,14 +628,18 @@ impl Run<'_> {
     fn notified(&mut self, notification: OwnedNotification<Member>) {
         match notification {
             OwnedNotification::MemberUp(member) => {
-                self.parts.table.mark(&member.id, PeerState::Up, "alive (SWIM)");
+                self.parts
+                    .table
+                    .mark(&member.id, PeerState::Up, "alive (SWIM)");
                 self.advert_answered(&member.id);
                 self.maybe_fetch(&member.id);
             }
             OwnedNotification::MemberDown(member) => {
                 // A newer run of the same node may be alive at the same time.
                 if !self.alive(&member.id) {
-                    self.parts.table.mark(&member.id, PeerState::Down, "declared down (SWIM)");
+                    self.parts
+                        .table
+                        .mark(&member.id, PeerState::Down, "declared down (SWIM)");
                 }
             }
             OwnedNotification::Rename(before, after) => {
@@ -628,9 +648,7 @@ impl Run<'_> {
             OwnedNotification::Rejoin(own) => {
                 tracing::info!(bump = own.bump, "this node was declared down; rejoined");
             }
-            OwnedNotification::Active
-            | OwnedNotification::Idle
-            | OwnedNotification::Defunct => {}
+            OwnedNotification::Active | OwnedNotification::Idle | OwnedNotification::Defunct => {}
         }
     }
 
@@ -674,8 +692,14 @@ impl Run<'_> {
         state.fetching = true;
         let link = self.parts.link.clone();
         self.fetches.spawn(async move {
+            // The fetch's time (dial, handshake, call) is the round trip the router ranks by.
+            let started = Instant::now();
             let result = link.info(&member.addr.to_string(), &member.id).await;
-            (member, version, result)
+            (
+                member,
+                version,
+                result.map(|info| (info, started.elapsed())),
+            )
         });
     }
 
@@ -683,13 +707,13 @@ impl Run<'_> {
         &mut self,
         member: Member,
         version: (u64, u64),
-        result: Result<NodeInfo, LinkError>,
+        result: Result<(NodeInfo, Duration), LinkError>,
     ) {
         let (id, addr) = (member.id.clone(), member.addr);
         let state = self.fetched.entry(id.clone()).or_default();
         state.fetching = false;
         match result {
-            Ok(info) => {
+            Ok((info, rtt)) => {
                 state.at = Some((member.bump, version));
                 state.retry = None;
                 // Found where discovery pointed, or through another member.
@@ -698,19 +722,26 @@ impl Run<'_> {
                     .get(&addr)
                     .map_or(PeerSource::Exchange, |(_, source)| *source);
                 self.parts.table.beat(info, &addr.to_string(), source);
+                self.parts.table.set_rtt(&id, rtt);
                 if !self.alive(&id) {
-                    self.parts.table.mark(&id, PeerState::Down, "declared down (SWIM)");
+                    self.parts
+                        .table
+                        .mark(&id, PeerState::Down, "declared down (SWIM)");
                 }
             }
             Err(e) => {
                 // Tried again by the sync tick, backing off: 1 s, doubling up to 30 s.
-                let wait = state
-                    .retry
-                    .map_or(Duration::from_secs(1), |(_, last)| (last * 2).min(FETCH_BACKOFF_MAX));
+                let wait = state.retry.map_or(Duration::from_secs(1), |(_, last)| {
+                    (last * 2).min(FETCH_BACKOFF_MAX)
+                });
                 state.retry = Some((Instant::now() + wait, wait));
                 match e {
-                    LinkError::Invalid(why) => tracing::warn!(peer = %id.short(), %addr, "ignoring member: its NodeInfo is not its own ({why})"),
-                    other => tracing::debug!(peer = %id.short(), %addr, error = %other, "fetch NodeInfo"),
+                    LinkError::Invalid(why) => {
+                        tracing::warn!(peer = %id.short(), %addr, "ignoring member: its NodeInfo is not its own ({why})")
+                    }
+                    other => {
+                        tracing::debug!(peer = %id.short(), %addr, error = %other, "fetch NodeInfo")
+                    }
                 }
                 return;
             }
@@ -758,31 +789,71 @@ mod tests {
     fn a_node_of_another_mesh_is_met_once_and_the_set_stays_bounded() {
         let mut foreign = ForeignNodes::default();
         assert!(foreign.first_meeting("mallory", "fp1"));
-        assert!(!foreign.first_meeting("mallory", "fp1"), "a retry is no new meeting");
+        assert!(
+            !foreign.first_meeting("mallory", "fp1"),
+            "a retry is no new meeting"
+        );
         // A new certificate (re-issued elsewhere) or another name is a new node to name.
         assert!(foreign.first_meeting("mallory", "fp2"));
         assert!(foreign.first_meeting("eve", "fp1"));
         for i in foreign.seen.len()..MAX_FOREIGN_NODES {
             assert!(foreign.first_meeting(&format!("n{i}"), "fp"));
         }
-        assert!(!foreign.first_meeting("one-too-many", "fp"), "the set is full");
+        assert!(
+            !foreign.first_meeting("one-too-many", "fp"),
+            "the set is full"
+        );
         assert_eq!(foreign.seen.len(), MAX_FOREIGN_NODES);
     }
 
     #[test]
     fn a_gossiped_version_round_trips_and_orders_by_run_then_version() {
         let id = NodeId::from_spki_der(b"alpha");
-        let item = InfoVersion { id: id.clone(), bump: 7, version: 3 };
+        let item = InfoVersion {
+            id: id.clone(),
+            bump: 7,
+            version: 3,
+        };
         assert_eq!(InfoVersion::decode(&item.encode()).expect("decodes"), item);
         assert!(InfoVersion::decode(&item.encode()[1..]).is_err());
         let versions = Versions::default();
         let mut handler = versions.clone();
-        let newer_run = InfoVersion { id: id.clone(), bump: 8, version: 1 };
-        assert!(handler.receive_item(&item.encode(), None).expect("ok").is_some());
-        assert!(handler.receive_item(&item.encode(), None).expect("ok").is_none(), "not newer");
-        assert!(handler.receive_item(&newer_run.encode(), None).expect("ok").is_some());
-        let stale = InfoVersion { id, bump: 7, version: 9 };
-        assert!(handler.receive_item(&stale.encode(), None).expect("ok").is_none(), "older run");
+        let newer_run = InfoVersion {
+            id: id.clone(),
+            bump: 8,
+            version: 1,
+        };
+        assert!(
+            handler
+                .receive_item(&item.encode(), None)
+                .expect("ok")
+                .is_some()
+        );
+        assert!(
+            handler
+                .receive_item(&item.encode(), None)
+                .expect("ok")
+                .is_none(),
+            "not newer"
+        );
+        assert!(
+            handler
+                .receive_item(&newer_run.encode(), None)
+                .expect("ok")
+                .is_some()
+        );
+        let stale = InfoVersion {
+            id,
+            bump: 7,
+            version: 9,
+        };
+        assert!(
+            handler
+                .receive_item(&stale.encode(), None)
+                .expect("ok")
+                .is_none(),
+            "older run"
+        );
         assert_eq!(versions.book.lock_unpoisoned().raised.len(), 2);
     }
 }

@@ -681,8 +681,8 @@ mod tests {
 
         let link = NodeLink::new(Dialer::Plain).with_deadlines(short());
         fails_in_time("Node.GetInfo", link.info(&silent, &own)).await;
-        let mut client = PeerClient::new(channels.get(&silent).await.expect("connects"))
-            .with_deadlines(short());
+        let mut client =
+            PeerClient::new(channels.get(&silent).await.expect("connects")).with_deadlines(short());
         fails_in_time("Node.ListPeers", client.list_peers()).await;
 
         // A peer that answers is still served by the same clients.

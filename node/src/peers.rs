@@ -9,9 +9,18 @@
 //!
 //! This module decides liveness and membership only; it does not route or run anything.
 
-use std::{collections::HashMap, sync::RwLock, time::SystemTime};
+use std::{
+    collections::HashMap,
+    sync::{Mutex, RwLock},
+    time::SystemTime,
+};
 
-use mesh_domain::{BoxFuture, NodeId, NodeInfo, PeerState, sync::RwLockExt, time::unix_ms};
+use mesh_domain::{
+    BoxFuture, NodeId, NodeInfo, PeerState,
+    sync::{MutexExt, RwLockExt},
+    time::unix_ms,
+};
+use tokio::sync::mpsc;
 
 use crate::discovery::PeerSource;
 
@@ -98,9 +107,42 @@ impl Peer {
 #[derive(Debug, Default)]
 pub struct PeerTable {
     peers: RwLock<HashMap<NodeId, Peer>>,
+    /// Where reports of peers found unreachable go (membership reads them).
+    unreachable: Mutex<Option<mpsc::Sender<NodeId>>>,
 }
 
+/// Most unreachable reports waiting for membership; past it more are dropped (membership's own
+/// probes find those peers).
+const UNREACHABLE_REPORTS: usize = 64;
+
 impl PeerTable {
+    /// The reports of [`PeerTable::report_unreachable`], from now on (a later call takes them
+    /// over: membership calls it each time it starts).
+    pub fn unreachable_reports(&self) -> mpsc::Receiver<NodeId> {
+        let (tx, rx) = mpsc::channel(UNREACHABLE_REPORTS);
+        *self.unreachable.lock_unpoisoned() = Some(tx);
+        rx
+    }
+
+    /// A connection to `addr` was refused: the `up` peer there is `suspect` at once, and
+    /// membership suspects it in SWIM too (it is `down` within the suspicion time unless it
+    /// refutes), so the router stops picking a node that is gone before the next probe finds
+    /// it.
+    pub fn report_unreachable(&self, addr: &str) {
+        let id = {
+            let peers = self.peers.read_unpoisoned();
+            peers
+                .values()
+                .find(|p| p.addr == addr && p.state == PeerState::Up)
+                .map(|p| p.info.id.clone())
+        };
+        let Some(id) = id else { return };
+        self.mark(&id, PeerState::Suspect, "connection refused");
+        if let Some(tx) = self.unreachable.lock_unpoisoned().as_ref() {
+            let _ = tx.try_send(id);
+        }
+    }
+
     /// Records a fetched `NodeInfo`: the peer is up, with this info. A revoked peer stays
     /// revoked.
     pub fn beat(&self, info: NodeInfo, addr: &str, source: PeerSource) {
@@ -242,6 +284,23 @@ mod tests {
         table.mark(&id, PeerState::Up, "SWIM");
         table.beat(info("alpha"), "127.0.0.1:1", PeerSource::Static);
         assert_eq!(table.get(&id).expect("present").state, PeerState::Revoked);
+    }
+
+    #[test]
+    fn a_refused_connection_makes_an_up_peer_suspect_and_tells_membership() {
+        let table = PeerTable::default();
+        let mut reports = table.unreachable_reports();
+        let alpha = info("alpha");
+        let id = alpha.id.clone();
+        table.beat(alpha, "127.0.0.1:1", PeerSource::Static);
+        table.report_unreachable("127.0.0.1:2");
+        assert_eq!(table.get(&id).expect("present").state, PeerState::Up);
+        table.report_unreachable("127.0.0.1:1");
+        assert_eq!(table.get(&id).expect("present").state, PeerState::Suspect);
+        assert_eq!(reports.try_recv().ok(), Some(id.clone()));
+        // Only an up peer is reported: a suspect or down one is membership's already.
+        table.report_unreachable("127.0.0.1:1");
+        assert!(reports.try_recv().is_err());
     }
 
     #[test]

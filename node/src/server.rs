@@ -348,7 +348,7 @@ impl Node {
             let store: Arc<dyn Store> = store.clone();
             Arc::new(Issuer::new(ca, store))
         });
-        let channels = PeerChannels::new(dialer.clone());
+        let channels = PeerChannels::new(dialer.clone()).reporting_to(peers.clone());
         let (memory, memory_writes) = Memory::open(
             store.clone(),
             signer,

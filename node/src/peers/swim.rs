@@ -350,6 +350,7 @@ impl Membership {
         };
         run.raise_version();
         let mut changes = self.changes.clone();
+        let mut unreachable = self.table.unreachable_reports();
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let mut sync = tokio::time::interval(SYNC_EVERY);
         let mut version_tick = tokio::time::interval(VERSION_EVERY);
@@ -377,6 +378,7 @@ impl Membership {
                         run.fetched_info(member, version, result);
                     }
                 }
+                Some(id) = unreachable.recv() => run.suspect(&id),
                 _ = sync.tick() => {
                     run.sync_table();
                     run.expire_adverts();
@@ -574,6 +576,24 @@ impl Run<'_> {
         tracing::debug!(%addr, source = source.as_str(), "announcing to a candidate member");
         if let Err(e) = self.foca.announce(Member::at(addr), &mut self.runtime) {
             tracing::debug!(error = %e, "announce");
+        }
+    }
+
+    /// Suspects the live member `id` (a connection to it was refused): it refutes if alive,
+    /// else it is down within the suspicion time.
+    fn suspect(&mut self, id: &NodeId) {
+        let update = self
+            .foca
+            .iter_members()
+            .filter(|m| m.id().id == *id && m.state() == State::Alive)
+            .max_by_key(|m| m.id().bump)
+            .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), State::Suspect));
+        if let Some(update) = update
+            && let Err(e) = self
+                .foca
+                .apply_many(std::iter::once(update), true, &mut self.runtime)
+        {
+            tracing::debug!(error = %e, "suspect an unreachable member");
         }
     }
 

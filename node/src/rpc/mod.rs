@@ -331,6 +331,8 @@ fn warn_legacy_once(identity: &CertIdentity) {
 #[derive(Debug, Clone)]
 pub struct PeerChannels {
     dialer: Dialer,
+    /// Told of addresses whose connection is refused, so membership suspects them at once.
+    table: Option<Arc<PeerTable>>,
     channels: Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>,
     /// How long each call on these channels may take (tests shorten them).
     deadlines: Deadlines,
@@ -342,9 +344,16 @@ impl PeerChannels {
     pub fn new(dialer: Dialer) -> Self {
         Self {
             dialer,
+            table: None,
             channels: Arc::default(),
             deadlines: Deadlines::default(),
         }
+    }
+
+    /// The same, reporting refused connections to `table` ([`PeerTable::report_unreachable`]).
+    pub fn reporting_to(mut self, table: Arc<PeerTable>) -> Self {
+        self.table = Some(table);
+        self
     }
 
     /// The same, with other deadlines (tests wait for a silent peer in milliseconds).
@@ -364,7 +373,15 @@ impl PeerChannels {
         if let Some(channel) = cached {
             return Ok(channel);
         }
-        let channel = self.dialer.connect(addr).await?.channel;
+        let channel = match self.dialer.connect(addr).await {
+            Ok(connection) => connection.channel,
+            Err(e) => {
+                if let (DialError::Refused(_), Some(table)) = (&e, &self.table) {
+                    table.report_unreachable(addr);
+                }
+                return Err(e);
+            }
+        };
         self.channels
             .lock_unpoisoned()
             .insert(addr.to_owned(), channel.clone());

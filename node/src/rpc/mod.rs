@@ -14,7 +14,11 @@ pub mod memory;
 pub mod models;
 pub mod tasks;
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use mesh_domain::{BoxFuture, NodeId, NodeInfo, sync::MutexExt};
 use mesh_identity::{
@@ -325,17 +329,25 @@ fn warn_legacy_once(identity: &CertIdentity) {
     }
 }
 
+/// How long a cached channel to a peer stays unused before it is dropped (its connection
+/// closes once no call holds it): a node keeps connections only to the peers it talks to.
+pub const CHANNEL_IDLE: Duration = Duration::from_secs(60);
+
 /// One kept-open channel per peer address, shared by the delegation, chat and replication
 /// clients, so a forwarded task or a push does not pay a TCP and TLS handshake; with the
-/// deadlines every call on them gets.
+/// deadlines every call on them gets. A channel unused for [`CHANNEL_IDLE`] is dropped (checked
+/// at every use of the cache; replication uses it every sync interval).
 #[derive(Debug, Clone)]
 pub struct PeerChannels {
     dialer: Dialer,
     /// Told of addresses whose connection is refused, so membership suspects them at once.
     table: Option<Arc<PeerTable>>,
-    channels: Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>,
+    /// The channels by address, with when each was last handed out.
+    channels: Arc<std::sync::Mutex<std::collections::HashMap<String, (Channel, Instant)>>>,
     /// How long each call on these channels may take (tests shorten them).
     deadlines: Deadlines,
+    /// How long an unused channel is kept ([`CHANNEL_IDLE`]; tests shorten it).
+    idle: Duration,
 }
 
 impl PeerChannels {
@@ -347,7 +359,19 @@ impl PeerChannels {
             table: None,
             channels: Arc::default(),
             deadlines: Deadlines::default(),
+            idle: CHANNEL_IDLE,
         }
+    }
+
+    /// The same, dropping channels unused for `idle` (tests).
+    pub fn with_idle(mut self, idle: Duration) -> Self {
+        self.idle = idle;
+        self
+    }
+
+    /// The addresses a channel is cached for.
+    pub fn cached(&self) -> Vec<String> {
+        self.channels.lock_unpoisoned().keys().cloned().collect()
     }
 
     /// The same, reporting refused connections to `table` ([`PeerTable::report_unreachable`]).
@@ -369,9 +393,14 @@ impl PeerChannels {
 
     /// The channel to `addr`, dialing it the first time.
     pub async fn get(&self, addr: &str) -> Result<Channel, DialError> {
-        let cached = self.channels.lock_unpoisoned().get(addr).cloned();
-        if let Some(channel) = cached {
-            return Ok(channel);
+        let now = Instant::now();
+        {
+            let mut channels = self.channels.lock_unpoisoned();
+            channels.retain(|_, (_, used)| now.duration_since(*used) < self.idle);
+            if let Some((channel, used)) = channels.get_mut(addr) {
+                *used = now;
+                return Ok(channel.clone());
+            }
         }
         let channel = match self.dialer.connect(addr).await {
             Ok(connection) => connection.channel,
@@ -384,7 +413,7 @@ impl PeerChannels {
         };
         self.channels
             .lock_unpoisoned()
-            .insert(addr.to_owned(), channel.clone());
+            .insert(addr.to_owned(), (channel.clone(), Instant::now()));
         Ok(channel)
     }
 
@@ -556,6 +585,27 @@ mod tests {
         Nothing,
         /// Answers with the headers of a gRPC response, then never sends a message.
         AfterHeaders,
+    }
+
+    /// Issue 17, point 4: a channel unused for the idle time is dropped from the cache (its
+    /// connection closes with the last call holding it), one in use is kept.
+    #[tokio::test]
+    async fn a_channel_unused_for_the_idle_time_is_dropped() {
+        let idle = Duration::from_millis(200);
+        let channels = PeerChannels::new(Dialer::Plain).with_idle(idle);
+        let (quiet, busy) = (
+            silent_peer(Silence::Nothing).await,
+            silent_peer(Silence::Nothing).await,
+        );
+        channels.get(&quiet).await.expect("dial quiet");
+        channels.get(&busy).await.expect("dial busy");
+        let started = Instant::now();
+        while started.elapsed() < idle * 2 {
+            // `busy` is used every 50 ms; `quiet` never again.
+            tokio::time::sleep(Duration::from_millis(50)).await; // the pace of use under test
+            channels.get(&busy).await.expect("busy");
+        }
+        assert_eq!(channels.cached(), [busy]);
     }
 
     /// A gRPC server on loopback that accepts any call and goes silent: a hung or hostile peer.

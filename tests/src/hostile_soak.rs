@@ -28,7 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, ensure};
+use anyhow::Context;
 use mesh_proto::v1 as pb;
 
 use crate::{
@@ -129,7 +129,8 @@ impl HostileSoakReport {
 
 /// Runs the soak; an error means the mesh could not be set up or checked, not a finding.
 pub fn run(options: &HostileSoakOptions) -> anyhow::Result<HostileSoakReport> {
-    raise_own_limit(options.idle_sockets)?;
+    // The flood holds two sockets per idle connection it keeps, plus room.
+    crate::raise_open_files_limit(2 * options.idle_sockets as u64 + 500)?;
     let h = Harness::new()?;
     let runtime = tokio::runtime::Runtime::new()?;
     let beta = h.spawn(NodeOptions::new("beta"))?;
@@ -169,7 +170,7 @@ pub fn run(options: &HostileSoakOptions) -> anyhow::Result<HostileSoakReport> {
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     thread::scope(|scope| -> anyhow::Result<()> {
         let flood = scope.spawn(|| flood(&[grpc, door], options.idle_sockets, &stop));
-        let sampler = scope.spawn(|| sample(alpha.pid(), started, &stop));
+        let sampler = scope.spawn(|| sample(&alpha, started, &stop));
         let status = scope.spawn(|| status_loop(&h, &alpha, &stop));
         let readers = [&beta, &gamma];
         let (workload, adversary) = runtime.block_on(async {
@@ -292,28 +293,6 @@ fn hostile_behaviour(hostile: &HostilePeer, beta_id: &str) -> Behaviour {
     }
 }
 
-/// Raises this process's soft open-files limit to its hard one: the flood holds two sockets
-/// per idle connection it keeps, plus room.
-fn raise_own_limit(idle_sockets: usize) -> anyhow::Result<()> {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let limit = getrlimit(Resource::Nofile);
-    let hard = limit.maximum.unwrap_or(65_536);
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(hard),
-            maximum: limit.maximum,
-        },
-    )
-    .context("raise the soak's open-files limit")?;
-    ensure!(
-        hard >= 2 * idle_sockets as u64 + 500,
-        "the hard open-files limit ({hard}) leaves no room for {} sockets: raise it (ulimit -Hn)",
-        2 * idle_sockets
-    );
-    Ok(())
-}
-
 /// Holds `per_port` idle sockets open on each address, reopening those the node closed, until
 /// `stop`; answers (opened, closed by the node, connection attempts that failed).
 fn flood(addrs: &[SocketAddr], per_port: usize, stop: &AtomicBool) -> (usize, usize, usize) {
@@ -350,23 +329,13 @@ fn flood(addrs: &[SocketAddr], per_port: usize, stop: &AtomicBool) -> (usize, us
 }
 
 /// Samples the node's RSS and open descriptors every second until `stop`.
-fn sample(pid: u32, started: Instant, stop: &AtomicBool) -> Vec<Sample> {
+fn sample(node: &NodeProcess, started: Instant, stop: &AtomicBool) -> Vec<Sample> {
     let mut samples = Vec::new();
     while !stop.load(Ordering::SeqCst) {
-        let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|status| {
-                status
-                    .lines()
-                    .find_map(|line| line.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            })
-            .unwrap_or(0);
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count());
         samples.push(Sample {
             at: started.elapsed(),
-            rss_kib,
-            fds,
+            rss_kib: node.rss_kib(),
+            fds: node.open_fds(),
         });
         thread::sleep(Duration::from_secs(1));
     }

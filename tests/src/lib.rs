@@ -115,6 +115,29 @@ pub fn arg(n: usize, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Raises this process's soft open-files limit to its hard one (flood tests hold thousands of
+/// sockets) and returns the hard limit; an error names the fix when even that leaves fewer
+/// than `needed`.
+pub fn raise_open_files_limit(needed: u64) -> anyhow::Result<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum.unwrap_or(65_536);
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: limit.maximum,
+        },
+    )
+    .context("raise the open-files limit")?;
+    if hard < needed {
+        bail!(
+            "the hard open-files limit ({hard}) is below the {needed} this needs: raise it (ulimit -Hn)"
+        );
+    }
+    Ok(hard)
+}
+
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(
     what: &str,
@@ -474,6 +497,24 @@ impl NodeProcess {
         wait_for("node to exit", timeout, || {
             child.try_wait().ok().flatten().map(|status| status.code())
         })
+    }
+
+    /// How many file descriptors the process has open now (0 once it is gone).
+    pub fn open_fds(&self) -> usize {
+        fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |dir| dir.count())
+    }
+
+    /// The process's resident set size now, KiB (`VmRSS`; 0 once it is gone).
+    pub fn rss_kib(&self) -> u64 {
+        fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .ok()
+            .and_then(|status| {
+                status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
+            .unwrap_or(0)
     }
 
     /// The node's log so far.

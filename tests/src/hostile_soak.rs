@@ -64,6 +64,17 @@ pub struct Sample {
     pub fds: usize,
 }
 
+/// The flood on one of alpha's ports.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Flood {
+    /// Idle sockets opened.
+    pub opened: usize,
+    /// Of them, closed by alpha.
+    pub closed: usize,
+    /// Connection attempts that failed (refused at a cap, timed out).
+    pub refused: usize,
+}
+
 /// What a hostile soak saw.
 #[derive(Debug, Default, Clone)]
 pub struct HostileSoakReport {
@@ -79,12 +90,8 @@ pub struct HostileSoakReport {
     pub status: Vec<Duration>,
     /// `mesh-cli status` calls that failed or took longer than 5 s.
     pub status_failures: Vec<String>,
-    /// Idle sockets the flood opened, and how many of them alpha closed.
-    pub flood_opened: usize,
-    /// Idle sockets alpha closed.
-    pub flood_closed: usize,
-    /// Connection attempts of the flood that failed (refused at a cap, timed out).
-    pub flood_refused: usize,
+    /// The flood on alpha's gRPC port, then on its front door.
+    pub flood: [Flood; 2],
     /// Adversarial calls the hostile member made as a client.
     pub hostile_calls: usize,
     /// Of them, forgeries alpha accepted (must be 0).
@@ -190,11 +197,7 @@ pub fn run(options: &HostileSoakOptions) -> anyhow::Result<HostileSoakReport> {
         report.hostile_calls = hostile_calls;
         report.forgeries_accepted = forgeries_accepted;
         let joined = |e| anyhow::anyhow!("a soak thread panicked: {e:?}");
-        (
-            report.flood_opened,
-            report.flood_closed,
-            report.flood_refused,
-        ) = flood.join().map_err(joined)?;
+        report.flood = flood.join().map_err(joined)?;
         report.samples = sampler.join().map_err(joined)?;
         (report.status, report.status_failures) = status.join().map_err(joined)?;
         Ok(())
@@ -294,30 +297,30 @@ fn hostile_behaviour(hostile: &HostilePeer, beta_id: &str) -> Behaviour {
 }
 
 /// Holds `per_port` idle sockets open on each address, reopening those the node closed, until
-/// `stop`; answers (opened, closed by the node, connection attempts that failed).
-fn flood(addrs: &[SocketAddr], per_port: usize, stop: &AtomicBool) -> (usize, usize, usize) {
-    let (mut opened, mut closed, mut refused) = (0, 0, 0);
-    let mut sockets: Vec<Vec<TcpStream>> = addrs.iter().map(|_| Vec::new()).collect();
+/// `stop`; what happened on each.
+fn flood(addrs: &[SocketAddr; 2], per_port: usize, stop: &AtomicBool) -> [Flood; 2] {
+    let mut floods = [Flood::default(); 2];
+    let mut sockets: [Vec<TcpStream>; 2] = [Vec::new(), Vec::new()];
     let mut buf = [0u8; 16];
     while !stop.load(Ordering::SeqCst) {
-        for (addr, held) in addrs.iter().zip(&mut sockets) {
+        for ((addr, held), flood) in addrs.iter().zip(&mut sockets).zip(&mut floods) {
             let before = held.len();
             held.retain(|tcp| match (&*tcp).read(&mut buf) {
                 Ok(0) => false,
                 Ok(_) => true,
                 Err(e) => e.kind() == ErrorKind::WouldBlock,
             });
-            closed += before - held.len();
+            flood.closed += before - held.len();
             while held.len() < per_port && !stop.load(Ordering::SeqCst) {
                 match TcpStream::connect_timeout(addr, Duration::from_secs(1))
                     .and_then(|tcp| tcp.set_nonblocking(true).map(|()| tcp))
                 {
                     Ok(tcp) => {
                         held.push(tcp);
-                        opened += 1;
+                        flood.opened += 1;
                     }
                     Err(_) => {
-                        refused += 1;
+                        flood.refused += 1;
                         break;
                     }
                 }
@@ -325,7 +328,7 @@ fn flood(addrs: &[SocketAddr], per_port: usize, stop: &AtomicBool) -> (usize, us
         }
         thread::sleep(Duration::from_millis(200));
     }
-    (opened, closed, refused)
+    floods
 }
 
 /// Samples the node's RSS and open descriptors every second until `stop`.

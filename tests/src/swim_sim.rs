@@ -76,16 +76,20 @@ pub struct SimParams {
     pub latency: (Duration, Duration),
     /// Seed of every random choice.
     pub seed: u64,
+    /// Every member's foca configuration.
+    pub config: Config,
 }
 
 impl SimParams {
-    /// `members` on a LAN (0.2–2 ms one way) losing `loss` of the datagrams.
+    /// `members` on a LAN (0.2–2 ms one way) losing `loss` of the datagrams, configured as
+    /// [`node_config`] says.
     pub fn lan(members: usize, loss: f64, seed: u64) -> Self {
         Self {
             members,
             loss,
             latency: (Duration::from_micros(200), Duration::from_millis(2)),
             seed,
+            config: node_config(members),
         }
     }
 }
@@ -196,7 +200,7 @@ impl Sim {
     /// `params.members` members that all know each other (as after the fleet formed), their
     /// first probes spread over one probe period as real nodes' would be.
     pub fn new(params: SimParams) -> Self {
-        let config = node_config(params.members);
+        let config = params.config.clone();
         let mut ids_rng = Xoshiro256PlusPlus::seed_from_u64(params.seed);
         let ids: Vec<SimId> = (0..params.members)
             .map(|i| SimId {

@@ -4,11 +4,15 @@
 //! run with 1% and 5% packet loss. Deterministic: the same arguments print the same numbers.
 //! The simulation is [`mesh_tests::swim_sim`].
 //!
-//! Run: `cargo build --release --bins && target/release/swim-sim [LONG_SECS] [KILLS] [SIZES]`
-//! (defaults: a 600-s simulated run per loss rate, 20 kills, sizes `100,500,1000`).
+//! Run: `cargo build --release --bins && target/release/swim-sim [LONG_SECS] [KILLS] [SIZES]
+//! [PERIOD_MS] [SUSPECT_MS]` (defaults: a 600-s simulated run per loss rate, 20 kills, sizes
+//! `100,500,1000`, and `Config::new_lan`'s probe period and suspicion timeout). PERIOD_MS sets
+//! the probe period (the direct-probe timeout stays half of it, as in `new_lan`) and SUSPECT_MS
+//! the suspect → down timeout, to try a faster configuration against the same losses.
 
 use std::{process::ExitCode, time::Duration, time::Instant};
 
+use foca::Config;
 use mesh_tests::swim_sim::{Detection, Sim, SimParams, detect, node_config};
 use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
 
@@ -40,16 +44,44 @@ fn main() -> ExitCode {
         eprintln!("error: a fleet needs at least 3 members to simulate a kill, not {bad}");
         return ExitCode::FAILURE;
     }
+    let period = std::env::args()
+        .nth(4)
+        .map(|_| mesh_tests::arg(4, 0) as u64);
+    let suspect = std::env::args()
+        .nth(5)
+        .map(|_| mesh_tests::arg(5, 0) as u64);
+    if period == Some(0) || suspect == Some(0) {
+        eprintln!("error: PERIOD_MS and SUSPECT_MS must be whole milliseconds above 0");
+        return ExitCode::FAILURE;
+    }
     for n in sizes {
-        simulate(n, kills, long);
+        let mut config = node_config(n);
+        if let Some(ms) = period {
+            config.probe_period = Duration::from_millis(ms);
+            config.probe_rtt = Duration::from_millis(ms) / 2;
+        }
+        if let Some(ms) = suspect {
+            config.suspect_to_down_after = Duration::from_millis(ms);
+        }
+        simulate(n, &config, kills, long);
     }
     ExitCode::SUCCESS
 }
 
-fn simulate(n: usize, kills: usize, long: Duration) {
-    let config = node_config(n);
+fn simulate(n: usize, config: &Config, kills: usize, long: Duration) {
+    let params = |loss| SimParams {
+        config: config.clone(),
+        ..SimParams::lan(n, loss, SEED)
+    };
     println!(
-        "== {n} members: foca Config::new_lan({n}): probe every {:?}, probe rtt {:?}, {} indirect probes, suspect -> down after {:.1} s, {} transmissions per update, gossip {:?}, announce {:?}",
+        "== {n} members: foca Config::new_lan({n}){}: probe every {:?}, probe rtt {:?}, {} indirect probes, suspect -> down after {:.1} s, {} transmissions per update, gossip {:?}, announce {:?}",
+        if config.probe_period == node_config(n).probe_period
+            && config.suspect_to_down_after == node_config(n).suspect_to_down_after
+        {
+            ""
+        } else {
+            " with the changes given"
+        },
         config.probe_period,
         config.probe_rtt,
         config.num_indirect_probes,
@@ -67,7 +99,7 @@ fn simulate(n: usize, kills: usize, long: Duration) {
     let wall = Instant::now();
 
     // Idle traffic and detection without loss.
-    let mut sim = Sim::new(SimParams::lan(n, 0.0, SEED));
+    let mut sim = Sim::new(params(0.0));
     sim.run_for(WARM_UP);
     sim.reset_traffic();
     sim.run_for(RATE_WINDOW);
@@ -86,7 +118,7 @@ fn simulate(n: usize, kills: usize, long: Duration) {
     detection(&detections);
 
     for loss in [0.01, 0.05] {
-        let mut sim = Sim::new(SimParams::lan(n, loss, SEED));
+        let mut sim = Sim::new(params(loss));
         sim.run_for(WARM_UP);
         sim.reset_traffic();
         sim.run_for(long);

@@ -2,7 +2,7 @@
 //! fast it moves, as issue 17 asks, so the current design and its replacement are compared by
 //! the same numbers:
 //!
-//! - full view: time from the last node's start until every node lists every other as `up`;
+//! - full view: time from the last node's start (its process is spawned) until every node lists every other as `up`;
 //! - idle CPU (per node and all together) over a window with no requests, from the nodes'
 //!   `/proc/PID/stat`, and their RSS;
 //! - a new member → every node lists it `up`;
@@ -73,7 +73,9 @@ fn run(n: usize, idle: Duration) -> anyhow::Result<()> {
     let seed = harness.spawn(options("n00"))?;
     let seed_addr = seed.addr.clone();
     let mut nodes = vec![seed];
+    let mut since = Instant::now();
     for i in 1..n {
+        since = Instant::now(); // the last node's start, once the loop ends
         nodes.push(harness.spawn(options(&format!("n{i:02}")).peer(&seed_addr))?);
     }
     println!(
@@ -83,7 +85,6 @@ fn run(n: usize, idle: Duration) -> anyhow::Result<()> {
     let names: Arc<Vec<String>> = Arc::new(nodes.iter().map(|n| n.name.clone()).collect());
 
     // Full view: every node lists the n-1 others up.
-    let since = Instant::now();
     let clients = rt.block_on(connect(&dialer, &nodes))?;
     let all = names.clone();
     let full = rt.block_on(poll_all(
@@ -122,10 +123,10 @@ fn run(n: usize, idle: Duration) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<f64>>>()?;
     println!("{:<36} per node {}", "RSS", spread(&rss, " MB"));
 
-    // A new member: from its start (it listens) until every node lists it up.
+    // A new member: from its start (its process is spawned) until every node lists it up.
     let mut clients = rt.block_on(connect(&dialer, &nodes))?;
-    let late = harness.spawn(options("late").peer(&seed_addr))?;
     let since = Instant::now();
+    let late = harness.spawn(options("late").peer(&seed_addr))?;
     let known = rt.block_on(poll_all(
         &clients,
         every,

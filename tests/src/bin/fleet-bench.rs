@@ -7,6 +7,8 @@
 //!   `/proc/PID/stat`, and their RSS;
 //! - a new member → every node lists it `up`;
 //! - a write (memory Put on one node) → visible by Get on every node;
+//! - SIGSTOP (a host that vanishes: no reset, no goodbye) → every node lists it `down`, and
+//!   SIGCONT → `up` again everywhere;
 //! - SIGKILL → every node lists the killed node `down`; SIGTERM → likewise.
 //!
 //! The nodes run with the harness ([`mesh_tests::Harness`]): 127.0.0.1, ephemeral ports, mDNS
@@ -52,8 +54,10 @@ fn main() -> ExitCode {
 }
 
 fn run(n: usize, idle: Duration) -> anyhow::Result<()> {
-    if n < 4 {
-        bail!("give at least 4 nodes (one is killed, one stopped, one writes), not {n}");
+    if n < 5 {
+        bail!(
+            "give at least 5 nodes (a seed, a writer, one stopped, one killed, one terminated), not {n}"
+        );
     }
     let rt = tokio::runtime::Runtime::new()?;
     let harness = Harness::new()?;
@@ -159,26 +163,38 @@ fn run(n: usize, idle: Duration) -> anyhow::Result<()> {
     let seen = rt.block_on(poll_reads(&readers, every, since, value));
     report("write on one -> readable everywhere", &seen);
 
-    // SIGKILL, then SIGTERM, of two nodes that are neither the seed nor the writer.
-    for (victim, signal) in [(n - 1, "KILL"), (n - 2, "TERM")] {
+    // A host that vanishes without closing its connections (SIGSTOP: no reset, no goodbye),
+    // then comes back (SIGCONT); then SIGKILL and SIGTERM. The victims are neither the seed
+    // nor the writer.
+    let mut gone = Vec::new();
+    for (victim, signal, to) in [
+        (n - 3, "STOP", pb::PeerState::Down),
+        (n - 3, "CONT", pb::PeerState::Up),
+        (n - 1, "KILL", pb::PeerState::Down),
+        (n - 2, "TERM", pb::PeerState::Down),
+    ] {
         let name = nodes[victim].name.clone();
         let observers: Vec<Channel> = clients
             .iter()
             .enumerate()
-            .filter(|(i, _)| nodes[*i].name != name && !(signal == "TERM" && *i == n - 1))
+            .filter(|(i, _)| *i != victim && !gone.contains(i))
             .map(|(_, c)| c.clone())
             .collect();
         let since = Instant::now();
         nodes[victim].signal(signal)?;
-        let down = rt.block_on(poll_all(
+        let seen = rt.block_on(poll_all(
             &observers,
             every,
             since,
             EVENT_TIMEOUT,
-            move |_, peers| state(peers, &name) == Some(pb::PeerState::Down),
+            move |_, peers| state(peers, &name) == Some(to),
         ));
-        report(&format!("SIG{signal} -> down everywhere"), &down);
-        nodes[victim].wait_exit(Duration::from_secs(10))?;
+        let state_name = if to == pb::PeerState::Up { "up" } else { "down" };
+        report(&format!("SIG{signal} -> {state_name} everywhere"), &seen);
+        if matches!(signal, "KILL" | "TERM") {
+            nodes[victim].wait_exit(Duration::from_secs(10))?;
+            gone.push(victim);
+        }
     }
     Ok(())
 }

@@ -189,7 +189,11 @@ fn run(n: usize, idle: Duration) -> anyhow::Result<()> {
             EVENT_TIMEOUT,
             move |_, peers| state(peers, &name) == Some(to),
         ));
-        let state_name = if to == pb::PeerState::Up { "up" } else { "down" };
+        let state_name = if to == pb::PeerState::Up {
+            "up"
+        } else {
+            "down"
+        };
         report(&format!("SIG{signal} -> {state_name} everywhere"), &seen);
         if matches!(signal, "KILL" | "TERM") {
             nodes[victim].wait_exit(Duration::from_secs(10))?;

@@ -103,7 +103,7 @@ pub fn node_config(members: usize) -> Config {
     Config::new_lan(size)
 }
 
-/// One `down` verdict: `observer` declared `subject` down at `at`.
+/// One verdict: `observer` declared `subject` down (or up) at `at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
     /// Simulated time since the start.
@@ -176,6 +176,9 @@ pub struct Sim {
     runtime: AccumulatingRuntime<SimId>,
     traffic: Vec<Traffic>,
     downs: Vec<Verdict>,
+    ups: Vec<Verdict>,
+    /// Node ids of members that join later.
+    keys: Xoshiro256PlusPlus,
     /// Calls foca refused (a datagram it could not decode, a probe cycle cut short).
     pub errors: u64,
 }
@@ -212,10 +215,7 @@ impl Sim {
         let members = ids
             .iter()
             .enumerate()
-            .map(|(i, id)| {
-                let rng = Xoshiro256PlusPlus::seed_from_u64(params.seed ^ ((i as u64 + 1) << 20));
-                Foca::new(id.clone(), config.clone(), rng, PostcardCodec)
-            })
+            .map(|(i, id)| Self::member(&params, i, id.clone()))
             .collect();
         let mut sim = Self {
             net: Xoshiro256PlusPlus::seed_from_u64(!params.seed),
@@ -228,6 +228,8 @@ impl Sim {
             queue: BinaryHeap::new(),
             runtime: AccumulatingRuntime::new(),
             downs: Vec::new(),
+            ups: Vec::new(),
+            keys: ids_rng,
             errors: 0,
         };
         let period = micros(config.probe_period);
@@ -243,6 +245,31 @@ impl Sim {
             sim.drain(i, jitter);
         }
         sim
+    }
+
+    /// Member `index`'s foca, with a generator of its own so runs repeat.
+    fn member(params: &SimParams, index: usize, id: SimId) -> SimFoca {
+        let rng = Xoshiro256PlusPlus::seed_from_u64(params.seed ^ ((index as u64 + 1) << 20));
+        Foca::new(id, params.config.clone(), rng, PostcardCodec)
+    }
+
+    /// Starts a new member that knows only `seed` and announces itself to it, as a node
+    /// started with one static peer does; returns its index.
+    pub fn join(&mut self, seed: usize) -> usize {
+        let index = self.members.len();
+        let id = SimId {
+            key: self.keys.random(),
+            addr: addr_of(index),
+            bump: 0,
+        };
+        let seed_id = self.members[seed].identity().clone();
+        self.members.push(Self::member(&self.params, index, id));
+        self.alive.push(true);
+        self.traffic.push(Traffic::default());
+        let result = self.members[index].announce(seed_id, &mut self.runtime);
+        self.record(result.is_err());
+        self.drain(index, 0);
+        index
     }
 
     /// Simulated time since the start.
@@ -273,6 +300,11 @@ impl Sim {
     /// Every `down` verdict so far.
     pub fn downs(&self) -> &[Verdict] {
         &self.downs
+    }
+
+    /// Every `up` verdict so far (a member learning of another, or of its return).
+    pub fn ups(&self) -> &[Verdict] {
+        &self.ups
     }
 
     /// What each member sent so far.
@@ -375,22 +407,26 @@ impl Sim {
             );
         }
         while let Some(notification) = self.runtime.to_notify() {
-            if let OwnedNotification::MemberDown(id) = notification {
-                self.downs.push(Verdict {
-                    at: self.now(),
-                    observer: from,
-                    subject: index_of(&id.addr),
-                });
-            }
+            let (verdicts, id) = match notification {
+                OwnedNotification::MemberDown(id) => (&mut self.downs, id),
+                OwnedNotification::MemberUp(id) => (&mut self.ups, id),
+                _ => continue,
+            };
+            verdicts.push(Verdict {
+                at: Duration::from_micros(self.now),
+                observer: from,
+                subject: index_of(&id.addr),
+            });
         }
     }
 }
 
-/// Detection of one killed member: when the first live member declared it down, and when the
-/// last did (every live member knows).
+/// How news of one member spread (it was killed, or it joined): when each live member learned
+/// it, and so when the first and the last did.
 #[derive(Debug, Clone)]
 pub struct Detection {
-    /// Per live member, the time from the kill to its `down` verdict (None: not in time).
+    /// Per live member, the time from the kill (the join) to its `down` (`up`) verdict; None:
+    /// not in time.
     pub learned: Vec<Option<Duration>>,
 }
 
@@ -405,33 +441,56 @@ impl Detection {
 
 /// Kills `victim` and runs until every other live member declared it down, or `timeout`.
 pub fn detect(sim: &mut Sim, victim: usize, timeout: Duration) -> Detection {
-    let killed_at = sim.now();
     let from = sim.downs().len();
     sim.kill(victim);
-    let live = |sim: &Sim| (0..sim.len()).filter(|m| sim.is_alive(*m)).count();
+    spread(sim, victim, timeout, |sim| &sim.downs()[from..])
+}
+
+/// Starts a member that announces itself to `seed` and runs until every other live member
+/// knows it is up, or `timeout`; when each learned it, from the start.
+pub fn join(sim: &mut Sim, seed: usize, timeout: Duration) -> Detection {
+    let from = sim.ups().len();
+    let newcomer = sim.join(seed);
+    spread(sim, newcomer, timeout, |sim| &sim.ups()[from..])
+}
+
+/// Runs until every live member other than `subject` has a verdict on it in `verdicts`, or
+/// `timeout`; per live member, the time from now until its first one.
+fn spread(
+    sim: &mut Sim,
+    subject: usize,
+    timeout: Duration,
+    verdicts: impl Fn(&Sim) -> &[Verdict],
+) -> Detection {
+    let started = sim.now();
+    let observers = |sim: &Sim| {
+        (0..sim.len())
+            .filter(|m| *m != subject && sim.is_alive(*m))
+            .count()
+    };
     let knows = |sim: &Sim| {
-        let mut seen: Vec<usize> = sim.downs()[from..]
+        let mut seen: Vec<usize> = verdicts(sim)
             .iter()
-            .filter(|v| v.subject == victim)
+            .filter(|v| v.subject == subject)
             .map(|v| v.observer)
             .collect();
         seen.sort_unstable();
         seen.dedup();
         seen.len()
     };
-    sim.run_while_not(timeout, |sim| knows(sim) >= live(sim));
+    sim.run_while_not(timeout, |sim| knows(sim) >= observers(sim));
     let mut learned = vec![None; sim.len()];
-    for v in sim.downs()[from..].iter().filter(|v| v.subject == victim) {
+    for v in verdicts(sim).iter().filter(|v| v.subject == subject) {
         let slot = &mut learned[v.observer];
         if slot.is_none() {
-            *slot = Some(v.at - killed_at);
+            *slot = Some(v.at - started);
         }
     }
     Detection {
         learned: learned
             .into_iter()
             .enumerate()
-            .filter(|(m, _)| sim.is_alive(*m))
+            .filter(|(m, _)| *m != subject && sim.is_alive(*m))
             .map(|(_, t)| t)
             .collect(),
     }

@@ -140,7 +140,9 @@ fn the_fleet_script_refuses_more_hosts_than_the_neighbour_table_holds() {
         .parse()
         .expect("gc_thresh3 is a number");
     // The fewest hosts whose full mesh of ARP entries, n × (n − 1), overflows the table.
-    let hosts = (2..).find(|n: &usize| n * (n - 1) > cap).unwrap_or(usize::MAX);
+    let hosts = (2..)
+        .find(|n: &usize| n * (n - 1) > cap)
+        .unwrap_or(usize::MAX);
     if hosts > 200 {
         eprintln!(
             "gc_thresh3 = {cap} fits the script's 200 hosts: nothing to refuse on this machine"

@@ -49,3 +49,20 @@ fn the_same_seed_replays_the_same_run() {
     assert_eq!(first.downs(), second.downs());
     assert_eq!(first.now(), second.now());
 }
+
+#[test]
+fn a_member_that_announces_itself_to_one_becomes_known_to_all() {
+    let mut sim = Sim::new(SimParams::lan(20, 0.0, 5));
+    sim.run_for(Duration::from_secs(5));
+    let joined = mesh_tests::swim_sim::join(&mut sim, 0, Duration::from_secs(60));
+    assert_eq!(
+        joined.learned.len(),
+        20,
+        "the 20 members before it are counted"
+    );
+    assert!(
+        joined.everyone().is_some(),
+        "every member learned of the newcomer within 60 simulated s: {:?}",
+        joined.learned
+    );
+}

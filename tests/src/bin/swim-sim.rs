@@ -1,6 +1,7 @@
 //! Projects SWIM membership (foca, with the configuration the node uses) onto fleets too large
 //! to run here: for each size, the per-member message rate when idle, the time until every
-//! member knows a killed one is down, and how many live members get declared down over a long
+//! member knows a new member is up (KILLS joins, each announcing itself to one member) and a
+//! killed one is down (KILLS kills), and how many live members get declared down over a long
 //! run with 1% and 5% packet loss. Deterministic: the same arguments print the same numbers.
 //! The simulation is [`mesh_tests::swim_sim`].
 //!
@@ -13,7 +14,7 @@
 use std::{process::ExitCode, time::Duration, time::Instant};
 
 use foca::Config;
-use mesh_tests::swim_sim::{Detection, Sim, SimParams, detect, node_config};
+use mesh_tests::swim_sim::{Detection, Sim, SimParams, detect, join, node_config};
 use rand::{RngExt, SeedableRng, rngs::Xoshiro256PlusPlus};
 
 /// Seed of every run, so the printed projections can be reproduced.
@@ -104,18 +105,22 @@ fn simulate(n: usize, config: &Config, kills: usize, long: Duration) {
     sim.reset_traffic();
     sim.run_for(RATE_WINDOW);
     rate(&sim, RATE_WINDOW, "0% loss, idle");
+    let joins: Vec<Detection> = (0..kills)
+        .map(|_| join(&mut sim, 0, DETECT_TIMEOUT))
+        .collect();
+    spread_report("new member (announces to one) -> up", &joins);
     let mut victims = Xoshiro256PlusPlus::seed_from_u64(SEED);
     let mut detections: Vec<Detection> = Vec::new();
     for _ in 0..kills.min(n - 2) {
         let victim = loop {
-            let m = victims.random_range(0..n);
+            let m = victims.random_range(0..sim.len());
             if sim.is_alive(m) {
                 break m;
             }
         };
         detections.push(detect(&mut sim, victim, DETECT_TIMEOUT));
     }
-    detection(&detections);
+    spread_report("SIGKILL -> down", &detections);
 
     for loss in [0.01, 0.05] {
         let mut sim = Sim::new(params(loss));
@@ -163,8 +168,8 @@ fn rate(sim: &Sim, window: Duration, label: &str) {
     );
 }
 
-/// Prints detection times over the kills.
-fn detection(detections: &[Detection]) {
+/// Prints how fast news of members (kills, joins) spread.
+fn spread_report(what: &str, detections: &[Detection]) {
     let everyone: Vec<f64> = detections
         .iter()
         .filter_map(Detection::everyone)
@@ -182,14 +187,14 @@ fn detection(detections: &[Detection]) {
         .collect();
     let missed = detections.len() - everyone.len();
     println!(
-        "  SIGKILL -> down, {} kills: first member knows {}; each member knows {}; every member knows {}{}",
+        "  {what}, {} times: first member knows {}; each member knows {}; every member knows {}{}",
         detections.len(),
         spread_s(&first),
         spread_s(&each),
         spread_s(&everyone),
         if missed > 0 {
             format!(
-                " ({missed} kills not known everywhere within {} s)",
+                " ({missed} not known everywhere within {} s)",
                 DETECT_TIMEOUT.as_secs()
             )
         } else {

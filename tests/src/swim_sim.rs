@@ -81,8 +81,8 @@ pub struct SimParams {
 }
 
 impl SimParams {
-    /// `members` on a LAN (0.2–2 ms one way) losing `loss` of the datagrams, configured as
-    /// [`node_config`] says.
+    /// `members` on a LAN (0.2–2 ms one way) losing `loss` of the datagrams, configured by
+    /// [`node_config`].
     pub fn lan(members: usize, loss: f64, seed: u64) -> Self {
         Self {
             members,
@@ -94,9 +94,10 @@ impl SimParams {
     }
 }
 
-/// The foca configuration the node uses for `members`: [`Config::new_lan`] (probe every 1 s,
-/// direct-probe timeout 500 ms, 3 indirect probes, suspicion 4 × max(1, log10 N) s, gossip to
-/// 3 members every 200 ms, an announce to one member every 30 s).
+/// The foca configuration the projections start from for `members`, foca's own for a LAN:
+/// [`Config::new_lan`] (probe every 1 s, direct-probe timeout 500 ms, 3 indirect probes,
+/// suspicion 4 × max(1, log10 N) s, gossip to 3 members every 200 ms, an announce to one member
+/// every 30 s). The bench's arguments try faster timings against it.
 pub fn node_config(members: usize) -> Config {
     let size =
         NonZeroU32::new(u32::try_from(members).unwrap_or(u32::MAX)).unwrap_or(NonZeroU32::MIN);
@@ -110,7 +111,7 @@ pub struct Verdict {
     pub at: Duration,
     /// Member that declared it.
     pub observer: usize,
-    /// Member declared down.
+    /// Member declared down (or up).
     pub subject: usize,
 }
 

@@ -1,4 +1,4 @@
-//! Projects SWIM membership (foca, with the configuration the node uses) onto fleets too large
+//! Projects SWIM membership (foca, with `Config::new_lan` or faster timings) onto fleets too large
 //! to run here: for each size, the per-member message rate when idle, the time until every
 //! member knows a new member is up (KILLS joins, each announcing itself to one member) and a
 //! killed one is down (KILLS kills), and how many live members get declared down over a long

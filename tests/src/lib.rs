@@ -8,6 +8,7 @@
 //!   bridge) and remove them on drop. mDNS never runs outside them.
 //! - [`wait_for`] polls a condition until a deadline; tests never sleep to let things settle.
 //! - [`sign_record`] signs a wire record as a node would (tests that play a node, or forge one).
+//! - [`swim_sim`] simulates SWIM membership (foca) over a simulated network and clock.
 //! - [`hostile`] is a member of the mesh that misbehaves: a client sending adversarial
 //!   messages, and a fake peer the node dials (see [`hostile::HostilePeer`]).
 
@@ -24,6 +25,7 @@ pub mod fake_openai;
 pub mod hostile;
 pub mod hostile_soak;
 pub mod soak;
+pub mod swim_sim;
 
 use anyhow::{Context, anyhow, bail};
 use mesh_domain::NodeId;
@@ -342,6 +344,9 @@ pub struct NodeOptions {
     pub security: String,
     /// Holds the harness CA's key (`tls.ca_key`): an issuer of join tokens.
     pub issuer: bool,
+    /// `RUST_LOG` of the node; default: `MESH_TEST_LOG`, else `info,mesh_node=debug`. Benches
+    /// set `info`, as a deployment runs, so debug logging does not weigh on what they measure.
+    pub log: Option<String>,
     /// Starts with `--join TOKEN`.
     pub join: Option<String>,
     /// No certificate files: the node uses the zero-config layout `<data_dir>/tls` (where a
@@ -365,6 +370,7 @@ impl NodeOptions {
             http_keys: Vec::new(),
             security: "client_max_tier = \"shell\"\n".into(),
             issuer: false,
+            log: None,
             join: None,
             zero_config_tls: false,
         }
@@ -373,6 +379,12 @@ impl NodeOptions {
     /// Makes the node an issuer: it holds the harness CA's key and redeems join tokens.
     pub fn issuer(mut self) -> Self {
         self.issuer = true;
+        self
+    }
+
+    /// Sets the node's `RUST_LOG` filter.
+    pub fn log(mut self, filter: &str) -> Self {
+        self.log = Some(filter.into());
         self
     }
 
@@ -660,7 +672,11 @@ impl Harness {
             .args(options.join.iter().flat_map(|token| ["--join", token]))
             .env(
                 "RUST_LOG",
-                std::env::var("MESH_TEST_LOG").unwrap_or_else(|_| "info,mesh_node=debug".into()),
+                options
+                    .log
+                    .clone()
+                    .or_else(|| std::env::var("MESH_TEST_LOG").ok())
+                    .unwrap_or_else(|| "info,mesh_node=debug".into()),
             )
             .stdin(Stdio::null())
             .stdout(Stdio::null())

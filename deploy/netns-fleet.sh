@@ -82,6 +82,15 @@ up() {
     esac
   done
   need_root
+  # Every host ends up talking to every other: N×(N−1) ARP entries, all in one neighbour
+  # table that every namespace shares, capped machine-wide (gc_thresh3: 1024 by default,
+  # enough for 32 hosts). Past the cap the kernel logs "neighbor table overflow" and the last
+  # hosts get no network at all, so refuse up front.
+  local arp_cap arp_need=$((n * (n - 1)))
+  arp_cap=$(cat /proc/sys/net/ipv4/neigh/default/gc_thresh3 2>/dev/null || echo 0)
+  if [ "$arp_cap" -gt 0 ] && [ "$arp_need" -gt "$arp_cap" ]; then
+    die "up $n: $n hosts need $arp_need ARP entries, more than this machine's neighbour table holds (net.ipv4.neigh.default.gc_thresh3 = $arp_cap, shared by every namespace; hosts past it get no network). Raise it first (sysctl -w net.ipv4.neigh.default.gc_thresh2=$arp_need net.ipv4.neigh.default.gc_thresh3=$((arp_need * 2))), or start fewer hosts; tests/src/bin/fleet-bench.rs runs large fleets on loopback without namespaces"
+  fi
   [ ! -e "$dir/count" ] || die "fleet \`$name\` is already up ($dir); \`down\` it first"
   local bins=${FLEET_BIN:-$root/target/$profile}
   bins=$(cd "$bins" 2>/dev/null && pwd) || die "FLEET_BIN: no directory \`${FLEET_BIN:-}\`"

@@ -17,7 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use mesh_domain::sync::MutexExt;
+use mesh_domain::{sync::MutexExt, throttle::LogThrottle};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -68,7 +68,7 @@ pub struct ConnectionCap {
     /// `agentmesh_connections{listener, state}`, moved by [`ConnectionSlot`].
     open: Gauge,
     /// Refusals not yet logged, and when the last warning was.
-    refusals: Arc<Mutex<RefusalLog>>,
+    refusals: Arc<Mutex<LogThrottle>>,
 }
 
 /// One connection's place under a [`ConnectionCap`], given back when dropped (when the
@@ -99,7 +99,7 @@ impl ConnectionCap {
             max,
             permits: Arc::new(Semaphore::new(max)),
             open,
-            refusals: Arc::new(Mutex::new(RefusalLog::default())),
+            refusals: Arc::new(Mutex::new(LogThrottle::new(WARN_EVERY))),
         }
     }
 
@@ -129,7 +129,7 @@ impl ConnectionCap {
                 ("reason", self.cap.reason()),
             ]))
             .inc();
-        let due = self.refusals.lock_unpoisoned().refused(Instant::now());
+        let due = self.refusals.lock_unpoisoned().note(Instant::now());
         if let Some(refused) = due {
             tracing::warn!(
                 listener = self.listener,
@@ -141,30 +141,6 @@ impl ConnectionCap {
                 self.cap.reason(),
             );
         }
-    }
-}
-
-/// Refusals counted between warnings, so at most one line is logged per [`WARN_EVERY`].
-#[derive(Debug, Default)]
-struct RefusalLog {
-    /// When the last warning was logged; `None` before the first.
-    last: Option<Instant>,
-    /// Refusals since then, this one included.
-    unlogged: u64,
-}
-
-impl RefusalLog {
-    /// Counts one refusal at `now`; the count to log when a warning is due.
-    fn refused(&mut self, now: Instant) -> Option<u64> {
-        self.unlogged += 1;
-        let due = self
-            .last
-            .is_none_or(|last| now.saturating_duration_since(last) >= WARN_EVERY);
-        if !due {
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.unlogged))
     }
 }
 
@@ -241,18 +217,5 @@ mod tests {
         let again = cap.admit().expect("a closed connection frees its slot");
         assert_eq!(open("cap-test", "handshaking"), "1");
         drop(again);
-    }
-
-    #[test]
-    fn refusals_are_logged_at_most_once_per_period_with_the_count_since() {
-        let start = Instant::now();
-        let mut log = RefusalLog::default();
-        let at = |s: f64| start + Duration::from_secs_f64(s);
-        assert_eq!(log.refused(at(0.0)), Some(1), "the first refusal is logged");
-        assert_eq!(log.refused(at(1.0)), None);
-        assert_eq!(log.refused(at(9.9)), None);
-        assert_eq!(log.refused(at(10.0)), Some(3), "then the count since");
-        assert_eq!(log.refused(at(15.0)), None);
-        assert_eq!(log.refused(at(30.0)), Some(2));
     }
 }

@@ -209,7 +209,7 @@ async fn authorize(
 }
 
 /// The token of an `Authorization: Bearer <token>` value (the scheme in any case, RFC 9110).
-fn bearer(value: &str) -> Option<&str> {
+pub fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
@@ -504,11 +504,26 @@ fn finish_reason(response: &ChatResponse) -> &'static str {
     }
 }
 
-async fn chat_completions(
-    State(door): State<Arc<FrontDoor>>,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    let request: OpenAiRequest = serde_json::from_slice(&body)
+/// A `POST /v1/chat/completions` body as the front door reads it, before it is placed.
+#[derive(Debug)]
+pub struct ChatCompletion {
+    /// The `model` asked for, as given (answers name it).
+    pub model: String,
+    /// Where it points: a model, a role (`role:NAME`) or a persona.
+    pub target: Target,
+    /// The chat to run.
+    pub chat: ChatRequest,
+    /// Whether the answer is streamed (server-sent events).
+    pub stream: bool,
+    /// Whether a streamed answer ends with a usage chunk.
+    pub include_usage: bool,
+}
+
+/// Reads a chat-completions request body: JSON in OpenAI's shape, messages, tools and
+/// generation settings checked (a 400 naming the field otherwise). Public for the fuzz target
+/// `front_door`; the handler is its only other caller.
+pub fn read_chat_completion(body: &[u8]) -> Result<ChatCompletion, ApiError> {
+    let request: OpenAiRequest = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     let stream = request.stream;
     let include_usage = request
@@ -517,6 +532,26 @@ async fn chat_completions(
         .is_some_and(|o| o.include_usage);
     let (model, chat) = to_chat_request(request)?;
     let target = target_of(&model);
+    Ok(ChatCompletion {
+        model,
+        target,
+        chat,
+        stream,
+        include_usage,
+    })
+}
+
+async fn chat_completions(
+    State(door): State<Arc<FrontDoor>>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let ChatCompletion {
+        model,
+        target,
+        chat,
+        stream,
+        include_usage,
+    } = read_chat_completion(&body)?;
     // Placed before anything is sent, so a bad model answers with a status code.
     let placement = door.chat.place(&target).map_err(ApiError::from_admission)?;
     let (tx, mut rx) = mpsc::unbounded_channel();

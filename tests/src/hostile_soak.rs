@@ -28,7 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, ensure};
+use anyhow::Context;
 use mesh_proto::v1 as pb;
 
 use crate::{
@@ -64,6 +64,17 @@ pub struct Sample {
     pub fds: usize,
 }
 
+/// The flood on one of alpha's ports.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Flood {
+    /// Idle sockets opened.
+    pub opened: usize,
+    /// Of them, closed by alpha.
+    pub closed: usize,
+    /// Connection attempts that failed (refused at a cap, timed out).
+    pub refused: usize,
+}
+
 /// What a hostile soak saw.
 #[derive(Debug, Default, Clone)]
 pub struct HostileSoakReport {
@@ -79,12 +90,8 @@ pub struct HostileSoakReport {
     pub status: Vec<Duration>,
     /// `mesh-cli status` calls that failed or took longer than 5 s.
     pub status_failures: Vec<String>,
-    /// Idle sockets the flood opened, and how many of them alpha closed.
-    pub flood_opened: usize,
-    /// Idle sockets alpha closed.
-    pub flood_closed: usize,
-    /// Connection attempts of the flood that failed (refused at a cap, timed out).
-    pub flood_refused: usize,
+    /// The flood on alpha's gRPC port, then on its front door.
+    pub flood: [Flood; 2],
     /// Adversarial calls the hostile member made as a client.
     pub hostile_calls: usize,
     /// Of them, forgeries alpha accepted (must be 0).
@@ -129,7 +136,8 @@ impl HostileSoakReport {
 
 /// Runs the soak; an error means the mesh could not be set up or checked, not a finding.
 pub fn run(options: &HostileSoakOptions) -> anyhow::Result<HostileSoakReport> {
-    raise_own_limit(options.idle_sockets)?;
+    // The flood holds two sockets per idle connection it keeps, plus room.
+    crate::raise_open_files_limit(2 * options.idle_sockets as u64 + 500)?;
     let h = Harness::new()?;
     let runtime = tokio::runtime::Runtime::new()?;
     let beta = h.spawn(NodeOptions::new("beta"))?;
@@ -169,7 +177,7 @@ pub fn run(options: &HostileSoakOptions) -> anyhow::Result<HostileSoakReport> {
     let acked = Arc::new(Mutex::new(Vec::<String>::new()));
     thread::scope(|scope| -> anyhow::Result<()> {
         let flood = scope.spawn(|| flood(&[grpc, door], options.idle_sockets, &stop));
-        let sampler = scope.spawn(|| sample(alpha.pid(), started, &stop));
+        let sampler = scope.spawn(|| sample(&alpha, started, &stop));
         let status = scope.spawn(|| status_loop(&h, &alpha, &stop));
         let readers = [&beta, &gamma];
         let (workload, adversary) = runtime.block_on(async {
@@ -189,11 +197,7 @@ pub fn run(options: &HostileSoakOptions) -> anyhow::Result<HostileSoakReport> {
         report.hostile_calls = hostile_calls;
         report.forgeries_accepted = forgeries_accepted;
         let joined = |e| anyhow::anyhow!("a soak thread panicked: {e:?}");
-        (
-            report.flood_opened,
-            report.flood_closed,
-            report.flood_refused,
-        ) = flood.join().map_err(joined)?;
+        report.flood = flood.join().map_err(joined)?;
         report.samples = sampler.join().map_err(joined)?;
         (report.status, report.status_failures) = status.join().map_err(joined)?;
         Ok(())
@@ -292,53 +296,31 @@ fn hostile_behaviour(hostile: &HostilePeer, beta_id: &str) -> Behaviour {
     }
 }
 
-/// Raises this process's soft open-files limit to its hard one: the flood holds two sockets
-/// per idle connection it keeps, plus room.
-fn raise_own_limit(idle_sockets: usize) -> anyhow::Result<()> {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let limit = getrlimit(Resource::Nofile);
-    let hard = limit.maximum.unwrap_or(65_536);
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(hard),
-            maximum: limit.maximum,
-        },
-    )
-    .context("raise the soak's open-files limit")?;
-    ensure!(
-        hard >= 2 * idle_sockets as u64 + 500,
-        "the hard open-files limit ({hard}) leaves no room for {} sockets: raise it (ulimit -Hn)",
-        2 * idle_sockets
-    );
-    Ok(())
-}
-
 /// Holds `per_port` idle sockets open on each address, reopening those the node closed, until
-/// `stop`; answers (opened, closed by the node, connection attempts that failed).
-fn flood(addrs: &[SocketAddr], per_port: usize, stop: &AtomicBool) -> (usize, usize, usize) {
-    let (mut opened, mut closed, mut refused) = (0, 0, 0);
-    let mut sockets: Vec<Vec<TcpStream>> = addrs.iter().map(|_| Vec::new()).collect();
+/// `stop`; what happened on each.
+fn flood(addrs: &[SocketAddr; 2], per_port: usize, stop: &AtomicBool) -> [Flood; 2] {
+    let mut floods = [Flood::default(); 2];
+    let mut sockets: [Vec<TcpStream>; 2] = [Vec::new(), Vec::new()];
     let mut buf = [0u8; 16];
     while !stop.load(Ordering::SeqCst) {
-        for (addr, held) in addrs.iter().zip(&mut sockets) {
+        for ((addr, held), flood) in addrs.iter().zip(&mut sockets).zip(&mut floods) {
             let before = held.len();
             held.retain(|tcp| match (&*tcp).read(&mut buf) {
                 Ok(0) => false,
                 Ok(_) => true,
                 Err(e) => e.kind() == ErrorKind::WouldBlock,
             });
-            closed += before - held.len();
+            flood.closed += before - held.len();
             while held.len() < per_port && !stop.load(Ordering::SeqCst) {
                 match TcpStream::connect_timeout(addr, Duration::from_secs(1))
                     .and_then(|tcp| tcp.set_nonblocking(true).map(|()| tcp))
                 {
                     Ok(tcp) => {
                         held.push(tcp);
-                        opened += 1;
+                        flood.opened += 1;
                     }
                     Err(_) => {
-                        refused += 1;
+                        flood.refused += 1;
                         break;
                     }
                 }
@@ -346,27 +328,17 @@ fn flood(addrs: &[SocketAddr], per_port: usize, stop: &AtomicBool) -> (usize, us
         }
         thread::sleep(Duration::from_millis(200));
     }
-    (opened, closed, refused)
+    floods
 }
 
 /// Samples the node's RSS and open descriptors every second until `stop`.
-fn sample(pid: u32, started: Instant, stop: &AtomicBool) -> Vec<Sample> {
+fn sample(node: &NodeProcess, started: Instant, stop: &AtomicBool) -> Vec<Sample> {
     let mut samples = Vec::new();
     while !stop.load(Ordering::SeqCst) {
-        let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|status| {
-                status
-                    .lines()
-                    .find_map(|line| line.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            })
-            .unwrap_or(0);
-        let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count());
         samples.push(Sample {
             at: started.elapsed(),
-            rss_kib,
-            fds,
+            rss_kib: node.rss_kib(),
+            fds: node.open_fds(),
         });
         thread::sleep(Duration::from_secs(1));
     }

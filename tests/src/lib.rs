@@ -8,6 +8,7 @@
 //!   bridge) and remove them on drop. mDNS never runs outside them.
 //! - [`wait_for`] polls a condition until a deadline; tests never sleep to let things settle.
 //! - [`sign_record`] signs a wire record as a node would (tests that play a node, or forge one).
+//! - [`swim_sim`] simulates SWIM membership (foca) over a simulated network and clock.
 //! - [`hostile`] is a member of the mesh that misbehaves: a client sending adversarial
 //!   messages, and a fake peer the node dials (see [`hostile::HostilePeer`]).
 
@@ -24,6 +25,7 @@ pub mod fake_openai;
 pub mod hostile;
 pub mod hostile_soak;
 pub mod soak;
+pub mod swim_sim;
 
 use anyhow::{Context, anyhow, bail};
 use mesh_domain::NodeId;
@@ -113,6 +115,29 @@ pub fn arg(n: usize, default: usize) -> usize {
         .nth(n)
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// Raises this process's soft open-files limit to its hard one (flood tests hold thousands of
+/// sockets) and returns the hard limit; an error names the fix when even that leaves fewer
+/// than `needed`.
+pub fn raise_open_files_limit(needed: u64) -> anyhow::Result<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let hard = limit.maximum.unwrap_or(65_536);
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(hard),
+            maximum: limit.maximum,
+        },
+    )
+    .context("raise the open-files limit")?;
+    if hard < needed {
+        bail!(
+            "the hard open-files limit ({hard}) is below the {needed} this needs: raise it (ulimit -Hn)"
+        );
+    }
+    Ok(hard)
 }
 
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
@@ -319,6 +344,9 @@ pub struct NodeOptions {
     pub security: String,
     /// Holds the harness CA's key (`tls.ca_key`): an issuer of join tokens.
     pub issuer: bool,
+    /// `RUST_LOG` of the node; default: `MESH_TEST_LOG`, else `info,mesh_node=debug`. Benches
+    /// set `info`, as a deployment runs, so debug logging does not weigh on what they measure.
+    pub log: Option<String>,
     /// Starts with `--join TOKEN`.
     pub join: Option<String>,
     /// No certificate files: the node uses the zero-config layout `<data_dir>/tls` (where a
@@ -342,6 +370,7 @@ impl NodeOptions {
             http_keys: Vec::new(),
             security: "client_max_tier = \"shell\"\n".into(),
             issuer: false,
+            log: None,
             join: None,
             zero_config_tls: false,
         }
@@ -350,6 +379,12 @@ impl NodeOptions {
     /// Makes the node an issuer: it holds the harness CA's key and redeems join tokens.
     pub fn issuer(mut self) -> Self {
         self.issuer = true;
+        self
+    }
+
+    /// Sets the node's `RUST_LOG` filter.
+    pub fn log(mut self, filter: &str) -> Self {
+        self.log = Some(filter.into());
         self
     }
 
@@ -474,6 +509,24 @@ impl NodeProcess {
         wait_for("node to exit", timeout, || {
             child.try_wait().ok().flatten().map(|status| status.code())
         })
+    }
+
+    /// How many file descriptors the process has open now (0 once it is gone).
+    pub fn open_fds(&self) -> usize {
+        fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |dir| dir.count())
+    }
+
+    /// The process's resident set size now, KiB (`VmRSS`; 0 once it is gone).
+    pub fn rss_kib(&self) -> u64 {
+        fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .ok()
+            .and_then(|status| {
+                status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
+            .unwrap_or(0)
     }
 
     /// The node's log so far.
@@ -619,7 +672,11 @@ impl Harness {
             .args(options.join.iter().flat_map(|token| ["--join", token]))
             .env(
                 "RUST_LOG",
-                std::env::var("MESH_TEST_LOG").unwrap_or_else(|_| "info,mesh_node=debug".into()),
+                options
+                    .log
+                    .clone()
+                    .or_else(|| std::env::var("MESH_TEST_LOG").ok())
+                    .unwrap_or_else(|| "info,mesh_node=debug".into()),
             )
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -12,7 +12,6 @@ use std::{
 
 use anyhow::{Context, bail, ensure};
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
-use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
 /// Idle sockets opened on each port.
 const FLOOD: usize = 1_500;
@@ -22,27 +21,6 @@ const TIMEOUT_S: u64 = 2;
 const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 /// The soft open-files limit the node is started with.
 const NODE_SOFT_LIMIT: u64 = 1_024;
-
-/// Raises this process's soft open-files limit to its hard one (it holds 3,000 sockets) and
-/// returns the hard limit.
-fn raise_own_limit() -> anyhow::Result<u64> {
-    let limit = getrlimit(Resource::Nofile);
-    let hard = limit.maximum.unwrap_or(65_536);
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(hard),
-            maximum: limit.maximum,
-        },
-    )
-    .context("raise the test's open-files limit")?;
-    ensure!(
-        hard >= 2 * FLOOD as u64 + 500,
-        "the hard open-files limit ({hard}) leaves no room for {} sockets: raise it (ulimit -Hn)",
-        2 * FLOOD
-    );
-    Ok(hard)
-}
 
 /// `FLOOD` connected sockets to `addr` that never send a byte, non-blocking so they can be
 /// checked without waiting.
@@ -124,7 +102,8 @@ fn get_within(door: SocketAddr, path: &str) -> anyhow::Result<(String, Duration)
 #[test]
 fn idle_socket_floods_on_both_ports_are_closed_and_the_node_keeps_answering() -> anyhow::Result<()>
 {
-    let hard = raise_own_limit()?;
+    // It holds 3,000 sockets, plus room.
+    let hard = mesh_tests::raise_open_files_limit(2 * FLOOD as u64 + 500)?;
     let harness = Harness::new()?;
     let nofile = format!("--nofile={NODE_SOFT_LIMIT}:{hard}");
     let node = harness.spawn(

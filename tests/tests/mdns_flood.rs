@@ -10,7 +10,6 @@
 //! (refused), each with a random claimed id and name.
 
 use std::{
-    fs,
     io::{BufRead, BufReader, Write},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -88,27 +87,10 @@ sys.stdin.read()  # hold the listeners open until the test ends
 
 "#;
 
-/// Open files and resident memory (KiB) of a node's process.
-fn resources(node: &NodeProcess) -> (usize, u64) {
-    let fds = fs::read_dir(format!("/proc/{}/fd", node.pid()))
-        .map(|dir| dir.count())
-        .unwrap_or(0);
-    let rss = fs::read_to_string(format!("/proc/{}/status", node.pid()))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0);
-    (fds, rss)
-}
-
 /// Raises each node's peak open files and memory in `peak` to what it uses now.
 fn sample(nodes: &[&NodeProcess], peak: &mut [(usize, u64)]) {
     for (node, peak) in nodes.iter().zip(peak.iter_mut()) {
-        let (fds, rss) = resources(node);
+        let (fds, rss) = (node.open_fds(), node.rss_kib());
         *peak = (peak.0.max(fds), peak.1.max(rss));
     }
 }
@@ -126,7 +108,9 @@ fn a_flood_of_spoofed_adverts_leaves_sockets_and_memory_bounded_and_real_peers_u
     harness
         .wait_all_up(&[&alpha, &beta], DEADLINE)
         .expect("alpha and beta by mDNS");
-    let baseline: Vec<_> = [&alpha, &beta].map(resources).into();
+    let baseline: Vec<_> = [&alpha, &beta]
+        .map(|node| (node.open_fds(), node.rss_kib()))
+        .into();
 
     let mut flood = Command::new("ip")
         .args(["netns", "exec", ns.name()])

@@ -831,11 +831,6 @@ fn a_node_whose_clock_runs_ahead_has_its_writes_refused_and_named_until_the_cloc
     drop(right);
 }
 
-/// How many file descriptors `pid` has open.
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| dir.count())
-}
-
 /// The issue's hostile-peer test (issue 16, points 3, 4 and 10). Alpha's peers are beta, an
 /// honest node, and a hostile member of the mesh that advertises `memory_seq = u64::MAX`,
 /// answers every `Sync` with "more" for ever (records in made-up origins' names, one forged in
@@ -910,7 +905,7 @@ fn a_hostile_peer_piles_up_no_calls_gets_no_forgery_in_and_costs_no_acknowledged
         (h.state_of(&alpha, "hostile").as_deref() == Some("up")).then_some(())
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
-    let fds_before = open_fds(alpha.pid());
+    let fds_before = alpha.open_fds();
     let started = std::time::Instant::now();
 
     // As a client of alpha.
@@ -1068,7 +1063,7 @@ fn a_hostile_peer_piles_up_no_calls_gets_no_forgery_in_and_costs_no_acknowledged
     }
     let status = h.status(&alpha).expect("alpha still answers");
     assert!(status["nodes"].as_array().is_some_and(|n| n.len() == 3));
-    let fds_after = open_fds(alpha.pid());
+    let fds_after = alpha.open_fds();
     assert!(
         fds_after <= fds_before + 16,
         "alpha's open files grew from {fds_before} to {fds_after}"

@@ -2,7 +2,8 @@
 //! uses its fleet directory (by default under `/tmp`) only when it is a real directory of its
 //! own user that nobody else can write, and `fetch-model.sh` never writes the model through a
 //! link planted where it goes. Both refuse before they touch anything, so these tests need no
-//! network and start no node.
+//! network and start no node. `netns-fleet.sh up` also refuses a fleet larger than the machine's
+//! neighbour (ARP) table, which every namespace shares (issue 17).
 
 use std::{
     fs,
@@ -128,4 +129,41 @@ fn the_model_fetcher_never_writes_through_a_planted_link() {
         stderr(&output)
     );
     assert_eq!(fs::read_to_string(&victim).expect("victim"), "keep me");
+}
+
+#[test]
+fn the_fleet_script_refuses_more_hosts_than_the_neighbour_table_holds() {
+    require_root();
+    let cap: usize = fs::read_to_string("/proc/sys/net/ipv4/neigh/default/gc_thresh3")
+        .expect("read gc_thresh3")
+        .trim()
+        .parse()
+        .expect("gc_thresh3 is a number");
+    // The fewest hosts whose full mesh of ARP entries, n × (n − 1), overflows the table.
+    let hosts = (2..)
+        .find(|n: &usize| n * (n - 1) > cap)
+        .unwrap_or(usize::MAX);
+    if hosts > 200 {
+        eprintln!(
+            "gc_thresh3 = {cap} fits the script's 200 hosts: nothing to refuse on this machine"
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("fleet");
+    let output = Command::new(script("netns-fleet.sh"))
+        .args(["up", &hosts.to_string()])
+        .env("FLEET_DIR", &dir)
+        .env("FLEET_NAME", "amarp")
+        // Were the check missing, the script stops here instead, before creating anything.
+        .env("FLEET_BIN", tmp.path().join("no-such-dir"))
+        .output()
+        .expect("run netns-fleet.sh");
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("gc_thresh3") && stderr(&output).contains("sysctl -w"),
+        "names the limit and how to raise it: {}",
+        stderr(&output)
+    );
+    assert!(!dir.exists(), "nothing was created");
 }

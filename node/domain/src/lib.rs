@@ -12,7 +12,8 @@
 //! - [`chat`]: conversations with a model: [`Message`], tool calls and specs, [`Sampling`],
 //!   [`ChatRequest`], [`ChatResponse`], [`Usage`].
 //! - [`keys`]: which namespaces and keys of the shared memory are valid.
-//! - [`time`], [`text`], [`sync`], [`future`]: small helpers every layer needs once.
+//! - [`time`], [`text`], [`sync`], [`future`], [`throttle`]: small helpers every layer needs
+//!   once.
 //!
 //! This crate is the bottom layer (layer 0 in docs/architecture.md): it uses no other crate of
 //! the workspace, no async runtime, no network and no storage, so the node, the CLI and the wire
@@ -27,6 +28,7 @@ pub mod sync;
 pub mod target;
 pub mod task;
 pub mod text;
+pub mod throttle;
 pub mod tier;
 pub mod time;
 

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use mesh_domain::NodeId;
+use mesh_domain::{NodeId, throttle::LogThrottle};
 use tokio::sync::Notify;
 
 /// Failures in a row after which an address is held back.
@@ -72,9 +72,8 @@ pub struct AdvertGuard {
     max_failing: usize,
     pending: HashSet<NodeId>,
     failing: HashMap<String, Failing>,
-    /// Adverts dropped at the cap since the last log line, and when that line was written.
-    unlogged_drops: u64,
-    last_log: Option<Instant>,
+    /// Adverts dropped at the cap, counted between log lines.
+    drops: LogThrottle,
     /// Whether an advert was dropped at the cap since the adverts were last offered again.
     reoffer_owed: bool,
     /// Tells the mDNS source to offer its adverts again.
@@ -91,8 +90,7 @@ impl AdvertGuard {
             max_failing: max_failing.max(1),
             pending: HashSet::new(),
             failing: HashMap::new(),
-            unlogged_drops: 0,
-            last_log: None,
+            drops: LogThrottle::new(DROP_LOG_INTERVAL),
             reoffer_owed: false,
             reoffer,
         }
@@ -188,15 +186,7 @@ impl AdvertGuard {
     /// Counts an advert dropped at the cap; returns how many to name in a log line when one is
     /// due (at most one per [`DROP_LOG_INTERVAL`]), so a flood cannot flood the log too.
     pub fn note_cap_drop(&mut self, now: Instant) -> Option<u64> {
-        self.unlogged_drops = self.unlogged_drops.saturating_add(1);
-        let due = self
-            .last_log
-            .is_none_or(|last| now.saturating_duration_since(last) >= DROP_LOG_INTERVAL);
-        if !due {
-            return None;
-        }
-        self.last_log = Some(now);
-        Some(std::mem::take(&mut self.unlogged_drops))
+        self.drops.note(now)
     }
 }
 

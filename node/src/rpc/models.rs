@@ -1,7 +1,7 @@
 //! The `agentmesh.v1.Models` service: another node's front door runs a chat on this node's
 //! models; and the client side of it.
 
-use std::{pin::Pin, sync::Arc, time::Duration};
+use std::{pin::Pin, sync::Arc};
 
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Target};
 use mesh_identity::deadline;
@@ -125,27 +125,19 @@ fn failure(message: impl Into<String>, streamed: bool) -> RemoteChatError {
     }
 }
 
-/// Chats on peers' models through their `Models.Chat`, over the node's kept peer channels.
+/// Chats on peers' models through their `Models.Chat`, over the node's kept peer channels; a
+/// chat on a peer ends by the deadlines of the channels' table (`open`, `chat_idle`, `chat`)
+/// whatever the peer does, and dropping the call resets the stream, so the peer stops
+/// generating too.
 #[derive(Debug, Clone)]
 pub struct RemoteModels {
     channels: super::PeerChannels,
-    /// How long one chat on a peer may take in all ([`CHAT_DEADLINE`] unless set).
-    deadline: Duration,
 }
 
 impl RemoteModels {
     /// Reaches peers through `channels`.
     pub fn new(channels: super::PeerChannels) -> Self {
-        Self {
-            channels,
-            deadline: CHAT_DEADLINE,
-        }
-    }
-
-    /// Gives each chat on a peer `deadline` instead of [`CHAT_DEADLINE`].
-    pub fn with_deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
-        self
+        Self { channels }
     }
 }
 
@@ -157,32 +149,9 @@ impl RemoteChat for RemoteModels {
         request: &'a ChatRequest,
         deltas: &'a mpsc::UnboundedSender<String>,
     ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
-        Box::pin(async move {
-            // A chat on a peer ends by its deadline whatever the peer does; dropping the call
-            // resets the stream, so the peer stops generating too.
-            tokio::time::timeout(
-                self.deadline,
-                chat_remote(&self.channels, addr, target, request, deltas),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(failure(
-                    format!(
-                        "no answer within {:?} (the deadline of a chat on a peer)",
-                        self.deadline
-                    ),
-                    // Text may have gone out already: another node would repeat it.
-                    true,
-                ))
-            })
-        })
+        Box::pin(chat_remote(&self.channels, addr, target, request, deltas))
     }
 }
-
-/// How long a chat on a peer may take in all: twice a model backend's default timeout
-/// (120 s), so a peer's slow model still answers but a stuck peer cannot hold a front-door
-/// request (and its connection) for ever.
-pub const CHAT_DEADLINE: Duration = Duration::from_secs(240);
 
 /// Runs a chat on the peer at `addr`, forwarding its deltas; the complete answer at the end.
 async fn chat_remote(
@@ -254,6 +223,8 @@ async fn chat_remote(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use mesh_proto::v1::models_server::Models as _;
     use serde_json::json;
 
@@ -391,10 +362,14 @@ mod tests {
             );
         let server = tokio::spawn(server);
 
-        let remote = RemoteModels::new(super::super::PeerChannels::new(
-            mesh_identity::Dialer::Plain,
-        ))
-        .with_deadline(Duration::from_millis(300));
+        let remote = RemoteModels::new(
+            super::super::PeerChannels::new(mesh_identity::Dialer::Plain).with_deadlines(
+                mesh_identity::deadline::Deadlines {
+                    chat: Duration::from_millis(300),
+                    ..mesh_identity::deadline::DEADLINES
+                },
+            ),
+        );
         let request = ChatRequest {
             messages: vec![Message::text(Role::User, "hi")],
             ..Default::default()
@@ -407,7 +382,11 @@ mod tests {
         .await
         .expect("the chat ends by its deadline")
         .expect_err("no answer comes");
-        assert!(error.message.contains("deadline"), "{}", error.message);
+        assert!(
+            error.message.contains("no answer within"),
+            "{}",
+            error.message
+        );
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
         // The peer notices the reset stream and drops its model call.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);

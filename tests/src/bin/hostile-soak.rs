@@ -44,10 +44,12 @@ fn main() -> ExitCode {
     for failure in report.status_failures.iter().take(5) {
         println!("  {failure}");
     }
-    println!(
-        "flood                    {} sockets opened, {} closed by the node, {} attempts refused",
-        report.flood_opened, report.flood_closed, report.flood_refused
-    );
+    for (port, flood) in ["gRPC", "front door"].iter().zip(&report.flood) {
+        println!(
+            "flood on {port:<10}       {} sockets opened, {} closed by the node, {} attempts refused",
+            flood.opened, flood.closed, flood.refused
+        );
+    }
     println!(
         "hostile member           {} calls, {} forgeries accepted; the victim's calls to it: Sync {} ({} at once at most), Push {} ({} at once)",
         report.hostile_calls,

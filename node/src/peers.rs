@@ -1037,9 +1037,21 @@ mod tests {
         }
     }
 
-    /// Lets the spawned tasks run for `d` of (paused, auto-advancing) time.
+    /// Lets the spawned tasks run for `d` of (paused, auto-advancing) time: for checks that
+    /// nothing more happens in that time.
     async fn settle(d: Duration) {
         tokio::time::sleep(d).await;
+    }
+
+    /// Lets paused time run (10 ms a step, at most a minute) until `check` holds.
+    async fn until(what: &str, mut check: impl FnMut() -> bool) {
+        for _ in 0..6_000 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{what} never happened");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1060,6 +1072,8 @@ mod tests {
                 .await
                 .expect("send");
         }
+        until("4 dials", || link.dials().len() >= 4).await;
+        // No more than the cap, however long the dials hang.
         settle(Duration::from_secs(10)).await;
         let dials = link.dials();
         assert_eq!(dials.len(), 4, "{dials:?}");
@@ -1074,11 +1088,10 @@ mod tests {
         })
         .await
         .expect("send");
-        settle(Duration::from_secs(1)).await;
-        assert_eq!(
-            link.dials().last().map(String::as_str),
-            Some("10.0.2.1:7700")
-        );
+        until("the static peer dialed", || {
+            link.dials().last().map(String::as_str) == Some("10.0.2.1:7700")
+        })
+        .await;
         cancel.cancel();
     }
 
@@ -1114,9 +1127,14 @@ mod tests {
         });
         let (tx, guard, cancel) = membership(link.clone(), 4);
         tx.send(advert(1, &["10.0.0.9:7700"])).await.expect("send");
+        until("the place freed after the strikes", || {
+            link.dials().len() == adverts::STRIKES as usize
+                && guard.lock_unpoisoned().pending() == 0
+        })
+        .await;
+        // Held back: no further retry.
         settle(Duration::from_secs(10)).await;
         assert_eq!(link.dials().len(), adverts::STRIKES as usize);
-        assert_eq!(guard.lock_unpoisoned().pending(), 0, "the place is freed");
         tx.send(advert(2, &["10.0.0.9:7700"])).await.expect("send");
         settle(Duration::from_secs(10)).await;
         assert_eq!(link.dials().len(), adverts::STRIKES as usize, "held back");

@@ -219,3 +219,20 @@ mod tests {
         drop(again);
     }
 }
+
+/// What the listeners' tests share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::time::Duration;
+
+    use tokio::{io::AsyncReadExt, net::TcpStream};
+
+    /// Whether the listener closed `tcp` (a read ends or fails) within `within`.
+    pub(crate) async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, tcp.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+}

@@ -766,6 +766,7 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
+    use crate::connections::test_support::closed_within;
 
     /// A front door answering `GET /ping` with `pong`, served with `limits`.
     async fn pong_door(limits: ConnectionLimits) -> (std::net::SocketAddr, CancellationToken) {
@@ -793,15 +794,6 @@ mod tests {
             answer.extend_from_slice(&buf[..n]);
         }
         Ok(())
-    }
-
-    /// Whether the node closed `tcp` (a read ends or fails) within `within`.
-    async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
-        let mut buf = [0u8; 64];
-        matches!(
-            tokio::time::timeout(within, tcp.read(&mut buf)).await,
-            Ok(Ok(0) | Err(_))
-        )
     }
 
     /// An idle keep-alive connection (and one that never sends a byte) is closed once the

@@ -511,6 +511,21 @@ impl NodeProcess {
         })
     }
 
+    /// The node's `/metrics` page (OpenMetrics text), fetched from its front door.
+    pub fn metrics(&self) -> anyhow::Result<String> {
+        use std::io::{Read, Write};
+        let url = self.http_url()?;
+        let host = url.trim_start_matches("http://");
+        let mut socket = std::net::TcpStream::connect(host).context("connect to the front door")?;
+        write!(
+            socket,
+            "GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        socket.read_to_string(&mut response)?;
+        Ok(response)
+    }
+
     /// How many file descriptors the process has open now (0 once it is gone).
     pub fn open_fds(&self) -> usize {
         fs::read_dir(format!("/proc/{}/fd", self.pid())).map_or(0, |dir| dir.count())

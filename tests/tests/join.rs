@@ -67,21 +67,6 @@ fn join_fails(dir: &Path, token: &str) -> String {
     text
 }
 
-fn metrics(node: &NodeProcess) -> String {
-    use std::io::{Read, Write};
-    let url = node.http_url().expect("front door");
-    let host = url.trim_start_matches("http://");
-    let mut socket = std::net::TcpStream::connect(host).expect("connect");
-    write!(
-        socket,
-        "GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    socket.read_to_string(&mut response).expect("read");
-    response
-}
-
 #[test]
 fn a_node_joins_with_a_token_and_rejoins_without_it_and_the_token_is_then_used_up() {
     let h = Harness::new().expect("harness");
@@ -114,7 +99,10 @@ fn a_node_joins_with_a_token_and_rejoins_without_it_and_the_token_is_then_used_u
         .mode();
     assert_eq!(mode & 0o777, 0o600);
     assert!(
-        metrics(&alpha).contains(r#"agentmesh_join_redemptions_total{outcome="issued"} 1"#),
+        alpha
+            .metrics()
+            .expect("metrics")
+            .contains(r#"agentmesh_join_redemptions_total{outcome="issued"} 1"#),
         "the issuer counted the redemption"
     );
 
@@ -159,7 +147,10 @@ fn an_expired_token_is_refused_saying_so() {
     let stderr = join_fails(fresh.path(), &token.to_string());
     assert!(stderr.contains("expired"), "{stderr}");
     assert!(
-        metrics(&alpha).contains(r#"agentmesh_join_redemptions_total{outcome="expired"} 1"#),
+        alpha
+            .metrics()
+            .expect("metrics")
+            .contains(r#"agentmesh_join_redemptions_total{outcome="expired"} 1"#),
         "refused by the issuer"
     );
 }
@@ -183,7 +174,7 @@ fn a_token_pinning_another_ca_is_refused_before_its_secret_is_sent() {
     let fresh = tempfile::tempdir().expect("tempdir");
     let stderr = join_fails(fresh.path(), token.trim());
     // alpha never saw a redemption attempt (a malformed, forged or any other one would count).
-    let metrics = metrics(&alpha);
+    let metrics = alpha.metrics().expect("metrics");
     assert!(
         !metrics.contains("agentmesh_join_redemptions_total{"),
         "{metrics}"

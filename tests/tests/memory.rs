@@ -356,17 +356,7 @@ async fn a_record_stamped_far_in_the_future_or_in_another_nodes_name_is_refused(
 
 /// `agentmesh_memory_records_refused_total{reason}` on `node`'s `/metrics` (0 when absent).
 fn refused_total(node: &NodeProcess, reason: &str) -> u64 {
-    use std::io::{Read, Write};
-    let url = node.http_url().expect("front door");
-    let host = url.trim_start_matches("http://");
-    let mut socket = std::net::TcpStream::connect(host).expect("connect to the front door");
-    write!(
-        socket,
-        "GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut response = String::new();
-    socket.read_to_string(&mut response).expect("read");
+    let response = node.metrics().expect("metrics");
     let series = format!("agentmesh_memory_records_refused_total{{reason=\"{reason}\"}} ");
     response
         .lines()

@@ -768,8 +768,17 @@ mod tests {
         let replicator = tokio::spawn(async move {
             replicate(replicated, table, link, &mut rx, stop).await;
         });
-        // Let the replicator see the peer up before the writes.
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        // The replicator sees the peer up (and starts its first pull) before the writes.
+        for _ in 0..1_000 {
+            if fake.pulls.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            fake.pulls.load(std::sync::atomic::Ordering::SeqCst) > 0,
+            "the replicator never saw the peer up"
+        );
         for i in 0..writes {
             let record = Record {
                 seq: i as u64 + 1,

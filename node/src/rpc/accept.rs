@@ -424,16 +424,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
-
-    /// Whether the listener closed `tcp` (a read ends or fails) within `within`.
-    async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
-        use tokio::io::AsyncReadExt;
-        let mut buf = [0u8; 64];
-        matches!(
-            tokio::time::timeout(within, tcp.read(&mut buf)).await,
-            Ok(Ok(0) | Err(_))
-        )
-    }
+    use crate::connections::test_support::closed_within;
 
     /// Sockets that never start their TLS handshake: past `grpc_max_handshakes` one is closed
     /// at once (while those before it are still open) and counted, and the others are closed

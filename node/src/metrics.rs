@@ -59,6 +59,8 @@ pub struct Metrics {
     /// dialed), `cap` (`discovery.max_advert_dials` pending), `failing_address` (every address is
     /// held back after failing), `queue_full` (membership's event queue was full).
     pub adverts_dropped: Family<Labels, Counter>,
+    /// Membership (SWIM) datagrams dropped before they could change anything, by reason.
+    pub swim_dropped: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -152,8 +154,15 @@ impl Metrics {
             "mDNS adverts that started no dial, by reason (already_dialing, cap, failing_address, queue_full)",
             adverts_dropped.clone(),
         );
+        let swim_dropped = Family::default();
+        registry.register(
+            "swim_dropped",
+            "Membership datagrams dropped unread, by reason (malformed, certificate, revoked, bad_signature, stale, replayed, impersonation)",
+            swim_dropped.clone(),
+        );
         Self {
             registry,
+            swim_dropped,
             connections,
             connections_refused,
             connections_timed_out,

@@ -20,7 +20,11 @@ use mesh_identity::{
     bootstrap,
     ca::{self, CaSigner},
 };
-use tokio::{net::TcpListener, sync::mpsc, task::JoinSet};
+use tokio::{
+    net::{TcpListener, UdpSocket},
+    sync::mpsc,
+    task::JoinSet,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 
@@ -36,7 +40,12 @@ use crate::{
     issuer::Issuer,
     llm::ModelRegistry,
     memory::{self, Memory, MemoryOptions},
-    peers::{Hello, Membership, PeerTable, adverts::AdvertGuard},
+    peers::{
+        PeerTable,
+        adverts::AdvertGuard,
+        envelope::{Opener, Sealer},
+        swim::{self, Member, Membership},
+    },
     rpc::{
         NodeLink, NodeService, PeerChannels,
         accept::TlsIncoming,
@@ -242,28 +251,42 @@ impl Node {
             Some(tls) => tls.dialer(),
             None => Dialer::Plain,
         };
-        let hello = Hello {
-            name: config.name.clone(),
-            id: id.clone(),
-            port: addr.port(),
-        };
         // Membership asks the mDNS source through this to offer adverts it dropped again.
         let reoffer = Arc::new(tokio::sync::Notify::new());
-        let membership = Membership::new(
-            id.clone(),
-            hello,
-            Arc::new(NodeLink::new(dialer.clone())),
-            peers.clone(),
-            events_tx.clone(),
-            AdvertGuard::new(
+        // SWIM listens on UDP at the gRPC port's number and address (one port to open and
+        // forward); bound here, once, so a restarted loop keeps it.
+        let socket = Arc::new(UdpSocket::bind(addr).await.map_err(|source| StartError::Bind {
+            addr,
+            source,
+            hint: " (membership's UDP socket, on the same port as gRPC: free that UDP port)",
+        })?);
+        let signer = Arc::new(signer);
+        let verifier = Arc::new(verifier);
+        let own = Member {
+            id: id.clone(),
+            addr: member_addr(addr),
+            bump: next_run(&config.data_dir),
+        };
+        let membership = Arc::new(Membership {
+            own,
+            socket,
+            sealer: Arc::new(Sealer::new(signer.clone())),
+            opener: Arc::new(Opener::new(verifier.clone())),
+            link: Arc::new(NodeLink::new(dialer.clone())),
+            table: peers.clone(),
+            changes: caps.subscribe(),
+            config: swim::lan_config(),
+            restarts: std::sync::atomic::AtomicU64::new(0),
+            adverts: std::sync::Mutex::new(AdvertGuard::new(
                 config.discovery.max_advert_dials,
                 config.discovery.max_failing_addrs,
                 reoffer.clone(),
-            ),
-        );
-        // Shared between runs: a restarted membership reads on where the last one stopped.
+            )),
+        });
+        // Shared between runs: a restarted membership reads on where the last one stopped. It
+        // stops when the node starts leaving, so its goodbye goes out first.
         let events_rx = Arc::new(tokio::sync::Mutex::new(events_rx));
-        supervisor.spawn("membership", background.clone(), move |cancel| {
+        supervisor.spawn("membership", leaving.clone(), move |cancel| {
             let (membership, events_rx) = (membership.clone(), events_rx.clone());
             no_error(async move {
                 let mut events_rx = events_rx.lock_owned().await;
@@ -325,11 +348,11 @@ impl Node {
             let store: Arc<dyn Store> = store.clone();
             Arc::new(Issuer::new(ca, store))
         });
-        let channels = PeerChannels::new(dialer.clone());
+        let channels = PeerChannels::new(dialer.clone()).reporting_to(peers.clone());
         let (memory, memory_writes) = Memory::open(
             store.clone(),
-            Arc::new(signer),
-            Arc::new(verifier),
+            signer,
+            verifier,
             MemoryOptions {
                 local_namespaces: config.local_namespaces.clone(),
                 max_skew: config.max_clock_skew,
@@ -748,6 +771,37 @@ fn bootstrap_tls(data_dir: &Path, name: &str) -> Result<TlsFiles, StartError> {
         tracing::info!(dir = %dir.display(), "created a new mesh CA for this node; to add a device, run `mesh-cli token create` here and `mesh-node --join TOKEN` there");
     }
     Ok(files)
+}
+
+/// The file in the data directory holding the bump of this node's last SWIM run.
+const SWIM_RUN_FILE: &str = "swim.run";
+
+/// This run's bump: above the last run's (kept in the data dir) even when the clock is now
+/// behind it, so peers take this run for the newer one at the same address.
+fn next_run(data_dir: &Path) -> u64 {
+    let path = data_dir.join(SWIM_RUN_FILE);
+    let last = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let run = mesh_domain::time::unix_ms(std::time::SystemTime::now()).max(last + 1);
+    if let Err(e) = std::fs::write(&path, run.to_string()) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot keep the SWIM run number; a restart with the clock behind may not be taken for the newer run");
+    }
+    run
+}
+
+/// The address this node is a SWIM member at: the listener's, or on a wildcard the first
+/// address it advertises (members gossip it, so it must be one peers can reach).
+fn member_addr(addr: SocketAddr) -> SocketAddr {
+    if !addr.ip().is_unspecified() {
+        return addr;
+    }
+    advertised_addrs(addr)
+        .iter()
+        .filter_map(|a| a.parse::<SocketAddr>().ok())
+        .find(|a| !a.ip().is_loopback())
+        .unwrap_or(addr)
 }
 
 /// `addr`, or one `ip:port` per interface address when listening on a wildcard.

@@ -148,6 +148,7 @@ impl HostilePeer {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = Service(Arc::new(behaviour.clone()));
+        let membership_tls = self.tls.clone();
         std::thread::spawn(move || {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -168,7 +169,25 @@ impl HostilePeer {
                         return;
                     }
                 };
-                let _ = addr_tx.send(listener.local_addr().context("local addr"));
+                let addr = match listener.local_addr() {
+                    Ok(addr) => addr,
+                    Err(e) => {
+                        let _ = addr_tx.send(Err(anyhow::anyhow!("local addr: {e}")));
+                        return;
+                    }
+                };
+                // It speaks SWIM too, as a member of the mesh, so nodes list it and call it; on
+                // a thread of its own, so slow answers of the hostile service do not make it
+                // look dead.
+                let leave = tokio_util::sync::CancellationToken::new();
+                let swim = match swim_member(membership_tls, addr, leave.clone()) {
+                    Ok(swim) => swim,
+                    Err(e) => {
+                        let _ = addr_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = addr_tx.send(Ok(addr));
                 let served = tonic::transport::Server::builder()
                     .add_service(pb::node_server::NodeServer::new(service.clone()))
                     .add_service(
@@ -191,6 +210,8 @@ impl HostilePeer {
                 if let Err(e) = served {
                     eprintln!("hostile peer server: {e}");
                 }
+                leave.cancel();
+                let _ = swim.join();
             });
         });
         let addr = addr_rx.recv().context("hostile server thread")??;
@@ -474,4 +495,63 @@ impl pb::memory_server::Memory for Service {
         tokio::time::sleep(self.0.push_delay).await;
         Ok(Response::new(pb::MemoryPushResponse::default()))
     }
+}
+
+/// A SWIM member with `tls`'s identity on UDP at `addr` (the hostile server's port), running
+/// on a thread of its own until `leave`.
+fn swim_member(
+    tls: MeshTls,
+    addr: std::net::SocketAddr,
+    leave: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    use mesh_node::peers::{
+        PeerTable,
+        envelope::{Opener, Sealer},
+        swim::{Member, Membership, lan_config},
+    };
+    let socket = std::net::UdpSocket::bind(addr).context("bind UDP")?;
+    socket.set_nonblocking(true)?;
+    let signer = Arc::new(tls.origin_signer()?);
+    let opener = Opener::new(Arc::new(tls.origin_verifier()?));
+    let bump = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(std::thread::spawn(move || {
+        runtime.block_on(async move {
+            let socket = match tokio::net::UdpSocket::from_std(socket) {
+                Ok(socket) => socket,
+                Err(e) => {
+                    eprintln!("hostile peer SWIM socket: {e}");
+                    return;
+                }
+            };
+            // Nothing about it ever changes (its NodeInfo is the behaviour's): no sender kept.
+            let (_, changes) = tokio::sync::watch::channel(0);
+            let membership = Membership {
+                own: Member {
+                    id: signer.id().clone(),
+                    addr,
+                    bump,
+                },
+                socket: Arc::new(socket),
+                sealer: Arc::new(Sealer::new(signer)),
+                opener: Arc::new(opener),
+                link: Arc::new(mesh_node::rpc::NodeLink::new(tls.dialer())),
+                table: Arc::new(PeerTable::default()),
+                changes,
+                config: lan_config(),
+                restarts: std::sync::atomic::AtomicU64::new(0),
+                adverts: std::sync::Mutex::new(mesh_node::peers::adverts::AdvertGuard::new(
+                    64,
+                    64,
+                    Arc::new(tokio::sync::Notify::new()),
+                )),
+            };
+            let (_events_tx, mut events) = tokio::sync::mpsc::channel(1);
+            membership.run(&mut events, leave).await;
+        });
+    }))
 }

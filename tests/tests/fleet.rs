@@ -1,4 +1,4 @@
-//! A fleet on loopback with mDNS off: static peers, peer exchange, liveness, and what
+//! A fleet on loopback with mDNS off: static peers, SWIM membership and liveness, and what
 //! `mesh-cli status --json` promises scripts.
 
 use std::time::{Duration, Instant};
@@ -154,5 +154,99 @@ fn a_node_killed_with_sigkill_is_down_within_five_seconds_and_rejoins_on_restart
     assert_eq!(
         betas, 1,
         "a restarted node keeps its id, so it is listed once"
+    );
+}
+
+/// Whether `log` (a node's JSON log) shows the peer `name` moved to state `to`.
+fn logged_state(log: &str, name: &str, to: &str) -> bool {
+    log.lines().any(|line| {
+        line.contains("\"peer state\"")
+            && line.contains(&format!("\"peer\":\"{name}\""))
+            && line.contains(&format!("\"to\":\"{to}\""))
+    })
+}
+
+/// Issue 17: SWIM's suspicion with refutation. A node frozen (SIGSTOP) for less than the
+/// suspicion timeout is suspected by whoever probes it, refutes when it thaws, and is never
+/// marked down anywhere.
+#[test]
+fn a_node_frozen_shorter_than_the_suspicion_timeout_refutes_and_is_never_down() {
+    let harness = Harness::new().expect("harness");
+    let a = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
+    let b = harness
+        .spawn(NodeOptions::new("beta").peer(&a.addr))
+        .expect("beta");
+    let c = harness
+        .spawn(NodeOptions::new("gamma").peer(&a.addr))
+        .expect("gamma");
+    harness
+        .wait_all_up(&[&a, &b, &c], Duration::from_secs(15))
+        .expect("full mesh");
+
+    b.signal("STOP").expect("sigstop");
+    // Frozen until alpha or gamma suspects it (each probes a random member every second, and
+    // a failed probe takes up to a period to become a suspicion); thawed at once, beta has
+    // most of the 2-s suspicion left to refute.
+    let frozen = Instant::now();
+    let suspected = wait_for("beta suspected", Duration::from_secs(5), || {
+        [&a, &c]
+            .iter()
+            .any(|o| logged_state(&o.log_text(), "beta", "suspect"))
+            .then_some(())
+    });
+    b.signal("CONT").expect("sigcont");
+    eprintln!("beta frozen for {:?}", frozen.elapsed());
+    suspected.expect("a frozen beta is suspected");
+    for observer in [&a, &c] {
+        wait_for("beta up again", Duration::from_secs(10), || {
+            (harness.state_of(observer, "beta").as_deref() == Some("up")).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{}: {e}\n{}", observer.name, observer.log_text()));
+    }
+    for observer in [&a, &c] {
+        assert!(
+            !logged_state(&observer.log_text(), "beta", "down"),
+            "{} marked the live beta down:\n{}",
+            observer.name,
+            observer.log_text()
+        );
+    }
+}
+
+/// Issue 17: twenty nodes that know only a seed (static peer, no mDNS) all see each other up.
+/// The deadline is generous (a busy 2-core CI); the speed is the bench's to measure.
+#[test]
+fn twenty_nodes_with_one_seed_reach_a_full_view() {
+    const NODES: usize = 20;
+    let harness = Harness::new().expect("harness");
+    let seed = harness.spawn(NodeOptions::new("n00")).expect("seed");
+    let mut nodes = vec![seed];
+    for i in 1..NODES {
+        let node = harness
+            .spawn(NodeOptions::new(&format!("n{i:02}")).peer(&nodes[0].addr))
+            .expect("node");
+        nodes.push(node);
+    }
+    let started = Instant::now();
+    for observer in &nodes {
+        wait_for(
+            &format!("{} to see all {NODES} up", observer.name),
+            Duration::from_secs(60),
+            || {
+                let status = harness.status(observer).ok()?;
+                let up = status["nodes"]
+                    .as_array()?
+                    .iter()
+                    .skip(1)
+                    .filter(|n| n["state"] == "up")
+                    .count();
+                (up == NODES - 1).then_some(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", observer.log_text()));
+    }
+    eprintln!(
+        "full view of {NODES} nodes {:?} after the last start",
+        started.elapsed()
     );
 }

@@ -137,7 +137,7 @@ fn python_zeroconf_sees_the_advert_and_its_txt_keys() {
 }
 
 #[test]
-fn an_advert_whose_fp_does_not_match_the_certificate_is_ignored_and_logged() {
+fn an_advert_whose_fp_does_not_match_the_certificate_brings_in_only_the_real_member() {
     let ns = Netns::new().expect("netns");
     let harness = Harness::new().expect("harness");
     // beta does not advertise; the impostor advert claims beta's id with a wrong fingerprint.
@@ -161,27 +161,27 @@ fn an_advert_whose_fp_does_not_match_the_certificate_is_ignored_and_logged() {
         .spawn()
         .expect("python3 with zeroconf");
 
-    let logged = wait_for("alpha to reject the advert", DEADLINE, || {
-        alpha
-            .log_text()
-            .contains("does not match the certificate the peer presents")
-            .then_some(())
+    // The advert only says where to announce: membership takes in whoever answers there with
+    // signed datagrams, so alpha lists beta under beta's own certificate, never the advert's.
+    let beta_fp = harness.status(&beta).expect("status")["nodes"][0]["cert_fingerprint"]
+        .as_str()
+        .expect("fp")
+        .to_owned();
+    let listed = wait_for("alpha to list beta", DEADLINE, || {
+        let status = harness.status(&alpha).ok()?;
+        let nodes = status["nodes"].as_array()?.clone();
+        (nodes.len() > 1).then_some(nodes)
     });
-    let status = harness.status(&alpha).expect("status");
     drop(spoof.stdin.take().map(|mut s| s.write_all(b"")));
     let _ = spoof.kill();
     let _ = spoof.wait();
-    logged.unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
-    let names: Vec<_> = status["nodes"]
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .map(|n| n["name"].clone())
-        .collect();
+    let nodes = listed.unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    assert_eq!(nodes[1]["id"], beta_id.as_str());
     assert_eq!(
-        names,
-        ["alpha"],
-        "the spoofed peer must not enter the table"
+        nodes[1]["cert_fingerprint"],
+        beta_fp.as_str(),
+        "the advert's fingerprint changes nothing"
     );
 }
 

@@ -109,11 +109,14 @@ fn a_node_from_another_ca_never_joins_the_fleet() {
         .spawn(options)
         .expect("mallory starts with its own CA");
 
-    // Wait until mallory has really tried (and failed) to dial alpha, then look at both tables.
-    wait_for("mallory's failed dial", Duration::from_secs(15), || {
-        mallory.log_text().contains("dial peer").then_some(())
-    })
-    .unwrap_or_else(|e| panic!("{e}\n{}", mallory.log_text()));
+    // Wait until alpha has dropped mallory's announce (its certificate is from another CA),
+    // then look at both tables.
+    wait_for(
+        "mallory's announce dropped",
+        Duration::from_secs(15),
+        || (swim_dropped(&alpha, "certificate") >= 1).then_some(()),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
     let names = |status: serde_json::Value| -> Vec<String> {
         status["nodes"]
             .as_array()
@@ -370,12 +373,12 @@ fn a_hello_or_node_info_whose_id_is_not_the_certificates_is_refused() {
     let served = hello(&impostor_id).expect("a hello under the caller's own id is served");
     assert_eq!(served, alpha_id, "the stream is alpha's own NodeInfo");
 
-    // A NodeInfo: alpha's sessions to the impostor see its certificate, then beta's id. Wait
+    // A NodeInfo: alpha fetches the impostor member's NodeInfo and gets beta's id. Wait
     // until alpha has rejected one, or has let someone into its table.
     wait_for("alpha to reject the forged NodeInfo", DEADLINE, || {
         let rejected = alpha
             .log_text()
-            .contains("ignoring peer: NodeInfo id does not match its certificate");
+            .contains("ignoring member: its NodeInfo is not its own");
         let let_in = harness
             .status(&alpha)
             .is_ok_and(|status| listed_ids(&status).len() > 1);
@@ -561,4 +564,90 @@ async fn a_task_or_schedule_timeout_of_u32_max_is_refused_with_its_limit() {
         .list_peers(pb::ListPeersRequest::default())
         .await;
     assert!(peers.is_ok(), "the node still serves: {peers:?}");
+}
+
+/// `agentmesh_swim_dropped_total{reason}` on `node`'s `/metrics` (0 when not yet counted).
+fn swim_dropped(node: &mesh_tests::NodeProcess, reason: &str) -> u64 {
+    use std::io::{Read, Write};
+    let Ok(url) = node.http_url() else { return 0 };
+    let Ok(door) = url.trim_start_matches("http://").parse::<SocketAddr>() else {
+        return 0;
+    };
+    let Ok(mut tcp) = TcpStream::connect_timeout(&door, Duration::from_secs(2)) else {
+        return 0;
+    };
+    let _ = tcp.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = write!(
+        tcp,
+        "GET /metrics HTTP/1.1\r\nhost: door\r\nconnection: close\r\n\r\n"
+    );
+    let mut answer = String::new();
+    let _ = tcp.read_to_string(&mut answer);
+    let series = format!("agentmesh_swim_dropped_total{{reason=\"{reason}\"}}");
+    answer
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 17: membership datagrams sent to a node's UDP port by someone outside the mesh (a
+/// node of another CA, a self-made key), altered in flight, or replayed, are dropped and
+/// counted by reason, and change nothing: the node's table still lists only its real peer.
+#[test]
+fn forged_altered_or_replayed_membership_datagrams_are_dropped_and_counted() {
+    use mesh_identity::OriginSigner;
+    use mesh_node::peers::envelope::Sealer;
+
+    let harness = Harness::new().expect("harness");
+    let alpha = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
+    let beta = harness
+        .spawn(NodeOptions::new("beta").peer(&alpha.addr))
+        .expect("beta");
+    harness
+        .wait_all_up(&[&alpha, &beta], DEADLINE)
+        .expect("alpha and beta");
+
+    let foreign = MeshTls::load(&foreign_identity(&harness, "mallory")).expect("foreign tls");
+    let foreign = Sealer::new(Arc::new(foreign.origin_signer().expect("signer")));
+    let stranger = Sealer::new(Arc::new(OriginSigner::generate().expect("key")));
+    let insider = HostilePeer::new(&harness, "insider").expect("insider");
+    let insider = Sealer::new(Arc::new(insider.tls().origin_signer().expect("signer")));
+    // Not a foca message: an insider's datagram opens, then fails to decode (`malformed`).
+    let payload = b"\x00join me";
+    let sealed = insider.seal(payload).expect("seal");
+    let mut altered = sealed.clone();
+    let at = altered.len() - 70;
+    altered[at] ^= 1;
+
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let send = |datagram: &[u8]| {
+        socket.send_to(datagram, &alpha.addr).expect("send");
+    };
+    send(&foreign.seal(payload).expect("seal"));
+    send(&stranger.seal(payload).expect("seal"));
+    send(&sealed);
+    send(&sealed);
+    send(&altered);
+    send(b"not even an envelope");
+
+    for (reason, at_least) in [
+        ("certificate", 2),
+        ("replayed", 1),
+        ("bad_signature", 1),
+        ("malformed", 2),
+    ] {
+        wait_for(&format!("{reason} counted"), DEADLINE, || {
+            (swim_dropped(&alpha, reason) >= at_least).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", alpha.log_text()));
+    }
+    let status = harness.status(&alpha).expect("status");
+    let names: Vec<_> = status["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert_eq!(names, ["alpha", "beta"], "nobody else got in");
 }

@@ -1,26 +1,24 @@
-//! What an mDNS advert may make this node do: bounded dialing for unauthenticated claims.
+//! What an mDNS advert may make this node do: bounded announcing for unauthenticated claims.
 //!
-//! Anyone on the LAN can send adverts, each claiming any node id at any address, and every one
-//! used to start a dial session that retried for minutes. [`AdvertGuard`] bounds that: dial
-//! sessions started by adverts that have not come up yet ("pending") are keyed by the claimed id
-//! (a second advert for an id being dialed starts nothing) and capped; an address whose dial
-//! failed (no TCP, no TLS handshake, a refused identity, no first beat) [`STRIKES`] times is not
-//! dialed for a back-off that starts at [`FIRST_BACKOFF`] and doubles with each further failure
-//! up to [`MAX_BACKOFF`]; the failing addresses remembered are capped too, the one that failed
-//! longest ago forgotten first. An advert dropped at the cap is not remembered (that would be
-//! unbounded too); instead the first place freed after such a drop asks the mDNS source, through
-//! the `reoffer` notification, to offer its cached adverts again, so a real node whose advert
-//! came in a flood is dialed once the flood leaves room. Only adverts go through here: static
-//! peers are the operator's word, exchanged peers come from an authenticated node, and a session
-//! that came up once is a real node whose retries this module does not limit.
+//! Anyone on the LAN can send adverts, each claiming any node id at any address, and each one
+//! makes membership announce itself there. [`AdvertGuard`] bounds that: announces started by
+//! adverts whose member has not come yet ("pending") are keyed by the claimed id (a second
+//! advert for an id pending starts nothing) and capped; an address whose announce brought no
+//! member [`STRIKES`] times is not announced to for a back-off that starts at [`FIRST_BACKOFF`]
+//! and doubles with each further failure up to [`MAX_BACKOFF`]; the failing addresses
+//! remembered are capped too, the one that failed longest ago forgotten first. An advert dropped
+//! at the cap is not remembered (that would be unbounded too); instead the first place freed
+//! after such a drop asks the mDNS source, through the `reoffer` notification, to offer its
+//! cached adverts again, so a real node whose advert came in a flood is announced to once the
+//! flood leaves room. Only adverts go through here: static peers are the operator's word.
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use mesh_domain::{NodeId, sync::MutexExt, throttle::LogThrottle};
+use mesh_domain::{NodeId, throttle::LogThrottle};
 use tokio::sync::Notify;
 
 /// Failures in a row after which an address is held back.
@@ -192,41 +190,6 @@ impl AdvertGuard {
     }
 }
 
-/// A pending advert dial; dropping it releases the claimed id's place.
-#[derive(Debug)]
-pub struct PendingSlot {
-    guard: Arc<Mutex<AdvertGuard>>,
-    id: NodeId,
-}
-
-impl PendingSlot {
-    /// The place `id` took in `guard` (after a successful [`AdvertGuard::admit`]).
-    pub fn new(guard: Arc<Mutex<AdvertGuard>>, id: NodeId) -> Self {
-        Self { guard, id }
-    }
-
-    /// Whether `addr` may be dialed now.
-    pub fn usable(&self, addr: &str) -> bool {
-        self.guard.lock_unpoisoned().usable(addr, Instant::now())
-    }
-
-    /// A dial of `addr` failed.
-    pub fn failed(&self, addr: &str) {
-        self.guard.lock_unpoisoned().failed(addr, Instant::now());
-    }
-
-    /// `addr` came up as the advertised node.
-    pub fn succeeded(&self, addr: &str) {
-        self.guard.lock_unpoisoned().succeeded(addr);
-    }
-}
-
-impl Drop for PendingSlot {
-    fn drop(&mut self) {
-        self.guard.lock_unpoisoned().release(&self.id);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,30 +223,6 @@ mod tests {
         guard.release(&id(1));
         assert!(guard.admit(&id(3), &addrs("d:1"), now).is_ok());
         assert_eq!(guard.pending(), 2);
-    }
-
-    #[test]
-    fn a_slot_releases_its_place_when_dropped() {
-        let guard = Arc::new(Mutex::new(guard(1, 16)));
-        let now = Instant::now();
-        assert!(
-            guard
-                .lock_unpoisoned()
-                .admit(&id(1), &addrs("a:1"), now)
-                .is_ok()
-        );
-        let slot = PendingSlot::new(guard.clone(), id(1));
-        assert_eq!(
-            guard.lock_unpoisoned().admit(&id(2), &addrs("b:1"), now),
-            Err(Dropped::Cap)
-        );
-        drop(slot);
-        assert!(
-            guard
-                .lock_unpoisoned()
-                .admit(&id(2), &addrs("b:1"), now)
-                .is_ok()
-        );
     }
 
     #[test]

@@ -14,7 +14,11 @@ pub mod memory;
 pub mod models;
 pub mod tasks;
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use mesh_domain::{BoxFuture, NodeId, NodeInfo, sync::MutexExt};
 use mesh_identity::{
@@ -32,9 +36,7 @@ use crate::{
     capabilities::Capabilities,
     discovery::{Claim, DiscoveryEvent, PeerSource},
     memory::Memory,
-    peers::{
-        BeatStream, FleetView, Hello, LinkError, PeerConnection, PeerLink, PeerTable, PeerView,
-    },
+    peers::{FleetView, LinkError, PeerLink, PeerTable, PeerView},
     storage::StoreError,
 };
 
@@ -327,15 +329,25 @@ fn warn_legacy_once(identity: &CertIdentity) {
     }
 }
 
+/// How long a cached channel to a peer stays unused before it is dropped (its connection
+/// closes once no call holds it): a node keeps connections only to the peers it talks to.
+pub const CHANNEL_IDLE: Duration = Duration::from_secs(60);
+
 /// One kept-open channel per peer address, shared by the delegation, chat and replication
 /// clients, so a forwarded task or a push does not pay a TCP and TLS handshake; with the
-/// deadlines every call on them gets.
+/// deadlines every call on them gets. A channel unused for [`CHANNEL_IDLE`] is dropped (checked
+/// at every use of the cache; replication uses it every sync interval).
 #[derive(Debug, Clone)]
 pub struct PeerChannels {
     dialer: Dialer,
-    channels: Arc<std::sync::Mutex<std::collections::HashMap<String, Channel>>>,
+    /// Told of addresses whose connection is refused, so membership suspects them at once.
+    table: Option<Arc<PeerTable>>,
+    /// The channels by address, with when each was last handed out.
+    channels: Arc<std::sync::Mutex<std::collections::HashMap<String, (Channel, Instant)>>>,
     /// How long each call on these channels may take (tests shorten them).
     deadlines: Deadlines,
+    /// How long an unused channel is kept ([`CHANNEL_IDLE`]; tests shorten it).
+    idle: Duration,
 }
 
 impl PeerChannels {
@@ -344,9 +356,28 @@ impl PeerChannels {
     pub fn new(dialer: Dialer) -> Self {
         Self {
             dialer,
+            table: None,
             channels: Arc::default(),
             deadlines: Deadlines::default(),
+            idle: CHANNEL_IDLE,
         }
+    }
+
+    /// The same, dropping channels unused for `idle` (tests).
+    pub fn with_idle(mut self, idle: Duration) -> Self {
+        self.idle = idle;
+        self
+    }
+
+    /// The addresses a channel is cached for.
+    pub fn cached(&self) -> Vec<String> {
+        self.channels.lock_unpoisoned().keys().cloned().collect()
+    }
+
+    /// The same, reporting refused connections to `table` ([`PeerTable::report_unreachable`]).
+    pub fn reporting_to(mut self, table: Arc<PeerTable>) -> Self {
+        self.table = Some(table);
+        self
     }
 
     /// The same, with other deadlines (tests wait for a silent peer in milliseconds).
@@ -362,14 +393,27 @@ impl PeerChannels {
 
     /// The channel to `addr`, dialing it the first time.
     pub async fn get(&self, addr: &str) -> Result<Channel, DialError> {
-        let cached = self.channels.lock_unpoisoned().get(addr).cloned();
-        if let Some(channel) = cached {
-            return Ok(channel);
+        let now = Instant::now();
+        {
+            let mut channels = self.channels.lock_unpoisoned();
+            channels.retain(|_, (_, used)| now.duration_since(*used) < self.idle);
+            if let Some((channel, used)) = channels.get_mut(addr) {
+                *used = now;
+                return Ok(channel.clone());
+            }
         }
-        let channel = self.dialer.connect(addr).await?.channel;
+        let channel = match self.dialer.connect(addr).await {
+            Ok(connection) => connection.channel,
+            Err(e) => {
+                if let (DialError::Refused(_), Some(table)) = (&e, &self.table) {
+                    table.report_unreachable(addr);
+                }
+                return Err(e);
+            }
+        };
         self.channels
             .lock_unpoisoned()
-            .insert(addr.to_owned(), channel.clone());
+            .insert(addr.to_owned(), (channel.clone(), Instant::now()));
         Ok(channel)
     }
 
@@ -386,26 +430,9 @@ pub struct PeerClient {
     deadlines: Deadlines,
 }
 
-/// A `WatchInfo` stream, yielding validated [`NodeInfo`].
-#[derive(Debug)]
-pub struct InfoStream {
-    inner: tonic::Streaming<pb::NodeInfo>,
-}
-
-impl BeatStream for InfoStream {
-    fn next(&mut self) -> BoxFuture<'_, Result<Option<NodeInfo>, LinkError>> {
-        Box::pin(async move {
-            match self.inner.message().await? {
-                None => Ok(None),
-                Some(info) => NodeInfo::try_from(info)
-                    .map(Some)
-                    .map_err(|status| LinkError::Invalid(status.message().to_owned())),
-            }
-        })
-    }
-}
-
-/// Membership's link to peers: dials with the node's dialer and speaks their `Node` service.
+/// Membership's link to peers: fetches a member's `NodeInfo` over a fresh connection of the
+/// node's dialer (it is needed only when the member's version changes, so no connection is
+/// kept for it), checking that the certificate presented is the member's.
 #[derive(Debug, Clone)]
 pub struct NodeLink {
     dialer: Dialer,
@@ -429,45 +456,45 @@ impl NodeLink {
 }
 
 impl PeerLink for NodeLink {
-    fn connect<'a>(
+    fn info<'a>(
         &'a self,
         addr: &'a str,
-    ) -> BoxFuture<'a, Result<Box<dyn PeerConnection>, DialError>> {
+        id: &'a NodeId,
+    ) -> BoxFuture<'a, Result<NodeInfo, LinkError>> {
         Box::pin(async move {
-            let connection = self.dialer.connect(addr).await?;
-            Ok(Box::new(NodeConnection {
-                client: PeerClient::new(connection.channel).with_deadlines(self.deadlines),
-                presented: connection.peer,
-            }) as Box<dyn PeerConnection>)
+            let connection = self
+                .dialer
+                .connect(addr)
+                .await
+                .map_err(|e| LinkError::Failed(format!("dial {addr}: {e}")))?;
+            if let Some(presented) = &connection.peer {
+                if presented.role == Some(CertRole::Client) {
+                    return Err(LinkError::Invalid(
+                        "the peer presents a client certificate, which may never serve as a node"
+                            .into(),
+                    ));
+                }
+                if presented.id != *id {
+                    return Err(LinkError::Invalid(format!(
+                        "the node at {addr} presents the certificate of {}, not of member {}",
+                        presented.id.short(),
+                        id.short()
+                    )));
+                }
+            }
+            let info = PeerClient::new(connection.channel)
+                .with_deadlines(self.deadlines)
+                .info()
+                .await?;
+            if info.id != *id {
+                return Err(LinkError::Invalid(format!(
+                    "GetInfo at {addr} answered for {}, not for member {}",
+                    info.id.short(),
+                    id.short()
+                )));
+            }
+            Ok(info)
         })
-    }
-}
-
-/// An open connection to a peer's `Node` service.
-#[derive(Debug)]
-struct NodeConnection {
-    client: PeerClient,
-    presented: Option<CertIdentity>,
-}
-
-impl PeerConnection for NodeConnection {
-    fn presented(&self) -> Option<&CertIdentity> {
-        self.presented.as_ref()
-    }
-
-    fn watch<'a>(
-        &'a mut self,
-        hello: &'a Hello,
-        interval: Duration,
-    ) -> BoxFuture<'a, Result<Box<dyn BeatStream>, LinkError>> {
-        Box::pin(async move {
-            let stream = self.client.watch(hello, interval).await?;
-            Ok(Box::new(stream) as Box<dyn BeatStream>)
-        })
-    }
-
-    fn list_peers(&mut self) -> BoxFuture<'_, Result<FleetView, LinkError>> {
-        Box::pin(self.client.list_peers())
     }
 }
 
@@ -487,29 +514,16 @@ impl PeerClient {
         self
     }
 
-    /// Opens `WatchInfo`, introducing ourselves.
-    pub async fn watch(
-        &mut self,
-        hello: &Hello,
-        interval: Duration,
-    ) -> Result<InfoStream, LinkError> {
-        let request = pb::WatchInfoRequest {
-            hello: Some(pb::PeerHello {
-                name: hello.name.clone(),
-                id: hello.id.to_string(),
-                port: u32::from(hello.port),
-            }),
-            interval_ms: interval.as_millis() as u32,
-        };
-        // Only the opening has a deadline here: membership reads the beats with its own timeout.
-        let inner = within(
-            self.deadlines.open,
-            "Node.WatchInfo",
-            self.inner.watch_info(request),
+    /// Calls `GetInfo`.
+    pub async fn info(&mut self) -> Result<NodeInfo, LinkError> {
+        let info = within(
+            self.deadlines.unary,
+            "Node.GetInfo",
+            self.inner.get_info(pb::GetInfoRequest {}),
         )
         .await?
         .into_inner();
-        Ok(InfoStream { inner })
+        NodeInfo::try_from(info).map_err(|s| LinkError::Invalid(s.message().to_owned()))
     }
 
     /// Calls `ListPeers`.
@@ -571,6 +585,27 @@ mod tests {
         Nothing,
         /// Answers with the headers of a gRPC response, then never sends a message.
         AfterHeaders,
+    }
+
+    /// Issue 17, point 4: a channel unused for the idle time is dropped from the cache (its
+    /// connection closes with the last call holding it), one in use is kept.
+    #[tokio::test]
+    async fn a_channel_unused_for_the_idle_time_is_dropped() {
+        let idle = Duration::from_millis(200);
+        let channels = PeerChannels::new(Dialer::Plain).with_idle(idle);
+        let (quiet, busy) = (
+            silent_peer(Silence::Nothing).await,
+            silent_peer(Silence::Nothing).await,
+        );
+        channels.get(&quiet).await.expect("dial quiet");
+        channels.get(&busy).await.expect("dial busy");
+        let started = Instant::now();
+        while started.elapsed() < idle * 2 {
+            // `busy` is used every 50 ms; `quiet` never again.
+            tokio::time::sleep(Duration::from_millis(50)).await; // the pace of use under test
+            channels.get(&busy).await.expect("busy");
+        }
+        assert_eq!(channels.cached(), [busy]);
     }
 
     /// A gRPC server on loopback that accepts any call and goes silent: a hung or hostile peer.
@@ -712,17 +747,10 @@ mod tests {
         .await;
 
         let link = NodeLink::new(Dialer::Plain).with_deadlines(short());
-        let mut connection = link.connect(&silent).await.expect("connects");
-        fails_in_time("Node.ListPeers", connection.list_peers()).await;
-        let hello = Hello {
-            name: "me".into(),
-            id: own.clone(),
-            port: 1,
-        };
-        fails_in_time("Node.WatchInfo", async {
-            connection.watch(&hello, MIN_BEAT).await.map(|_| ())
-        })
-        .await;
+        fails_in_time("Node.GetInfo", link.info(&silent, &own)).await;
+        let mut client =
+            PeerClient::new(channels.get(&silent).await.expect("connects")).with_deadlines(short());
+        fails_in_time("Node.ListPeers", client.list_peers()).await;
 
         // A peer that answers is still served by the same clients.
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

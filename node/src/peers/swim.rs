@@ -1,0 +1,879 @@
+//! Membership by SWIM: the `foca` crate runs the protocol (a constant number of probes per
+//! period, indirect probes, suspicion that a live member refutes by raising its incarnation,
+//! membership changes piggybacked on the probes and gossip), over UDP on the node's port, every
+//! datagram sealed with the node's key ([`super::envelope`]). [`Membership::run`] owns foca and
+//! its socket and timers; it turns foca's members into the [`PeerTable`]'s rows.
+//!
+//! A member's identity is its node id, its address and a start stamp that a restart (or a
+//! rejoin after being declared down) raises. Capabilities do not travel in SWIM messages:
+//! each node gossips a small version number of its `NodeInfo` (raised at most every
+//! [`VERSION_EVERY`] when its load or health changed), and a node fetches a peer's full
+//! `NodeInfo` over the mTLS `Node.GetInfo` only when that number changes ([`PeerLink`]).
+//! Discovery (static peers, mDNS adverts) only says where a first member may be: the node
+//! announces itself there. On shutdown the node leaves (a goodbye every member hears), so peers
+//! mark it down at once.
+//!
+//! This module decides membership only; it routes nothing and trusts nothing a datagram says
+//! before [`super::envelope::Opener`] has checked who sealed it.
+
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+    net::SocketAddr,
+    num::{NonZeroU32, NonZeroUsize},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use foca::{
+    AccumulatingRuntime, BroadcastHandler, Codec, Config, Foca, Invalidates, OwnedNotification,
+    PostcardCodec, State, Timer,
+};
+use mesh_domain::{NodeId, NodeInfo, PeerState, sync::MutexExt};
+use rand::rngs::StdRng;
+use tokio::{net::UdpSocket, sync::mpsc, task::JoinSet, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    LinkError, PeerLink, PeerTable,
+    adverts::{AdvertGuard, Dropped},
+    envelope::{MAX_DATAGRAM, Opener, Refusal, Sealer},
+};
+use crate::{
+    discovery::{Claim, DiscoveryEvent, PeerSource},
+    metrics::{labels, metrics},
+};
+
+/// The fleet size foca's settings are derived from (how often an update is retransmitted,
+/// how long a suspect has to refute): memberlist's LAN defaults for up to ~50 nodes.
+pub const CLUSTER_SIZE: u32 = 50;
+/// A node raises its `NodeInfo` version at most this often, however often its load changes.
+pub const VERSION_EVERY: Duration = Duration::from_secs(2);
+/// The same address is announced to at most this often (static peers are offered every
+/// second; an advert may repeat).
+pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
+/// An mDNS advert's announce that brings no member of the advertised id within this long has
+/// failed (it counts against the address, as a refused dial did).
+pub const ADVERT_ANSWER_WITHIN: Duration = Duration::from_secs(3);
+/// Longest wait before fetching again a `NodeInfo` whose fetch failed.
+const FETCH_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How often the table's states are brought in line with foca's (suspicion is not notified).
+const SYNC_EVERY: Duration = Duration::from_millis(250);
+/// Most addresses whose last announce is remembered.
+const MAX_ANNOUNCED: usize = 1024;
+
+/// A member's identity in foca: who, where, and which run of it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Member {
+    /// The node id (its certificate's key).
+    pub id: NodeId,
+    /// Where its SWIM socket (and gRPC listener) is.
+    pub addr: SocketAddr,
+    /// Raised at every start (Unix ms) and every rejoin, so the newest run of a node wins.
+    pub bump: u64,
+}
+
+impl Member {
+    /// Someone unknown at `addr`: what the node announces to (foca accepts an announce by
+    /// address alone).
+    fn at(addr: SocketAddr) -> Self {
+        Self {
+            id: NodeId::parse(&"0".repeat(64)).expect("64 zeros are a node id"),
+            addr,
+            bump: 0,
+        }
+    }
+}
+
+impl foca::Identity for Member {
+    type Addr = SocketAddr;
+
+    fn renew(&self) -> Option<Self> {
+        Some(Self {
+            bump: self.bump + 1,
+            ..self.clone()
+        })
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn win_addr_conflict(&self, adversary: &Self) -> bool {
+        self.bump > adversary.bump
+    }
+}
+
+/// A gossiped `NodeInfo` version: run `bump` of node `id` is at `version`. A restarted node
+/// counts again from 1 under a higher bump, so versions compare as `(bump, version)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InfoVersion {
+    id: NodeId,
+    bump: u64,
+    version: u64,
+}
+
+impl Invalidates for InfoVersion {
+    fn invalidates(&self, other: &Self) -> bool {
+        self.id == other.id && (self.bump, self.version) >= (other.bump, other.version)
+    }
+}
+
+impl InfoVersion {
+    /// 64 id characters, then bump and version big-endian.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = self.id.as_str().as_bytes().to_vec();
+        out.extend_from_slice(&self.bump.to_be_bytes());
+        out.extend_from_slice(&self.version.to_be_bytes());
+        out
+    }
+
+    fn decode(data: &[u8]) -> Result<Self, BadVersion> {
+        if data.len() != 80 {
+            return Err(BadVersion("length is not 80"));
+        }
+        let id = std::str::from_utf8(&data[..64])
+            .ok()
+            .and_then(|s| NodeId::parse(s).ok())
+            .ok_or(BadVersion("not a node id"))?;
+        let number = |at: usize| {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&data[at..at + 8]);
+            u64::from_be_bytes(bytes)
+        };
+        Ok(Self {
+            id,
+            bump: number(64),
+            version: number(72),
+        })
+    }
+}
+
+/// A gossiped version item that does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("bad NodeInfo version item: {0}")]
+pub struct BadVersion(&'static str);
+
+/// The newest `NodeInfo` version heard of per node; ids whose version rose since the loop last
+/// looked wait in `raised`.
+#[derive(Debug, Default)]
+struct VersionBook {
+    latest: HashMap<NodeId, (u64, u64)>,
+    raised: Vec<NodeId>,
+}
+
+/// foca's handler of gossiped versions; it shares its book with the loop (foca owns the
+/// handler and lends it to no one).
+#[derive(Debug, Default, Clone)]
+pub struct Versions {
+    book: Arc<Mutex<VersionBook>>,
+}
+
+impl BroadcastHandler<Member> for Versions {
+    type Key = InfoVersion;
+    type Error = BadVersion;
+
+    fn receive_item(
+        &mut self,
+        data: &[u8],
+        _sender: Option<&Member>,
+    ) -> Result<Option<InfoVersion>, BadVersion> {
+        let item = InfoVersion::decode(data)?;
+        let mut book = self.book.lock_unpoisoned();
+        let newer = book
+            .latest
+            .get(&item.id)
+            .is_none_or(|known| (item.bump, item.version) > *known);
+        if !newer {
+            return Ok(None);
+        }
+        book.latest
+            .insert(item.id.clone(), (item.bump, item.version));
+        book.raised.push(item.id.clone());
+        Ok(Some(item))
+    }
+}
+
+type Swim = Foca<Member, PostcardCodec, StdRng, Versions>;
+
+/// Where a member's `NodeInfo` stands.
+#[derive(Debug, Default)]
+struct Fetched {
+    /// The run (bump) and `(bump, version)` the table's row was fetched at (`None`: never).
+    at: Option<(u64, (u64, u64))>,
+    /// A fetch is under way.
+    fetching: bool,
+    /// After a failed fetch: not before then, and how long the next wait is.
+    retry: Option<(Instant, Duration)>,
+}
+
+/// What [`Membership::run`] needs from the node.
+#[derive(Debug)]
+pub struct Membership {
+    /// This node as a member (its `bump` is its start time).
+    pub own: Member,
+    /// The bound UDP socket on the node's address.
+    pub socket: Arc<UdpSocket>,
+    /// Seals our datagrams.
+    pub sealer: Arc<Sealer>,
+    /// Opens theirs.
+    pub opener: Arc<Opener>,
+    /// Fetches a member's `NodeInfo`.
+    pub link: Arc<dyn PeerLink>,
+    /// Where the rows go.
+    pub table: Arc<PeerTable>,
+    /// Changes of our own `NodeInfo` (load, health), which raise our version.
+    pub changes: tokio::sync::watch::Receiver<u64>,
+    /// foca's settings.
+    pub config: Config,
+    /// How often [`Membership::run`] started; each start is a new run (bump) of this node.
+    pub restarts: std::sync::atomic::AtomicU64,
+    /// Bounds what mDNS adverts may make this node announce to (pending announces, failing
+    /// addresses held back).
+    pub adverts: Mutex<AdvertGuard>,
+}
+
+/// How long a suspect has to refute before it is declared down. memberlist's LAN rule would
+/// give ~7 s at 50 nodes; the mesh wants a dead node down everywhere within ~3 s, and a live
+/// node refutes within one round trip of hearing the suspicion.
+pub const SUSPECT_TO_DOWN: Duration = Duration::from_secs(2);
+
+/// memberlist's LAN settings for [`CLUSTER_SIZE`] nodes, with a shorter suspicion
+/// ([`SUSPECT_TO_DOWN`]).
+pub fn lan_config() -> Config {
+    let mut config = Config::new_lan(NonZeroU32::new(CLUSTER_SIZE).expect("non-zero"));
+    config.suspect_to_down_after = SUSPECT_TO_DOWN;
+    // Members on the two sides of a healed partition find each other by announcing to the
+    // members they hold down: every 5 s, not memberlist's 65 s, so a heal shows within seconds.
+    config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(5),
+        num_members: NonZeroUsize::new(2).expect("non-zero"),
+    });
+    // A sealed datagram adds a certificate and a signature (~600 bytes) to foca's packet.
+    config.max_packet_size = NonZeroUsize::new(1200).expect("non-zero");
+    config
+}
+
+/// Counts a refused datagram.
+fn dropped(reason: &str) {
+    metrics()
+        .swim_dropped
+        .get_or_create(&labels(&[("reason", reason)]))
+        .inc();
+}
+
+/// A finished `NodeInfo` fetch: the member, the `(bump, version)` it was fetched for, and the
+/// info with the fetch's time.
+type FetchDone = (Member, (u64, u64), Result<(NodeInfo, Duration), LinkError>);
+
+/// The loop's mutable state besides foca.
+struct Run<'a> {
+    parts: &'a Membership,
+    foca: Swim,
+    runtime: AccumulatingRuntime<Member>,
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    pending: HashMap<u64, Timer<Member>>,
+    next_timer: u64,
+    fetched: HashMap<NodeId, Fetched>,
+    fetches: JoinSet<FetchDone>,
+    announced: HashMap<SocketAddr, (Instant, PeerSource)>,
+    /// Advert announces waiting for their member: the address and when it counts as failed.
+    advert_pending: HashMap<NodeId, (String, Instant)>,
+    version: u64,
+    versions: Versions,
+    /// Nodes of other meshes already named in the log.
+    foreign: ForeignNodes,
+}
+
+/// How many nodes of other meshes are remembered (and so named once each); past that, more are
+/// met silently, so a LAN full of strangers cannot grow the set without bound.
+const MAX_FOREIGN_NODES: usize = 256;
+
+/// The nodes of other meshes this node has met, by (name, certificate fingerprint), so that
+/// the hint about each is logged once, not at every datagram. Bounded by [`MAX_FOREIGN_NODES`].
+#[derive(Debug, Default)]
+struct ForeignNodes {
+    seen: std::collections::HashSet<(String, String)>,
+}
+
+impl ForeignNodes {
+    /// Whether this is the first meeting with the node `name` presenting the certificate
+    /// `fingerprint`; false for one met before, and for every node once the set is full.
+    fn first_meeting(&mut self, name: &str, fingerprint: &str) -> bool {
+        let key = (name.to_owned(), fingerprint.to_owned());
+        if self.seen.len() >= MAX_FOREIGN_NODES || self.seen.contains(&key) {
+            return false;
+        }
+        self.seen.insert(key)
+    }
+}
+
+impl Membership {
+    /// Runs SWIM until `cancel`, then leaves the cluster (a goodbye to the members) and returns.
+    /// `events` are discovery's: where a first member may be.
+    pub async fn run(
+        &self,
+        events: &mut mpsc::Receiver<DiscoveryEvent>,
+        cancel: CancellationToken,
+    ) {
+        // A restarted loop (after a panic) is a new run of this node: it must win.
+        let own = Member {
+            bump: self.own.bump
+                + 1000
+                    * self
+                        .restarts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            ..self.own.clone()
+        };
+        let versions = Versions::default();
+        let foca = Foca::with_custom_broadcast(
+            own,
+            self.config.clone(),
+            rand::make_rng::<StdRng>(),
+            PostcardCodec,
+            versions.clone(),
+        );
+        let mut run = Run {
+            parts: self,
+            foca,
+            runtime: AccumulatingRuntime::new(),
+            timers: BinaryHeap::new(),
+            pending: HashMap::new(),
+            next_timer: 0,
+            fetched: HashMap::new(),
+            fetches: JoinSet::new(),
+            announced: HashMap::new(),
+            advert_pending: HashMap::new(),
+            version: 0,
+            versions,
+            foreign: ForeignNodes::default(),
+        };
+        run.raise_version();
+        let mut changes = self.changes.clone();
+        let mut unreachable = self.table.unreachable_reports();
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        let mut sync = tokio::time::interval(SYNC_EVERY);
+        let mut version_tick = tokio::time::interval(VERSION_EVERY);
+        loop {
+            let next_timer = run.timers.peek().map(|Reverse((at, _))| *at);
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                received = self.socket.recv_from(&mut buf) => match received {
+                    Ok((len, from)) => run.receive(&buf[..len], from),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "receive membership datagram");
+                    }
+                },
+                () = sleep_until(next_timer) => run.fire_timers(),
+                event = events.recv() => match event {
+                    None => break,
+                    Some(DiscoveryEvent::Seen { addrs, claim, source, .. }) => {
+                        run.discovered(addrs, claim.as_ref(), source);
+                    }
+                    // SWIM hears the node's own goodbye; an mDNS goodbye adds nothing.
+                    Some(DiscoveryEvent::Gone { .. }) => {}
+                },
+                Some(done) = run.fetches.join_next(), if !run.fetches.is_empty() => {
+                    if let Ok((member, version, result)) = done {
+                        run.fetched_info(member, version, result);
+                    }
+                }
+                Some(id) = unreachable.recv() => run.suspect(&id),
+                _ = sync.tick() => {
+                    run.sync_table();
+                    run.expire_adverts();
+                }
+                _ = version_tick.tick() => {
+                    if changes.has_changed().unwrap_or(false) {
+                        changes.mark_unchanged();
+                        run.raise_version();
+                    }
+                }
+            }
+            run.drain().await;
+        }
+        if let Err(e) = run.foca.leave_cluster(&mut run.runtime) {
+            tracing::debug!(error = %e, "leave the cluster");
+        }
+        run.drain().await;
+        tracing::info!("left the mesh (goodbye sent to the members)");
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Run<'_> {
+    /// Opens a datagram and hands it to foca if it passes.
+    fn receive(&mut self, datagram: &[u8], from: SocketAddr) {
+        let opened = match self.parts.opener.open(datagram) {
+            Ok(opened) => opened,
+            Err(refusal) => {
+                dropped(refusal.reason());
+                if let Refusal::Foreign { name, fingerprint } = &refusal
+                    && self.foreign.first_meeting(name, fingerprint)
+                {
+                    tracing::warn!(
+                        node = name.as_str(),
+                        addr = %from,
+                        "`{name}` at {from} belongs to another mesh (its certificate is not from this mesh's CA); to bring it in, run `mesh-cli token create --role node` where this mesh's CA key is and start it with `mesh-node --join TOKEN`"
+                    );
+                }
+                tracing::debug!(%refusal, "membership datagram dropped");
+                return;
+            }
+        };
+        // The message must speak for its sealer: nobody announces, acks or leaves as another.
+        let header: Result<foca::Header<Member>, _> = PostcardCodec.decode_header(opened.payload);
+        match header {
+            Ok(header) if header.src.id == opened.sender => {}
+            Ok(_) => {
+                dropped("impersonation");
+                tracing::debug!(sender = %opened.sender.short(), "membership datagram names another node as its source");
+                return;
+            }
+            Err(_) => {
+                dropped("malformed");
+                return;
+            }
+        }
+        if self.parts.table.is_revoked(&opened.sender) {
+            dropped("revoked");
+            return;
+        }
+        self.parts.table.heard(&opened.sender);
+        if let Err(e) = self.foca.handle_data(opened.payload, &mut self.runtime) {
+            tracing::debug!(error = %e, "membership message");
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(Reverse((at, key))) = self.timers.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(timer) = self.pending.remove(&key)
+                && let Err(e) = self.foca.handle_timer(timer, &mut self.runtime)
+            {
+                tracing::debug!(error = %e, "membership timer");
+            }
+        }
+    }
+
+    /// A discovery event: announce to it, through [`AdvertGuard`] when it is an mDNS advert.
+    fn discovered(&mut self, addrs: Vec<String>, claim: Option<&Claim>, source: PeerSource) {
+        if let Some(claim) = claim
+            && (claim.id == self.foca.identity().id || self.alive(&claim.id))
+        {
+            return;
+        }
+        if source != PeerSource::Mdns {
+            self.announce(&addrs, source);
+            return;
+        }
+        // An advert always claims an id (`Mdns::seen`); one without is nothing to announce to.
+        let Some(id) = claim.map(|c| c.id.clone()) else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let admitted = {
+            let mut guard = self.parts.adverts.lock_unpoisoned();
+            match guard.admit(&id, &addrs, now) {
+                Ok(usable) => Ok(usable),
+                Err(why) => {
+                    metrics()
+                        .adverts_dropped
+                        .get_or_create(&labels(&[("reason", why.as_str())]))
+                        .inc();
+                    if why == Dropped::Cap
+                        && let Some(dropped) = guard.note_cap_drop(now)
+                    {
+                        tracing::warn!(
+                            dropped,
+                            pending = guard.pending(),
+                            "mDNS adverts dropped: as many advert dials as discovery.max_advert_dials allows are pending (a flood of adverts, or raise the limit for a LAN where that many nodes appear at once)"
+                        );
+                    }
+                    Err(why)
+                }
+            }
+        };
+        let Ok(usable) = admitted else { return };
+        let Some(addr) = usable.first().cloned() else {
+            self.parts.adverts.lock_unpoisoned().release(&id);
+            return;
+        };
+        self.advert_pending
+            .insert(id, (addr.clone(), Instant::now() + ADVERT_ANSWER_WITHIN));
+        self.announce(&[addr], source);
+    }
+
+    /// Advert announces whose member did not come within [`ADVERT_ANSWER_WITHIN`]: a failure
+    /// of the address; the pending place is freed.
+    fn expire_adverts(&mut self) {
+        let now = Instant::now();
+        let expired: Vec<NodeId> = self
+            .advert_pending
+            .iter()
+            .filter(|(_, (_, until))| *until <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        let mut guard = self.parts.adverts.lock_unpoisoned();
+        for id in expired {
+            if let Some((addr, _)) = self.advert_pending.remove(&id) {
+                guard.failed(&addr, now.into_std());
+                guard.release(&id);
+            }
+        }
+    }
+
+    /// An advertised member came: the advert was true.
+    fn advert_answered(&mut self, id: &NodeId) {
+        if let Some((addr, _)) = self.advert_pending.remove(id) {
+            let mut guard = self.parts.adverts.lock_unpoisoned();
+            guard.succeeded(&addr);
+            guard.release(id);
+        }
+    }
+
+    /// Announces to the first parseable address of a discovery event, at most every
+    /// [`ANNOUNCE_EVERY`] per address, and not to an address of a live member.
+    fn announce(&mut self, addrs: &[String], source: PeerSource) {
+        let Some(addr) = addrs.iter().find_map(|a| a.parse::<SocketAddr>().ok()) else {
+            tracing::debug!(
+                ?addrs,
+                source = source.as_str(),
+                "no IP address to announce to"
+            );
+            return;
+        };
+        if addr == self.foca.identity().addr
+            || self.foca.iter_members().any(|m| m.id().addr == addr)
+        {
+            return;
+        }
+        let now = Instant::now();
+        if self
+            .announced
+            .get(&addr)
+            .is_some_and(|(at, _)| now.duration_since(*at) < ANNOUNCE_EVERY)
+        {
+            return;
+        }
+        if self.announced.len() >= MAX_ANNOUNCED {
+            self.announced.clear();
+        }
+        self.announced.insert(addr, (now, source));
+        tracing::debug!(%addr, source = source.as_str(), "announcing to a candidate member");
+        if let Err(e) = self.foca.announce(Member::at(addr), &mut self.runtime) {
+            tracing::debug!(error = %e, "announce");
+        }
+    }
+
+    /// Suspects the live member `id` (a connection to it was refused): it refutes if alive,
+    /// else it is down within the suspicion time.
+    fn suspect(&mut self, id: &NodeId) {
+        let update = self
+            .foca
+            .iter_members()
+            .filter(|m| m.id().id == *id && m.state() == State::Alive)
+            .max_by_key(|m| m.id().bump)
+            .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), State::Suspect));
+        if let Some(update) = update
+            && let Err(e) = self
+                .foca
+                .apply_many(std::iter::once(update), true, &mut self.runtime)
+        {
+            tracing::debug!(error = %e, "suspect an unreachable member");
+        }
+    }
+
+    /// Raises our `NodeInfo` version and gossips it.
+    fn raise_version(&mut self) {
+        self.version += 1;
+        let own = self.foca.identity();
+        let item = InfoVersion {
+            id: own.id.clone(),
+            bump: own.bump,
+            version: self.version,
+        };
+        if let Err(e) = self.foca.add_broadcast(&item.encode()) {
+            tracing::debug!(error = %e, "gossip our NodeInfo version");
+        }
+    }
+
+    /// Sends, schedules and reacts to what foca asked for.
+    async fn drain(&mut self) {
+        while let Some((to, data)) = self.runtime.to_send() {
+            self.send(to.addr, &data).await;
+        }
+        let now = Instant::now();
+        while let Some((after, timer)) = self.runtime.to_schedule() {
+            let key = self.next_timer;
+            self.next_timer += 1;
+            self.timers.push(Reverse((now + after, key)));
+            self.pending.insert(key, timer);
+        }
+        while let Some(notification) = self.runtime.to_notify() {
+            self.notified(notification);
+        }
+        let raised = std::mem::take(&mut self.versions.book.lock_unpoisoned().raised);
+        for id in raised {
+            self.maybe_fetch(&id);
+        }
+    }
+
+    async fn send(&self, addr: SocketAddr, payload: &[u8]) {
+        let datagram = match self.parts.sealer.seal(payload) {
+            Ok(datagram) => datagram,
+            Err(e) => {
+                tracing::warn!(error = %e, "seal membership datagram");
+                return;
+            }
+        };
+        if let Err(e) = self.parts.socket.send_to(&datagram, addr).await {
+            tracing::debug!(%addr, error = %e, "send membership datagram");
+        }
+    }
+
+    fn notified(&mut self, notification: OwnedNotification<Member>) {
+        match notification {
+            OwnedNotification::MemberUp(member) => {
+                self.parts
+                    .table
+                    .mark(&member.id, PeerState::Up, "alive (SWIM)");
+                self.advert_answered(&member.id);
+                self.maybe_fetch(&member.id);
+            }
+            OwnedNotification::MemberDown(member) => {
+                // A newer run of the same node may be alive at the same time.
+                if !self.alive(&member.id) {
+                    self.parts
+                        .table
+                        .mark(&member.id, PeerState::Down, "declared down (SWIM)");
+                }
+            }
+            OwnedNotification::Rename(before, after) => {
+                tracing::debug!(from = ?before, to = ?after, "member restarted");
+            }
+            OwnedNotification::Rejoin(own) => {
+                tracing::info!(bump = own.bump, "this node was declared down; rejoined");
+            }
+            OwnedNotification::Active | OwnedNotification::Idle | OwnedNotification::Defunct => {}
+        }
+    }
+
+    fn alive(&self, id: &NodeId) -> bool {
+        self.foca.iter_members().any(|m| m.id().id == *id)
+    }
+
+    /// The live member with node id `id` (the newest run, if several).
+    fn member(&self, id: &NodeId) -> Option<Member> {
+        self.foca
+            .iter_members()
+            .filter(|m| m.id().id == *id)
+            .max_by_key(|m| m.id().bump)
+            .map(|m| m.id().clone())
+    }
+
+    /// Starts fetching `id`'s `NodeInfo` unless the table has its latest version or a fetch runs.
+    fn maybe_fetch(&mut self, id: &NodeId) {
+        if self.parts.table.is_revoked(id) {
+            return;
+        }
+        let Some(member) = self.member(id) else {
+            return;
+        };
+        let version = self
+            .versions
+            .book
+            .lock_unpoisoned()
+            .latest
+            .get(id)
+            .copied()
+            .unwrap_or_default();
+        let state = self.fetched.entry(id.clone()).or_default();
+        let current = state
+            .at
+            .is_some_and(|(bump, fetched)| bump == member.bump && fetched >= version);
+        let waiting = state.retry.is_some_and(|(at, _)| Instant::now() < at);
+        if state.fetching || current || waiting {
+            return;
+        }
+        state.fetching = true;
+        let link = self.parts.link.clone();
+        self.fetches.spawn(async move {
+            // The fetch's time (dial, handshake, call) is the round trip the router ranks by.
+            let started = Instant::now();
+            let result = link.info(&member.addr.to_string(), &member.id).await;
+            (
+                member,
+                version,
+                result.map(|info| (info, started.elapsed())),
+            )
+        });
+    }
+
+    fn fetched_info(
+        &mut self,
+        member: Member,
+        version: (u64, u64),
+        result: Result<(NodeInfo, Duration), LinkError>,
+    ) {
+        let (id, addr) = (member.id.clone(), member.addr);
+        let state = self.fetched.entry(id.clone()).or_default();
+        state.fetching = false;
+        match result {
+            Ok((info, rtt)) => {
+                state.at = Some((member.bump, version));
+                state.retry = None;
+                // Found where discovery pointed, or through another member.
+                let source = self
+                    .announced
+                    .get(&addr)
+                    .map_or(PeerSource::Exchange, |(_, source)| *source);
+                self.parts.table.beat(info, &addr.to_string(), source);
+                self.parts.table.set_rtt(&id, rtt);
+                if !self.alive(&id) {
+                    self.parts
+                        .table
+                        .mark(&id, PeerState::Down, "declared down (SWIM)");
+                }
+            }
+            Err(e) => {
+                // Tried again by the sync tick, backing off: 1 s, doubling up to 30 s.
+                let wait = state.retry.map_or(Duration::from_secs(1), |(_, last)| {
+                    (last * 2).min(FETCH_BACKOFF_MAX)
+                });
+                state.retry = Some((Instant::now() + wait, wait));
+                match e {
+                    LinkError::Invalid(why) => {
+                        tracing::warn!(peer = %id.short(), %addr, "ignoring member: its NodeInfo is not its own ({why})")
+                    }
+                    other => {
+                        tracing::debug!(peer = %id.short(), %addr, error = %other, "fetch NodeInfo")
+                    }
+                }
+                return;
+            }
+        }
+        // A version that rose while fetching is fetched again.
+        self.maybe_fetch(&id);
+    }
+
+    /// Brings the table's states in line with foca's members, and fetches again the `NodeInfo`
+    /// of live members whose last fetch failed (once their backoff has passed).
+    fn sync_table(&mut self) {
+        let retry: Vec<NodeId> = self
+            .fetched
+            .iter()
+            .filter(|(_, f)| f.retry.is_some_and(|(at, _)| Instant::now() >= at))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in retry {
+            self.maybe_fetch(&id);
+        }
+        let mut states: HashMap<&NodeId, (u64, State)> = HashMap::new();
+        for member in self.foca.iter_membership_state() {
+            let id = member.id();
+            let entry = states.entry(&id.id).or_insert((id.bump, member.state()));
+            if id.bump >= entry.0 {
+                *entry = (id.bump, member.state());
+            }
+        }
+        for (id, (_, state)) in states {
+            let state = match state {
+                State::Alive => PeerState::Up,
+                State::Suspect => PeerState::Suspect,
+                State::Down => PeerState::Down,
+            };
+            self.parts.table.mark(id, state, "SWIM");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_of_another_mesh_is_met_once_and_the_set_stays_bounded() {
+        let mut foreign = ForeignNodes::default();
+        assert!(foreign.first_meeting("mallory", "fp1"));
+        assert!(
+            !foreign.first_meeting("mallory", "fp1"),
+            "a retry is no new meeting"
+        );
+        // A new certificate (re-issued elsewhere) or another name is a new node to name.
+        assert!(foreign.first_meeting("mallory", "fp2"));
+        assert!(foreign.first_meeting("eve", "fp1"));
+        for i in foreign.seen.len()..MAX_FOREIGN_NODES {
+            assert!(foreign.first_meeting(&format!("n{i}"), "fp"));
+        }
+        assert!(
+            !foreign.first_meeting("one-too-many", "fp"),
+            "the set is full"
+        );
+        assert_eq!(foreign.seen.len(), MAX_FOREIGN_NODES);
+    }
+
+    #[test]
+    fn a_gossiped_version_round_trips_and_orders_by_run_then_version() {
+        let id = NodeId::from_spki_der(b"alpha");
+        let item = InfoVersion {
+            id: id.clone(),
+            bump: 7,
+            version: 3,
+        };
+        assert_eq!(InfoVersion::decode(&item.encode()).expect("decodes"), item);
+        assert!(InfoVersion::decode(&item.encode()[1..]).is_err());
+        let versions = Versions::default();
+        let mut handler = versions.clone();
+        let newer_run = InfoVersion {
+            id: id.clone(),
+            bump: 8,
+            version: 1,
+        };
+        assert!(
+            handler
+                .receive_item(&item.encode(), None)
+                .expect("ok")
+                .is_some()
+        );
+        assert!(
+            handler
+                .receive_item(&item.encode(), None)
+                .expect("ok")
+                .is_none(),
+            "not newer"
+        );
+        assert!(
+            handler
+                .receive_item(&newer_run.encode(), None)
+                .expect("ok")
+                .is_some()
+        );
+        let stale = InfoVersion {
+            id,
+            bump: 7,
+            version: 9,
+        };
+        assert!(
+            handler
+                .receive_item(&stale.encode(), None)
+                .expect("ok")
+                .is_none(),
+            "older run"
+        );
+        assert_eq!(versions.book.lock_unpoisoned().raised.len(), 2);
+    }
+}

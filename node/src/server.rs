@@ -128,6 +128,10 @@ pub async fn bind(listen: Listen) -> Result<TcpListener, StartError> {
 /// from the queue waits a second or more for its SYN to be sent again, however idle the node
 /// is a moment later.
 const LISTEN_BACKLOG: u32 = 4096;
+/// How often the gRPC server pings a connection it heard nothing on, and how long it waits
+/// for the answer before closing it.
+const SERVER_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const SERVER_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A listener on `addr` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as `TcpListener::bind`
 /// sets it, so a restarted node gets its port back at once).
@@ -260,6 +264,9 @@ impl Node {
             source,
             hint: " (membership's UDP socket, on the same port as gRPC: free that UDP port)",
         })?);
+        if let Err(e) = crate::peers::icmp::enable(&socket) {
+            tracing::warn!(error = %e, "cannot receive ICMP errors on the membership socket; a crashed peer is found by the probes alone (~1 s later)");
+        }
         let signer = Arc::new(signer);
         let verifier = Arc::new(verifier);
         let own = Member {
@@ -358,6 +365,7 @@ impl Node {
                 max_skew: config.max_clock_skew,
                 tombstone_window: config.tombstone_window,
                 sync_interval: config.sync_interval,
+                fanout: config.memory_fanout,
                 max_namespaces: config.max_namespaces,
             },
         );
@@ -514,8 +522,10 @@ impl Node {
         // In front of every service: a caller without a certificate reaches `Join` only, and a
         // revoked one nothing (its connections are closed too, but a call may be under way).
         let mut builder = Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(1)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(2)))
+            // The server pings idle connections too (hyper always does): rarely, to close
+            // those of callers that vanished; callers ping while their calls run.
+            .http2_keepalive_interval(Some(SERVER_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(SERVER_KEEPALIVE_TIMEOUT))
             .layer(CertificateGateLayer::new(
                 mesh_tls.is_some(),
                 revoked.clone(),

@@ -18,8 +18,10 @@ use crate::{cert::CertIdentity, tls::ForeignCertificate};
 
 /// How long a connection attempt may take before the peer counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// HTTP/2 pings on every connection, so a peer that vanishes without closing its socket (power
-/// loss, cable pulled) is noticed within interval + timeout.
+/// HTTP/2 pings while a call is under way, so a peer that vanishes in the middle of one (power
+/// loss, cable pulled) is noticed within interval + timeout. An idle connection is not pinged:
+/// membership (SWIM) watches the peers, and pinging every connection every second is what made
+/// an idle fleet's cost grow with the square of its size.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -59,7 +61,7 @@ impl Dialer {
             .connect_timeout(CONNECT_TIMEOUT)
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true)
+            .keep_alive_while_idle(false)
             .tcp_nodelay(true);
         let target = addr.to_owned();
         match self {

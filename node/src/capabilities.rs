@@ -189,9 +189,19 @@ impl Capabilities {
         }
     }
 
-    /// Reports the shared memory's write sequence (`NodeInfo.memory_seq`) as it publishes it.
-    pub fn follow_memory_seq(&self, seq: watch::Receiver<u64>) {
-        *self.memory_seq.lock_unpoisoned() = Some(seq);
+    /// Reports the shared memory's write sequence (`NodeInfo.memory_seq`) as it publishes it,
+    /// and tells watchers when it rises (membership gossips a new `NodeInfo` version, so peers
+    /// learn they lack writes the few pushed peers got). Needs a Tokio runtime.
+    pub fn follow_memory_seq(self: &Arc<Self>, seq: watch::Receiver<u64>) {
+        *self.memory_seq.lock_unpoisoned() = Some(seq.clone());
+        let caps = Arc::downgrade(self);
+        let mut seq = seq;
+        tokio::spawn(async move {
+            while seq.changed().await.is_ok() {
+                let Some(caps) = caps.upgrade() else { return };
+                caps.notify();
+            }
+        });
     }
 
     /// Reports the models' measured speeds (`NodeInfo.models[].tokens_per_s`) as they publish

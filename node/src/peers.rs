@@ -26,6 +26,7 @@ use crate::discovery::PeerSource;
 
 pub mod adverts;
 pub mod envelope;
+pub mod icmp;
 pub mod swim;
 
 /// Why a peer is marked revoked (the one reason that may change a revoked row).
@@ -77,6 +78,28 @@ pub trait PeerLink: Send + Sync + std::fmt::Debug {
         addr: &'a str,
         id: &'a NodeId,
     ) -> BoxFuture<'a, Result<NodeInfo, LinkError>>;
+
+    /// The members node `id` at `addr` lists as up or suspect (`Node.ListPeers`), by id and
+    /// address: where a joining node announces itself, and how a view that missed a join is
+    /// repaired. Fails when the node there is not `id`.
+    fn members<'a>(
+        &'a self,
+        addr: &'a str,
+        id: &'a NodeId,
+    ) -> BoxFuture<'a, Result<Vec<(NodeId, String)>, LinkError>>;
+}
+
+/// An up peer as replication sees it ([`PeerTable::up_peers`]).
+#[derive(Debug, Clone)]
+pub struct UpPeer {
+    /// Its node id.
+    pub id: NodeId,
+    /// Its name, for logs.
+    pub name: String,
+    /// `host:port` it is reached at.
+    pub addr: String,
+    /// Its `NodeInfo.memory_seq`: its latest own write.
+    pub memory_seq: u64,
 }
 
 /// One row of the peer table.
@@ -203,9 +226,28 @@ impl PeerTable {
         self.mark(id, PeerState::Revoked, REVOKED);
     }
 
-    /// Whether `id` is a revoked peer.
+    /// Whether `id` is a revoked peer (asked for every membership datagram: no copy made).
     pub fn is_revoked(&self, id: &NodeId) -> bool {
-        self.get(id).is_some_and(|p| p.state == PeerState::Revoked)
+        self.peers
+            .read_unpoisoned()
+            .get(id)
+            .is_some_and(|p| p.state == PeerState::Revoked)
+    }
+
+    /// The peers that are up, with only what replication reads of them (`snapshot` copies
+    /// every `NodeInfo`, too much for a loop that looks twice a second).
+    pub fn up_peers(&self) -> Vec<UpPeer> {
+        self.peers
+            .read_unpoisoned()
+            .values()
+            .filter(|p| p.state == PeerState::Up)
+            .map(|p| UpPeer {
+                id: p.info.id.clone(),
+                name: p.info.name.clone(),
+                addr: p.addr.clone(),
+                memory_seq: p.info.memory_seq,
+            })
+            .collect()
     }
 
     /// Records a measured round-trip time.

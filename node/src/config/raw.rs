@@ -238,8 +238,12 @@ pub struct RawMemory {
     pub max_clock_skew_ms: Option<u64>,
     /// How long a tombstone is kept at most, in seconds. Default: 604800 (7 days).
     pub tombstone_window_s: Option<u64>,
-    /// How often every up peer is synced even without news, in seconds. Default: 30.
+    /// How often the node pulls from `fanout` random up peers even without news, in seconds.
+    /// Default: 30.
     pub sync_interval_s: Option<u64>,
+    /// How many up peers a write is pushed to, and how many are pulled from each sync
+    /// interval (chosen at random each time; the rest catch up by pulling). Default: 3.
+    pub fanout: Option<usize>,
     /// Most namespaces the node keeps (system namespaces aside). Default: 1000.
     pub max_namespaces: Option<usize>,
 }

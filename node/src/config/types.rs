@@ -59,6 +59,8 @@ pub struct Config {
     pub sync_interval: Duration,
     /// `memory.max_namespaces`.
     pub max_namespaces: usize,
+    /// `memory.fanout`.
+    pub memory_fanout: usize,
     /// `[http]`: the front door.
     pub http: HttpConfig,
     /// `[connections]`: timeouts and caps for connections not yet proven.

@@ -40,8 +40,12 @@ pub struct MemoryOptions {
     pub max_skew: Duration,
     /// How long a tombstone is kept at most; a node away longer resyncs.
     pub tombstone_window: Duration,
-    /// How often every up peer is synced even without news (and tombstones are collected).
+    /// How often `fanout` random up peers are synced even without news (and tombstones are
+    /// collected).
     pub sync_interval: Duration,
+    /// How many up peers a batch of writes is pushed to, and how many are pulled from each
+    /// sync interval; the rest catch up by pulling.
+    pub fanout: usize,
     /// Most namespaces the node keeps (the system namespaces do not count, and are never
     /// refused); a write that would create one more is refused.
     pub max_namespaces: usize,
@@ -54,6 +58,7 @@ impl Default for MemoryOptions {
             max_skew: Duration::from_millis(500),
             tombstone_window: Duration::from_secs(7 * 24 * 3600),
             sync_interval: Duration::from_secs(30),
+            fanout: 3,
             max_namespaces: 1000,
         }
     }
@@ -84,8 +89,11 @@ pub struct Memory {
     pub(super) local_namespaces: HashSet<String>,
     /// How long a tombstone is kept at most, and how long a node may be away before resyncing.
     pub(super) tombstone_window: Duration,
-    /// How often every up peer is synced; also how long a clock refusal stays reported.
+    /// How often `fanout` random up peers are synced; also how long a clock refusal stays
+    /// reported.
     pub(super) sync_interval: Duration,
+    /// How many up peers a batch is pushed to and how many are pulled from each interval.
+    pub(super) fanout: usize,
     /// New local writes, for the replicator to push.
     pub(super) pushes: mpsc::UnboundedSender<Entry>,
     /// This node's latest write sequence number, published for whoever reports it.
@@ -188,6 +196,7 @@ impl Memory {
             local_namespaces: options.local_namespaces.into_iter().collect(),
             tombstone_window: options.tombstone_window,
             sync_interval: options.sync_interval,
+            fanout: options.fanout.max(1),
             pushes,
             own_seq: watch::Sender::new(stored_seq),
             synced_at: std::sync::Mutex::default(),

@@ -12,7 +12,8 @@ use std::{
     time::Duration,
 };
 
-use mesh_domain::{BoxFuture, NodeId, PeerState, sync::MutexExt};
+use mesh_domain::{BoxFuture, NodeId, sync::MutexExt};
+use rand::seq::{IndexedRandom, SliceRandom};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -22,7 +23,10 @@ use super::{
     record::Entry,
     store::{Memory, RESYNC, index_value},
 };
-use crate::{peers::PeerTable, storage::Write};
+use crate::{
+    peers::{PeerTable, UpPeer},
+    storage::Write,
+};
 
 /// Most records one `Sync` answer or `Push` carries; the rest follows in the next one.
 pub const SYNC_BATCH: usize = 512;
@@ -406,6 +410,22 @@ fn push_batches(entries: Vec<Entry>) -> Vec<Vec<Entry>> {
     batches
 }
 
+/// How often a node that lacks writes some peer advertises pulls from one more random peer.
+const LAG_PULL_EVERY: Duration = Duration::from_secs(1);
+
+/// Pulls from `peer` in a task of its own; the claim `pull` ends with it.
+fn spawn_pull(memory: &Arc<Memory>, link: &Arc<dyn MemoryPeers>, pull: Pull, peer: UpPeer) {
+    let (memory, link) = (memory.clone(), link.clone());
+    tokio::spawn(async move {
+        let _pull = pull;
+        match sync_from(&memory, link.as_ref(), &peer.id, &peer.addr).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(peer = %peer.name, records = n, "memory synced"),
+            Err(e) => tracing::debug!(peer = %peer.name, error = %e, "sync memory"),
+        }
+    });
+}
+
 /// How soon after a pull from a peer ended the next one from it may start: a peer that
 /// advertises writes it never sends (a `memory_seq` of `u64::MAX`), or whose pulls keep
 /// failing, counts as lagging at every tick, and would otherwise be pulled every 500 ms.
@@ -468,10 +488,14 @@ impl Drop for Pull {
     }
 }
 
-/// Keeps every up peer in sync: pushes local writes at once, pulls from a peer when it comes
-/// up and every sync interval, when tombstones are also collected, one pull per peer at a
-/// time. A node out of touch longer than the tombstone window first resyncs fully from one
-/// peer.
+/// Keeps the memory in sync with the up peers at a cost that does not grow with the fleet: a
+/// batch of local writes is pushed at once to `fanout` random up peers; every sync interval
+/// (when tombstones are also collected) `fanout` random up peers are pulled from; a peer is
+/// pulled from when it comes up or a push to it failed; and while a peer advertises writes
+/// this node lacks (its `memory_seq`), one random up peer is pulled from every
+/// [`LAG_PULL_EVERY`], so the writes spread from whoever holds them like gossip and the
+/// writer answers about as many pulls as any other node. One pull per peer at a time. A node
+/// out of touch longer than the tombstone window first resyncs fully from one peer.
 pub async fn replicate(
     memory: Arc<Memory>,
     peers: Arc<PeerTable>,
@@ -482,6 +506,10 @@ pub async fn replicate(
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut was_up: HashSet<NodeId> = HashSet::new();
     let mut last_full = tokio::time::Instant::now();
+    let mut last_lag_pull: Option<tokio::time::Instant> = None;
+    // Per peer, the `memory_seq` of it we were last seen to hold all of.
+    let mut caught_up: HashMap<NodeId, u64> = HashMap::new();
+    let mut rng = rand::make_rng::<rand::rngs::StdRng>();
     let pulls = Pulls::default();
     let push_call: PushCall = {
         let link = link.clone();
@@ -496,20 +524,20 @@ pub async fn replicate(
                 while let Ok(more) = writes.try_recv() {
                     pending.push(more);
                 }
-                let up: Vec<_> = peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up).collect();
+                let up = peers.up_peers();
                 for batch in push_batches(pending) {
                     let push = Arc::new(Push {
                         certificates: memory.certificates_for(&batch),
                         entries: batch,
                     });
-                    for peer in &up {
-                        pushes.offer(&peer.info.id, &peer.info.name, &peer.addr, &push);
+                    for peer in up.sample(&mut rng, memory.fanout) {
+                        pushes.offer(&peer.id, &peer.name, &peer.addr, &push);
                     }
                 }
             }
             _ = tick.tick() => {
-                let up: Vec<_> = peers.snapshot().into_iter().filter(|p| p.state == PeerState::Up).collect();
-                let now_up: HashSet<NodeId> = up.iter().map(|p| p.info.id.clone()).collect();
+                let up = peers.up_peers();
+                let now_up: HashSet<NodeId> = up.iter().map(|p| p.id.clone()).collect();
                 if memory.stale() {
                     // Nothing else until one peer has brought us back: our old records may be
                     // deletes we missed.
@@ -517,14 +545,14 @@ pub async fn replicate(
                     for peer in &up {
                         // One sync per peer at a time, resyncs included, at most every
                         // `PULL_GAP`: a pull started before this node went stale may still run.
-                        let Some(_pull) = pulls.start(&peer.info.id) else {
+                        let Some(_pull) = pulls.start(&peer.id) else {
                             all_away = false;
                             continue;
                         };
-                        match resync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
+                        match resync_from(&memory, link.as_ref(), &peer.id, &peer.addr).await {
                             Ok((applied, dropped)) => {
                                 tracing::warn!(
-                                    peer = %peer.info.name, applied, dropped,
+                                    peer = %peer.name, applied, dropped,
                                     "resynced memory after being out of touch longer than the tombstone window"
                                 );
                                 all_away = false;
@@ -532,7 +560,7 @@ pub async fn replicate(
                             }
                             Err(e) => {
                                 all_away &= e == RESYNCING;
-                                tracing::warn!(peer = %peer.info.name, error = %e, "resync memory");
+                                tracing::warn!(peer = %peer.name, error = %e, "resync memory");
                             }
                         }
                     }
@@ -557,25 +585,44 @@ pub async fn replicate(
                 pushes.retain(&now_up);
                 pulls.retain(&now_up);
                 let behind = pushes.take_behind();
-                for peer in up {
-                    // A peer that advertises writes we lack gets synced too (pushes can be lost),
-                    // at most every couple of seconds; so does one a push could not reach.
-                    let lagging = memory.lag(&peer.info.id, peer.info.memory_seq).0 > 0
-                        && memory.since_sync(&peer.info.id) > Duration::from_secs(2);
-                    let due = full
-                        || lagging
-                        || behind.contains(&peer.info.id)
-                        || !was_up.contains(&peer.info.id);
-                    if let Some(pull) = due.then(|| pulls.start(&peer.info.id)).flatten() {
-                        let (memory, link) = (memory.clone(), link.clone());
-                        tokio::spawn(async move {
-                            let _pull = pull;
-                            match sync_from(&memory, link.as_ref(), &peer.info.id, &peer.addr).await {
-                                Ok(0) => {}
-                                Ok(n) => tracing::info!(peer = %peer.info.name, records = n, "memory synced"),
-                                Err(e) => tracing::debug!(peer = %peer.info.name, error = %e, "sync memory"),
-                            }
-                        });
+                // Newly up peers, and peers a push could not reach; every interval, `fanout`
+                // random ones.
+                let mut due: Vec<&UpPeer> = up
+                    .iter()
+                    .filter(|p| behind.contains(&p.id) || !was_up.contains(&p.id))
+                    .collect();
+                if full {
+                    due.extend(up.sample(&mut rng, memory.fanout));
+                }
+                for peer in due {
+                    if let Some(pull) = pulls.start(&peer.id) {
+                        spawn_pull(&memory, &link, pull, peer.clone());
+                    }
+                }
+                // Writes a peer advertises that we lack (pushes go to a few peers; pushes can
+                // be lost): one random up peer free for a pull, the writer among them.
+                caught_up.retain(|id, _| now_up.contains(id));
+                let lagging = up.iter().any(|p| {
+                    // Once we hold a peer's writes up to a sequence, we always will: no need
+                    // to look in the store again until its sequence rises.
+                    if caught_up.get(&p.id).is_some_and(|seq| *seq >= p.memory_seq) {
+                        return false;
+                    }
+                    let behind = memory.lag(&p.id, p.memory_seq).0 > 0;
+                    if !behind {
+                        caught_up.insert(p.id.clone(), p.memory_seq);
+                    }
+                    behind
+                });
+                if lagging && last_lag_pull.is_none_or(|at| at.elapsed() >= LAG_PULL_EVERY) {
+                    let mut order: Vec<&UpPeer> = up.iter().collect();
+                    order.shuffle(&mut rng);
+                    if let Some((peer, pull)) = order
+                        .into_iter()
+                        .find_map(|p| pulls.start(&p.id).map(|pull| (p, pull)))
+                    {
+                        last_lag_pull = Some(tokio::time::Instant::now());
+                        spawn_pull(&memory, &link, pull, peer.clone());
                     }
                 }
                 was_up = now_up;

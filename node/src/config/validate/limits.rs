@@ -116,6 +116,8 @@ pub(super) struct MemorySection {
     pub(super) sync_interval: Duration,
     /// `memory.max_namespaces`.
     pub(super) max_namespaces: usize,
+    /// `memory.fanout`.
+    pub(super) fanout: usize,
 }
 
 /// `[memory]`: namespace names, the clock skew, and a tombstone window that outlives several
@@ -162,6 +164,14 @@ pub(super) fn memory(raw: RawMemory, origin: &Origin) -> Result<MemorySection, C
             "use 1-1000000 (default 1000)",
         ));
     }
+    let fanout = raw.fanout.unwrap_or(3);
+    if !(1..=64).contains(&fanout) {
+        return Err(origin.invalid(
+            "memory.fanout",
+            format!("is {fanout}"),
+            "use 1-64 peers (default 3): a write is pushed to that many, the rest pull it",
+        ));
+    }
     if window < 4 * sync_interval {
         return Err(origin.invalid(
             "memory.tombstone_window_s",
@@ -175,6 +185,7 @@ pub(super) fn memory(raw: RawMemory, origin: &Origin) -> Result<MemorySection, C
         tombstone_window: Duration::from_secs(window),
         sync_interval: Duration::from_secs(sync_interval),
         max_namespaces,
+        fanout,
     })
 }
 

@@ -76,6 +76,7 @@ impl RawConfig {
             tombstone_window: memory.tombstone_window,
             sync_interval: memory.sync_interval,
             max_namespaces: memory.max_namespaces,
+            memory_fanout: memory.fanout,
             http,
             connections,
         })

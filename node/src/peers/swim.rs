@@ -7,7 +7,7 @@
 //! A member's identity is its node id, its address and a start stamp that a restart (or a
 //! rejoin after being declared down) raises. Capabilities do not travel in SWIM messages:
 //! each node gossips a small version number of its `NodeInfo` (raised at most every
-//! [`VERSION_EVERY`] when its load or health changed), and a node fetches a peer's full
+//! [`VERSION_EVERY`] when its load, health or memory write sequence changed), and a node fetches a peer's full
 //! `NodeInfo` over the mTLS `Node.GetInfo` only when that number changes ([`PeerLink`]).
 //! Discovery (static peers, mDNS adverts) only says where a first member may be: the node
 //! announces itself there. On shutdown the node leaves (a goodbye every member hears), so peers
@@ -30,14 +30,15 @@ use foca::{
     PostcardCodec, State, Timer,
 };
 use mesh_domain::{NodeId, NodeInfo, PeerState, sync::MutexExt};
-use rand::rngs::StdRng;
-use tokio::{net::UdpSocket, sync::mpsc, task::JoinSet, time::Instant};
+use rand::{rngs::StdRng, seq::IndexedRandom};
+use tokio::{io::Interest, net::UdpSocket, sync::mpsc, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{
     LinkError, PeerLink, PeerTable,
     adverts::{AdvertGuard, Dropped},
     envelope::{MAX_DATAGRAM, Opener, Refusal, Sealer},
+    icmp,
 };
 use crate::{
     discovery::{Claim, DiscoveryEvent, PeerSource},
@@ -55,12 +56,29 @@ pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
 /// An mDNS advert's announce that brings no member of the advertised id within this long has
 /// failed (it counts against the address, as a refused dial did).
 pub const ADVERT_ANSWER_WITHIN: Duration = Duration::from_secs(3);
-/// Longest wait before fetching again a `NodeInfo` whose fetch failed.
-const FETCH_BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// First wait before fetching again a `NodeInfo` whose fetch failed (a member is often heard
+/// on UDP a moment before its gRPC listener answers, or on a busy machine its handshake times
+/// out); it doubles at each failure.
+const FETCH_BACKOFF_FIRST: Duration = Duration::from_millis(250);
+/// Longest wait before fetching again a `NodeInfo` whose fetch failed for want of an answer
+/// (refused, timed out: a busy or starting node): the member is alive in SWIM, so it is
+/// expected to answer soon.
+const FETCH_BACKOFF_MAX: Duration = Duration::from_secs(4);
+/// Longest wait before fetching again a `NodeInfo` that was not the member's own.
+const FETCH_BACKOFF_INVALID: Duration = Duration::from_secs(60);
 /// How often the table's states are brought in line with foca's (suspicion is not notified).
 const SYNC_EVERY: Duration = Duration::from_millis(250);
 /// Most addresses whose last announce is remembered.
 const MAX_ANNOUNCED: usize = 1024;
+/// How often a node asks one random member for its list of members and announces itself to
+/// those it does not know (memberlist's push-pull, for what gossip missed: a join whose
+/// updates never reached it). Right after joining, and [`REPAIR_AGAIN`] after a list that
+/// named members this node did not know: a fleet that starts together learns itself fast.
+const REPAIR_EVERY: Duration = Duration::from_secs(30);
+/// See [`REPAIR_EVERY`].
+const REPAIR_AGAIN: Duration = Duration::from_secs(3);
+/// Most members announced to after one list (a member's list is not trusted to be short).
+const MAX_REPAIR_ANNOUNCES: usize = 256;
 
 /// A member's identity in foca: who, where, and which run of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -238,10 +256,20 @@ pub struct Membership {
 /// node refutes within one round trip of hearing the suspicion.
 pub const SUSPECT_TO_DOWN: Duration = Duration::from_secs(2);
 
-/// memberlist's LAN settings for [`CLUSTER_SIZE`] nodes, with a shorter suspicion
-/// ([`SUSPECT_TO_DOWN`]).
+/// How often a node probes one member, and how long it waits for the direct answer before
+/// asking others to probe too (the rest of the period). memberlist's LAN values are 1 s and
+/// 500 ms; halved, a dead node is suspected about a second sooner, for one more probe a second
+/// per node (a few hundred µs of CPU).
+pub const PROBE_PERIOD: Duration = Duration::from_millis(500);
+/// See [`PROBE_PERIOD`].
+pub const PROBE_RTT: Duration = Duration::from_millis(250);
+
+/// memberlist's LAN settings for [`CLUSTER_SIZE`] nodes, probing twice as often
+/// ([`PROBE_PERIOD`]) with a shorter suspicion ([`SUSPECT_TO_DOWN`]).
 pub fn lan_config() -> Config {
     let mut config = Config::new_lan(NonZeroU32::new(CLUSTER_SIZE).expect("non-zero"));
+    config.probe_period = PROBE_PERIOD;
+    config.probe_rtt = PROBE_RTT;
     config.suspect_to_down_after = SUSPECT_TO_DOWN;
     // Members on the two sides of a healed partition find each other by announcing to the
     // members they hold down: every 5 s, not memberlist's 65 s, so a heal shows within seconds.
@@ -262,6 +290,9 @@ fn dropped(reason: &str) {
         .inc();
 }
 
+/// A finished list of a member's members (see [`REPAIR_EVERY`]).
+type Listed = Result<Vec<(NodeId, String)>, LinkError>;
+
 /// A finished `NodeInfo` fetch: the member, the `(bump, version)` it was fetched for, and the
 /// info with the fetch's time.
 type FetchDone = (Member, (u64, u64), Result<(NodeInfo, Duration), LinkError>);
@@ -276,9 +307,18 @@ struct Run<'a> {
     next_timer: u64,
     fetched: HashMap<NodeId, Fetched>,
     fetches: JoinSet<FetchDone>,
+    /// The running list of a member's members, if any (one at a time).
+    repair: JoinSet<Listed>,
+    /// When the next list is due (now, at joining).
+    next_repair: Instant,
+    rng: StdRng,
     announced: HashMap<SocketAddr, (Instant, PeerSource)>,
     /// Advert announces waiting for their member: the address and when it counts as failed.
     advert_pending: HashMap<NodeId, (String, Instant)>,
+    /// Members this node suspected itself (a refused connection), with the incarnation
+    /// suspected and when they are declared down unless they refuted. foca runs this timer
+    /// only for the suspicions its own probes raise.
+    suspected: HashMap<Member, (foca::Incarnation, Instant)>,
     version: u64,
     versions: Versions,
     /// Nodes of other meshes already named in the log.
@@ -342,8 +382,12 @@ impl Membership {
             next_timer: 0,
             fetched: HashMap::new(),
             fetches: JoinSet::new(),
+            repair: JoinSet::new(),
+            next_repair: Instant::now(),
+            rng: rand::make_rng::<StdRng>(),
             announced: HashMap::new(),
             advert_pending: HashMap::new(),
+            suspected: HashMap::new(),
             version: 0,
             versions,
             foreign: ForeignNodes::default(),
@@ -353,7 +397,11 @@ impl Membership {
         let mut unreachable = self.table.unreachable_reports();
         let mut buf = vec![0u8; MAX_DATAGRAM];
         let mut sync = tokio::time::interval(SYNC_EVERY);
-        let mut version_tick = tokio::time::interval(VERSION_EVERY);
+        // A change of our `NodeInfo` raises the version at once if the last raise is
+        // VERSION_EVERY old, else at the first sync tick after that: a lone write is known
+        // within a round trip of gossip, a busy node raises every VERSION_EVERY at most.
+        let mut last_raise = Instant::now();
+        let mut changed = false;
         loop {
             let next_timer = run.timers.peek().map(|Reverse((at, _))| *at);
             tokio::select! {
@@ -378,17 +426,29 @@ impl Membership {
                         run.fetched_info(member, version, result);
                     }
                 }
+                Some(listed) = run.repair.join_next(), if !run.repair.is_empty() => {
+                    if let Ok(listed) = listed {
+                        run.listed(listed);
+                    }
+                }
                 Some(id) = unreachable.recv() => run.suspect(&id),
+                refused = self.socket.async_io(Interest::ERROR, || icmp::take_unreachable(&self.socket)) => {
+                    if let Ok(Some(addr)) = refused {
+                        run.port_unreachable(addr);
+                    }
+                }
                 _ = sync.tick() => {
+                    run.expire_suspicions();
+                    run.repair_view();
                     run.sync_table();
                     run.expire_adverts();
                 }
-                _ = version_tick.tick() => {
-                    if changes.has_changed().unwrap_or(false) {
-                        changes.mark_unchanged();
-                        run.raise_version();
-                    }
-                }
+                Ok(()) = changes.changed() => changed = true,
+            }
+            if changed && last_raise.elapsed() >= VERSION_EVERY {
+                changed = false;
+                last_raise = Instant::now();
+                run.raise_version();
             }
             run.drain().await;
         }
@@ -397,6 +457,34 @@ impl Membership {
         }
         run.drain().await;
         tracing::info!("left the mesh (goodbye sent to the members)");
+    }
+}
+
+/// Declares down the members this node suspected whose suspicion ran out by `now` unrefuted
+/// (their incarnation did not rise), as foca does for the suspicions its probes raise.
+fn expire_suspicions(
+    foca: &mut Swim,
+    suspected: &mut HashMap<Member, (foca::Incarnation, Instant)>,
+    now: Instant,
+    runtime: &mut AccumulatingRuntime<Member>,
+) {
+    let expired: Vec<(Member, foca::Incarnation)> = suspected
+        .iter()
+        .filter(|(_, (_, until))| *until <= now)
+        .map(|(member, (incarnation, _))| (member.clone(), *incarnation))
+        .collect();
+    for (member, incarnation) in expired {
+        suspected.remove(&member);
+        let unrefuted = foca.iter_membership_state().any(|m| {
+            *m.id() == member && m.state() == State::Suspect && m.incarnation() == incarnation
+        });
+        if !unrefuted {
+            continue;
+        }
+        let down = foca::Member::new(member, incarnation, State::Down);
+        if let Err(e) = foca.apply_many(std::iter::once(down), true, &mut *runtime) {
+            tracing::debug!(error = %e, "declare an unreachable member down");
+        }
     }
 }
 
@@ -588,12 +676,42 @@ impl Run<'_> {
             .filter(|m| m.id().id == *id && m.state() == State::Alive)
             .max_by_key(|m| m.id().bump)
             .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), State::Suspect));
-        if let Some(update) = update
-            && let Err(e) = self
-                .foca
-                .apply_many(std::iter::once(update), true, &mut self.runtime)
+        let Some(update) = update else { return };
+        self.suspected.insert(
+            update.id().clone(),
+            (
+                update.incarnation(),
+                Instant::now() + self.parts.config.suspect_to_down_after,
+            ),
+        );
+        if let Err(e) = self
+            .foca
+            .apply_many(std::iter::once(update), true, &mut self.runtime)
         {
             tracing::debug!(error = %e, "suspect an unreachable member");
+        }
+    }
+
+    fn expire_suspicions(&mut self) {
+        expire_suspicions(
+            &mut self.foca,
+            &mut self.suspected,
+            Instant::now(),
+            &mut self.runtime,
+        );
+    }
+
+    /// Nothing listens at `addr` any more (an ICMP port unreachable for our datagram): the
+    /// live member there, if any, is suspected at once ([`super::icmp`]).
+    fn port_unreachable(&mut self, addr: SocketAddr) {
+        let id = self
+            .foca
+            .iter_members()
+            .find(|m| m.id().addr == addr && m.state() == State::Alive)
+            .map(|m| m.id().id.clone());
+        if let Some(id) = id {
+            tracing::debug!(%addr, peer = %id.short(), "port unreachable: suspecting the member");
+            self.suspect(&id);
         }
     }
 
@@ -668,7 +786,54 @@ impl Run<'_> {
             OwnedNotification::Rejoin(own) => {
                 tracing::info!(bump = own.bump, "this node was declared down; rejoined");
             }
-            OwnedNotification::Active | OwnedNotification::Idle | OwnedNotification::Defunct => {}
+            // Joined (the first member answered): learn the rest from it at once.
+            OwnedNotification::Active => self.next_repair = Instant::now(),
+            OwnedNotification::Idle | OwnedNotification::Defunct => {}
+        }
+    }
+
+    /// When due and none runs, asks one random live member for its members
+    /// ([`REPAIR_EVERY`]).
+    fn repair_view(&mut self) {
+        let now = Instant::now();
+        if now < self.next_repair || !self.repair.is_empty() {
+            return;
+        }
+        let members: Vec<Member> = self.foca.iter_members().map(|m| m.id().clone()).collect();
+        let Some(member) = members.choose(&mut self.rng).cloned() else {
+            return;
+        };
+        self.next_repair = now + REPAIR_EVERY;
+        let link = self.parts.link.clone();
+        self.repair
+            .spawn(async move { link.members(&member.addr.to_string(), &member.id).await });
+    }
+
+    /// A member's list came: announce to the members in it this node does not know.
+    fn listed(&mut self, listed: Listed) {
+        let members = match listed {
+            Ok(members) => members,
+            Err(e) => {
+                tracing::debug!(error = %e, "list a member's members");
+                return;
+            }
+        };
+        let own = self.foca.identity().id.clone();
+        let unknown: Vec<String> = members
+            .into_iter()
+            .filter(|(id, _)| *id != own && !self.alive(id) && !self.parts.table.is_revoked(id))
+            .map(|(_, addr)| addr)
+            .take(MAX_REPAIR_ANNOUNCES)
+            .collect();
+        if !unknown.is_empty() {
+            tracing::debug!(
+                count = unknown.len(),
+                "announcing to members gossip did not bring"
+            );
+            self.next_repair = self.next_repair.min(Instant::now() + REPAIR_AGAIN);
+        }
+        for addr in unknown {
+            self.announce(&[addr], PeerSource::Exchange);
         }
     }
 
@@ -750,10 +915,15 @@ impl Run<'_> {
                 }
             }
             Err(e) => {
-                // Tried again by the sync tick, backing off: 1 s, doubling up to 30 s.
-                let wait = state.retry.map_or(Duration::from_secs(1), |(_, last)| {
-                    (last * 2).min(FETCH_BACKOFF_MAX)
-                });
+                // Tried again by the sync tick, backing off: 250 ms, doubling up to 4 s (60 s
+                // for a member whose answer was not its own).
+                let most = match e {
+                    LinkError::Invalid(_) => FETCH_BACKOFF_INVALID,
+                    _ => FETCH_BACKOFF_MAX,
+                };
+                let wait = state
+                    .retry
+                    .map_or(FETCH_BACKOFF_FIRST, |(_, last)| (last * 2).min(most));
                 state.retry = Some((Instant::now() + wait, wait));
                 match e {
                     LinkError::Invalid(why) => {
@@ -804,6 +974,67 @@ impl Run<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn member(n: u8) -> Member {
+        Member {
+            id: NodeId::from_spki_der(&[n]),
+            addr: SocketAddr::from(([127, 0, 0, 1], 7000 + u16::from(n))),
+            bump: 1,
+        }
+    }
+
+    fn state_of(foca: &Swim, who: &Member) -> Option<(State, foca::Incarnation)> {
+        foca.iter_membership_state()
+            .find(|m| m.id() == who)
+            .map(|m| (m.state(), m.incarnation()))
+    }
+
+    #[test]
+    fn a_member_suspected_for_a_refused_connection_is_down_after_the_suspicion_unless_it_refutes() {
+        let mut foca = Swim::with_custom_broadcast(
+            member(0),
+            lan_config(),
+            rand::make_rng::<StdRng>(),
+            PostcardCodec,
+            Versions::default(),
+        );
+        let mut runtime = AccumulatingRuntime::new();
+        let (dead, alive) = (member(1), member(2));
+        for who in [&dead, &alive] {
+            foca.apply_many(
+                std::iter::once(foca::Member::alive(who.clone())),
+                true,
+                &mut runtime,
+            )
+            .expect("apply");
+        }
+        let start = Instant::now();
+        let until = start + SUSPECT_TO_DOWN;
+        let mut suspected = HashMap::new();
+        for who in [&dead, &alive] {
+            suspected.insert(who.clone(), (0, until));
+            foca.apply_many(
+                std::iter::once(foca::Member::new(who.clone(), 0, State::Suspect)),
+                true,
+                &mut runtime,
+            )
+            .expect("suspect");
+        }
+        // `alive` refutes: its incarnation rises.
+        foca.apply_many(
+            std::iter::once(foca::Member::new(alive.clone(), 1, State::Alive)),
+            true,
+            &mut runtime,
+        )
+        .expect("refute");
+
+        expire_suspicions(&mut foca, &mut suspected, start, &mut runtime);
+        assert_eq!(state_of(&foca, &dead), Some((State::Suspect, 0)), "not yet");
+        expire_suspicions(&mut foca, &mut suspected, until, &mut runtime);
+        assert_eq!(state_of(&foca, &dead), Some((State::Down, 0)));
+        assert_eq!(state_of(&foca, &alive), Some((State::Alive, 1)));
+        assert!(suspected.is_empty(), "every ended suspicion is forgotten");
+    }
 
     #[test]
     fn a_node_of_another_mesh_is_met_once_and_the_set_stays_bounded() {

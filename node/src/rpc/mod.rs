@@ -453,6 +453,32 @@ impl NodeLink {
         self.deadlines = deadlines;
         self
     }
+
+    /// A channel to member `id` at `addr`, refused when the certificate presented there is a
+    /// client's or another node's.
+    async fn member_channel(&self, addr: &str, id: &NodeId) -> Result<PeerClient, LinkError> {
+        let connection = self
+            .dialer
+            .connect(addr)
+            .await
+            .map_err(|e| LinkError::Failed(format!("dial {addr}: {e}")))?;
+        if let Some(presented) = &connection.peer {
+            if presented.role == Some(CertRole::Client) {
+                return Err(LinkError::Invalid(
+                    "the peer presents a client certificate, which may never serve as a node"
+                        .into(),
+                ));
+            }
+            if presented.id != *id {
+                return Err(LinkError::Invalid(format!(
+                    "the node at {addr} presents the certificate of {}, not of member {}",
+                    presented.id.short(),
+                    id.short()
+                )));
+            }
+        }
+        Ok(PeerClient::new(connection.channel).with_deadlines(self.deadlines))
+    }
 }
 
 impl PeerLink for NodeLink {
@@ -462,30 +488,7 @@ impl PeerLink for NodeLink {
         id: &'a NodeId,
     ) -> BoxFuture<'a, Result<NodeInfo, LinkError>> {
         Box::pin(async move {
-            let connection = self
-                .dialer
-                .connect(addr)
-                .await
-                .map_err(|e| LinkError::Failed(format!("dial {addr}: {e}")))?;
-            if let Some(presented) = &connection.peer {
-                if presented.role == Some(CertRole::Client) {
-                    return Err(LinkError::Invalid(
-                        "the peer presents a client certificate, which may never serve as a node"
-                            .into(),
-                    ));
-                }
-                if presented.id != *id {
-                    return Err(LinkError::Invalid(format!(
-                        "the node at {addr} presents the certificate of {}, not of member {}",
-                        presented.id.short(),
-                        id.short()
-                    )));
-                }
-            }
-            let info = PeerClient::new(connection.channel)
-                .with_deadlines(self.deadlines)
-                .info()
-                .await?;
+            let info = self.member_channel(addr, id).await?.info().await?;
             if info.id != *id {
                 return Err(LinkError::Invalid(format!(
                     "GetInfo at {addr} answered for {}, not for member {}",
@@ -494,6 +497,27 @@ impl PeerLink for NodeLink {
                 )));
             }
             Ok(info)
+        })
+    }
+
+    fn members<'a>(
+        &'a self,
+        addr: &'a str,
+        id: &'a NodeId,
+    ) -> BoxFuture<'a, Result<Vec<(NodeId, String)>, LinkError>> {
+        Box::pin(async move {
+            let view = self.member_channel(addr, id).await?.list_peers().await?;
+            Ok(view
+                .peers
+                .into_iter()
+                .filter(|p| {
+                    matches!(
+                        p.state,
+                        mesh_domain::PeerState::Up | mesh_domain::PeerState::Suspect
+                    )
+                })
+                .map(|p| (p.info.id, p.addr))
+                .collect())
         })
     }
 }

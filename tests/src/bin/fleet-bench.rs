@@ -105,7 +105,19 @@ fn run(n: usize, idle: Duration) -> anyhow::Result<()> {
     report("full view after the last start", &full);
     drop(clients); // their keepalives would count as the nodes' idle work
 
-    // Idle: CPU over the window, RSS at its end.
+    // Idle: CPU over the window, RSS at its end; no live node may be suspected or marked
+    // down meanwhile (counted in the nodes' logs: `peer state` lines).
+    let verdicts = |nodes: &[NodeProcess]| {
+        let logs: Vec<String> = nodes.iter().map(NodeProcess::log_text).collect();
+        let count = |to: &str| {
+            logs.iter()
+                .flat_map(|log| log.lines())
+                .filter(|l| l.contains("\"peer state\"") && l.contains(&format!("\"to\":\"{to}\"")))
+                .count()
+        };
+        (count("suspect"), count("down"))
+    };
+    let verdicts_before = verdicts(&nodes);
     let before = cpu_ticks(&nodes)?;
     std::thread::sleep(idle); // the measurement window itself, not a wait for a condition
     let after = cpu_ticks(&nodes)?;
@@ -126,6 +138,13 @@ fn run(n: usize, idle: Duration) -> anyhow::Result<()> {
         .map(|node| rss_mb(node.pid()))
         .collect::<anyhow::Result<Vec<f64>>>()?;
     println!("{:<36} per node {}", "RSS", spread(&rss, " MB"));
+    let verdicts_after = verdicts(&nodes);
+    println!(
+        "{:<36} {} suspect, {} down (every node is alive)",
+        "false verdicts in the idle window",
+        verdicts_after.0 - verdicts_before.0,
+        verdicts_after.1 - verdicts_before.1
+    );
 
     // A new member: from its start (its process is spawned) until every node lists it up.
     let mut clients = rt.block_on(connect(&dialer, &nodes))?;
@@ -252,12 +271,29 @@ async fn poll_all(
                 let answer =
                     tokio::time::timeout(CALL_TIMEOUT, client.list_peers(pb::ListPeersRequest {}))
                         .await;
-                if let Ok(Ok(peers)) = answer
+                if let Ok(Ok(peers)) = &answer
                     && done(i, peers.get_ref())
                 {
                     return (i, Some(since.elapsed()));
                 }
                 if since.elapsed() > timeout {
+                    // What the node last said, so a miss can be looked into.
+                    let last = match answer {
+                        Ok(Ok(peers)) => peers
+                            .get_ref()
+                            .peers
+                            .iter()
+                            .filter(|p| p.state != pb::PeerState::Up as i32)
+                            .map(|p| {
+                                let name = p.info.as_ref().map_or("?", |i| i.name.as_str());
+                                format!("{name}={}", p.state().as_str_name())
+                            })
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                        Ok(Err(status)) => format!("error: {}", status.message()),
+                        Err(_) => "no answer within the call timeout".to_owned(),
+                    };
+                    eprintln!("  observer {i} missed it; peers not up in its view: [{last}]");
                     return (i, None);
                 }
                 tokio::time::sleep(every).await;

@@ -338,7 +338,7 @@ impl Node {
                 "mdns",
                 Some((
                     HealthStatus::Degraded,
-                    "disabled; peers come from static_peers and exchange".into(),
+                    "disabled; peers come from static_peers and membership".into(),
                 )),
             );
         }

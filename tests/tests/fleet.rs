@@ -184,9 +184,9 @@ fn a_node_frozen_shorter_than_the_suspicion_timeout_refutes_and_is_never_down() 
         .expect("full mesh");
 
     b.signal("STOP").expect("sigstop");
-    // Frozen until alpha or gamma suspects it (each probes a random member every second, and
-    // a failed probe takes up to a period to become a suspicion); thawed at once, beta has
-    // most of the 2-s suspicion left to refute.
+    // Frozen until alpha or gamma suspects it (each probes a member every 500 ms, and a failed
+    // probe takes up to a period to become a suspicion); thawed at once, beta has most of the
+    // 2-s suspicion left to refute.
     let frozen = Instant::now();
     let suspected = wait_for("beta suspected", Duration::from_secs(5), || {
         [&a, &c]

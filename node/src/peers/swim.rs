@@ -72,8 +72,9 @@ const SYNC_EVERY: Duration = Duration::from_millis(250);
 const MAX_ANNOUNCED: usize = 1024;
 /// How often a node asks one random member for its list of members and announces itself to
 /// those it does not know (memberlist's push-pull, for what gossip missed: a join whose
-/// updates never reached it). Right after joining, and [`REPAIR_AGAIN`] after a list that
-/// named members this node did not know: a fleet that starts together learns itself fast.
+/// updates never reached it). Right after joining, and [`REPAIR_AGAIN`] after a member came
+/// up, a list failed or named members this node did not know: a fleet that starts together,
+/// or a partition that heals, learns itself fast.
 const REPAIR_EVERY: Duration = Duration::from_secs(30);
 /// See [`REPAIR_EVERY`].
 const REPAIR_AGAIN: Duration = Duration::from_secs(3);
@@ -771,6 +772,8 @@ impl Run<'_> {
                     .mark(&member.id, PeerState::Up, "alive (SWIM)");
                 self.advert_answered(&member.id);
                 self.maybe_fetch(&member.id);
+                // A member came (a join, a healed partition): what else does it know?
+                self.next_repair = self.next_repair.min(Instant::now() + REPAIR_AGAIN);
             }
             OwnedNotification::MemberDown(member) => {
                 // A newer run of the same node may be alive at the same time.
@@ -815,6 +818,7 @@ impl Run<'_> {
             Ok(members) => members,
             Err(e) => {
                 tracing::debug!(error = %e, "list a member's members");
+                self.next_repair = self.next_repair.min(Instant::now() + REPAIR_AGAIN);
                 return;
             }
         };

@@ -845,6 +845,59 @@ mod tests {
         replicator.await.expect("replicator");
     }
 
+    /// Issue 17: a batch of writes goes to `fanout` random up peers, not to every one, so the
+    /// writer's work per write does not grow with the fleet (the rest pull it).
+    #[tokio::test(start_paused = true)]
+    async fn a_write_is_pushed_to_fanout_peers_not_to_every_up_peer() {
+        let options = MemoryOptions {
+            fanout: 3,
+            ..MemoryOptions::default()
+        };
+        let (_dir, memory) = open_memory(&id("writer"), options);
+        let table = Arc::new(PeerTable::default());
+        for n in 0..10 {
+            let mut info = crate::capabilities::test_support::test_capabilities().snapshot();
+            info.id = id(&format!("peer{n}"));
+            info.name = format!("peer{n}");
+            table.beat(
+                info,
+                &format!("peer{n}:7700"),
+                crate::discovery::PeerSource::Static,
+            );
+        }
+        let fake = Arc::new(Fake::default());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let (replicated, stop, link) = (memory.clone(), cancel.clone(), Arc::new(fake.clone()));
+        let replicator = tokio::spawn(async move {
+            replicate(replicated, table, link, &mut rx, stop).await;
+        });
+        // Every peer is new, so each is pulled from once; then the write.
+        for _ in 0..1_000 {
+            if fake.pulls.load(std::sync::atomic::Ordering::SeqCst) >= 10 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(fake.pulls.load(std::sync::atomic::Ordering::SeqCst), 10);
+        let record = Record {
+            seq: 1,
+            ..record(now_ms(), memory.own_id(), false)
+        };
+        tx.send(Entry {
+            namespace: "notes".into(),
+            key: "k".into(),
+            record,
+        })
+        .expect("replicator listening");
+        // Each push takes a minute here: after a second, the pushes under way are all there
+        // were.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(fake.pushes.total(), 3, "pushed to `fanout` peers");
+        cancel.cancel();
+        replicator.await.expect("replicator");
+    }
+
     /// Regression: a peer this node never finished a sync with counts as lagging at every
     /// 500 ms tick, so a pull slower than that was started again and again, each fetching (and
     /// verifying) the same records; on a busy machine, converging after a partition took 5-11 s

@@ -356,14 +356,9 @@ impl ForeignNodes {
 }
 
 impl Membership {
-    /// Runs SWIM until `cancel`, then leaves the cluster (a goodbye to the members) and returns.
-    /// `events` are discovery's: where a first member may be.
-    pub async fn run(
-        &self,
-        events: &mut mpsc::Receiver<DiscoveryEvent>,
-        cancel: CancellationToken,
-    ) {
-        // A restarted loop (after a panic) is a new run of this node: it must win.
+    /// A new run of this node: foca and the loop's state, before anything is sent. A restarted
+    /// loop (after a panic) is a new run of this node: its bump must win.
+    fn start(&self) -> Run<'_> {
         let own = Member {
             bump: self.own.bump
                 + 1000
@@ -380,7 +375,7 @@ impl Membership {
             PostcardCodec,
             versions.clone(),
         );
-        let mut run = Run {
+        Run {
             parts: self,
             foca,
             runtime: AccumulatingRuntime::new(),
@@ -398,7 +393,17 @@ impl Membership {
             version: 0,
             versions,
             foreign: ForeignNodes::default(),
-        };
+        }
+    }
+
+    /// Runs SWIM until `cancel`, then leaves the cluster (a goodbye to the members) and returns.
+    /// `events` are discovery's: where a first member may be.
+    pub async fn run(
+        &self,
+        events: &mut mpsc::Receiver<DiscoveryEvent>,
+        cancel: CancellationToken,
+    ) {
+        let mut run = self.start();
         run.raise_version();
         let mut changes = self.changes.clone();
         let mut unreachable = self.table.unreachable_reports();
@@ -991,6 +996,84 @@ mod tests {
             addr: SocketAddr::from(([127, 0, 0, 1], 7000 + u16::from(n))),
             bump: 1,
         }
+    }
+
+    /// A link that reaches nobody.
+    #[derive(Debug)]
+    struct NoLink;
+
+    impl PeerLink for NoLink {
+        fn info<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a NodeId,
+        ) -> mesh_domain::BoxFuture<'a, Result<NodeInfo, LinkError>> {
+            Box::pin(async { Err(LinkError::Failed("no link".into())) })
+        }
+
+        fn members<'a>(
+            &'a self,
+            _: &'a str,
+            _: &'a NodeId,
+        ) -> mesh_domain::BoxFuture<'a, Result<Vec<(NodeId, String)>, LinkError>> {
+            Box::pin(async { Err(LinkError::Failed("no link".into())) })
+        }
+    }
+
+    /// Issue 17: the push-pull repair. A member's list makes the node announce itself to the
+    /// members in it that it lacks, and to no one else (not itself, not a member it has).
+    #[tokio::test]
+    async fn a_members_list_makes_the_node_announce_to_the_members_it_lacks() {
+        let signer = Arc::new(mesh_identity::OriginSigner::generate().expect("key"));
+        let socket = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("bind"));
+        let own_addr = socket.local_addr().expect("addr");
+        let membership = Membership {
+            own: Member {
+                id: signer.id().clone(),
+                addr: own_addr,
+                bump: 1,
+            },
+            socket,
+            sealer: Arc::new(Sealer::new(signer.clone())),
+            opener: Arc::new(Opener::new(Arc::new(
+                mesh_identity::OriginVerifier::self_certified(),
+            ))),
+            link: Arc::new(NoLink),
+            table: Arc::new(PeerTable::default()),
+            changes: tokio::sync::watch::channel(0).1,
+            config: lan_config(),
+            restarts: std::sync::atomic::AtomicU64::new(0),
+            adverts: Mutex::new(AdvertGuard::new(
+                64,
+                64,
+                Arc::new(tokio::sync::Notify::new()),
+            )),
+        };
+        let mut run = membership.start();
+        let known = member(1);
+        run.foca
+            .apply_many(
+                std::iter::once(foca::Member::alive(known.clone())),
+                true,
+                &mut run.runtime,
+            )
+            .expect("apply");
+        while run.runtime.to_send().is_some() {}
+        let lacking = member(2);
+        run.listed(Ok(vec![
+            (signer.id().clone(), own_addr.to_string()),
+            (known.id.clone(), known.addr.to_string()),
+            (lacking.id.clone(), lacking.addr.to_string()),
+        ]));
+        let mut sent = Vec::new();
+        while let Some((to, _)) = run.runtime.to_send() {
+            sent.push(to.addr);
+        }
+        assert_eq!(sent, [lacking.addr], "announced to the lacking member only");
+        assert!(
+            run.next_repair <= Instant::now() + REPAIR_AGAIN,
+            "a list that named a stranger is asked for again soon"
+        );
     }
 
     fn state_of(foca: &Swim, who: &Member) -> Option<(State, foca::Incarnation)> {

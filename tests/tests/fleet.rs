@@ -35,7 +35,7 @@ fn static_peers_pointing_one_way_are_enough_for_everyone_to_see_everyone() {
     let c = harness
         .spawn(NodeOptions::new("gamma").peer(&a.addr))
         .expect("gamma");
-    // b and c only know a; they must learn each other through a (exchange and dial-in).
+    // b and c only know a; they must learn each other through a (SWIM gossip and the repair).
     harness
         .wait_all_up(&[&a, &b, &c], Duration::from_secs(15))
         .expect("full mesh");

@@ -779,6 +779,18 @@ mod tests {
         }
     }
 
+    /// Lets paused time run (10 ms a step, at most 10 s) until `fake` saw `n` pulls start.
+    async fn pulls_started(fake: &Fake, n: usize) {
+        let started = || fake.pulls.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..1_000 {
+            if started() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(started(), n, "pulls started");
+    }
+
     /// Runs the replicator of a fresh node `me` for `run` (paused time) with one up peer that
     /// advertises `memory_seq` and answers as `fake` does, after `writes` local writes.
     async fn replicate_against(
@@ -816,16 +828,7 @@ mod tests {
             replicate(replicated, table, link, &mut rx, stop).await;
         });
         // The replicator sees the peer up (and starts its first pull) before the writes.
-        for _ in 0..1_000 {
-            if fake.pulls.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(
-            fake.pulls.load(std::sync::atomic::Ordering::SeqCst) > 0,
-            "the replicator never saw the peer up"
-        );
+        pulls_started(fake, 1).await;
         for i in 0..writes {
             let record = Record {
                 seq: i as u64 + 1,
@@ -873,13 +876,7 @@ mod tests {
             replicate(replicated, table, link, &mut rx, stop).await;
         });
         // Every peer is new, so each is pulled from once; then the write.
-        for _ in 0..1_000 {
-            if fake.pulls.load(std::sync::atomic::Ordering::SeqCst) >= 10 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(fake.pulls.load(std::sync::atomic::Ordering::SeqCst), 10);
+        pulls_started(&fake, 10).await;
         let record = Record {
             seq: 1,
             ..record(now_ms(), memory.own_id(), false)

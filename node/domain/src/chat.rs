@@ -114,6 +114,46 @@ pub struct ChatRequest {
     /// How to generate, when a client of the front door said so.
     #[serde(default)]
     pub sampling: Sampling,
+    /// The shape the answer must have (`response_format`); `None`: free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// Whether, and which, tool the model must call; `None` leaves it to the model (`auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+}
+
+/// The shape an answer must have, as OpenAI's `response_format` says it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON that validates against `schema`.
+    JsonSchema {
+        /// The schema's name (OpenAI requires one; it is only echoed).
+        name: String,
+        /// The JSON schema.
+        schema: Value,
+        /// OpenAI's strict mode (schemas are always enforced here where they are enforced).
+        #[serde(default)]
+        strict: bool,
+    },
+}
+
+/// Which tool the model must call, as OpenAI's `tool_choice` says it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// No tool: answer in text.
+    None,
+    /// The model decides (the default).
+    Auto,
+    /// Some tool must be called.
+    Required,
+    /// This function must be called.
+    Function(String),
 }
 
 /// Generation settings a client asked for; unset ones leave the model's own defaults.

@@ -32,7 +32,10 @@ pub mod throttle;
 pub mod tier;
 pub mod time;
 
-pub use chat::{ChatRequest, ChatResponse, Message, Role, Sampling, ToolCall, ToolSpec, Usage};
+pub use chat::{
+    ChatRequest, ChatResponse, Message, ResponseFormat, Role, Sampling, ToolCall, ToolChoice,
+    ToolSpec, Usage,
+};
 pub use future::BoxFuture;
 pub use id::NodeId;
 pub use node::{

@@ -102,6 +102,10 @@ impl ApiError {
                 Self::new(StatusCode::FORBIDDEN, "permission_error", message)
             }
             AdmissionError::HopLimit { .. } => Self::bad_request(message),
+            AdmissionError::CannotEmbed(_) => Self {
+                code: Some("model_not_supported"),
+                ..Self::bad_request(message)
+            },
         }
     }
 

@@ -53,6 +53,7 @@ fn options(path: &Path) -> EmbeddedOptions {
         threads: THREADS,
         context_window: 2048,
         timeout: DEADLINE,
+        embeddings: false,
     }
 }
 

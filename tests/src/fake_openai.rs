@@ -257,10 +257,7 @@ async fn models() -> Json<Value> {
 
 /// `/v1/embeddings`: [`embedding`] of each text of `input` (a string or a list of strings),
 /// one token per whitespace-separated word; anything else is a 400 as OpenAI words it.
-async fn embeddings(
-    State(script): State<Arc<Mutex<Script>>>,
-    Json(body): Json<Value>,
-) -> Response {
+async fn embeddings(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
     script
         .lock()
         .expect("script lock")
@@ -268,7 +265,10 @@ async fn embeddings(
         .push(body.clone());
     let texts: Option<Vec<String>> = match &body["input"] {
         Value::String(text) => Some(vec![text.clone()]),
-        Value::Array(items) => items.iter().map(|v| v.as_str().map(str::to_owned)).collect(),
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect(),
         _ => None,
     };
     let Some(texts) = texts else {

@@ -82,7 +82,10 @@ fn the_openai_client_embeds_through_a_node_without_models_and_a_chat_model_is_na
     );
 
     // The server's vectors, passed through exactly, whichever encoding the client asked for.
-    assert_eq!(floats(&report["one"]), fake_openai::embedding("hello world"));
+    assert_eq!(
+        floats(&report["one"]),
+        fake_openai::embedding("hello world")
+    );
     assert_eq!(report["one_model"], "embedder");
     assert_eq!(report["one_usage"], 2);
     let list: Vec<Vec<f32>> = report["list"]
@@ -138,10 +141,11 @@ fn the_openai_client_embeds_through_a_node_without_models_and_a_chat_model_is_na
     refused(&report, "empty", 400, &["input"]);
     refused(&report, "format", 400, &["encoding_format", "int8"]);
 
-    // Every text reached the backend as a list of strings, asked for as floats; the refused
-    // requests never left the front door.
+    // Every text reached the backend as a list of strings, asked for as floats. Of the
+    // refused requests only the wrong `dimensions` left the front door: what a model makes is
+    // known from its answer.
     let sent = fake.embedding_requests();
-    assert_eq!(sent.len(), 4, "{sent:?}");
+    assert_eq!(sent.len(), 5, "{sent:?}");
     for request in &sent {
         assert_eq!(request["model"], "text-embedding-fake");
         assert_eq!(request["encoding_format"], "float");
@@ -224,7 +228,9 @@ print(json.dumps({"vectors": vectors, "again": again, "chat": chat.choices[0].me
         !report["chat"].as_str().unwrap_or_default().is_empty(),
         "the model still chats: {report}"
     );
-    let long = report["long"].as_str().expect("a text over the window is refused");
+    let long = report["long"]
+        .as_str()
+        .expect("a text over the window is refused");
     assert!(
         long.contains("input[0]") && long.contains("512-token context window"),
         "{long}"

@@ -449,7 +449,7 @@ mod engine {
         /// Queues an embeddings job and waits for it, at most the model's timeout.
         async fn embed_texts(&self, request: &EmbedRequest) -> Result<EmbedResponse, ModelError> {
             if !self.options.embeddings {
-                return Err(crate::llm::cannot_embed(&self.name));
+                return Err(crate::llm::model::cannot_embed(&self.name));
             }
             let (reply, answer) = oneshot::channel();
             self.send(Job::Embed(EmbedJob {
@@ -716,7 +716,7 @@ mod engine {
                     }
                     let result = match embedder.as_mut() {
                         Some(embedder) => embedder.embed(&job),
-                        None => Err(crate::llm::cannot_embed(name)),
+                        None => Err(crate::llm::model::cannot_embed(name)),
                     };
                     let _ = job.reply.send(result);
                 }

@@ -16,7 +16,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
-pub use self::model::{ChatModel, ModelError, SpeedGauge, cannot_embed};
+pub use self::model::{ChatModel, ModelError, SpeedGauge};
 use self::{embedded::EmbeddedOptions, openai::OpenAiModel};
 use crate::config::{Backend, Config, default_model_path};
 

@@ -208,7 +208,7 @@ impl ChatModel for OpenAiModel {
     ) -> BoxFuture<'a, Result<EmbedResponse, ModelError>> {
         Box::pin(async move {
             if !self.embeddings {
-                return Err(crate::llm::cannot_embed(&self.name));
+                return Err(crate::llm::model::cannot_embed(&self.name));
             }
             tokio::time::timeout(self.timeout, self.embed_remote(request))
                 .await

@@ -323,3 +323,113 @@ impl ChatService {
         Err(ChatError::Peers(failed.join("; ")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::{capabilities::test_support::test_capabilities, router::Destination};
+
+    /// A fleet of peers whose `Models.Embed` answers are scripted by address; records the
+    /// addresses tried, in order.
+    #[derive(Debug, Default)]
+    struct ScriptedPeers {
+        tried: Mutex<Vec<String>>,
+    }
+
+    impl RemoteChat for ScriptedPeers {
+        fn chat<'a>(
+            &'a self,
+            _addr: &'a str,
+            _target: &'a Target,
+            _request: &'a ChatRequest,
+            _deltas: &'a mpsc::UnboundedSender<String>,
+        ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
+            Box::pin(async { unreachable!("only embeddings here") })
+        }
+
+        fn embed<'a>(
+            &'a self,
+            addr: &'a str,
+            model: &'a str,
+            request: &'a EmbedRequest,
+        ) -> BoxFuture<'a, Result<EmbedResponse, RemoteChatError>> {
+            self.tried.lock().expect("lock").push(addr.to_owned());
+            let fail = |invalid_request| RemoteChatError {
+                message: format!("{addr} said no"),
+                streamed: false,
+                invalid_request,
+            };
+            let result = match addr {
+                "down" => Err(fail(false)),
+                "refuses" => Err(fail(true)),
+                _ => Ok(EmbedResponse {
+                    model: model.to_owned(),
+                    vectors: vec![vec![1.0]; request.inputs.len()],
+                    prompt_tokens: 1,
+                }),
+            };
+            Box::pin(async move { result })
+        }
+    }
+
+    fn peers(addrs: &[&str]) -> Placement {
+        Placement::Remote(
+            addrs
+                .iter()
+                .map(|a| Destination {
+                    name: (*a).to_owned(),
+                    addr: (*a).to_owned(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Embeddings on peers fail over like chats: a peer that fails is skipped, a peer whose
+    /// model refused the request is the answer (another would refuse it too).
+    #[tokio::test]
+    async fn embeddings_skip_a_failing_peer_and_stop_at_a_refusing_one() {
+        let remote = Arc::new(ScriptedPeers::default());
+        let service = ChatService::new(
+            Arc::new(ModelRegistry::default()),
+            Arc::new(Admission::new(
+                test_capabilities(),
+                Arc::default(),
+                mesh_domain::Tier::Write,
+            )),
+            remote.clone(),
+        );
+        let request = EmbedRequest {
+            inputs: vec!["a".into(), "b".into()],
+        };
+        let answer = service
+            .run_embed(peers(&["down", "up"]), "e", &request)
+            .await
+            .expect("the second peer answers");
+        assert_eq!(answer.vectors.len(), 2);
+        let error = service
+            .run_embed(peers(&["refuses", "up"]), "e", &request)
+            .await
+            .expect_err("a refusal is the answer");
+        assert_eq!(
+            error,
+            ChatError::Model(ModelError::Refused {
+                status: 400,
+                message: "refuses said no".into()
+            })
+        );
+        let error = service
+            .run_embed(peers(&["down", "down"]), "e", &request)
+            .await
+            .expect_err("every peer failed");
+        assert!(
+            matches!(&error, ChatError::Peers(m) if m.contains("node down")),
+            "{error:?}"
+        );
+        assert_eq!(
+            *remote.tried.lock().expect("lock"),
+            ["down", "up", "refuses", "down", "down"]
+        );
+    }
+}

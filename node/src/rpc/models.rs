@@ -257,7 +257,11 @@ async fn embed_remote(
         let bytes = match deadline::within(limit, "Models.Embed", client.embed(call)).await {
             Ok(response) => response.into_inner().response,
             Err(status) => {
-                if matches!(status.code(), tonic::Code::DeadlineExceeded) {
+                // As for chats: a broken or silent channel is dialled afresh next time.
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                ) {
                     channels.forget(addr);
                 }
                 return Err(RemoteChatError {

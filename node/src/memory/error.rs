@@ -2,7 +2,7 @@
 //! one type (`rpc::memory` maps each variant to a gRPC status once). It describes failures and
 //! decides nothing; in particular it knows no status codes.
 
-use mesh_domain::keys::{InvalidName, SYSTEM_NAMESPACES};
+use mesh_domain::keys::{InvalidName, SECRET_NAMESPACES, SYSTEM_NAMESPACES};
 use mesh_identity::{OriginError, RevocationError};
 
 use crate::storage::StoreError;
@@ -37,6 +37,11 @@ pub enum MemoryError {
         list = SYSTEM_NAMESPACES.join(", ")
     )]
     Reserved(String),
+    /// A namespace callers may not read (the front-door keys' hashes and policies).
+    #[error(
+        "namespace `{0}` holds the front-door keys' hashes and policies: it cannot be read through the memory; use `mesh-cli keys list` (Keys.List)"
+    )]
+    Secret(String),
     /// A record's signature does not prove its origin wrote it (or signing our own failed).
     #[error("record refused: {0}")]
     Unverified(#[from] OriginError),
@@ -69,6 +74,15 @@ pub enum MemoryError {
 pub fn writable_by_callers(ns: &str) -> Result<(), MemoryError> {
     if SYSTEM_NAMESPACES.contains(&ns) {
         return Err(MemoryError::Reserved(ns.to_owned()));
+    }
+    Ok(())
+}
+
+/// Whether a caller outside the node's own services (`Memory.Get` and `Memory.List`, an
+/// agent's `memory_get` and `memory_search`) may read namespace `ns`: not the secret ones.
+pub fn readable_by_callers(ns: &str) -> Result<(), MemoryError> {
+    if SECRET_NAMESPACES.contains(&ns) {
+        return Err(MemoryError::Secret(ns.to_owned()));
     }
     Ok(())
 }

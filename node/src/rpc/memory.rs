@@ -91,7 +91,7 @@ impl From<MemoryError> for Status {
             MemoryError::Storage(store) => super::store_status(&store, message),
             MemoryError::Resyncing => Status::failed_precondition(message),
             MemoryError::TooManyNamespaces { .. } => Status::resource_exhausted(message),
-            MemoryError::Reserved(_) | MemoryError::Revoked(_) => {
+            MemoryError::Reserved(_) | MemoryError::Secret(_) | MemoryError::Revoked(_) => {
                 Status::permission_denied(message)
             }
             MemoryError::Revocation(revocation) => match revocation {
@@ -192,6 +192,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryGetRequest>,
     ) -> Result<Response<pb::MemoryGetResponse>, Status> {
         let r = request.into_inner();
+        memory::readable_by_callers(&r.namespace)?;
         let record = self.memory.get(&r.namespace, &r.key)?;
         Ok(Response::new(pb::MemoryGetResponse {
             record: record.map(|rec| to_pb(&entry(&r.namespace, &r.key, rec))),
@@ -223,6 +224,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryListRequest>,
     ) -> Result<Response<pb::MemoryListResponse>, Status> {
         let r = request.into_inner();
+        memory::readable_by_callers(&r.namespace)?;
         check_len("prefix", &r.prefix, keys::MAX_KEY)?;
         let limit = match r.limit {
             0 => 100,

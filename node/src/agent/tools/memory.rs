@@ -337,4 +337,34 @@ mod tests {
         .await
         .expect("an ordinary namespace is written");
     }
+
+    /// The private namespaces (clients' stored conversations) are not readable by an agent,
+    /// whose task may be prompt-injected into asking for them; without the check both tools
+    /// return the record.
+    #[tokio::test]
+    async fn memory_get_and_search_refuse_the_private_namespaces() {
+        let (_dir, memory) = memory();
+        for ns in mesh_domain::keys::PRIVATE_NAMESPACES {
+            memory
+                .put(ns, "resp_1", Some(b"a client's conversation".to_vec()))
+                .await
+                .expect("the node's own service writes it");
+            let get = MemoryGet {
+                memory: memory.clone(),
+            };
+            let refused = get
+                .call(&json!({"namespace": ns, "key": "resp_1"}), &ctx())
+                .await
+                .expect_err("get refused");
+            assert!(refused.contains("private"), "{refused}");
+            let search = MemorySearch {
+                memory: memory.clone(),
+            };
+            let refused = search
+                .call(&json!({"namespace": ns}), &ctx())
+                .await
+                .expect_err("search refused");
+            assert!(refused.contains("private"), "{refused}");
+        }
+    }
 }

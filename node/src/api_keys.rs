@@ -51,6 +51,13 @@ pub const MAX_RUNTIME_KEYS: usize = 1000;
 /// `max_tokens` up to this. A larger reservation would serialise a key's requests while a
 /// long answer runs; a smaller one lets concurrent requests pass a budget by more.
 pub const RESERVATION_CAP: u64 = 4096;
+impl Admission {
+    /// Tokens reserved for the request while it runs.
+    pub fn reserved(&self) -> u64 {
+        self.reserved
+    }
+}
+
 /// Most usage records read for one key's month: 31 days times this many nodes writing.
 const MAX_MONTH_RECORDS: usize = 31 * 1000;
 
@@ -500,24 +507,28 @@ impl Keys {
         Ok(())
     }
 
-    /// Admits a request of `grant` for `model` asking for `max_tokens`, now.
+    /// Admits a request of `grant` for `model` asking for `max_tokens` in each of `choices`
+    /// answers, now.
     pub async fn admit(
         &self,
         grant: &KeyGrant,
         model: &str,
         max_tokens: Option<u32>,
+        choices: u32,
     ) -> Result<Admission, Refusal> {
-        self.admit_at(grant, model, max_tokens, unix_ms()).await
+        self.admit_at(grant, model, max_tokens, choices, unix_ms())
+            .await
     }
 
     /// [`Keys::admit`] at `now_ms`: checks the model, then every limit against the fleet's
-    /// usage, caps `max_tokens` to what the token limits have left, and counts the request
-    /// (with its reservation) before it runs.
+    /// usage, caps `max_tokens` so that all `choices` together fit in what the token limits
+    /// have left, and counts the request (with its reservation) before it runs.
     pub async fn admit_at(
         &self,
         grant: &KeyGrant,
         model: &str,
         max_tokens: Option<u32>,
+        choices: u32,
         now_ms: u64,
     ) -> Result<Admission, Refusal> {
         let target = model
@@ -608,10 +619,12 @@ impl Keys {
         let (max_tokens, reserved) = match left {
             None => (max_tokens, 0),
             Some(left) => {
-                let capped = max_tokens.map_or(left, |asked| u64::from(asked).min(left));
+                let choices = u64::from(choices.max(1));
+                let share = (left / choices).max(1);
+                let capped = max_tokens.map_or(share, |asked| u64::from(asked).min(share));
                 (
                     Some(u32::try_from(capped).unwrap_or(u32::MAX)),
-                    capped.min(RESERVATION_CAP),
+                    (capped * choices).min(RESERVATION_CAP),
                 )
             }
         };
@@ -1053,7 +1066,7 @@ mod tests {
         // Node A: no max_tokens asked, so the model may write what the day has left.
         let first = fleet
             .a
-            .admit_at(&grant, "m1", None, NOW)
+            .admit_at(&grant, "m1", None, 1, NOW)
             .await
             .expect("admitted");
         assert_eq!(first.max_tokens, Some(100));
@@ -1062,7 +1075,7 @@ mod tests {
         // Node B sees A's 60 tokens: a request there may spend 40 more at most.
         let second = fleet
             .b
-            .admit_at(&grant, "m1", Some(500), NOW + 1000)
+            .admit_at(&grant, "m1", Some(500), 1, NOW + 1000)
             .await
             .expect("admitted");
         assert_eq!(second.max_tokens, Some(40));
@@ -1070,7 +1083,7 @@ mod tests {
         fleet.replicate(&fleet.b, &fleet.a).await;
         let refused = fleet
             .a
-            .admit_at(&grant, "m1", None, NOW + 2000)
+            .admit_at(&grant, "m1", None, 1, NOW + 2000)
             .await
             .expect_err("the day's budget is spent");
         let tomorrow = 1_795_651_200_000; // 2026-11-26 00:00 UTC
@@ -1092,7 +1105,7 @@ mod tests {
         // The next UTC day starts afresh.
         fleet
             .a
-            .admit_at(&grant, "m1", None, tomorrow + 1)
+            .admit_at(&grant, "m1", None, 1, tomorrow + 1)
             .await
             .expect("a new day");
     }
@@ -1124,29 +1137,37 @@ mod tests {
             .expect("key");
         let running = fleet
             .a
-            .admit_at(&grant, "m1", Some(80), NOW)
+            .admit_at(&grant, "m1", Some(80), 1, NOW)
             .await
             .expect("first");
         assert_eq!(running.max_tokens, Some(80));
         let second = fleet
             .a
-            .admit_at(&grant, "m1", None, NOW)
+            .admit_at(&grant, "m1", None, 1, NOW)
             .await
             .expect("second");
         assert_eq!(second.max_tokens, Some(20), "80 are reserved by the first");
         fleet
             .a
-            .admit_at(&grant, "m1", None, NOW)
+            .admit_at(&grant, "m1", None, 1, NOW)
             .await
             .expect_err("the reservations take the whole day");
         // The first ends having spent 30: its 50 unspent tokens are free again.
         fleet.a.record_at(running, usage(10, 20), NOW).await;
         let third = fleet
             .a
-            .admit_at(&grant, "m1", None, NOW)
+            .admit_at(&grant, "m1", None, 1, NOW)
             .await
             .expect("third");
         assert_eq!(third.max_tokens, Some(50));
+        fleet.a.record_at(third, usage(0, 0), NOW).await;
+        // Two choices share what is left (the second's 20 are still reserved): 25 each.
+        let two = fleet
+            .a
+            .admit_at(&grant, "m1", Some(40), 2, NOW)
+            .await
+            .expect("n = 2");
+        assert_eq!((two.max_tokens, two.reserved()), (Some(25), 50));
     }
 
     #[tokio::test]
@@ -1170,7 +1191,7 @@ mod tests {
             .expect("key");
         let one = fleet
             .a
-            .admit_at(&grant, "m1", None, NOW)
+            .admit_at(&grant, "m1", None, 1, NOW)
             .await
             .expect("one");
         assert_eq!(one.max_tokens, None, "no token limit: nothing capped");
@@ -1179,13 +1200,13 @@ mod tests {
         fleet.replicate(&fleet.a, &fleet.b).await;
         fleet
             .b
-            .admit_at(&grant, "m1", None, NOW)
+            .admit_at(&grant, "m1", None, 1, NOW)
             .await
             .expect("two");
         fleet.replicate(&fleet.b, &fleet.a).await;
         let refused = fleet
             .a
-            .admit_at(&grant, "m1", None, NOW + 5_000)
+            .admit_at(&grant, "m1", None, 1, NOW + 5_000)
             .await
             .expect_err("two this minute already");
         let Refusal::Limit {
@@ -1200,7 +1221,7 @@ mod tests {
         assert_eq!(retry_after_s, 25, "the minute ends at 10:01:00");
         fleet
             .a
-            .admit_at(&grant, "m1", None, NOW + 30_000)
+            .admit_at(&grant, "m1", None, 1, NOW + 30_000)
             .await
             .expect("the next minute");
     }
@@ -1220,12 +1241,12 @@ mod tests {
             .expect("key");
         fleet
             .a
-            .admit_at(&grant, "small", None, NOW)
+            .admit_at(&grant, "small", None, 1, NOW)
             .await
             .expect("allowed");
         let refused = fleet
             .a
-            .admit_at(&grant, "big", None, NOW)
+            .admit_at(&grant, "big", None, 1, NOW)
             .await
             .expect_err("not its model");
         let message = refused.to_string();
@@ -1315,9 +1336,20 @@ mod tests {
             .expect("read")
             .expect("plain");
         assert_eq!(plain.name, "api_keys[0]");
+        for wrong in [
+            "",
+            "plain-key-012345678",
+            "plain-key-0123456789 ",
+            "PLAIN-KEY-0123456789",
+        ] {
+            assert!(
+                fleet.a.authenticate(wrong).expect("read").is_none(),
+                "{wrong:?}"
+            );
+        }
         let admitted = fleet
             .a
-            .admit_at(&plain, "m1", Some(7), NOW)
+            .admit_at(&plain, "m1", Some(7), 1, NOW)
             .await
             .expect("ok");
         assert_eq!(admitted.max_tokens, Some(7));
@@ -1355,7 +1387,10 @@ mod tests {
             (&fleet.b, "m1", NOW, (100, 200)),
             (&fleet.b, "m2", NOW, (5, 5)),
         ] {
-            let admitted = keys.admit_at(&grant, model, None, at).await.expect("admit");
+            let admitted = keys
+                .admit_at(&grant, model, None, 1, at)
+                .await
+                .expect("admit");
             keys.record_at(admitted, usage(p, c), at).await;
         }
         fleet.replicate(&fleet.b, &fleet.a).await;
@@ -1404,7 +1439,10 @@ mod tests {
             (&fleet.a, NOW - 60 * day),
             (&fleet.b, NOW - 60 * day),
         ] {
-            let admitted = keys.admit_at(&grant, "m1", None, at).await.expect("admit");
+            let admitted = keys
+                .admit_at(&grant, "m1", None, 1, at)
+                .await
+                .expect("admit");
             keys.record_at(admitted, usage(1, 1), at).await;
         }
         fleet.replicate(&fleet.b, &fleet.a).await;

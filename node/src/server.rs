@@ -573,14 +573,17 @@ impl Node {
             chat: chat.clone(),
             caps: caps.clone(),
             peers: peers.clone(),
-            api_keys: config.http.api_keys.clone(),
+            keys: keys.clone(),
             memory: memory.clone(),
         });
         match bind_up_to(config.http.listen, DEFAULT_HTTP_PORT + 10).await {
             Ok(listener) => {
                 let http_addr = listener.local_addr().ok();
                 if let Some(http_addr) = http_addr {
-                    if !http_addr.ip().is_loopback() && config.http.api_keys.is_empty() {
+                    if !http_addr.ip().is_loopback()
+                        && config.http.api_keys.is_empty()
+                        && config.http.keys.is_empty()
+                    {
                         tracing::warn!(%http_addr, "the front door listens beyond loopback without http.api_keys (http.allow_unauthenticated): anyone who can reach it can use every model of the mesh");
                     }
                     let _ = std::fs::write(

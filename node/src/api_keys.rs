@@ -45,6 +45,10 @@ use crate::{
 
 /// How a key made by `mesh-cli keys add` starts.
 pub const KEY_PREFIX: &str = "sk-mesh-";
+/// The record in `http_keys` that says keys were added at run time (no key name can be it):
+/// from then on every front door of the fleet needs a key, also once the keys are removed, so
+/// revoking the last key never opens the door to everyone.
+const KEYS_REQUIRED: &str = "!required";
 /// Most keys the fleet keeps in the memory: each request's authentication reads them all.
 pub const MAX_RUNTIME_KEYS: usize = 1000;
 /// Most tokens a request reserves against a token limit when it is admitted: the capped
@@ -377,9 +381,14 @@ impl Keys {
         })
     }
 
-    /// Whether the front door needs a key: one is configured here, or the fleet added one.
+    /// Whether the front door needs a key: one is configured here, or the fleet ever added
+    /// one at run time.
     pub fn required(&self) -> Result<bool, MemoryError> {
-        Ok(!self.configured.is_empty() || !self.memory.list(HTTP_KEYS, "", 1)?.is_empty())
+        Ok(!self.configured.is_empty()
+            || self
+                .memory
+                .get(HTTP_KEYS, KEYS_REQUIRED)?
+                .is_some_and(|record| !record.tombstone))
     }
 
     /// The key `presented` is, if any. Hashes are compared in constant time (a configured
@@ -417,8 +426,9 @@ impl Keys {
     fn runtime_keys(&self) -> Result<Vec<(String, StoredKey)>, MemoryError> {
         Ok(self
             .memory
-            .list(HTTP_KEYS, "", MAX_RUNTIME_KEYS + 1)?
+            .list(HTTP_KEYS, "", MAX_RUNTIME_KEYS + 2)?
             .into_iter()
+            .filter(|entry| entry.key != KEYS_REQUIRED)
             .filter_map(|entry| match serde_json::from_slice(&entry.record.value) {
                 Ok(stored) => Some((entry.key, stored)),
                 Err(e) => {
@@ -483,6 +493,11 @@ impl Keys {
             policy,
             created_ms: unix_ms(),
         };
+        if !self.required()? {
+            self.memory
+                .put(HTTP_KEYS, KEYS_REQUIRED, Some(b"1".to_vec()))
+                .await?;
+        }
         let value = serde_json::to_vec(&stored).expect("a key serialises");
         self.memory.put(HTTP_KEYS, name, Some(value)).await?;
         Ok(KeyInfo {
@@ -1325,6 +1340,14 @@ mod tests {
         fleet.b.remove("new").await.expect("removed");
         fleet.replicate(&fleet.b, &fleet.a).await;
         assert!(fleet.a.authenticate("sk-mesh-new").expect("read").is_none());
+        assert!(
+            fleet
+                .a
+                .list()
+                .expect("list")
+                .iter()
+                .all(|k| k.name != "!required")
+        );
         assert!(matches!(
             fleet.a.remove("new").await,
             Err(KeysError::NotFound(_))
@@ -1362,6 +1385,29 @@ mod tests {
                 .expect("list")
                 .is_empty()
         );
+    }
+
+    /// Regression: revoking the last key added at run time must not open the front door to
+    /// everyone again.
+    #[tokio::test]
+    async fn a_fleet_that_added_a_key_keeps_needing_keys_after_removing_it() {
+        let fleet = Fleet::new(&http(Vec::new(), &[]), "required");
+        assert!(!fleet.a.required().expect("read"), "no keys: open");
+        let hash = hex::encode(key_sha256("sk-mesh-only"));
+        fleet
+            .a
+            .add("only", &hash, KeyPolicy::default())
+            .await
+            .expect("add");
+        fleet.replicate(&fleet.a, &fleet.b).await;
+        assert!(fleet.b.required().expect("read"));
+        fleet.b.remove("only").await.expect("remove");
+        fleet.replicate(&fleet.b, &fleet.a).await;
+        for keys in [&fleet.a, &fleet.b] {
+            assert!(keys.required().expect("read"), "still keyed");
+            assert!(keys.authenticate("sk-mesh-only").expect("read").is_none());
+            assert!(keys.list().expect("list").is_empty());
+        }
     }
 
     #[tokio::test]

@@ -40,10 +40,21 @@ struct Answer {
 
 /// A chat for `model` through `node` with `key` as a Bearer token (none: no header).
 fn chat(node: &NodeProcess, key: Option<&str>, model: &str) -> Answer {
-    let url = node.http_url().expect("front door");
-    let host = url.trim_start_matches("http://");
     let body =
         format!(r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "hi"}}]}}"#);
+    let (status, headers, body) = post(node, key, &body);
+    Answer {
+        status,
+        headers,
+        body: serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}")),
+    }
+}
+
+/// `POST /v1/chat/completions` with `body` through `node`: status, headers (lower-case) and
+/// the body as text.
+fn post(node: &NodeProcess, key: Option<&str>, body: &str) -> (u16, String, String) {
+    let url = node.http_url().expect("front door");
+    let host = url.trim_start_matches("http://");
     let mut request = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n",
@@ -53,7 +64,7 @@ fn chat(node: &NodeProcess, key: Option<&str>, model: &str) -> Answer {
         request.push_str(&format!("Authorization: Bearer {key}\r\n"));
     }
     request.push_str("\r\n");
-    request.push_str(&body);
+    request.push_str(body);
     let mut socket = std::net::TcpStream::connect(host).expect("connect");
     socket.write_all(request.as_bytes()).expect("send");
     let mut response = String::new();
@@ -61,15 +72,12 @@ fn chat(node: &NodeProcess, key: Option<&str>, model: &str) -> Answer {
     let (head, body) = response
         .split_once("\r\n\r\n")
         .unwrap_or_else(|| panic!("no body: {response}"));
-    Answer {
-        status: head
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("no status line: {response}")),
-        headers: head.to_ascii_lowercase(),
-        body: serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {response}")),
-    }
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response}"));
+    (status, head.to_ascii_lowercase(), body.to_owned())
 }
 
 /// `mesh-cli ARGS` on `node`: its stdout as JSON, once it succeeded.
@@ -273,6 +281,22 @@ fn keys_added_at_run_time_work_on_another_node_until_revoked_and_only_operators_
     })
     .expect("key replicated");
     assert_eq!(chat(&laptop, None, "m").status, 401);
+    // A streamed answer is counted too: the gpu's usage shows both requests, with the tokens
+    // the backend reported (3 + 4 each).
+    let (status, _, streamed) = post(
+        &laptop,
+        Some(&key),
+        r#"{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}"#,
+    );
+    assert_eq!(status, 200, "{streamed}");
+    assert!(streamed.contains("[DONE]"), "{streamed}");
+    let usage = wait_for("the gpu to count both requests", DEADLINE, || {
+        let usage = usage_of(&h, &gpu, "ops");
+        (usage["today"]["m"]["requests"] == 2 && usage["tokens_today"] == 14).then_some(usage)
+    })
+    .expect("usage");
+    assert_eq!(usage["today"]["m"]["prompt_tokens"], 6, "{usage}");
+    assert_eq!(usage["today"]["m"]["completion_tokens"], 8, "{usage}");
     let listed = cli_json(&h, &laptop, &["keys", "list", "--json"]);
     assert_eq!(listed["keys"][0]["name"], "ops", "{listed}");
     assert_eq!(listed["keys"][0]["source"], "runtime", "{listed}");

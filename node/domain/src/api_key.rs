@@ -10,8 +10,10 @@ use serde::{Deserialize, Serialize};
 pub const MAX_KEY_NAME: usize = 64;
 
 /// What a key may do: which models and roles it may ask for, and how much.
+///
+/// Stored as JSON in the replicated memory; fields a newer node adds are ignored by an older
+/// one (no `deny_unknown_fields`), so a mixed-version fleet still authenticates the key.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct KeyPolicy {
     /// Models it may ask for by name. With `roles`, empty both: every model and role.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -27,7 +29,6 @@ pub struct KeyPolicy {
 /// A key's budgets (tokens per UTC day and month) and rate limits (per calendar minute), summed
 /// over the whole fleet. `None`: no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct KeyLimits {
     /// Prompt plus completion tokens per UTC day.
     #[serde(default, skip_serializing_if = "Option::is_none")]

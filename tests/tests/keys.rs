@@ -193,6 +193,15 @@ fn a_keys_day_budget_and_rate_limit_hold_across_two_nodes_and_usage_matches_the_
         assert!(usage["day_resets_at_ms"].as_u64().unwrap_or(0) > unix_ms());
     })
     .expect("usage");
+    // The table for people says the same.
+    let table = h.cli(&laptop, &["keys", "usage"]).expect("mesh-cli");
+    let table = String::from_utf8_lossy(&table.stdout);
+    let team_row = table
+        .lines()
+        .find(|line| line.starts_with("team"))
+        .unwrap_or_else(|| panic!("no row for team:\n{table}"));
+    assert!(team_row.contains("30/30"), "{table}");
+    assert!(table.contains("day resets"), "{table}");
     let metrics = laptop.metrics().expect("metrics");
     assert!(
         metrics.contains(r#"agentmesh_http_key_requests_total{key="team",model="m"} 1"#),

@@ -16,7 +16,9 @@ use axum::{
     http::header,
     response::{IntoResponse, Response},
 };
-use mesh_domain::{ChatRequest, ChatResponse, ResponseFormat, Target, ToolChoice, Usage};
+use mesh_domain::{
+    BoxFuture, ChatRequest, ChatResponse, ResponseFormat, Target, ToolChoice, Usage,
+};
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
@@ -255,6 +257,13 @@ pub trait Encoder: Send + 'static {
     fn event(&mut self, event: Event) -> Vec<String>;
     /// Frames after the last event (OpenAI's `[DONE]`).
     fn end(&mut self) -> Vec<String>;
+    /// The closing frames, once work that must come before them is done: the Responses API
+    /// stores the answer before it says it is complete, so a continuation sent as soon as the
+    /// client reads the end finds it. By default [`Encoder::end`], at once.
+    fn close(&mut self) -> BoxFuture<'_, Vec<String>> {
+        let frames = self.end();
+        Box::pin(async move { frames })
+    }
 }
 
 /// Streams `run` to the client through `encoder`, as `content_type`. When the client goes
@@ -286,7 +295,8 @@ pub fn stream(mut run: Run, content_type: &'static str, mut encoder: impl Encode
                 () = frames_tx.closed() => return,
             }
         }
-        send(encoder.end()).await;
+        let frames = encoder.close().await;
+        send(frames).await;
     });
     let body = Body::from_stream(ReceiverStream::new(frames).map(|frame| frame));
     (

@@ -623,14 +623,11 @@ async fn keep(memory: &Memory, id: &str, stored: &Stored) -> bool {
             return false;
         }
     };
-    if value.len() > MAX_VALUE {
-        tracing::info!(%id, bytes = value.len(), "response not stored: the conversation is over the memory's value limit");
-        return false;
-    }
+    // The memory refuses a value over its limit (`mesh_domain::keys::MAX_VALUE`).
     match memory.put(RESPONSES, id, Some(value)).await {
         Ok(_) => true,
         Err(e) => {
-            tracing::warn!(%id, error = %e, "store a response");
+            tracing::warn!(%id, error = %e, "response not stored");
             false
         }
     }

@@ -34,7 +34,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    FrontDoor,
+    door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     gateway::{self, Call, Caller, Encoder, Event, unix_s},
     openai::tool_choice_of,
@@ -729,11 +729,11 @@ impl Head {
                "name": call.name, "arguments": arguments, "status": status})
     }
 
-    /// The output items of a complete answer: its text as a message (also when it is empty and
-    /// there are no tool calls), then a `function_call` item per tool call.
-    fn output(&self, answer: &ChatResponse) -> Vec<Value> {
+    /// The output items of a complete answer: its text as a message (when `message`), then a
+    /// `function_call` item per tool call.
+    fn output(&self, answer: &ChatResponse, message: bool) -> Vec<Value> {
         let mut output = Vec::new();
-        if !answer.content.is_empty() || answer.tool_calls.is_empty() {
+        if message {
             output.push(self.message_item("completed", Some(&answer.content)));
         }
         for (i, call) in answer.tool_calls.iter().enumerate() {
@@ -741,6 +741,12 @@ impl Head {
         }
         output
     }
+}
+
+/// Whether an answer's output has a message item: when the model wrote text, or called no
+/// tool (an empty answer is an empty message).
+fn has_message(answer: &ChatResponse) -> bool {
+    !answer.content.is_empty() || answer.tool_calls.is_empty()
 }
 
 /// An `output_text` content part.
@@ -815,7 +821,6 @@ pub async fn create(
             keeper,
             seq: 0,
             message_open: false,
-            calls: 0,
             answer: None,
             failed: false,
         };
@@ -831,7 +836,8 @@ pub async fn create(
     let mut head = head;
     let answer = with_call_ids(answer, head.suffix());
     head.model = answer.model.clone();
-    let mut response = head.object("completed", head.output(&answer), answer.usage);
+    let output = head.output(&answer, has_message(&answer));
+    let mut response = head.object("completed", output, answer.usage);
     if let Some(keeper) = keeper {
         keeper.keep(&head.id, &answer, &mut response).await;
     }
@@ -858,8 +864,6 @@ struct Events {
     seq: u64,
     /// Whether the message item (output 0) and its text part were announced.
     message_open: bool,
-    /// Output items announced after the message.
-    calls: usize,
     /// The complete answer, once it came.
     answer: Option<ChatResponse>,
     /// Whether `response.failed` was sent.
@@ -902,8 +906,7 @@ impl Events {
         let answer = with_call_ids(answer, self.head.suffix());
         self.head.model = answer.model.clone();
         let mut frames = Vec::new();
-        let has_message = !answer.content.is_empty() || answer.tool_calls.is_empty();
-        if has_message && !self.message_open {
+        if has_message(&answer) && !self.message_open {
             // A backend that streamed no deltas: the text comes as one.
             self.open_message(&mut frames);
             if !answer.content.is_empty() {
@@ -942,7 +945,6 @@ impl Events {
             );
             frames.push(self.frame(json!({"type": "response.output_item.done",
                 "output_index": output_index, "item": item})));
-            self.calls += 1;
         }
         self.answer = Some(answer);
         frames
@@ -1012,9 +1014,9 @@ impl Encoder for Events {
             let Some(answer) = self.answer.take() else {
                 return self.end();
             };
-            let mut response =
-                self.head
-                    .object("completed", self.head.output(&answer), answer.usage);
+            // The message item is in the output when its events were sent.
+            let output = self.head.output(&answer, self.message_open);
+            let mut response = self.head.object("completed", output, answer.usage);
             if let Some(keeper) = self.keeper.take() {
                 keeper.keep(&self.head.id, &answer, &mut response).await;
             }
@@ -1314,7 +1316,6 @@ mod tests {
             keeper: None,
             seq: 0,
             message_open: false,
-            calls: 0,
             answer: None,
             failed: false,
         }

@@ -1487,6 +1487,47 @@ mod tests {
         );
     }
 
+    /// A streamed answer is stored before `response.completed` is sent, so a continuation sent
+    /// as soon as the client reads it finds it; the stored conversation ends with the answer.
+    #[tokio::test]
+    async fn a_streamed_answer_is_stored_before_it_completes() {
+        let (_dir, memory) = memory();
+        let mut encoder = events();
+        encoder.keeper = Some(Keeper {
+            memory: memory.clone(),
+            owner: Some("alice".into()),
+            conversation: vec![Message::text(Role::User, "hi")],
+        });
+        let answer = ChatResponse {
+            model: "served".into(),
+            content: "hello".into(),
+            ..ChatResponse::default()
+        };
+        let values = stream(
+            &mut encoder,
+            vec![Event::Done {
+                choice: 0,
+                response: answer,
+            }],
+        )
+        .await;
+        let completed = values.last().expect("completed");
+        assert_eq!(completed["type"], "response.completed");
+        assert_eq!(completed["response"]["store"], true);
+        let alice = Caller {
+            key: Some("alice".into()),
+        };
+        let stored = load(&memory, &alice, "resp_0abc", unix_s(), None).expect("stored by now");
+        assert_eq!(stored.response["output"][0]["content"][0]["text"], "hello");
+        assert_eq!(
+            stored.messages,
+            [
+                Message::text(Role::User, "hi"),
+                Message::text(Role::Assistant, "hello")
+            ]
+        );
+    }
+
     fn memory() -> (tempfile::TempDir, Arc<Memory>) {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = SledStore::new(sled::open(dir.path().join("db")).expect("db"));

@@ -163,6 +163,16 @@ pub struct KeyGrant {
 }
 
 impl KeyGrant {
+    /// A grant of key `name` from the config, without limits (for tests of what keys own).
+    #[cfg(test)]
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            source: KeySource::Config,
+            policy: KeyPolicy::default(),
+        }
+    }
+
     /// Whether its usage is counted (plain `http.api_keys` are not: they stay as cheap as
     /// they were).
     fn counted(&self) -> bool {

@@ -569,6 +569,13 @@ impl Node {
             admission.clone(),
             Arc::new(RemoteModels::new(channels.clone())),
         ));
+        {
+            // Stored Responses-API answers expire; every node deletes what it finds expired.
+            let memory = memory.clone();
+            supervisor.spawn("responses sweep", leaving.clone(), move |stop| {
+                no_error(http::responses::sweep_loop(memory.clone(), stop))
+            });
+        }
         let door = Arc::new(FrontDoor {
             chat: chat.clone(),
             caps: caps.clone(),
@@ -1043,6 +1050,7 @@ mod tests {
             "model prober",
             "health checks",
             "scheduler",
+            "responses sweep",
         ] {
             assert!(
                 names.iter().any(|name| name == expected),

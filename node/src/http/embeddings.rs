@@ -19,7 +19,7 @@ use mesh_domain::{EmbedRequest, EmbedResponse};
 use serde_json::{Map, Value, json};
 
 use super::{
-    FrontDoor,
+    door::FrontDoor,
     error::ApiError,
     gateway::{self, Caller},
 };

@@ -19,14 +19,14 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use mesh_domain::{
-    ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, ResponseFormat, Target, ToolChoice,
-    Usage,
+    BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, ResponseFormat, Target,
+    ToolChoice, Usage,
 };
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
 use super::{
-    FrontDoor,
+    door::FrontDoor,
     error::{ApiError, ErrorKind},
 };
 use crate::api_keys::KeyGrant;
@@ -42,6 +42,13 @@ const EVENT_BUFFER: usize = 64;
 pub struct Caller {
     /// The API key and its policy, when the front door needs keys.
     pub key: Option<KeyGrant>,
+}
+
+impl Caller {
+    /// The name of the caller's key, when the front door needs keys.
+    pub fn key_name(&self) -> Option<&str> {
+        self.key.as_ref().map(|grant| grant.name.as_str())
+    }
 }
 
 /// One chat, as every dialect asks for it.
@@ -355,6 +362,13 @@ pub trait Encoder: Send + 'static {
     fn event(&mut self, event: Event) -> Vec<String>;
     /// Frames after the last event (OpenAI's `[DONE]`).
     fn end(&mut self) -> Vec<String>;
+    /// The closing frames, once work that must come before them is done: the Responses API
+    /// stores the answer before it says it is complete, so a continuation sent as soon as the
+    /// client reads the end finds it. By default [`Encoder::end`], at once.
+    fn close(&mut self) -> BoxFuture<'_, Vec<String>> {
+        let frames = self.end();
+        Box::pin(async move { frames })
+    }
 }
 
 /// Streams `run` to the client through `encoder`, as `content_type`. When the client goes
@@ -386,7 +400,8 @@ pub fn stream(mut run: Run, content_type: &'static str, mut encoder: impl Encode
                 () = frames_tx.closed() => return,
             }
         }
-        send(encoder.end()).await;
+        let frames = encoder.close().await;
+        send(frames).await;
     });
     let body = Body::from_stream(ReceiverStream::new(frames).map(|frame| frame));
     (

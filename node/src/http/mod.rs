@@ -2,7 +2,8 @@
 //! speak.
 //!
 //! Each API is a dialect module that only translates: [`openai`] (chat completions, models),
-//! [`embeddings`] (OpenAI's embeddings).
+//! [`embeddings`] (OpenAI's embeddings), [`responses`] (OpenAI's Responses API, with its
+//! stored conversations).
 //! Every dialect goes through [`gateway`], the one path that checks a call, places it with the
 //! mesh router (here when this node serves the model and ranks best, else the best peer through
 //! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
@@ -13,10 +14,12 @@
 //! (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
+mod door;
 pub mod embeddings;
 pub mod error;
 pub mod gateway;
 pub mod openai;
+pub mod responses;
 
 use std::sync::Arc;
 
@@ -38,44 +41,25 @@ use hyper_util::{
 
 use self::gateway::Caller;
 pub use self::{
+    door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     openai::read_chat_completion,
 };
 use crate::{
-    api_keys::Keys,
-    capabilities::Capabilities,
-    chat::ChatService,
     config::ConnectionLimits,
     connections::{ACCEPT_BACKOFF, Cap, ConnectionCap, ConnectionSlot},
-    memory::Memory,
     metrics::{labels, metrics},
-    peers::PeerTable,
 };
 
 /// Largest request body.
 const MAX_BODY: usize = 4 * 1024 * 1024;
-
-/// What the front door needs from the node.
-#[derive(Debug)]
-pub struct FrontDoor {
-    /// Places and runs chats: here, or on peers.
-    pub chat: Arc<ChatService>,
-    /// This node's advertised info.
-    pub caps: Arc<Capabilities>,
-    /// Peers and what they serve.
-    pub peers: Arc<PeerTable>,
-    /// The API keys (`http.api_keys`, `[[http.keys]]`, and those added at run time), their
-    /// limits and usage; with none, the front door is open.
-    pub keys: Arc<Keys>,
-    /// For `/metrics`: replication lag per peer.
-    pub memory: Arc<Memory>,
-}
 
 /// The paths counted by name in `agentmesh_http_requests_total` (any other is `other`).
 const COUNTED_PATHS: &[&str] = &[
     "/v1/models",
     "/v1/chat/completions",
     "/v1/embeddings",
+    "/v1/responses",
     "/healthz",
     "/metrics",
 ];
@@ -87,6 +71,8 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
     Router::new()
         .merge(api)
@@ -142,7 +128,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /v1/embeddings, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /v1/embeddings, /v1/responses, /healthz and /metrics (docs/protocol.md lists them)",
     )
 }
 

@@ -12,14 +12,14 @@ use std::{
     time::Duration,
 };
 
-use mesh_domain::{ChatRequest, Message, Role, Sampling};
+use mesh_domain::{ChatRequest, Message, ResponseFormat, Role, Sampling, ToolChoice};
 use mesh_node::{
     config::FETCH_HINT,
     llm::embedded::{EmbeddedModel, EmbeddedOptions},
     llm::{ChatModel, ModelError},
 };
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const QUESTION: &str = "What is the capital of France? Answer in one word.";
 /// Generous: CI runs this on two cores shared with other test binaries.
@@ -382,5 +382,103 @@ fn a_call_that_times_out_is_abandoned_and_the_engine_serves_the_next_one() {
         // The engine dropped the abandoned request and still answers.
         let measured = model.measure_decode(8).await.expect("measure");
         assert_eq!(measured.tokens, 8);
+    });
+}
+
+/// `response_format` on the embedded model: the grammar holds SmolLM2 to a JSON schema (it
+/// writes free text without one) and to any JSON object; a schema the compiler refuses and a
+/// `tool_choice` that demands a call are 400 refusals naming the field.
+#[test]
+fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused() {
+    let path = model_path();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let model = EmbeddedModel::start("smol", options(&path));
+        model.ready().await.expect("the model loads");
+        let ask = |format: ResponseFormat, tool_choice: Option<ToolChoice>| {
+            let model = &model;
+            async move {
+                let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+                let request = ChatRequest {
+                    messages: vec![Message::text(
+                        Role::User,
+                        "Describe the capital of France: its name, its country and its population.",
+                    )],
+                    response_format: Some(format),
+                    tool_choice,
+                    ..Default::default()
+                };
+                model.chat(&request, &tx).await
+            }
+        };
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "country": {"type": "string", "maxLength": 30},
+                "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+                "capital": {"type": "boolean"},
+            },
+            "required": ["city", "country", "population", "capital"],
+            "additionalProperties": false,
+        });
+        let answer = ask(
+            ResponseFormat::JsonSchema {
+                name: "city".into(),
+                schema,
+                strict: true,
+            },
+            None,
+        )
+        .await
+        .expect("chat");
+        let parsed: Value = serde_json::from_str(&answer.content)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", answer.content));
+        let object = parsed.as_object().expect("an object");
+        let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["capital", "city", "country", "population"],
+            "{parsed}"
+        );
+        for field in ["city", "country"] {
+            let text = parsed[field].as_str().unwrap_or_else(|| panic!("{parsed}"));
+            assert!(text.chars().count() <= 30, "{parsed}");
+        }
+        let population = parsed["population"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{parsed}"));
+        assert!(population <= 100_000_000, "{parsed}");
+        assert!(parsed["capital"].is_boolean(), "{parsed}");
+
+        let answer = ask(ResponseFormat::JsonObject, None).await.expect("chat");
+        let parsed: Value = serde_json::from_str(&answer.content)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", answer.content));
+        assert!(parsed.is_object(), "{parsed}");
+
+        let bad = ResponseFormat::JsonSchema {
+            name: "bad".into(),
+            schema: json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
+            strict: false,
+        };
+        match ask(bad, None).await {
+            Err(ModelError::Refused {
+                status: 400,
+                message,
+            }) => {
+                assert!(message.starts_with("response_format:"), "{message}")
+            }
+            other => panic!("a schema the compiler refuses must be a 400: {other:?}"),
+        }
+        match ask(ResponseFormat::Text, Some(ToolChoice::Required)).await {
+            Err(ModelError::Refused {
+                status: 400,
+                message,
+            }) => {
+                assert!(message.starts_with("tool_choice:"), "{message}")
+            }
+            other => panic!("a demanded tool call must be a 400: {other:?}"),
+        }
     });
 }

@@ -18,10 +18,23 @@ pub const SESSIONS: &str = "sessions";
 /// Namespace of the certificates the mesh CA revoked (key: certificate id; value: the
 /// CA-signed entry, written only through `Node.Revoke`).
 pub const REVOCATIONS: &str = "revocations";
+/// Namespace of the front door's stored Responses-API answers (key: response id; value: the
+/// conversation up to and including that answer), for `previous_response_id` on any node.
+pub const RESPONSES: &str = "responses";
 /// Namespaces the node writes for itself, through its own services only: the cron schedules
-/// and firings, the conversation sessions and the revocations. Agents and clients may not
-/// write them.
-pub const SYSTEM_NAMESPACES: &[&str] = &[CRON_SCHEDULES, CRON_FIRINGS, SESSIONS, REVOCATIONS];
+/// and firings, the conversation sessions, the revocations and the stored responses. Agents and
+/// clients may not write them.
+pub const SYSTEM_NAMESPACES: &[&str] = &[
+    CRON_SCHEDULES,
+    CRON_FIRINGS,
+    SESSIONS,
+    REVOCATIONS,
+    RESPONSES,
+];
+/// System namespaces that callers may not read either (through `Memory.Get`/`List` or an
+/// agent's memory tools): what they hold belongs to front-door clients (their conversations),
+/// not to whoever holds a certificate.
+pub const PRIVATE_NAMESPACES: &[&str] = &[RESPONSES];
 
 /// A namespace or key that is not valid; the message says what a valid one looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! The front door's request parsing: the first byte picks what is read, the rest is the input.
 //! `0`: a `POST /v1/chat/completions` body (`read_chat_completion`: OpenAI JSON → messages,
-//! tools, generation settings, target); a body it accepts must travel to another node and back
+//! tools, tool choice, response format, generation settings, target); a body it accepts must travel to another node and back
 //! unchanged (the JSON inside `Models.Chat`), and its target must print and parse back to
 //! itself. `1`: an `Authorization` header value (`bearer`). Every input answers a value or an
 //! error, never a panic.
@@ -16,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
     };
     match kind % 2 {
         0 => {
-            if let Ok(call) = read_chat_completion(bytes) {
+            if let Ok(read) = read_chat_completion(bytes) {
+                let call = read.call;
                 let wire = serde_json::to_vec(&call.chat).expect("a read chat encodes");
                 let back: ChatRequest = serde_json::from_slice(&wire).expect("and decodes");
                 assert_eq!(back, call.chat, "a chat changed on its way between nodes");

@@ -2,7 +2,7 @@
 //! one type (`rpc::memory` maps each variant to a gRPC status once). It describes failures and
 //! decides nothing; in particular it knows no status codes.
 
-use mesh_domain::keys::{InvalidName, SYSTEM_NAMESPACES};
+use mesh_domain::keys::{InvalidName, PRIVATE_NAMESPACES, SYSTEM_NAMESPACES};
 use mesh_identity::{OriginError, RevocationError};
 
 use crate::storage::StoreError;
@@ -37,6 +37,12 @@ pub enum MemoryError {
         list = SYSTEM_NAMESPACES.join(", ")
     )]
     Reserved(String),
+    /// A namespace only the node's own services read (the front door's stored responses).
+    #[error(
+        "namespace `{0}` is private to the node's own services ({list}): it cannot be read through the memory API or an agent's tools",
+        list = PRIVATE_NAMESPACES.join(", ")
+    )]
+    Private(String),
     /// A record's signature does not prove its origin wrote it (or signing our own failed).
     #[error("record refused: {0}")]
     Unverified(#[from] OriginError),
@@ -69,6 +75,16 @@ pub enum MemoryError {
 pub fn writable_by_callers(ns: &str) -> Result<(), MemoryError> {
     if SYSTEM_NAMESPACES.contains(&ns) {
         return Err(MemoryError::Reserved(ns.to_owned()));
+    }
+    Ok(())
+}
+
+/// Whether a caller outside the node's own services (a client or node over `Memory.Get` and
+/// `Memory.List`, an agent's `memory_get` and `memory_search`) may read namespace `ns`: not the
+/// private namespaces.
+pub fn readable_by_callers(ns: &str) -> Result<(), MemoryError> {
+    if PRIVATE_NAMESPACES.contains(&ns) {
+        return Err(MemoryError::Private(ns.to_owned()));
     }
     Ok(())
 }

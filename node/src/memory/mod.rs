@@ -57,7 +57,7 @@ mod sync;
 #[cfg(test)]
 mod test_support;
 
-pub use error::{MemoryError, writable_by_callers};
+pub use error::{MemoryError, readable_by_callers, writable_by_callers};
 pub use record::{Entry, MAX_SIGNATURE, Record};
 pub use store::{Memory, MemoryOptions, Page};
 pub use sync::{

@@ -280,6 +280,7 @@ fn refusal_reason(error: &MemoryError) -> &'static str {
         | MemoryError::Corrupt(_)
         | MemoryError::Storage(_)
         | MemoryError::Reserved(_)
+        | MemoryError::Private(_)
         | MemoryError::Resyncing => return "other",
     };
     match error {

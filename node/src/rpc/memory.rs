@@ -91,7 +91,7 @@ impl From<MemoryError> for Status {
             MemoryError::Storage(store) => super::store_status(&store, message),
             MemoryError::Resyncing => Status::failed_precondition(message),
             MemoryError::TooManyNamespaces { .. } => Status::resource_exhausted(message),
-            MemoryError::Reserved(_) | MemoryError::Revoked(_) => {
+            MemoryError::Reserved(_) | MemoryError::Private(_) | MemoryError::Revoked(_) => {
                 Status::permission_denied(message)
             }
             MemoryError::Revocation(revocation) => match revocation {
@@ -192,6 +192,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryGetRequest>,
     ) -> Result<Response<pb::MemoryGetResponse>, Status> {
         let r = request.into_inner();
+        memory::readable_by_callers(&r.namespace)?;
         let record = self.memory.get(&r.namespace, &r.key)?;
         Ok(Response::new(pb::MemoryGetResponse {
             record: record.map(|rec| to_pb(&entry(&r.namespace, &r.key, rec))),
@@ -223,6 +224,7 @@ impl pb::memory_server::Memory for MemoryService {
         request: Request<pb::MemoryListRequest>,
     ) -> Result<Response<pb::MemoryListResponse>, Status> {
         let r = request.into_inner();
+        memory::readable_by_callers(&r.namespace)?;
         check_len("prefix", &r.prefix, keys::MAX_KEY)?;
         let limit = match r.limit {
             0 => 100,
@@ -471,6 +473,37 @@ mod tests {
             .put(Request::new(put("a")))
             .await
             .expect("a is still writable");
+    }
+
+    /// `Get` and `List` of a private namespace (clients' stored conversations) are
+    /// `PERMISSION_DENIED` for any caller, whatever its tier; without the check both answer the
+    /// record.
+    #[tokio::test]
+    async fn the_private_namespaces_are_not_readable_through_the_memory_api() {
+        let (_dir, service) = service();
+        for ns in keys::PRIVATE_NAMESPACES {
+            service
+                .memory
+                .put(ns, "resp_1", Some(b"a client's conversation".to_vec()))
+                .await
+                .expect("the node's own service writes it");
+            let get = service
+                .get(Request::new(pb::MemoryGetRequest {
+                    namespace: (*ns).into(),
+                    key: "resp_1".into(),
+                }))
+                .await
+                .expect_err("get refused");
+            assert_eq!(get.code(), tonic::Code::PermissionDenied, "{get:?}");
+            let list = service
+                .list(Request::new(pb::MemoryListRequest {
+                    namespace: (*ns).into(),
+                    ..Default::default()
+                }))
+                .await
+                .expect_err("list refused");
+            assert_eq!(list.code(), tonic::Code::PermissionDenied, "{list:?}");
+        }
     }
 
     /// A namespace holding more than a `List` answer's byte budget is listed in pages that

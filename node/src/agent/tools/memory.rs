@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::{
     agent::tools::framework::{Tool, ToolContext, cap, str_arg},
-    memory::{Memory, writable_by_callers},
+    memory::{Memory, readable_by_callers, writable_by_callers},
 };
 
 /// `memory_get`: one value from the shared memory.
@@ -41,6 +41,7 @@ impl Tool for MemoryGet {
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
+            readable_by_callers(ns).map_err(|e| e.to_string())?;
             match self.memory.get(ns, key).map_err(|e| e.to_string())? {
                 Some(record) if !record.tombstone => {
                     Ok(cap(String::from_utf8_lossy(&record.value).into_owned()))
@@ -97,6 +98,7 @@ impl Tool for MemorySearch {
         Box::pin(async move {
             let text = |name: &str| args.get(name).and_then(Value::as_str).unwrap_or("");
             let ns = str_arg(args, "namespace")?;
+            readable_by_callers(ns).map_err(|e| e.to_string())?;
             let (prefix, contains) = (text("prefix"), text("contains"));
             let limit = args
                 .get("limit")
@@ -334,5 +336,35 @@ mod tests {
         )
         .await
         .expect("an ordinary namespace is written");
+    }
+
+    /// The private namespaces (clients' stored conversations) are not readable by an agent,
+    /// whose task may be prompt-injected into asking for them; without the check both tools
+    /// return the record.
+    #[tokio::test]
+    async fn memory_get_and_search_refuse_the_private_namespaces() {
+        let (_dir, memory) = memory();
+        for ns in mesh_domain::keys::PRIVATE_NAMESPACES {
+            memory
+                .put(ns, "resp_1", Some(b"a client's conversation".to_vec()))
+                .await
+                .expect("the node's own service writes it");
+            let get = MemoryGet {
+                memory: memory.clone(),
+            };
+            let refused = get
+                .call(&json!({"namespace": ns, "key": "resp_1"}), &ctx())
+                .await
+                .expect_err("get refused");
+            assert!(refused.contains("private"), "{refused}");
+            let search = MemorySearch {
+                memory: memory.clone(),
+            };
+            let refused = search
+                .call(&json!({"namespace": ns}), &ctx())
+                .await
+                .expect_err("search refused");
+            assert!(refused.contains("private"), "{refused}");
+        }
     }
 }

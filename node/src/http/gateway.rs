@@ -1,0 +1,382 @@
+//! The one path every API dialect takes: a [`Call`] (a `ChatRequest`, the model asked for, how
+//! many choices) is checked, placed by the mesh router and run here or on peers with their
+//! fall-through ([`start`]); what comes back is one stream of [`Event`]s (text deltas per
+//! choice, each choice's complete answer, or a failure). A dialect only translates: its request
+//! JSON into a `Call`, and the events into its answer, whole ([`Run::finish`]) or streamed
+//! ([`stream`], which also cancels the chat when the client goes away).
+//!
+//! Everything that must hold whichever API a client speaks lives here, once: the checks of
+//! `n`, `tool_choice` and `response_format`, placement before anything is sent (so a bad model
+//! is a status code, not a broken stream), concurrency of choices, and cancellation.
+
+use std::{convert::Infallible, sync::Arc};
+
+use axum::{
+    body::{Body, Bytes},
+    http::header,
+    response::{IntoResponse, Response},
+};
+use mesh_domain::{ChatRequest, ChatResponse, ResponseFormat, Target, ToolChoice, Usage};
+use tokio::sync::mpsc;
+use tokio_stream::{StreamExt, wrappers::ReceiverStream};
+
+use super::{
+    FrontDoor,
+    error::{ApiError, ErrorKind},
+};
+
+/// Most choices one request may ask for (`n`).
+pub const MAX_CHOICES: u32 = 8;
+
+/// Events buffered between a running chat and a slow client.
+const EVENT_BUFFER: usize = 64;
+
+/// Who is calling the front door, as its authentication found out.
+#[derive(Debug, Clone, Default)]
+pub struct Caller {
+    /// The API key's name, when keys are configured.
+    pub key: Option<String>,
+}
+
+/// One chat, as every dialect asks for it.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The `model` asked for, as given.
+    pub model: String,
+    /// Where it points: a model or a role (`role:NAME`).
+    pub target: Target,
+    /// The chat to run.
+    pub chat: ChatRequest,
+    /// How many answers (choices) to generate, each a separate run.
+    pub n: u32,
+}
+
+impl Call {
+    /// A call of one choice for `model` (`role:NAME` or a model name).
+    pub fn new(model: String, chat: ChatRequest) -> Self {
+        Self {
+            target: target_of(&model),
+            model,
+            chat,
+            n: 1,
+        }
+    }
+
+    /// Checks what holds for every dialect; the error names the field (in OpenAI's words,
+    /// which the dialects share for these).
+    pub fn check(&self) -> Result<(), ApiError> {
+        if self.chat.messages.is_empty() {
+            return Err(ApiError::bad_field("messages", "must not be empty"));
+        }
+        self.chat.sampling.check().map_err(ApiError::bad_request)?;
+        if !(1..=MAX_CHOICES).contains(&self.n) {
+            return Err(ApiError::bad_field(
+                "n",
+                format!("{} is not between 1 and {MAX_CHOICES}", self.n),
+            ));
+        }
+        match &self.chat.tool_choice {
+            Some(ToolChoice::Required) if self.chat.tools.is_empty() => {
+                return Err(ApiError::bad_field(
+                    "tool_choice",
+                    "`required` needs at least one tool in `tools`",
+                ));
+            }
+            Some(ToolChoice::Function(name))
+                if !self.chat.tools.iter().any(|t| t.name == *name) =>
+            {
+                return Err(ApiError::bad_field(
+                    "tool_choice",
+                    format!("names the function `{name}`, which is not in `tools`"),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(ResponseFormat::JsonSchema { name, schema, .. }) = &self.chat.response_format {
+            if name.is_empty() {
+                return Err(ApiError::bad_field(
+                    "response_format.json_schema.name",
+                    "must not be empty",
+                ));
+            }
+            if !schema.is_object() {
+                return Err(ApiError::bad_field(
+                    "response_format.json_schema.schema",
+                    "must be a JSON schema object",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the front door was asked for: `role:<name>` or a model name.
+pub fn target_of(model: &str) -> Target {
+    match model.parse() {
+        Ok(target @ (Target::Role(_) | Target::Model(_))) => target,
+        // Personas run tasks, not chats: such a name, like an empty one, is a model nobody has.
+        _ => Target::Model(model.to_owned()),
+    }
+}
+
+/// What a running call produces, in order per choice.
+#[derive(Debug)]
+pub enum Event {
+    /// Text of choice `choice`, as it is generated.
+    Delta {
+        /// Which choice (from 0).
+        choice: u32,
+        /// The text.
+        text: String,
+    },
+    /// Choice `choice` is complete; `response.model` names the model that served it.
+    Done {
+        /// Which choice (from 0).
+        choice: u32,
+        /// The complete answer.
+        response: ChatResponse,
+    },
+    /// The call failed (after what was already sent).
+    Failed(ApiError),
+}
+
+/// A call placed and running; dropping it cancels the chat (here, or on the peer through the
+/// `Models.Chat` stream being reset).
+#[derive(Debug)]
+pub struct Run {
+    events: mpsc::Receiver<Event>,
+    n: u32,
+}
+
+impl Run {
+    /// The next event; `None` once every choice is done or failed.
+    pub async fn next(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// Waits for every choice: the answers in choice order, or the first failure.
+    pub async fn finish(mut self) -> Result<Vec<ChatResponse>, ApiError> {
+        let mut answers: Vec<Option<ChatResponse>> = vec![None; self.n as usize];
+        while let Some(event) = self.events.recv().await {
+            match event {
+                Event::Delta { .. } => {}
+                Event::Done { choice, response } => {
+                    if let Some(slot) = answers.get_mut(choice as usize) {
+                        *slot = Some(response);
+                    }
+                }
+                Event::Failed(error) => return Err(error),
+            }
+        }
+        answers
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::new(
+                    axum::http::StatusCode::BAD_GATEWAY,
+                    ErrorKind::Unavailable,
+                    "the chat ended without an answer",
+                )
+            })
+    }
+}
+
+/// Usage of all the choices together.
+pub fn total_usage(answers: &[ChatResponse]) -> Usage {
+    let mut total = Usage::default();
+    for answer in answers {
+        total.add(answer.usage.unwrap_or_default());
+    }
+    total
+}
+
+/// Checks `call`, places it (an unknown model or a fleet that cannot take it fails here, before
+/// anything is sent) and starts it: its choices run concurrently, each where the placement says
+/// (with the failover of [`crate::chat::ChatService::run`]).
+pub fn start(door: &Arc<FrontDoor>, _caller: &Caller, call: Call) -> Result<Run, ApiError> {
+    call.check()?;
+    let placement = door
+        .chat
+        .place(&call.target)
+        .map_err(ApiError::from_admission)?;
+    let (events_tx, events) = mpsc::channel(EVENT_BUFFER);
+    let n = call.n;
+    let door = Arc::clone(door);
+    let call = Arc::new(call);
+    tokio::spawn(async move {
+        let mut choices = tokio::task::JoinSet::new();
+        for choice in 0..call.n {
+            let (door, call, placement, events) = (
+                Arc::clone(&door),
+                Arc::clone(&call),
+                placement.clone(),
+                events_tx.clone(),
+            );
+            choices.spawn(async move {
+                let (tx, mut deltas) = mpsc::unbounded_channel();
+                let run = door.chat.run(placement, &call.target, &call.chat, &tx);
+                tokio::pin!(run);
+                let result = loop {
+                    tokio::select! {
+                        result = &mut run => break result,
+                        Some(text) = deltas.recv() => {
+                            let _ = events.send(Event::Delta { choice, text }).await;
+                        }
+                    }
+                };
+                while let Ok(text) = deltas.try_recv() {
+                    let _ = events.send(Event::Delta { choice, text }).await;
+                }
+                let event = match result {
+                    Ok(response) => Event::Done { choice, response },
+                    Err(error) => Event::Failed(ApiError::from_chat(error)),
+                };
+                let _ = events.send(event).await;
+            });
+        }
+        tokio::select! {
+            () = async { while choices.join_next().await.is_some() {} } => {}
+            // The client went away (the run was dropped): dropping the choices stops the
+            // generation here, or resets the `Models.Chat` streams so the peers stop too.
+            () = events_tx.closed() => {
+                tracing::info!(model = %call.model, "front door: the client went away; chat cancelled");
+            }
+        }
+    });
+    Ok(Run { events, n })
+}
+
+/// How a dialect writes a streamed answer: frames (server-sent events or NDJSON lines, each
+/// complete with its line ends) before, per event, and after.
+pub trait Encoder: Send + 'static {
+    /// Frames before the first event (OpenAI's role chunk, Anthropic's `message_start`).
+    fn start(&mut self) -> Vec<String>;
+    /// Frames for one event.
+    fn event(&mut self, event: Event) -> Vec<String>;
+    /// Frames after the last event (OpenAI's `[DONE]`).
+    fn end(&mut self) -> Vec<String>;
+}
+
+/// Streams `run` to the client through `encoder`, as `content_type`. When the client goes
+/// away the run is dropped, which cancels the chat.
+pub fn stream(mut run: Run, content_type: &'static str, mut encoder: impl Encoder) -> Response {
+    let (frames_tx, frames) = mpsc::channel::<Result<Bytes, Infallible>>(EVENT_BUFFER);
+    tokio::spawn(async move {
+        let send = |frames: Vec<String>| {
+            let frames_tx = frames_tx.clone();
+            async move {
+                for frame in frames {
+                    if frames_tx.send(Ok(Bytes::from(frame))).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+        };
+        if !send(encoder.start()).await {
+            return;
+        }
+        loop {
+            tokio::select! {
+                event = run.next() => match event {
+                    Some(event) => if !send(encoder.event(event)).await { return },
+                    None => break,
+                },
+                // The client went away: dropping `run` cancels the chat.
+                () = frames_tx.closed() => return,
+            }
+        }
+        send(encoder.end()).await;
+    });
+    let body = Body::from_stream(ReceiverStream::new(frames).map(|frame| frame));
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Seconds since the Unix epoch (the `created` of answers).
+pub fn unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_domain::{Message, Role, ToolSpec};
+    use serde_json::json;
+
+    use super::*;
+
+    /// An edit of a valid call.
+    type Edit = Box<dyn FnOnce(&mut Call)>;
+
+    fn call(edit: impl FnOnce(&mut Call)) -> Result<(), String> {
+        let mut call = Call::new(
+            "m".into(),
+            ChatRequest {
+                messages: vec![Message::text(Role::User, "hi")],
+                tools: vec![ToolSpec {
+                    name: "f".into(),
+                    description: String::new(),
+                    parameters: json!({"type": "object"}),
+                }],
+                ..ChatRequest::default()
+            },
+        );
+        edit(&mut call);
+        call.check().map_err(|e| e.message)
+    }
+
+    /// What every dialect shares is checked once, and each refusal names its field.
+    #[test]
+    fn calls_are_checked_and_refusals_name_the_field() {
+        assert_eq!(call(|_| {}), Ok(()));
+        assert_eq!(call(|c| c.n = MAX_CHOICES), Ok(()));
+        let refused: [(&str, Edit); 7] = [
+            ("messages", Box::new(|c| c.chat.messages.clear())),
+            ("n", Box::new(|c| c.n = 0)),
+            ("n", Box::new(|c| c.n = MAX_CHOICES + 1)),
+            (
+                "tool_choice",
+                Box::new(|c| c.chat.tool_choice = Some(ToolChoice::Function("g".into()))),
+            ),
+            (
+                "tool_choice",
+                Box::new(|c| {
+                    c.chat.tools.clear();
+                    c.chat.tool_choice = Some(ToolChoice::Required);
+                }),
+            ),
+            (
+                "response_format.json_schema.schema",
+                Box::new(|c| {
+                    c.chat.response_format = Some(ResponseFormat::JsonSchema {
+                        name: "s".into(),
+                        schema: json!("object"),
+                        strict: false,
+                    })
+                }),
+            ),
+            (
+                "temperature",
+                Box::new(|c| c.chat.sampling.temperature = Some(3.0)),
+            ),
+        ];
+        for (field, edit) in refused {
+            let error = call(edit).expect_err(field);
+            assert!(error.starts_with(field), "{field}: {error}");
+        }
+    }
+
+    #[test]
+    fn roles_and_models_are_told_apart() {
+        assert_eq!(target_of("role:chat"), Target::Role("chat".into()));
+        assert_eq!(target_of("qwen"), Target::Model("qwen".into()));
+    }
+}

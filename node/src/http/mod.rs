@@ -1,0 +1,463 @@
+//! The front door: every model in the fleet, reachable from any node, in the APIs its clients
+//! speak.
+//!
+//! Each API is a dialect module that only translates: [`openai`] (chat completions, models).
+//! Every dialect goes through [`gateway`], the one path that checks a call, places it with the
+//! mesh router (here when this node serves the model and ranks best, else the best peer through
+//! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
+//! every failure is one [`error::ApiError`], rendered in the shape of the API the path belongs
+//! to by the `shape` middleware. With `http.api_keys` set, `/v1/*` needs the key (as
+//! `Authorization: Bearer <key>` or Anthropic's `x-api-key`). `GET /healthz` and `GET /metrics`
+//! (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
+//! connections before they send a request (`[connections]`: a header timeout and a cap).
+
+pub mod error;
+pub mod gateway;
+pub mod openai;
+
+use std::sync::Arc;
+
+use axum::{
+    Json, Router,
+    extract::{Request, State},
+    http::{HeaderMap, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use mesh_domain::HealthStatus;
+use serde_json::{Value, json};
+
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+};
+
+use self::gateway::Caller;
+pub use self::{
+    error::{ApiError, Dialect, ErrorKind},
+    openai::read_chat_completion,
+};
+use crate::{
+    capabilities::Capabilities,
+    chat::ChatService,
+    config::ConnectionLimits,
+    connections::{ACCEPT_BACKOFF, Cap, ConnectionCap, ConnectionSlot},
+    memory::Memory,
+    metrics::{labels, metrics},
+    peers::PeerTable,
+};
+
+/// Largest request body.
+const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// What the front door needs from the node.
+#[derive(Debug)]
+pub struct FrontDoor {
+    /// Places and runs chats: here, or on peers.
+    pub chat: Arc<ChatService>,
+    /// This node's advertised info.
+    pub caps: Arc<Capabilities>,
+    /// Peers and what they serve.
+    pub peers: Arc<PeerTable>,
+    /// Accepted bearer keys (empty: open).
+    pub api_keys: Vec<String>,
+    /// For `/metrics`: replication lag per peer.
+    pub memory: Arc<Memory>,
+}
+
+/// The paths counted by name in `agentmesh_http_requests_total` (any other is `other`).
+const COUNTED_PATHS: &[&str] = &["/v1/models", "/v1/chat/completions", "/healthz", "/metrics"];
+
+/// The front door's routes: every dialect's API behind the key check, then the health and
+/// metrics endpoints; errors shaped by the path's dialect.
+pub fn router(door: Arc<FrontDoor>) -> Router {
+    let api = Router::new()
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
+    Router::new()
+        .merge(api)
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(scrape))
+        .fallback(not_found)
+        .layer(middleware::from_fn(shape))
+        .layer(middleware::from_fn(count))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(door)
+}
+
+async fn count(request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let path = if COUNTED_PATHS.contains(&path.as_str()) {
+        path.as_str()
+    } else {
+        "other"
+    };
+    metrics()
+        .http_requests
+        .get_or_create(&labels(&[
+            ("path", path),
+            ("status", response.status().as_str()),
+        ]))
+        .inc();
+    response
+}
+
+/// Renders a failure in the shape of the API its path belongs to: handlers, the key check and
+/// the fallback return an [`ApiError`] (which travels in the response's extensions), and a body
+/// over [`MAX_BODY`] (refused by axum before any handler runs) becomes one too.
+async fn shape(request: Request, next: Next) -> Response {
+    let dialect = Dialect::of_path(request.uri().path());
+    let mut response = next.run(request).await;
+    let error = match response.extensions_mut().remove::<ApiError>() {
+        Some(error) => error,
+        None if response.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::InvalidRequest,
+            format!(
+                "request body: larger than the front door's limit of {} MiB",
+                MAX_BODY / (1024 * 1024)
+            ),
+        ),
+        None => return response,
+    };
+    error.render(dialect)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        ErrorKind::InvalidRequest,
+        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /healthz and /metrics (docs/protocol.md lists them)",
+    )
+}
+
+/// Lets a request with a known key through (any request when no keys are set), with the
+/// [`Caller`] it found for the gateway.
+async fn authorize(
+    State(door): State<Arc<FrontDoor>>,
+    headers: HeaderMap,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if door.api_keys.is_empty() {
+        request.extensions_mut().insert(Caller::default());
+        return Ok(next.run(request).await);
+    }
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer)
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
+    match presented {
+        Some(key) if known_key(&door.api_keys, key) => {
+            request.extensions_mut().insert(Caller::default());
+            Ok(next.run(request).await)
+        }
+        _ => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorKind::Authentication,
+            "missing or unknown API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with one of the node's http.api_keys",
+        )
+        .with_code("invalid_api_key")),
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value (the scheme in any case, RFC 9110).
+pub fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Whether `presented` is one of `keys`, in time that depends on neither (the SHA-256 digests
+/// are compared in constant time, every key is compared).
+fn known_key(keys: &[String], presented: &str) -> bool {
+    use sha2::{Digest, Sha256};
+    use subtle::ConstantTimeEq;
+    let presented = Sha256::digest(presented.as_bytes());
+    keys.iter()
+        .map(|k| Sha256::digest(k.as_bytes()).ct_eq(&presented))
+        .fold(subtle::Choice::from(0), |found, eq| found | eq)
+        .into()
+}
+
+async fn healthz(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
+    let info = door.caps.snapshot();
+    Json(json!({
+        "status": match info.health.status {
+            HealthStatus::Healthy => "healthy",
+            HealthStatus::Degraded => "degraded",
+            HealthStatus::Unhealthy => "unhealthy",
+        },
+        "node": info.name,
+        "reasons": info.health.reasons,
+    }))
+}
+
+async fn scrape(State(door): State<Arc<FrontDoor>>) -> impl IntoResponse {
+    let m = metrics();
+    m.peers.clear();
+    m.lag_records.clear();
+    m.lag_seconds.clear();
+    for peer in door.peers.snapshot() {
+        m.peers
+            .get_or_create(&labels(&[("state", peer.state.as_str())]))
+            .inc();
+        let (records, behind_ms) = door.memory.lag(&peer.info.id, peer.info.memory_seq);
+        let peer_label = labels(&[("peer", &peer.info.name)]);
+        m.lag_records
+            .get_or_create(&peer_label)
+            .set(i64::try_from(records).unwrap_or(i64::MAX));
+        m.lag_seconds
+            .get_or_create(&peer_label)
+            .set(behind_ms as f64 / 1000.0);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}
+
+/// How long in-flight front-door requests may finish once the node is leaving.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serves the front door (`app`: [`router`]) on `listener` until `stop`; in-flight requests
+/// then get [`SHUTDOWN_GRACE`] to finish.
+///
+/// The accept loop is the node's own rather than `axum::serve`'s, for the bounds `axum::serve`
+/// does not offer: at most `connections.http_max_connections` open connections (one over is
+/// closed as soon as it is accepted), and a connection that has not sent a complete request's
+/// headers within `connections.header_timeout_s` of opening, or of its last response (an idle
+/// keep-alive connection), is closed (hyper's header read timeout). It speaks HTTP/1.1 only,
+/// as OpenAI clients do; the version sniffing of HTTP/2 would wait for bytes without a timeout.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let cap = ConnectionCap::new("http", Cap::Connections, limits.http_max_connections);
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    let builder = Arc::new(builder);
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, remote)) => {
+                    // Over the cap the socket is dropped here, which closes it.
+                    if let Some(slot) = cap.admit() {
+                        // Streamed chunks go out at once, not after a delayed ACK.
+                        let _ = tcp.set_nodelay(true);
+                        connections.spawn(connection(
+                            builder.clone(),
+                            tcp,
+                            remote,
+                            app.clone(),
+                            slot,
+                            stop.clone(),
+                        ));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept a front-door connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+            // Reaps finished connections, so the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = stop.cancelled() => break,
+        }
+    }
+    // No new connections; each open one finishes its request in flight and closes.
+    drop(listener);
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
+        tracing::warn!("front-door requests did not finish within the grace period; closing them");
+        connections.shutdown().await;
+    }
+}
+
+/// Serves one front-door connection until it closes, or until `stop` (then it finishes the
+/// request in flight and closes).
+async fn connection(
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tcp: tokio::net::TcpStream,
+    remote: std::net::SocketAddr,
+    app: Router,
+    slot: ConnectionSlot,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let conn = builder.serve_connection(TokioIo::new(tcp), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        result = conn.as_mut() => result,
+        () = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        let timed_out = e
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_timeout);
+        if timed_out {
+            metrics()
+                .connections_timed_out
+                .get_or_create(&labels(&[("listener", "http"), ("phase", "headers")]))
+                .inc();
+            tracing::debug!(%remote, "front-door connection sent no request headers in time: closed");
+        } else {
+            tracing::debug!(%remote, error = %e, "front-door connection ended with an error");
+        }
+    }
+    drop(slot);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpStream,
+    };
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::connections::test_support::closed_within;
+
+    /// A front door answering `GET /ping` with `pong`, served with `limits`.
+    async fn pong_door(limits: ConnectionLimits) -> (std::net::SocketAddr, CancellationToken) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let stop = CancellationToken::new();
+        let app = Router::new().route("/ping", get(|| async { "pong" }));
+        tokio::spawn(serve(listener, app, limits, stop.clone()));
+        (addr, stop)
+    }
+
+    /// Sends one keep-alive `GET /ping` and reads its answer.
+    async fn ping(tcp: &mut TcpStream) -> std::io::Result<()> {
+        tcp.write_all(b"GET /ping HTTP/1.1\r\nhost: door\r\n\r\n")
+            .await?;
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 512];
+        while !answer.ends_with(b"pong") {
+            let n = tcp.read(&mut buf).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+        Ok(())
+    }
+
+    /// An idle keep-alive connection (and one that never sends a byte) is closed once the
+    /// header timeout passes, not before: without hyper's header read timeout both stay open.
+    #[tokio::test]
+    async fn idle_and_silent_connections_are_closed_after_the_header_timeout() {
+        let header_timeout = Duration::from_millis(400);
+        let (addr, stop) = pong_door(ConnectionLimits {
+            header_timeout,
+            ..ConnectionLimits::default()
+        })
+        .await;
+        let mut keep_alive = TcpStream::connect(addr).await.expect("connect");
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        ping(&mut keep_alive).await.expect("first request");
+        ping(&mut keep_alive)
+            .await
+            .expect("a second request on the same connection");
+        let idle_since = Instant::now();
+        assert!(
+            closed_within(&mut keep_alive, Duration::from_secs(5)).await,
+            "an idle keep-alive connection stayed open"
+        );
+        assert!(
+            idle_since.elapsed() >= header_timeout - Duration::from_millis(50),
+            "closed after {:?}, before the header timeout",
+            idle_since.elapsed()
+        );
+        assert!(
+            closed_within(&mut silent, Duration::from_secs(5)).await,
+            "a connection that never sent a byte stayed open"
+        );
+        stop.cancel();
+    }
+
+    /// Past `http_max_connections` a new connection is closed at once and counted; once one
+    /// closes, the next is served. Without the cap the third connection is served.
+    #[tokio::test]
+    async fn past_the_cap_a_front_door_connection_is_closed_at_once_and_counted() {
+        let (addr, stop) = pong_door(ConnectionLimits {
+            http_max_connections: 2,
+            ..ConnectionLimits::default()
+        })
+        .await;
+        let refused = || {
+            metrics()
+                .connections_refused
+                .get_or_create(&labels(&[
+                    ("listener", "http"),
+                    ("reason", "max_connections"),
+                ]))
+                .get()
+        };
+        let before = refused();
+        let mut first = TcpStream::connect(addr).await.expect("connect");
+        let mut second = TcpStream::connect(addr).await.expect("connect");
+        // Answered: both hold their slots.
+        ping(&mut first).await.expect("first served");
+        ping(&mut second).await.expect("second served");
+        let mut third = TcpStream::connect(addr).await.expect("connect");
+        assert!(
+            closed_within(&mut third, Duration::from_secs(2)).await,
+            "the connection past the cap was served"
+        );
+        assert!(refused() > before, "the refusal was not counted");
+        ping(&mut first).await.expect("the first is still served");
+        drop(second);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut next = TcpStream::connect(addr).await.expect("connect");
+            if ping(&mut next).await.is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a closed connection never gave its slot back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await; // poll again until the deadline
+        }
+        stop.cancel();
+    }
+
+    #[test]
+    fn only_a_configured_key_is_known() {
+        let keys = vec!["sk-one".to_owned(), "sk-two".to_owned()];
+        assert!(known_key(&keys, "sk-one"));
+        assert!(known_key(&keys, "sk-two"));
+        for wrong in ["", "sk-on", "sk-one ", "sk-onex", "SK-ONE"] {
+            assert!(!known_key(&keys, wrong), "{wrong:?}");
+        }
+        assert!(!known_key(&[], "sk-one"));
+        assert_eq!(bearer("Bearer sk-one"), Some("sk-one"));
+        assert_eq!(bearer("bearer sk-one"), Some("sk-one"));
+        assert_eq!(bearer("BEARER  sk-one "), Some("sk-one"));
+        assert_eq!(bearer("Basic sk-one"), None);
+        assert_eq!(bearer("sk-one"), None);
+    }
+}

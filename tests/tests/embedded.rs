@@ -482,3 +482,71 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
         }
     });
 }
+
+/// Structured output end to end: the official `openai` client asks a node without models for a
+/// JSON schema answer, the node places it on its peer's SmolLM2, and the answer parses and
+/// matches the schema. A `tool_choice` that demands a call is a 400 naming `tool_choice` at the
+/// serving node's front door (through a hop the refusal still names the field, but
+/// `Models.Chat` carries every model failure as `UNAVAILABLE`, so the status is 502).
+#[test]
+fn the_openai_client_gets_schema_shaped_json_from_the_embedded_model_through_a_hop() {
+    let path = model_path();
+    let harness = Harness::new().expect("harness");
+    let gpu = harness
+        .spawn(NodeOptions::new("gpu").extra(&format!(
+            "{}\n[roles]\nchat = [\"smol\"]\n",
+            embedded_toml("smol", &path)
+        )))
+        .expect("gpu");
+    let laptop = harness
+        .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
+        .expect("laptop");
+    harness
+        .wait_all_up(&[&laptop, &gpu], DEADLINE)
+        .expect("both up");
+    let url = laptop.http_url().expect("front door");
+    let gpu_url = gpu.http_url().expect("gpu front door");
+    let script = r#"
+import json, sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="k", max_retries=0, timeout=60)
+serving = openai.OpenAI(base_url=sys.argv[2] + "/v1", api_key="k", max_retries=0, timeout=60)
+ask = {"model": "smol", "messages": [{"role": "user", "content": "Name a colour and a number."}]}
+schema = {"type": "object", "additionalProperties": False, "required": ["colour", "number"],
+          "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]},
+                         "number": {"type": "integer", "minimum": 1, "maximum": 9}}}
+r = client.chat.completions.create(
+    response_format={"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}}, **ask)
+answer = json.loads(r.choices[0].message.content)
+assert set(answer) == {"colour", "number"}, answer
+assert answer["colour"] in ("red", "green", "blue") and 1 <= answer["number"] <= 9, answer
+assert r.usage.completion_tokens > 0, r.usage
+tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+refusals = []
+for c in (serving, client):
+    try:
+        c.chat.completions.create(tools=[tool], tool_choice="required", **ask)
+        raise AssertionError("tool_choice required was not refused")
+    except openai.APIStatusError as e:
+        refusals.append({"status": e.status_code, "message": e.message})
+print(json.dumps(refusals))
+"#;
+    let output = std::process::Command::new(mesh_tests::python3())
+        .args(["-c", script, &url, &gpu_url])
+        .output()
+        .expect("run python3");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let refused: Value = serde_json::from_slice(&output.stdout).expect("json");
+    for refusal in refused.as_array().expect("two refusals") {
+        let message = refusal["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("tool_choice: embedded model `smol`"),
+            "{refused}"
+        );
+    }
+    assert_eq!(refused[0]["status"], 400, "at the serving node: {refused}");
+    assert_eq!(refused[1]["status"], 502, "through a hop: {refused}");
+}

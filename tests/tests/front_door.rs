@@ -3,7 +3,8 @@
 //! model is a 404, and with `http.api_keys` a missing, malformed or wrong key is a 401. Plus
 //! `/healthz` and `/metrics` over plain HTTP, a streamed chat whose client hangs up stops
 //! generating, on the node running it and across a hop, and a backend that ignores `stream` or
-//! answers garbage is read as its completion or reported by name, never an empty answer.
+//! answers garbage is read as its completion or reported by name, never an empty answer, and a
+//! client's `tool_choice` and `response_format` reach the backend in OpenAI's shapes.
 
 use std::{process::Command, time::Duration};
 
@@ -571,4 +572,53 @@ print("ok")
         3,
         "the two choices and the stream reached the model; no refused request did"
     );
+}
+
+/// A client's `tool_choice` and `response_format` reach an `openai` backend through a node
+/// without models, in OpenAI's own shapes, for the server to enforce.
+#[test]
+fn tool_choice_and_response_format_reach_the_backend_through_a_hop() {
+    let mesh = mesh();
+    let (fake, url) = (&mesh.fake, mesh.laptop.http_url().expect("front door"));
+    fake.push([
+        Scripted::tool("lookup", "{}"),
+        Scripted::text(r#"{"a": 1}"#),
+    ]);
+    let script = r#"
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="k", max_retries=0)
+ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+r = client.chat.completions.create(
+    tools=[tool], tool_choice={"type": "function", "function": {"name": "lookup"}}, **ask)
+assert r.choices[0].message.tool_calls[0].function.name == "lookup", r
+schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+r = client.chat.completions.create(
+    response_format={"type": "json_schema",
+                     "json_schema": {"name": "thing", "schema": schema, "strict": True}},
+    **ask)
+assert r.choices[0].message.content == '{"a": 1}', r
+print("ok")
+"#;
+    assert_eq!(python(script, &[&url]).trim(), "ok");
+    let sent = fake.requests();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(
+        sent[0]["tool_choice"],
+        serde_json::json!({"type": "function", "function": {"name": "lookup"}}),
+        "{}",
+        sent[0]
+    );
+    assert!(sent[0].get("response_format").is_none(), "{}", sent[0]);
+    assert_eq!(
+        sent[1]["response_format"],
+        serde_json::json!({"type": "json_schema", "json_schema": {
+            "name": "thing",
+            "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            "strict": true,
+        }}),
+        "{}",
+        sent[1]
+    );
+    assert!(sent[1].get("tool_choice").is_none(), "{}", sent[1]);
 }

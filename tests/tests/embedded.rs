@@ -1,8 +1,10 @@
 //! The embedded model backend with the real SmolLM2-135M-Instruct GGUF (`deploy/fetch-model.sh`
 //! puts it into the default data dir; `MESH_EMBEDDED_MODEL` may point at another copy): a task
 //! submitted to a laptop with no models runs on a "gpu" node whose `chat` role is the embedded
-//! model; the model in-process (streaming, usage, stop, decode speed); and the clear errors for a
-//! missing or broken file, on which a node starts degraded and a chain falls through.
+//! model; the model in-process (streaming, usage, stop, decode speed); structured output held to
+//! a JSON schema by a grammar, in-process and through a node without models with the `openai`
+//! client; and the clear errors for a missing or broken file, on which a node starts degraded and
+//! a chain falls through.
 //!
 //! Every test here FAILS when the GGUF file is missing, with the command that fetches it: a real
 //! model run is the point of this file, so it never passes silently without one.

@@ -11,6 +11,7 @@
 use std::{
     collections::BTreeMap,
     fmt,
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
@@ -30,6 +31,10 @@ use crate::llm::model::{ChatModel, ModelError, SpeedGauge};
 
 /// Most bytes of an answer that is not a stream: a chat completion is far smaller.
 const MAX_COMPLETION_BYTES: usize = 16 << 20;
+/// Most bytes of a streamed answer: some 300 bytes of chunk per token, for far more tokens
+/// than any context window holds. Bounds what a server that never ends an event can make the
+/// node buffer.
+const MAX_STREAM_BYTES: usize = 128 << 20;
 
 /// A model behind an OpenAI-compatible server.
 pub struct OpenAiModel {
@@ -173,13 +178,15 @@ impl OpenAiModel {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
         if is_stream {
-            return self.read_stream(response.bytes_stream(), deltas).await;
+            return self
+                .read_stream(response.bytes_stream(), deltas, MAX_STREAM_BYTES)
+                .await;
         }
         let body = read_bounded(response).await?;
         if looks_like_events(&body) {
             // A stream sent under another Content-Type.
             let body = tokio_stream::once(Ok::<_, std::convert::Infallible>(body));
-            return self.read_stream(body, deltas).await;
+            return self.read_stream(body, deltas, MAX_STREAM_BYTES).await;
         }
         // Some servers ignore `stream` and answer one completion.
         let chunk = completion_chunk(&body).map_err(|e| self.unreadable(e))?;
@@ -188,18 +195,36 @@ impl OpenAiModel {
         answer.finish().map_err(|e| self.unreadable(e))
     }
 
-    /// Reads a server-sent event stream of chat chunks up to `[DONE]` or its end.
+    /// Reads a server-sent event stream of chat chunks up to `[DONE]` or its end, at most
+    /// `max_bytes` of it.
     async fn read_stream<B: AsRef<[u8]>, E: fmt::Display>(
         &self,
         bytes: impl tokio_stream::Stream<Item = Result<B, E>> + Unpin,
         deltas: &mpsc::UnboundedSender<String>,
+        max_bytes: usize,
     ) -> Result<ChatResponse, ModelError> {
+        // Read after the stream failed, to tell an oversized answer from a broken connection.
+        let received = std::sync::atomic::AtomicUsize::new(0);
+        let bytes = bytes.map(|piece| {
+            let piece = piece.map_err(|e| e.to_string())?;
+            let len = piece.as_ref().len();
+            if received.fetch_add(len, Ordering::Relaxed) + len > max_bytes {
+                return Err(format!("more than {max_bytes} bytes"));
+            }
+            Ok(piece)
+        });
         let mut events = bytes.eventsource();
         let mut answer = Accumulator::default();
         // When the first and the last piece of the answer arrived: the decode time.
         let mut produced: Option<(Instant, Instant)> = None;
         while let Some(event) = events.next().await {
-            let event = event.map_err(|e| ModelError::Unreachable(format!("stream broke: {e}")))?;
+            let event = event.map_err(|e| {
+                if received.load(Ordering::Relaxed) > max_bytes {
+                    self.unreadable(format!("streamed an answer of {e}"))
+                } else {
+                    ModelError::Unreachable(format!("stream broke: {e}"))
+                }
+            })?;
             if event.data == "[DONE]" {
                 break;
             }
@@ -699,6 +724,43 @@ mod tests {
         assert!(looks_like_events(b"\ndata: {}\n\n"));
         assert!(looks_like_events(b": keepalive\n\n"));
         assert!(!looks_like_events(br#"{"choices": []}"#));
+    }
+
+    /// A stream is read whole up to its limit; past it (here: one event that never ends) the
+    /// answer is an error naming the backend, not a broken connection to fall through on.
+    #[tokio::test]
+    async fn a_stream_past_its_limit_is_an_error_naming_the_backend() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let model = OpenAiModel::new(
+            "m",
+            "http://127.0.0.1:1/v1",
+            "fake",
+            "",
+            4096,
+            Duration::from_secs(1),
+        );
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let events = |pieces: Vec<String>| {
+            tokio_stream::iter(pieces.into_iter().map(Ok::<_, std::convert::Infallible>))
+        };
+        let chunk = r#"data: {"choices": [{"delta": {"content": "hi"}}]}"#;
+        let answer = model
+            .read_stream(events(vec![format!("{chunk}\n\n")]), &tx, 100)
+            .await
+            .expect("within the limit");
+        assert_eq!(answer.content, "hi");
+        let endless = vec![format!("data: {}", "x".repeat(60)), "x".repeat(60)];
+        let error = model
+            .read_stream(events(endless), &tx, 100)
+            .await
+            .expect_err("past the limit");
+        let ModelError::Protocol(message) = error else {
+            panic!("{error:?}");
+        };
+        assert!(
+            message.contains("backend `m` (http://127.0.0.1:1/v1)") && message.contains("100"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! The `openai` backend: any OpenAI-compatible chat-completions server (Ollama, llama.cpp's
 //! server, LM Studio, vLLM, Open WebUI), streamed, with tools, `tool_choice` and
-//! `response_format` passed on. The chat call is sent with reqwest, so the node sees what came
-//! back: a server-sent event stream is read chunk by chunk, and a server that ignores `stream`
-//! and answers one JSON completion is read as that completion. An answer that is neither (or a
-//! stream without a single choice) is a [`ModelError::Protocol`] naming the backend, never an
-//! empty success. Chunks are our own lenient serde types, tolerant of servers that leave out or
-//! add fields. The probe goes through async-openai. The decode speed comes from completed
-//! streamed calls.
+//! `response_format` passed on; and, for a model configured with `embeddings = true`, its
+//! `POST /embeddings` passed through (float vectors, as the server makes them). The chat call is
+//! sent with reqwest, so the node sees what came back: a server-sent event stream is read chunk
+//! by chunk, and a server that ignores `stream` and answers one JSON completion is read as that
+//! completion. An answer that is neither (or a stream without a single choice) is a
+//! [`ModelError::Protocol`] naming the backend, never an empty success. Chunks are our own
+//! lenient serde types, tolerant of servers that leave out or add fields. The probe and the
+//! embeddings go through async-openai. The decode speed comes from completed streamed calls.
 
 use std::{
     collections::BTreeMap,
@@ -18,8 +19,8 @@ use std::{
 use async_openai::{Client, config::OpenAIConfig, error::OpenAIError};
 use eventsource_stream::Eventsource as _;
 use mesh_domain::{
-    BoxFuture, ChatRequest, ChatResponse, Message, ResponseFormat, Role, ToolCall, ToolChoice,
-    Usage,
+    BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Message, ResponseFormat,
+    Role, ToolCall, ToolChoice, Usage,
 };
 use reqwest::header::CONTENT_TYPE;
 use serde::Deserialize;
@@ -53,6 +54,8 @@ pub struct OpenAiModel {
     timeout: Duration,
     /// Decode speed from completed streamed calls.
     speed: SpeedGauge,
+    /// Whether the server's model makes embeddings (`embeddings = true`).
+    embeddings: bool,
 }
 
 impl fmt::Debug for OpenAiModel {
@@ -94,7 +97,32 @@ impl OpenAiModel {
             context_window,
             timeout,
             speed: SpeedGauge::default(),
+            embeddings: false,
         }
+    }
+
+    /// Says whether the server's model makes embeddings (`embeddings = true`).
+    pub fn with_embeddings(mut self, embeddings: bool) -> Self {
+        self.embeddings = embeddings;
+        self
+    }
+
+    /// `POST /embeddings` with every input at once; the vectors are put back in the inputs'
+    /// order (the `index` of each item), and an answer with a different count is an error
+    /// naming the model rather than a silently shorter list.
+    async fn embed_remote(&self, request: &EmbedRequest) -> Result<EmbedResponse, ModelError> {
+        let body = json!({
+            "model": self.model,
+            "input": request.inputs,
+            "encoding_format": "float",
+        });
+        let answer: EmbeddingsAnswer = self
+            .client
+            .embeddings()
+            .create_byot(body)
+            .await
+            .map_err(classify)?;
+        embeddings_in_order(&self.name, answer, request.inputs.len())
     }
 
     fn request_body(&self, request: &ChatRequest) -> Value {
@@ -273,6 +301,24 @@ impl ChatModel for OpenAiModel {
 
     fn speed(&self) -> Option<&SpeedGauge> {
         Some(&self.speed)
+    }
+
+    fn embeds(&self) -> bool {
+        self.embeddings
+    }
+
+    fn embed<'a>(
+        &'a self,
+        request: &'a EmbedRequest,
+    ) -> BoxFuture<'a, Result<EmbedResponse, ModelError>> {
+        Box::pin(async move {
+            if !self.embeddings {
+                return Err(crate::llm::model::cannot_embed(&self.name));
+            }
+            tokio::time::timeout(self.timeout, self.embed_remote(request))
+                .await
+                .map_err(|_| ModelError::Timeout(self.timeout))?
+        })
     }
 
     fn probe(&self) -> BoxFuture<'_, Result<(), ModelError>> {
@@ -459,6 +505,61 @@ struct Completion {
 struct CompletionChoice {
     /// The same fields as a stream's delta.
     message: ChunkDelta,
+}
+
+/// A server's `/embeddings` answer, leniently: only what is used.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EmbeddingsAnswer {
+    data: Vec<EmbeddingItem>,
+    usage: Option<EmbeddingsUsage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EmbeddingItem {
+    index: usize,
+    embedding: Vec<f32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EmbeddingsUsage {
+    prompt_tokens: u64,
+}
+
+/// The vectors of `answer` in input order; `Protocol` when they are not exactly one per input.
+fn embeddings_in_order(
+    model: &str,
+    answer: EmbeddingsAnswer,
+    inputs: usize,
+) -> Result<EmbedResponse, ModelError> {
+    let mut vectors: Vec<Option<Vec<f32>>> = vec![None; inputs];
+    for item in answer.data {
+        match vectors.get_mut(item.index) {
+            Some(slot @ None) => *slot = Some(item.embedding),
+            _ => {
+                return Err(ModelError::Protocol(format!(
+                    "model `{model}` answered embedding index {} for {inputs} inputs",
+                    item.index
+                )));
+            }
+        }
+    }
+    let vectors = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.filter(|v| !v.is_empty()).ok_or_else(|| {
+                ModelError::Protocol(format!("model `{model}` sent no embedding for input {i}"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(EmbedResponse {
+        model: model.to_owned(),
+        vectors,
+        prompt_tokens: answer.usage.map_or(0, |u| u.prompt_tokens),
+    })
 }
 
 /// One streamed chunk, leniently: every field optional.
@@ -785,6 +886,40 @@ mod tests {
             !chunk(json!({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}))
                 .produces_output()
         );
+    }
+
+    #[test]
+    fn embeddings_come_back_in_input_order_and_a_missing_one_is_an_error() {
+        let answer =
+            |value: Value| -> EmbeddingsAnswer { serde_json::from_value(value).expect("answer") };
+        let ordered = embeddings_in_order(
+            "e",
+            answer(json!({"data": [
+                {"index": 1, "embedding": [0.0, 1.0]},
+                {"index": 0, "embedding": [1.0, 0.0]},
+            ], "usage": {"prompt_tokens": 3}})),
+            2,
+        )
+        .expect("ordered");
+        assert_eq!(ordered.vectors, vec![vec![1.0, 0.0], vec![0.0, 1.0]]);
+        assert_eq!(ordered.prompt_tokens, 3);
+        let short = embeddings_in_order(
+            "e",
+            answer(json!({"data": [{"index": 0, "embedding": [1.0]}]})),
+            2,
+        )
+        .expect_err("one missing");
+        assert!(short.to_string().contains("input 1"), "{short}");
+        let twice = embeddings_in_order(
+            "e",
+            answer(json!({"data": [
+                {"index": 0, "embedding": [1.0]},
+                {"index": 0, "embedding": [1.0]},
+            ]})),
+            2,
+        )
+        .expect_err("index twice");
+        assert!(twice.to_string().contains("model `e`"), "{twice}");
     }
 
     #[test]

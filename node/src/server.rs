@@ -507,11 +507,19 @@ impl Node {
                 ))
             });
         }
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(mesh_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| StartError::Tls(TlsError::Config(format!("reflection: {e}"))))?;
+        // Reflection in both versions: v1, and v1alpha for the tools that only speak that one
+        // (the official grpcio-reflection client, older grpcurl, Postman). Both sit behind
+        // the certificate gate like every other service.
+        let reflection = || {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(mesh_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        };
+        let reflection_error = |e: tonic_reflection::server::Error| {
+            StartError::Tls(TlsError::Config(format!("reflection: {e}")))
+        };
+        let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
+        let reflection = reflection().build_v1().map_err(reflection_error)?;
         let service = NodeService::new(
             caps.clone(),
             peers.clone(),
@@ -622,6 +630,7 @@ impl Node {
         let router = builder
             .add_service(health_service)
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(service.into_server())
             .add_service(tasks_service.into_server())
             .add_service(ModelsService::new(chat).into_server())

@@ -1,7 +1,9 @@
 //! A scripted fake OpenAI-compatible server: `/v1/models` and `/v1/chat/completions` (plain and
 //! streaming), answering from a queue of canned replies, tool calls included, and recording every
 //! request it received; `/v1/embeddings` answers [`embedding`] of each text (deterministic, so
-//! tests know the exact vectors). It runs on its own thread and runtime, so tests stay synchronous.
+//! tests know the exact vectors). A reply can ignore `stream` (one JSON completion, as some
+//! servers answer) or be garbage (a 200 that is no chat answer at all). It runs on its own
+//! thread and runtime, so tests stay synchronous.
 //! [`FakeOpenAi::in_flight`] counts the requests whose client is still there (a stalled or
 //! trickling answer ends only when the client hangs up), so tests can see generation stop.
 
@@ -38,6 +40,8 @@ pub enum Reply {
     /// Stream a piece of text every period, for ever (until the client hangs up): a slow
     /// generation. Without `stream`, the same as [`Reply::Stall`].
     Trickle(Duration),
+    /// `200 OK` with an HTML page: no chat answer at all.
+    Garbage,
 }
 
 /// A reply and the usage it reports.
@@ -46,6 +50,8 @@ pub struct Scripted {
     reply: Reply,
     usage: (u64, u64),
     delay: std::time::Duration,
+    /// Answer one JSON completion even when the request asked for a stream.
+    ignore_stream: bool,
 }
 
 impl Scripted {
@@ -54,6 +60,7 @@ impl Scripted {
             reply,
             usage,
             delay: std::time::Duration::ZERO,
+            ignore_stream: false,
         }
     }
 
@@ -81,6 +88,18 @@ impl Scripted {
     /// its client goes away).
     pub fn trickle(period: Duration) -> Self {
         Self::new(Reply::Trickle(period), (0, 0))
+    }
+
+    /// A `200 OK` HTML page instead of a chat answer.
+    pub fn garbage() -> Self {
+        Self::new(Reply::Garbage, (0, 0))
+    }
+
+    /// Answers one JSON completion even to a streamed request, as servers that ignore
+    /// `stream` do.
+    pub fn ignoring_stream(mut self) -> Self {
+        self.ignore_stream = true;
+        self
     }
 
     /// Answers only after `delay` (a model that takes its time).
@@ -304,7 +323,7 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
         (next, in_flight)
     };
     tokio::time::sleep(next.delay).await;
-    let stream = body["stream"].as_bool().unwrap_or(false);
+    let stream = body["stream"].as_bool().unwrap_or(false) && !next.ignore_stream;
     let model = body["model"].as_str().unwrap_or("fake").to_owned();
     let (prompt, completion) = next.usage;
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
@@ -338,6 +357,11 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
             )
                 .into_response()
         }
+        Reply::Garbage => (
+            [(header::CONTENT_TYPE, "text/html")],
+            "<html><body>It works!</body></html>",
+        )
+            .into_response(),
         Reply::Status(code) => (
             StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             Json(json!({"error": {"message": format!("scripted status {code}"), "type": "server_error", "param": null, "code": null}})),

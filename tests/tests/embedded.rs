@@ -1,8 +1,10 @@
 //! The embedded model backend with the real SmolLM2-135M-Instruct GGUF (`deploy/fetch-model.sh`
 //! puts it into the default data dir; `MESH_EMBEDDED_MODEL` may point at another copy): a task
 //! submitted to a laptop with no models runs on a "gpu" node whose `chat` role is the embedded
-//! model; the model in-process (streaming, usage, stop, decode speed); and the clear errors for a
-//! missing or broken file, on which a node starts degraded and a chain falls through.
+//! model; the model in-process (streaming, usage, stop, decode speed); structured output held to
+//! a JSON schema by a grammar, in-process and through a node without models with the `openai`
+//! client; and the clear errors for a missing or broken file, on which a node starts degraded and
+//! a chain falls through.
 //!
 //! Every test here FAILS when the GGUF file is missing, with the command that fetches it: a real
 //! model run is the point of this file, so it never passes silently without one.
@@ -12,14 +14,14 @@ use std::{
     time::Duration,
 };
 
-use mesh_domain::{ChatRequest, Message, Role, Sampling};
+use mesh_domain::{ChatRequest, Message, ResponseFormat, Role, Sampling, ToolChoice};
 use mesh_node::{
     config::FETCH_HINT,
     llm::embedded::{EmbeddedModel, EmbeddedOptions},
     llm::{ChatModel, ModelError},
 };
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const QUESTION: &str = "What is the capital of France? Answer in one word.";
 /// Generous: CI runs this on two cores shared with other test binaries.
@@ -372,4 +374,170 @@ fn a_call_that_times_out_is_abandoned_and_the_engine_serves_the_next_one() {
         let measured = model.measure_decode(8).await.expect("measure");
         assert_eq!(measured.tokens, 8);
     });
+}
+
+/// `response_format` on the embedded model: the grammar holds SmolLM2 to a JSON schema (it
+/// writes free text without one) and to any JSON object; a schema the compiler refuses and a
+/// `tool_choice` that demands a call are 400 refusals naming the field.
+#[test]
+fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused() {
+    let path = model_path();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let model = EmbeddedModel::start("smol", options(&path));
+        model.ready().await.expect("the model loads");
+        let ask = |format: ResponseFormat, tool_choice: Option<ToolChoice>| {
+            let model = &model;
+            async move {
+                let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+                let request = ChatRequest {
+                    messages: vec![Message::text(
+                        Role::User,
+                        "Describe the capital of France: its name, its country and its population.",
+                    )],
+                    response_format: Some(format),
+                    tool_choice,
+                    ..Default::default()
+                };
+                model.chat(&request, &tx).await
+            }
+        };
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 30},
+                "country": {"type": "string", "maxLength": 30},
+                "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+                "capital": {"type": "boolean"},
+            },
+            "required": ["city", "country", "population", "capital"],
+            "additionalProperties": false,
+        });
+        let answer = ask(
+            ResponseFormat::JsonSchema {
+                name: "city".into(),
+                schema,
+                strict: true,
+            },
+            None,
+        )
+        .await
+        .expect("chat");
+        let parsed: Value = serde_json::from_str(&answer.content)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", answer.content));
+        let object = parsed.as_object().expect("an object");
+        let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["capital", "city", "country", "population"],
+            "{parsed}"
+        );
+        for field in ["city", "country"] {
+            let text = parsed[field].as_str().unwrap_or_else(|| panic!("{parsed}"));
+            assert!(text.chars().count() <= 30, "{parsed}");
+        }
+        let population = parsed["population"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{parsed}"));
+        assert!(population <= 100_000_000, "{parsed}");
+        assert!(parsed["capital"].is_boolean(), "{parsed}");
+
+        let answer = ask(ResponseFormat::JsonObject, None).await.expect("chat");
+        let parsed: Value = serde_json::from_str(&answer.content)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", answer.content));
+        assert!(parsed.is_object(), "{parsed}");
+
+        let bad = ResponseFormat::JsonSchema {
+            name: "bad".into(),
+            schema: json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
+            strict: false,
+        };
+        match ask(bad, None).await {
+            Err(ModelError::Refused {
+                status: 400,
+                message,
+            }) => {
+                assert!(message.starts_with("response_format:"), "{message}")
+            }
+            other => panic!("a schema the compiler refuses must be a 400: {other:?}"),
+        }
+        match ask(ResponseFormat::Text, Some(ToolChoice::Required)).await {
+            Err(ModelError::Refused {
+                status: 400,
+                message,
+            }) => {
+                assert!(message.starts_with("tool_choice:"), "{message}")
+            }
+            other => panic!("a demanded tool call must be a 400: {other:?}"),
+        }
+    });
+}
+
+/// Structured output end to end: the official `openai` client asks a node without models for a
+/// JSON schema answer, the node places it on its peer's SmolLM2, and the answer parses and
+/// matches the schema. A `tool_choice` that demands a call is a 400 naming `tool_choice` at the
+/// serving node's front door (through a hop the refusal still names the field, but
+/// `Models.Chat` carries every model failure as `UNAVAILABLE`, so the status is 502).
+#[test]
+fn the_openai_client_gets_schema_shaped_json_from_the_embedded_model_through_a_hop() {
+    let path = model_path();
+    let harness = Harness::new().expect("harness");
+    let gpu = harness
+        .spawn(NodeOptions::new("gpu").extra(&format!(
+            "{}\n[roles]\nchat = [\"smol\"]\n",
+            embedded_toml("smol", &path)
+        )))
+        .expect("gpu");
+    let laptop = harness
+        .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
+        .expect("laptop");
+    harness
+        .wait_all_up(&[&laptop, &gpu], DEADLINE)
+        .expect("both up");
+    let url = laptop.http_url().expect("front door");
+    let gpu_url = gpu.http_url().expect("gpu front door");
+    let script = r#"
+import json, sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="k", max_retries=0, timeout=60)
+serving = openai.OpenAI(base_url=sys.argv[2] + "/v1", api_key="k", max_retries=0, timeout=60)
+ask = {"model": "smol", "messages": [{"role": "user", "content": "Name a colour and a number."}]}
+schema = {"type": "object", "additionalProperties": False, "required": ["colour", "number"],
+          "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]},
+                         "number": {"type": "integer", "minimum": 1, "maximum": 9}}}
+r = client.chat.completions.create(
+    response_format={"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}}, **ask)
+answer = json.loads(r.choices[0].message.content)
+assert set(answer) == {"colour", "number"}, answer
+assert answer["colour"] in ("red", "green", "blue") and 1 <= answer["number"] <= 9, answer
+assert r.usage.completion_tokens > 0, r.usage
+tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+refusals = []
+for c in (serving, client):
+    try:
+        c.chat.completions.create(tools=[tool], tool_choice="required", **ask)
+        raise AssertionError("tool_choice required was not refused")
+    except openai.APIStatusError as e:
+        refusals.append({"status": e.status_code, "message": e.message})
+print(json.dumps(refusals))
+"#;
+    let output = std::process::Command::new(mesh_tests::python3())
+        .args(["-c", script, &url, &gpu_url])
+        .output()
+        .expect("run python3");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let refused: Value = serde_json::from_slice(&output.stdout).expect("json");
+    for refusal in refused.as_array().expect("two refusals") {
+        let message = refusal["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("tool_choice: embedded model `smol`"),
+            "{refused}"
+        );
+    }
+    assert_eq!(refused[0]["status"], 400, "at the serving node: {refused}");
+    assert_eq!(refused[1]["status"], 502, "through a hop: {refused}");
 }

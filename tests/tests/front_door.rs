@@ -1,8 +1,10 @@
 //! The OpenAI-compatible front door, driven by the official `openai` Python client: a node
 //! without models lists and reaches the model its peer serves (plain and streamed), an unknown
 //! model is a 404, and with `http.api_keys` a missing, malformed or wrong key is a 401. Plus
-//! `/healthz` and `/metrics` over plain HTTP, and a streamed chat whose client hangs up stops
-//! generating, on the node running it and across a hop.
+//! `/healthz` and `/metrics` over plain HTTP, a streamed chat whose client hangs up stops
+//! generating, on the node running it and across a hop, and a backend that ignores `stream` or
+//! answers garbage is read as its completion or reported by name, never an empty answer, and a
+//! client's `tool_choice` and `response_format` reach the backend in OpenAI's shapes.
 
 use std::{process::Command, time::Duration};
 
@@ -434,6 +436,65 @@ fn a_streamed_chat_whose_client_hangs_up_stops_generating_here_and_across_a_hop(
     }
 }
 
+/// Regression: a backend that ignores `stream` and answers one JSON completion (a fixed-answer
+/// server did) gave an empty answer with zero usage, silently. Now it is read as that
+/// completion (text, tool calls, usage), for plain and streamed clients, through a hop; and a
+/// backend whose answer cannot be read at all is an error naming it, not an empty success.
+#[test]
+fn a_backend_ignoring_stream_is_read_and_one_answering_garbage_is_named() {
+    let mesh = mesh();
+    let (fake, url) = (&mesh.fake, mesh.laptop.http_url().expect("front door"));
+    fake.push([
+        Scripted::text("a plain answer")
+            .usage(7, 3)
+            .ignoring_stream(),
+        Scripted::text("streamed anyway").ignoring_stream(),
+        Scripted::tool("lookup", r#"{"q": "x"}"#).ignoring_stream(),
+        Scripted::garbage(),
+    ]);
+    let script = r#"
+import json, sys
+from openai import OpenAI, APIStatusError
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", max_retries=0)
+ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+out = {}
+r = client.chat.completions.create(**ask)
+out["plain"] = [r.choices[0].message.content, r.usage.prompt_tokens, r.usage.completion_tokens]
+chunks = client.chat.completions.create(stream=True, **ask)
+out["stream"] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+r = client.chat.completions.create(tools=[tool], **ask)
+out["tools"] = [[c.function.name, c.function.arguments] for c in r.choices[0].message.tool_calls]
+try:
+    r = client.chat.completions.create(**ask)
+    out["garbage"] = [200, r.choices[0].message.content]
+except APIStatusError as e:
+    out["garbage"] = [e.status_code, e.message]
+print(json.dumps(out))
+"#;
+    let out: serde_json::Value = serde_json::from_str(&python(script, &[&url])).expect("json");
+    assert_eq!(
+        out["plain"],
+        serde_json::json!(["a plain answer", 7, 3]),
+        "{out}"
+    );
+    assert_eq!(out["stream"], "streamed anyway", "{out}");
+    assert_eq!(
+        out["tools"],
+        serde_json::json!([["lookup", r#"{"q": "x"}"#]]),
+        "{out}"
+    );
+    assert_eq!(out["garbage"][0], 502, "{out}");
+    let message = out["garbage"][1].as_str().unwrap_or_default();
+    assert!(
+        message.contains("backend `m`")
+            && message.contains(&fake.base_url())
+            && message.contains("It works!"),
+        "the error names the backend and shows what it sent: {message}"
+    );
+    assert_eq!(fake.requests().len(), 4, "every chat reached the backend");
+}
+
 /// What chat completions honour beyond plain chats, through a node without models and the
 /// official client: `n` answers (each a separate run of the model, usage summed), the serving
 /// model named in the answer (a `role:` request says which model served), `usage` in the last
@@ -511,4 +572,53 @@ print("ok")
         3,
         "the two choices and the stream reached the model; no refused request did"
     );
+}
+
+/// A client's `tool_choice` and `response_format` reach an `openai` backend through a node
+/// without models, in OpenAI's own shapes, for the server to enforce.
+#[test]
+fn tool_choice_and_response_format_reach_the_backend_through_a_hop() {
+    let mesh = mesh();
+    let (fake, url) = (&mesh.fake, mesh.laptop.http_url().expect("front door"));
+    fake.push([
+        Scripted::tool("lookup", "{}"),
+        Scripted::text(r#"{"a": 1}"#),
+    ]);
+    let script = r#"
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="k", max_retries=0)
+ask = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+r = client.chat.completions.create(
+    tools=[tool], tool_choice={"type": "function", "function": {"name": "lookup"}}, **ask)
+assert r.choices[0].message.tool_calls[0].function.name == "lookup", r
+schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+r = client.chat.completions.create(
+    response_format={"type": "json_schema",
+                     "json_schema": {"name": "thing", "schema": schema, "strict": True}},
+    **ask)
+assert r.choices[0].message.content == '{"a": 1}', r
+print("ok")
+"#;
+    assert_eq!(python(script, &[&url]).trim(), "ok");
+    let sent = fake.requests();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(
+        sent[0]["tool_choice"],
+        serde_json::json!({"type": "function", "function": {"name": "lookup"}}),
+        "{}",
+        sent[0]
+    );
+    assert!(sent[0].get("response_format").is_none(), "{}", sent[0]);
+    assert_eq!(
+        sent[1]["response_format"],
+        serde_json::json!({"type": "json_schema", "json_schema": {
+            "name": "thing",
+            "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            "strict": true,
+        }}),
+        "{}",
+        sent[1]
+    );
+    assert!(sent[1].get("tool_choice").is_none(), "{}", sent[1]);
 }

@@ -63,8 +63,8 @@ pub struct LoopState {
     pub allowed_tools: Option<Vec<String>>,
     /// Malformed-argument calls so far.
     pub malformed: u32,
-    /// The last call, as (name, canonical arguments), and how many times in a row it came.
-    pub last_call: Option<(String, String)>,
+    /// The last call, as (name, parsed arguments), and how many times in a row it came.
+    pub last_call: Option<(String, Option<Value>)>,
     /// Consecutive identical calls.
     pub repeats: u32,
     /// Consecutive failures per tool.
@@ -293,11 +293,10 @@ impl Hook for RepeatGuard {
         let Some(call) = input.call else {
             return Verdict::Continue;
         };
-        // serde_json's maps are ordered, so re-serialising canonicalises key order and spacing.
-        let key = (
-            call.name.to_owned(),
-            call.arguments.map(Value::to_string).unwrap_or_default(),
-        );
+        // Parsed arguments compare regardless of spacing and key order (also with serde_json's
+        // `preserve_order`, which llguidance turns on: its maps compare as sets), where their
+        // text would not.
+        let key = (call.name.to_owned(), call.arguments.cloned());
         if state.last_call.as_ref() == Some(&key) {
             state.repeats += 1;
         } else {

@@ -15,7 +15,10 @@
 //! without the default system turn that SmolLM2's own template inserts when there is no system
 //! message. Generation stops at an end-of-generation token (`<|im_end|>`, EOS), at a stop string
 //! in the text, at the context window, or at the deadline. The tiny models this backend is for do
-//! not call tools: offered tools are left out of the prompt and the answer is plain text.
+//! not call tools: offered tools are left out of the prompt and the answer is plain text, so a
+//! `tool_choice` of `none` or `auto` is honoured as it is and one that demands a call is refused.
+//! A `response_format` of `json_object` or `json_schema` is enforced while decoding: the schema
+//! is compiled by llguidance into a grammar whose sampler masks every token that would leave it.
 //!
 //! A model configured with `embeddings = true` also makes embeddings, on the same engine thread
 //! (so chats and embeddings take turns on one set of threads) but in a second llama.cpp context
@@ -30,11 +33,12 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use mesh_domain::{Message, Role};
+use mesh_domain::{Message, ResponseFormat, Role, ToolChoice};
+use serde_json::{Value, json};
 
 #[cfg(doc)]
 use crate::llm::model::ChatModel;
-use crate::llm::model::tokens_per_second;
+use crate::llm::model::{ModelError, tokens_per_second};
 
 #[cfg(feature = "embedded")]
 pub use engine::EmbeddedModel;
@@ -58,6 +62,31 @@ pub struct EmbeddedOptions {
     pub timeout: Duration,
     /// Whether the engine also makes embeddings (a second context; `embeddings = true`).
     pub embeddings: bool,
+}
+
+/// The JSON schema `format` asks the answer to match; `None` for free text.
+pub fn answer_schema(format: Option<&ResponseFormat>) -> Option<Value> {
+    match format? {
+        ResponseFormat::Text => None,
+        ResponseFormat::JsonObject => Some(json!({"type": "object"})),
+        ResponseFormat::JsonSchema { schema, .. } => Some(schema.clone()),
+    }
+}
+
+/// Refuses a `tool_choice` that demands a tool call: these models never make one, and ignoring
+/// the demand would hand the caller text where it was promised a call.
+pub fn check_tool_choice(model: &str, choice: Option<&ToolChoice>) -> Result<(), ModelError> {
+    let demanded = match choice {
+        None | Some(ToolChoice::None | ToolChoice::Auto) => return Ok(()),
+        Some(ToolChoice::Required) => "`required`".to_owned(),
+        Some(ToolChoice::Function(name)) => format!("the function `{name}`"),
+    };
+    Err(ModelError::Refused {
+        status: 400,
+        message: format!(
+            "tool_choice: embedded model `{model}` does not call tools, so it cannot be made to call {demanded}; send `auto` or `none`, or ask for a model served by an `openai` backend"
+        ),
+    })
 }
 
 /// Renders a conversation as a ChatML prompt ending with an open assistant turn.
@@ -251,14 +280,19 @@ mod engine {
         sampling::LlamaSampler,
         token::LlamaToken,
     };
+    use llguidance::{Matcher, ParserFactory, api::TopLevelGrammar};
     use tokio::sync::{mpsc, oneshot, watch};
     use tracing_subscriber::{Layer as _, layer::SubscriberExt as _};
 
-    use super::{DecodeSpeed, EmbeddedOptions, MEASURE_TOKENS, TextStream, render_chatml};
+    use super::{
+        DecodeSpeed, EmbeddedOptions, MEASURE_TOKENS, TextStream, answer_schema, check_tool_choice,
+        render_chatml,
+    };
     use mesh_domain::{
         BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Sampling, Usage,
         embed::normalize, sync::MutexExt,
     };
+    use serde_json::{Value, json};
 
     use crate::{
         config::FETCH_HINT,
@@ -327,6 +361,8 @@ mod engine {
         /// What the caller asked for: most tokens (`None`: until the context window is full),
         /// stop strings, temperature, top-p and seed.
         sampling: Sampling,
+        /// The JSON schema the answer must match (`response_format`); `None`: free text.
+        schema: Option<Value>,
         /// When the caller gives up; the engine stops generating then.
         deadline: Instant,
         /// The model's timeout, for the error at the deadline.
@@ -480,10 +516,12 @@ mod engine {
             request: &ChatRequest,
             deltas: &mpsc::UnboundedSender<String>,
         ) -> Result<ChatResponse, ModelError> {
+            check_tool_choice(&self.name, request.tool_choice.as_ref())?;
             let (reply, answer) = oneshot::channel();
             self.send(Job::Chat(ChatJob {
                 prompt: render_chatml(&request.messages),
                 sampling: request.sampling.clone(),
+                schema: answer_schema(request.response_format.as_ref()),
                 deadline: Instant::now() + self.options.timeout,
                 timeout: self.options.timeout,
                 deltas: deltas.clone(),
@@ -681,6 +719,7 @@ mod engine {
             ctx,
             batch: LlamaBatch::new(BATCH, 1),
             n_ctx,
+            grammars: None,
         };
         let loaded = started.elapsed();
         state.send_replace(State::Ready);
@@ -737,6 +776,9 @@ mod engine {
         batch: LlamaBatch<'static>,
         /// Context window in tokens.
         n_ctx: usize,
+        /// Compiles `response_format` schemas against this model's vocabulary; built on the
+        /// first structured request (walking the vocabulary takes a moment), then kept.
+        grammars: Option<ParserFactory>,
     }
 
     /// The embedding side of an engine: its own context (embeddings on, mean pooling) and batch.
@@ -929,16 +971,51 @@ mod engine {
             Ok(())
         }
 
+        /// A sampler that keeps the answer inside `schema`: every token that would leave it
+        /// is masked before the others sample. A schema llguidance cannot compile is refused.
+        fn grammar(&mut self, schema: Value) -> Result<LlamaSampler, ModelError> {
+            let factory = match &mut self.grammars {
+                Some(factory) => factory,
+                None => {
+                    let vocabulary = LlamaSampler::llguidance_tok_env(self.model);
+                    let mut factory = ParserFactory::new_simple(&vocabulary).map_err(|e| {
+                        engine_error(format!("cannot prepare grammars for the vocabulary: {e}"))
+                    })?;
+                    // Its errors come back to us; nothing for stderr.
+                    factory.quiet();
+                    self.grammars.insert(factory)
+                }
+            };
+            let mut schema = schema;
+            if let Some(object) = schema.as_object_mut() {
+                // Compact JSON: with whitespace allowed between tokens, a small model can
+                // write newlines until the context is full.
+                object.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
+            }
+            let parser = factory
+                .create_parser(TopLevelGrammar::from_json_schema(schema))
+                .map_err(|e| ModelError::Refused {
+                    status: 400,
+                    message: format!(
+                        "response_format: embedded model `{}` cannot enforce this JSON schema ({e}); simplify the schema or send `json_object`",
+                        self.name
+                    ),
+                })?;
+            Ok(Matcher::new(Ok(parser)).into())
+        }
+
         /// Greedy with a repetition penalty, unless the caller asked for a temperature above 0:
         /// then top-p (when given), the temperature, and a draw seeded by the caller's seed.
-        fn sampler(&self, sampling: &Sampling) -> LlamaSampler {
-            let mut chain = vec![LlamaSampler::penalties(
+        /// A `grammar` goes first, so the others only ever see tokens it allows.
+        fn sampler(&self, sampling: &Sampling, grammar: Option<LlamaSampler>) -> LlamaSampler {
+            let mut chain: Vec<LlamaSampler> = grammar.into_iter().collect();
+            chain.push(LlamaSampler::penalties(
                 self.model.n_vocab(),
                 PENALTY_LAST_N,
                 PENALTY_REPEAT,
                 0.0,
                 0.0,
-            )];
+            ));
             match sampling.temperature {
                 Some(t) if t > 0.0 => {
                     if let Some(p) = sampling.top_p {
@@ -971,6 +1048,7 @@ mod engine {
             job: &ChatJob,
             speed: &mut DecodeSpeed,
         ) -> Result<ChatResponse, Interrupted> {
+            let grammar = job.schema.clone().map(|s| self.grammar(s)).transpose()?;
             let prompt_tokens = self.prefill(&job.prompt)?;
             let room = self.n_ctx - prompt_tokens;
             let budget = job
@@ -978,7 +1056,7 @@ mod engine {
                 .max_tokens
                 .map_or(room, |max| (max as usize).min(room));
             let vocab = self.model.vocab();
-            let mut sampler = self.sampler(&job.sampling);
+            let mut sampler = self.sampler(&job.sampling, grammar);
             let mut stream = TextStream::with_stops(&job.sampling.stop);
             let mut content = String::new();
             let mut completion = 0usize;
@@ -1077,6 +1155,42 @@ mod tests {
             out.push_str(&stream.finish());
         }
         (out, stopped)
+    }
+
+    #[test]
+    fn json_formats_become_schemas_and_text_stays_free() {
+        assert_eq!(answer_schema(None), None);
+        assert_eq!(answer_schema(Some(&ResponseFormat::Text)), None);
+        assert_eq!(
+            answer_schema(Some(&ResponseFormat::JsonObject)),
+            Some(json!({"type": "object"}))
+        );
+        let schema = json!({"type": "object", "required": ["a"]});
+        let format = ResponseFormat::JsonSchema {
+            name: "s".into(),
+            schema: schema.clone(),
+            strict: false,
+        };
+        assert_eq!(answer_schema(Some(&format)), Some(schema));
+    }
+
+    #[test]
+    fn a_tool_choice_demanding_a_call_is_refused_naming_the_field() {
+        for choice in [None, Some(ToolChoice::None), Some(ToolChoice::Auto)] {
+            assert_eq!(check_tool_choice("tiny", choice.as_ref()), Ok(()));
+        }
+        for choice in [ToolChoice::Required, ToolChoice::Function("f".into())] {
+            let Err(ModelError::Refused { status, message }) =
+                check_tool_choice("tiny", Some(&choice))
+            else {
+                panic!("{choice:?} must be refused");
+            };
+            assert_eq!(status, 400);
+            assert!(
+                message.starts_with("tool_choice:") && message.contains("`tiny`"),
+                "{message}"
+            );
+        }
     }
 
     #[test]

@@ -1,22 +1,28 @@
 //! The `openai` backend: any OpenAI-compatible chat-completions server (Ollama, llama.cpp's
-//! server, LM Studio, vLLM, Open WebUI), streamed, with tools, through async-openai; and, for a
-//! model configured with `embeddings = true`, its `POST /embeddings` passed through (float
-//! vectors, as the server makes them). Requests
-//! and stream chunks are our own serde types (async-openai's "bring your own types" calls),
-//! which keeps us tolerant of servers that leave out or add fields. The decode speed comes from
-//! completed streamed calls.
+//! server, LM Studio, vLLM, Open WebUI), streamed, with tools, `tool_choice` and
+//! `response_format` passed on; and, for a model configured with `embeddings = true`, its
+//! `POST /embeddings` passed through (float vectors, as the server makes them). The chat call is
+//! sent with reqwest, so the node sees what came back: a server-sent event stream is read chunk
+//! by chunk, and a server that ignores `stream` and answers one JSON completion is read as that
+//! completion. An answer that is neither (or a stream without a single choice) is a
+//! [`ModelError::Protocol`] naming the backend, never an empty success. Chunks are our own
+//! lenient serde types, tolerant of servers that leave out or add fields. The probe and the
+//! embeddings go through async-openai. The decode speed comes from completed streamed calls.
 
 use std::{
     collections::BTreeMap,
     fmt,
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
 use async_openai::{Client, config::OpenAIConfig, error::OpenAIError};
+use eventsource_stream::Eventsource as _;
 use mesh_domain::{
-    BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Message, Role, ToolCall,
-    Usage,
+    BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Message, ResponseFormat,
+    Role, ToolCall, ToolChoice, Usage,
 };
+use reqwest::header::CONTENT_TYPE;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -24,10 +30,25 @@ use tokio_stream::StreamExt;
 
 use crate::llm::model::{ChatModel, ModelError, SpeedGauge};
 
+/// Most bytes of an answer that is not a stream: a chat completion is far smaller.
+const MAX_COMPLETION_BYTES: usize = 16 << 20;
+/// Most bytes of a streamed answer: some 300 bytes of chunk per token, for far more tokens
+/// than any context window holds. Bounds what a server that never ends an event can make the
+/// node buffer.
+const MAX_STREAM_BYTES: usize = 128 << 20;
+
 /// A model behind an OpenAI-compatible server.
 pub struct OpenAiModel {
     name: String,
     model: String,
+    /// `{base_url}/chat/completions`, where chat calls go.
+    chat_url: String,
+    /// The server's base URL, as configured, for messages.
+    base_url: String,
+    /// Sent as a bearer token.
+    api_key: String,
+    /// Sends the chat calls; shared with `client`.
+    http: reqwest::Client,
     client: Client<OpenAIConfig>,
     context_window: usize,
     timeout: Duration,
@@ -56,16 +77,22 @@ impl OpenAiModel {
         context_window: usize,
         timeout: Duration,
     ) -> Self {
+        let base_url = base_url.trim_end_matches('/');
         let config = OpenAIConfig::new()
-            .with_api_base(base_url.trim_end_matches('/'))
+            .with_api_base(base_url)
             .with_api_key(api_key);
+        let http = reqwest::Client::new();
         // async-openai retries 429/5xx/connect errors itself by default (with Retry-After
         // honoured unbounded); the chain's fall-through is our retry, so send each call once.
         let client = Client::with_config(config)
-            .with_http_service(async_openai::middleware::ReqwestService::default());
+            .with_http_service(async_openai::middleware::ReqwestService::new(http.clone()));
         Self {
             name: name.to_owned(),
             model: model.to_owned(),
+            chat_url: format!("{base_url}/chat/completions"),
+            base_url: base_url.to_owned(),
+            api_key: api_key.to_owned(),
+            http,
             client,
             context_window,
             timeout,
@@ -138,7 +165,21 @@ impl OpenAiModel {
                 })
                 .collect();
         }
+        if let Some(choice) = &request.tool_choice {
+            body["tool_choice"] = tool_choice_json(choice);
+        }
+        if let Some(format) = &request.response_format {
+            body["response_format"] = response_format_json(format);
+        }
         body
+    }
+
+    /// A [`ModelError::Protocol`] saying which backend answered what the node cannot read.
+    fn unreadable(&self, what: impl fmt::Display) -> ModelError {
+        ModelError::Protocol(format!(
+            "backend `{}` ({}) {what}",
+            self.name, self.base_url
+        ))
     }
 
     async fn stream_chat(
@@ -146,24 +187,88 @@ impl OpenAiModel {
         request: &ChatRequest,
         deltas: &mpsc::UnboundedSender<String>,
     ) -> Result<ChatResponse, ModelError> {
-        let mut stream = self
-            .client
-            .chat()
-            .create_stream_byot::<Value, StreamChunk>(self.request_body(request))
+        let response = self
+            .http
+            .post(&self.chat_url)
+            .bearer_auth(&self.api_key)
+            .json(&self.request_body(request))
+            .send()
             .await
-            .map_err(classify)?;
+            .map_err(transport_error)?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.bytes().await.unwrap_or_default();
+            return Err(status_error(status.as_u16(), error_message(&body)));
+        }
+        let is_stream = response
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if is_stream {
+            return self
+                .read_stream(response.bytes_stream(), deltas, MAX_STREAM_BYTES)
+                .await;
+        }
+        let body = read_bounded(response).await?;
+        if looks_like_events(&body) {
+            // A stream sent under another Content-Type.
+            let body = tokio_stream::once(Ok::<_, std::convert::Infallible>(body));
+            return self.read_stream(body, deltas, MAX_STREAM_BYTES).await;
+        }
+        // Some servers ignore `stream` and answer one completion.
+        let chunk = completion_chunk(&body).map_err(|e| self.unreadable(e))?;
+        let mut answer = Accumulator::default();
+        answer.push(chunk, deltas);
+        answer.finish().map_err(|e| self.unreadable(e))
+    }
+
+    /// Reads a server-sent event stream of chat chunks up to `[DONE]` or its end, at most
+    /// `max_bytes` of it.
+    async fn read_stream<B: AsRef<[u8]>, E: fmt::Display>(
+        &self,
+        bytes: impl tokio_stream::Stream<Item = Result<B, E>> + Unpin,
+        deltas: &mpsc::UnboundedSender<String>,
+        max_bytes: usize,
+    ) -> Result<ChatResponse, ModelError> {
+        // Read after the stream failed, to tell an oversized answer from a broken connection.
+        let received = std::sync::atomic::AtomicUsize::new(0);
+        let bytes = bytes.map(|piece| {
+            let piece = piece.map_err(|e| e.to_string())?;
+            let len = piece.as_ref().len();
+            if received.fetch_add(len, Ordering::Relaxed) + len > max_bytes {
+                return Err(format!("more than {max_bytes} bytes"));
+            }
+            Ok(piece)
+        });
+        let mut events = bytes.eventsource();
         let mut answer = Accumulator::default();
         // When the first and the last piece of the answer arrived: the decode time.
         let mut produced: Option<(Instant, Instant)> = None;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(classify)?;
+        while let Some(event) = events.next().await {
+            let event = event.map_err(|e| {
+                if received.load(Ordering::Relaxed) > max_bytes {
+                    self.unreadable(format!("streamed an answer of {e}"))
+                } else {
+                    ModelError::Unreachable(format!("stream broke: {e}"))
+                }
+            })?;
+            if event.data == "[DONE]" {
+                break;
+            }
+            let chunk: StreamChunk = serde_json::from_str(&event.data).map_err(|e| {
+                self.unreadable(format!(
+                    "sent a stream event that is not a chat chunk ({e}): {}",
+                    excerpt(event.data.as_bytes())
+                ))
+            })?;
             if chunk.produces_output() {
                 let now = Instant::now();
                 produced = Some((produced.map_or(now, |(first, _)| first), now));
             }
             answer.push(chunk, deltas);
         }
-        let response = answer.finish();
+        let response = answer.finish().map_err(|e| self.unreadable(e))?;
         if let (Some(usage), Some((first, last))) = (response.usage, produced) {
             // The first token's time is the server's prompt processing, not decoding.
             self.speed
@@ -228,6 +333,107 @@ impl ChatModel for OpenAiModel {
     }
 }
 
+/// `tool_choice` as OpenAI's API spells it.
+fn tool_choice_json(choice: &ToolChoice) -> Value {
+    match choice {
+        ToolChoice::None => json!("none"),
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Function(name) => json!({"type": "function", "function": {"name": name}}),
+    }
+}
+
+/// `response_format` as OpenAI's API spells it.
+fn response_format_json(format: &ResponseFormat) -> Value {
+    match format {
+        ResponseFormat::Text => json!({"type": "text"}),
+        ResponseFormat::JsonObject => json!({"type": "json_object"}),
+        ResponseFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+        } => json!({
+            "type": "json_schema",
+            "json_schema": {"name": name, "schema": schema, "strict": strict},
+        }),
+    }
+}
+
+/// Whether a body labelled as something else is a server-sent event stream.
+fn looks_like_events(body: &[u8]) -> bool {
+    let start = body.trim_ascii_start();
+    [&b"data:"[..], b"event:", b":"]
+        .iter()
+        .any(|field| start.starts_with(field))
+}
+
+/// Reads an answer that is not a stream, up to [`MAX_COMPLETION_BYTES`].
+async fn read_bounded(mut response: reqwest::Response) -> Result<Vec<u8>, ModelError> {
+    let mut body = Vec::new();
+    while let Some(piece) = response.chunk().await.map_err(transport_error)? {
+        if body.len() + piece.len() > MAX_COMPLETION_BYTES {
+            return Err(ModelError::Protocol(format!(
+                "the answer is larger than {MAX_COMPLETION_BYTES} bytes"
+            )));
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok(body)
+}
+
+/// A complete (not streamed) chat completion, as one chunk: its choices' `message`s read as
+/// deltas, its tool calls numbered by position (a completion's calls carry no `index`).
+fn completion_chunk(body: &[u8]) -> Result<StreamChunk, String> {
+    let completion: Completion = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "answered neither an event stream nor a JSON chat completion ({e}): {}",
+            excerpt(body)
+        )
+    })?;
+    Ok(StreamChunk {
+        choices: completion
+            .choices
+            .into_iter()
+            .map(|choice| {
+                let mut delta = choice.message;
+                for (i, call) in delta.tool_calls.iter_mut().enumerate() {
+                    call.index = i;
+                }
+                ChunkChoice { delta }
+            })
+            .collect(),
+        usage: completion.usage,
+    })
+}
+
+/// The start of a body, for an error message.
+fn excerpt(body: &[u8]) -> String {
+    String::from_utf8_lossy(body).chars().take(200).collect()
+}
+
+/// The message of an error answer: OpenAI's `{"error": {"message": …}}`, a bare
+/// `{"error": "…"}`, or the body's text.
+fn error_message(body: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let error = parsed.as_ref().and_then(|v| v.get("error"));
+    match error {
+        Some(Value::String(message)) => message.clone(),
+        Some(error) => match error.get("message").and_then(Value::as_str) {
+            Some(message) => message.to_owned(),
+            None => error.to_string(),
+        },
+        None => excerpt(body),
+    }
+}
+
+fn transport_error(error: reqwest::Error) -> ModelError {
+    if error.is_timeout() {
+        ModelError::Unreachable(format!("timed out: {}", error_chain(&error)))
+    } else {
+        ModelError::Unreachable(error_chain(&error))
+    }
+}
+
 fn message_json(message: &Message) -> Value {
     match message.role {
         Role::Assistant if !message.tool_calls.is_empty() => json!({
@@ -284,6 +490,21 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = e.source();
     }
     text
+}
+
+/// A complete chat completion, leniently: every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Completion {
+    choices: Vec<CompletionChoice>,
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CompletionChoice {
+    /// The same fields as a stream's delta.
+    message: ChunkDelta,
 }
 
 /// A server's `/embeddings` answer, leniently: only what is used.
@@ -393,6 +614,8 @@ struct Accumulator {
     content: String,
     calls: BTreeMap<usize, ToolCall>,
     usage: Option<Usage>,
+    /// Whether any chunk had a choice: an answer without one said nothing at all.
+    answered: bool,
 }
 
 impl Accumulator {
@@ -400,6 +623,7 @@ impl Accumulator {
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
+        self.answered |= !chunk.choices.is_empty();
         for choice in chunk.choices {
             if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
                 let _ = deltas.send(text.clone());
@@ -427,7 +651,14 @@ impl Accumulator {
         }
     }
 
-    fn finish(self) -> ChatResponse {
+    /// The response; an error (what the backend did) when no chunk had a choice.
+    fn finish(self) -> Result<ChatResponse, String> {
+        if !self.answered {
+            return Err(match self.usage {
+                Some(_) => "answered with usage but no choice".to_owned(),
+                None => "answered with no choice (an empty stream or completion)".to_owned(),
+            });
+        }
         let tool_calls = self
             .calls
             .into_values()
@@ -439,12 +670,12 @@ impl Accumulator {
                 call
             })
             .collect();
-        ChatResponse {
+        Ok(ChatResponse {
             model: String::new(),
             content: self.content,
             tool_calls,
             usage: self.usage,
-        }
+        })
     }
 }
 
@@ -484,13 +715,163 @@ mod tests {
             chunk(json!({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})),
             &tx,
         );
-        let response = acc.finish();
+        let response = acc.finish().expect("answered");
         assert_eq!(response.content, "Hello");
         assert_eq!(rx.try_recv().expect("delta"), "Hel");
         assert_eq!(response.tool_calls.len(), 1);
         assert_eq!(response.tool_calls[0].name, "file_read");
         assert_eq!(response.tool_calls[0].arguments, r#"{"path": "a"}"#);
         assert_eq!(response.usage.map(|u| u.total()), Some(10));
+    }
+
+    #[test]
+    fn tool_choice_and_response_format_reach_the_server_in_openai_shapes() {
+        // As `main` does: the HTTP client's TLS needs the process's crypto provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let model = OpenAiModel::new(
+            "m",
+            "http://127.0.0.1:1/v1/",
+            "fake",
+            "",
+            4096,
+            Duration::from_secs(1),
+        );
+        let mut request = ChatRequest::default();
+        let body = model.request_body(&request);
+        assert!(body.get("tool_choice").is_none() && body.get("response_format").is_none());
+        let cases = [
+            (ToolChoice::None, json!("none")),
+            (ToolChoice::Auto, json!("auto")),
+            (ToolChoice::Required, json!("required")),
+            (
+                ToolChoice::Function("f".into()),
+                json!({"type": "function", "function": {"name": "f"}}),
+            ),
+        ];
+        for (choice, expected) in cases {
+            request.tool_choice = Some(choice);
+            assert_eq!(model.request_body(&request)["tool_choice"], expected);
+        }
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let cases = [
+            (ResponseFormat::Text, json!({"type": "text"})),
+            (ResponseFormat::JsonObject, json!({"type": "json_object"})),
+            (
+                ResponseFormat::JsonSchema {
+                    name: "s".into(),
+                    schema: schema.clone(),
+                    strict: true,
+                },
+                json!({"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": true}}),
+            ),
+        ];
+        for (format, expected) in cases {
+            request.response_format = Some(format);
+            assert_eq!(model.request_body(&request)["response_format"], expected);
+        }
+        assert_eq!(model.chat_url, "http://127.0.0.1:1/v1/chat/completions");
+    }
+
+    /// Regression: a backend that ignored `stream` and answered one JSON completion gave an
+    /// empty answer with no usage, silently.
+    #[test]
+    fn a_plain_completion_is_read_as_the_answer() {
+        let body = json!({
+            "id": "x", "object": "chat.completion", "model": "fake",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": "Hi",
+                "tool_calls": [
+                    {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "b", "type": "function", "function": {"name": "g", "arguments": "[]"}},
+                ],
+            }}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+        });
+        let chunk = completion_chunk(body.to_string().as_bytes()).expect("a completion");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut acc = Accumulator::default();
+        acc.push(chunk, &tx);
+        let response = acc.finish().expect("answered");
+        assert_eq!(response.content, "Hi");
+        assert_eq!(rx.try_recv().expect("the text as one delta"), "Hi");
+        let calls: Vec<_> = response
+            .tool_calls
+            .iter()
+            .map(|c| (c.id.as_str(), c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(calls, [("a", "f", "{}"), ("b", "g", "[]")]);
+        assert_eq!(
+            response.usage,
+            Some(Usage {
+                prompt_tokens: 4,
+                completion_tokens: 2
+            })
+        );
+    }
+
+    #[test]
+    fn answers_the_node_cannot_read_are_errors() {
+        let garbage = completion_chunk(b"<html>hello</html>").expect_err("not JSON");
+        assert!(garbage.contains("neither an event stream nor a JSON chat completion"));
+        assert!(garbage.contains("<html>hello"), "{garbage}");
+        // JSON, but no choice: nothing was answered.
+        let chunk = completion_chunk(br#"{"object": "error"}"#).expect("lenient");
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let mut acc = Accumulator::default();
+        acc.push(chunk, &tx);
+        assert!(acc.finish().is_err());
+        // An empty stream.
+        assert!(Accumulator::default().finish().is_err());
+        assert!(looks_like_events(b"\ndata: {}\n\n"));
+        assert!(looks_like_events(b": keepalive\n\n"));
+        assert!(!looks_like_events(br#"{"choices": []}"#));
+    }
+
+    /// A stream is read whole up to its limit; past it (here: one event that never ends) the
+    /// answer is an error naming the backend, not a broken connection to fall through on.
+    #[tokio::test]
+    async fn a_stream_past_its_limit_is_an_error_naming_the_backend() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let model = OpenAiModel::new(
+            "m",
+            "http://127.0.0.1:1/v1",
+            "fake",
+            "",
+            4096,
+            Duration::from_secs(1),
+        );
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let events = |pieces: Vec<String>| {
+            tokio_stream::iter(pieces.into_iter().map(Ok::<_, std::convert::Infallible>))
+        };
+        let chunk = r#"data: {"choices": [{"delta": {"content": "hi"}}]}"#;
+        let answer = model
+            .read_stream(events(vec![format!("{chunk}\n\n")]), &tx, 100)
+            .await
+            .expect("within the limit");
+        assert_eq!(answer.content, "hi");
+        let endless = vec![format!("data: {}", "x".repeat(60)), "x".repeat(60)];
+        let error = model
+            .read_stream(events(endless), &tx, 100)
+            .await
+            .expect_err("past the limit");
+        let ModelError::Protocol(message) = error else {
+            panic!("{error:?}");
+        };
+        assert!(
+            message.contains("backend `m` (http://127.0.0.1:1/v1)") && message.contains("100"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn error_bodies_give_their_message() {
+        assert_eq!(
+            error_message(br#"{"error": {"message": "bad model", "type": "x"}}"#),
+            "bad model"
+        );
+        assert_eq!(error_message(br#"{"error": "overloaded"}"#), "overloaded");
+        assert_eq!(error_message(b"Bad Gateway"), "Bad Gateway");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The front door: every model in the fleet, reachable from any node, in the APIs its clients
 //! speak.
 //!
-//! Each API is a dialect module that only translates: [`openai`] (chat completions, models).
+//! Each API is a dialect module that only translates: [`openai`] (chat completions, models),
+//! [`ollama`] (Ollama's chat, generate, tags, show, ps and version).
 //! Every dialect goes through [`gateway`], the one path that checks a call, places it with the
 //! mesh router (here when this node serves the model and ranks best, else the best peer through
 //! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
@@ -13,6 +14,7 @@
 
 pub mod error;
 pub mod gateway;
+pub mod ollama;
 pub mod openai;
 
 use std::sync::Arc;
@@ -67,7 +69,18 @@ pub struct FrontDoor {
 }
 
 /// The paths counted by name in `agentmesh_http_requests_total` (any other is `other`).
-const COUNTED_PATHS: &[&str] = &["/v1/models", "/v1/chat/completions", "/healthz", "/metrics"];
+const COUNTED_PATHS: &[&str] = &[
+    "/v1/models",
+    "/v1/chat/completions",
+    "/api/version",
+    "/api/tags",
+    "/api/ps",
+    "/api/show",
+    "/api/chat",
+    "/api/generate",
+    "/healthz",
+    "/metrics",
+];
 
 /// The front door's routes: every dialect's API behind the key check, then the health and
 /// metrics endpoints; errors shaped by the path's dialect.
@@ -75,6 +88,12 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
     let api = Router::new()
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
     Router::new()
         .merge(api)
@@ -130,7 +149,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves /v1/models, /v1/chat/completions, Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps and /api/version, /healthz and /metrics (docs/protocol.md lists them)",
     )
 }
 

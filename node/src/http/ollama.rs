@@ -205,7 +205,6 @@ fn number(options: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiEr
     match options.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => Ok(n.as_f64()),
-        Some(Value::Bool(b)) if name == "penalize_newline" => Ok(Some(f64::from(u8::from(*b)))),
         Some(other) => Err(ApiError::bad_field(
             &format!("options.{name}"),
             format!("must be a number, not {other}"),

@@ -159,6 +159,7 @@ impl From<&NodeInfo> for pb::NodeInfo {
                     model: m.model.clone(),
                     base_url: m.base_url.clone(),
                     tokens_per_s: m.tokens_per_s,
+                    embeds: m.embeds,
                 })
                 .collect(),
             role_chains: info
@@ -263,6 +264,7 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
                 model: m.model,
                 base_url: m.base_url,
                 tokens_per_s: m.tokens_per_s,
+                embeds: m.embeds,
             });
         }
         let mut personas = Vec::with_capacity(info.personas.len());
@@ -661,6 +663,7 @@ mod tests {
                 model: "qwen2.5".into(),
                 base_url: "http://x/v1".into(),
                 tokens_per_s: 42.5,
+                embeds: true,
             }],
             role_chains: [("coder".to_owned(), vec!["qwen".to_owned()])].into(),
             resources: Resources {

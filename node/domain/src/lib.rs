@@ -11,6 +11,8 @@
 //! - [`node`]: what a node says about itself ([`NodeInfo`] and its parts) and [`PeerState`].
 //! - [`chat`]: conversations with a model: [`Message`], tool calls and specs, [`Sampling`],
 //!   [`ChatRequest`], [`ChatResponse`], [`Usage`].
+//! - [`embed`]: embeddings: [`EmbedRequest`] (texts, bounded) and [`EmbedResponse`] (one
+//!   vector per text).
 //! - [`keys`]: which namespaces and keys of the shared memory are valid.
 //! - [`time`], [`text`], [`sync`], [`future`], [`throttle`]: small helpers every layer needs
 //!   once.
@@ -20,6 +22,7 @@
 //! contract (`mesh-proto`, which converts these types to and from protobuf) can all share it.
 
 pub mod chat;
+pub mod embed;
 pub mod future;
 pub mod id;
 pub mod keys;
@@ -36,6 +39,7 @@ pub use chat::{
     ChatRequest, ChatResponse, Message, ResponseFormat, Role, Sampling, ToolCall, ToolChoice,
     ToolSpec, Usage,
 };
+pub use embed::{EmbedRequest, EmbedResponse};
 pub use future::BoxFuture;
 pub use id::NodeId;
 pub use node::{

@@ -172,6 +172,11 @@ pub struct RawModel {
     pub timeout_s: Option<u64>,
     /// For `embedded`: threads for inference. Default: the number of CPU cores.
     pub threads: Option<usize>,
+    /// Whether the model makes embeddings (`POST /v1/embeddings`): for `embedded`, the engine
+    /// keeps a second, embedding context; for `openai`, the server's model answers
+    /// `/embeddings` and the node passes calls through. Default: false (chat only).
+    #[serde(default)]
+    pub embeddings: bool,
 }
 
 /// One `[[personas]]` entry.

@@ -212,6 +212,8 @@ pub struct ModelConfig {
     pub name: String,
     /// How it is reached.
     pub backend: Backend,
+    /// Whether it makes embeddings (`embeddings = true`).
+    pub embeddings: bool,
 }
 
 /// A validated `[[personas]]` entry.

@@ -127,6 +127,10 @@ impl ApiError {
                 Self::new(StatusCode::FORBIDDEN, ErrorKind::Permission, message)
             }
             AdmissionError::HopLimit { .. } => Self::bad_request(message),
+            AdmissionError::CannotEmbed(_) => Self {
+                param: Some("model".into()),
+                ..Self::bad_request(message).with_code("model_not_supported")
+            },
         }
     }
 

@@ -8,6 +8,8 @@
 //! Everything that must hold whichever API a client speaks lives here, once: the checks of
 //! `n`, `tool_choice` and `response_format`, placement before anything is sent (so a bad model
 //! is a status code, not a broken stream), concurrency of choices, and cancellation.
+//! Embeddings take the same way in one call ([`embed`]): checked, placed on the nodes whose
+//! model makes them, run with failover.
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -16,7 +18,10 @@ use axum::{
     http::header,
     response::{IntoResponse, Response},
 };
-use mesh_domain::{ChatRequest, ChatResponse, ResponseFormat, Target, ToolChoice, Usage};
+use mesh_domain::{
+    ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, ResponseFormat, Target, ToolChoice,
+    Usage,
+};
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
@@ -244,6 +249,38 @@ pub fn start(door: &Arc<FrontDoor>, _caller: &Caller, call: Call) -> Result<Run,
         }
     });
     Ok(Run { events, n })
+}
+
+/// Embeds `request` with `model` wherever the fleet can, for every dialect's embeddings
+/// endpoint: the inputs' bounds are checked (the error names `input`), the call is placed on
+/// the nodes whose model makes embeddings (a model that only chats is a 400 naming it, one no
+/// node has a 404), and run there with failover. The answer names the model that made it.
+pub async fn embed(
+    door: &FrontDoor,
+    _caller: &Caller,
+    model: &str,
+    request: &EmbedRequest,
+) -> Result<EmbedResponse, ApiError> {
+    request.check().map_err(|message| ApiError {
+        param: Some("input".into()),
+        ..ApiError::bad_request(message)
+    })?;
+    if let Target::Role(role) = target_of(model) {
+        return Err(ApiError::bad_field(
+            "model",
+            format!(
+                "`role:{role}` is a role's chat chain; embeddings take a model name (GET /v1/models lists the models whose capabilities include `embeddings`)"
+            ),
+        ));
+    }
+    let placement = door
+        .chat
+        .place_embed(model)
+        .map_err(ApiError::from_admission)?;
+    door.chat
+        .run_embed(placement, model, request)
+        .await
+        .map_err(ApiError::from_chat)
 }
 
 /// How a dialect writes a streamed answer: frames (server-sent events or NDJSON lines, each

@@ -2,7 +2,8 @@
 //! speak.
 //!
 //! Each API is a dialect module that only translates: [`openai`] (chat completions, models),
-//! [`ollama`] (Ollama's chat, generate, tags, show, ps and version).
+//! [`embeddings`] (OpenAI's embeddings), [`ollama`] (Ollama's chat, generate, embed, tags, show,
+//! ps and version).
 //! Every dialect goes through [`gateway`], the one path that checks a call, places it with the
 //! mesh router (here when this node serves the model and ranks best, else the best peer through
 //! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
@@ -12,6 +13,7 @@
 //! (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
+pub mod embeddings;
 pub mod error;
 pub mod gateway;
 pub mod ollama;
@@ -72,6 +74,7 @@ pub struct FrontDoor {
 const COUNTED_PATHS: &[&str] = &[
     "/v1/models",
     "/v1/chat/completions",
+    "/v1/embeddings",
     "/api/version",
     "/api/tags",
     "/api/ps",
@@ -88,6 +91,7 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
     let api = Router::new()
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/api/version", get(ollama::version))
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
@@ -149,7 +153,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves /v1/models, /v1/chat/completions, Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps and /api/version, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /v1/embeddings, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, /healthz and /metrics (docs/protocol.md lists them)",
     )
 }
 

@@ -10,7 +10,7 @@ use std::{path::PathBuf, process::Command, time::Duration};
 
 use mesh_tests::{
     Harness, NodeOptions,
-    fake_openai::{FakeOpenAi, Scripted},
+    fake_openai::{self, FakeOpenAi, Scripted},
     python3,
 };
 use serde_json::Value;
@@ -117,6 +117,94 @@ fn the_ollama_client_reaches_a_peers_model_through_a_node_without_models() {
     assert_eq!(
         schema["json_schema"]["schema"]["properties"]["a"]["type"],
         "integer"
+    );
+}
+
+/// `ollama.Client.embed` (and the older `embeddings`) through a node without models to a model
+/// that makes embeddings: the backend's vectors, in input order; a model that only chats, an
+/// unknown model and bad input get Ollama's error shape naming what is wrong.
+#[test]
+fn the_ollama_client_embeds_through_a_node_without_models() {
+    let h = Harness::new().expect("harness");
+    let fake = FakeOpenAi::start();
+    let laptop = h.spawn(NodeOptions::new("laptop")).expect("laptop");
+    let gpu = h
+        .spawn(NodeOptions::new("gpu").peer(&laptop.addr).extra(&format!(
+            "[[models]]\nname = \"embedder\"\nbackend = \"openai\"\nbase_url = \"{url}\"\nmodel = \"text-embedding-fake\"\nembeddings = true\n\n\
+             [[models]]\nname = \"chatty\"\nbackend = \"openai\"\nbase_url = \"{url}\"\nmodel = \"scripted\"\n",
+            url = fake.base_url()
+        )))
+        .expect("gpu");
+    h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
+    let url = laptop.http_url().expect("front door");
+    let script = r#"
+import json, sys, httpx, ollama
+client = ollama.Client(host=sys.argv[1])
+many = client.embed(model="embedder", input=["first", "second"])
+one = client.embeddings(model="embedder:latest", prompt="first")
+def refusal(call):
+    try:
+        call()
+    except ollama.ResponseError as e:
+        return {"status": e.status_code, "error": e.error}
+    return None
+bad = httpx.post(sys.argv[1] + "/api/embed", json={"model": "embedder", "input": [1]})
+assert "embedding" in client.show("embedder").capabilities
+assert "embedding" not in client.show("chatty").capabilities
+print(json.dumps({
+    "model": many.model, "embeddings": many.embeddings,
+    "one": one.embedding,
+    "chat_only": refusal(lambda: client.embed(model="chatty", input="x")),
+    "unknown": refusal(lambda: client.embed(model="nope", input="x")),
+    "no_prompt": refusal(lambda: client.embeddings(model="embedder", prompt="")),
+    "bad": {"status": bad.status_code, "body": bad.json()},
+}))
+"#;
+    let output = Command::new(python3())
+        .arg("-c")
+        .arg(script)
+        .arg(&url)
+        .output()
+        .expect("run python3");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    let vector = |v: &Value| -> Vec<f32> {
+        v.as_array()
+            .expect("a vector")
+            .iter()
+            .map(|x| x.as_f64().expect("a number") as f32)
+            .collect()
+    };
+    assert_eq!(report["model"], "embedder");
+    let embeddings = report["embeddings"].as_array().expect("embeddings");
+    assert_eq!(vector(&embeddings[0]), fake_openai::embedding("first"));
+    assert_eq!(vector(&embeddings[1]), fake_openai::embedding("second"));
+    assert_eq!(vector(&report["one"]), fake_openai::embedding("first"));
+    assert_eq!(fake.embedding_requests().len(), 2, "{report}");
+    let refused = |name: &str, status: u64, words: &str| {
+        let refusal = &report[name];
+        assert_eq!(refusal["status"], status, "{name}: {refusal}");
+        let message = refusal["error"].as_str().unwrap_or_default();
+        assert!(message.contains(words), "{name}: {message}");
+    };
+    refused("chat_only", 400, "chatty");
+    refused("unknown", 404, "model \"nope\" not found");
+    refused("no_prompt", 400, "prompt");
+    assert_eq!(report["bad"]["status"], 400, "{report}");
+    assert!(
+        report["bad"]["body"]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("input[0]")),
+        "{report}"
+    );
+    assert_eq!(
+        fake.embedding_requests().len(),
+        2,
+        "nothing refused reached the model"
     );
 }
 

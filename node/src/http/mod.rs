@@ -81,6 +81,8 @@ const COUNTED_PATHS: &[&str] = &[
     "/api/show",
     "/api/chat",
     "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
     "/healthz",
     "/metrics",
 ];
@@ -98,6 +100,8 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
         .route("/api/show", post(ollama::show))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
     Router::new()
         .merge(api)

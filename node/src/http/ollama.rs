@@ -3,7 +3,8 @@
 //!
 //! `POST /api/chat` and `POST /api/generate` answer one JSON object, or (the default, as in
 //! Ollama) NDJSON: one object per line, the last `done: true` with `done_reason`, the token
-//! counts and the durations in nanoseconds. `GET /api/tags` and `GET /api/ps` list the fleet's
+//! counts and the durations in nanoseconds. `POST /api/embed` (and the older `/api/embeddings`)
+//! embed through the gateway's one embeddings path. `GET /api/tags` and `GET /api/ps` list the fleet's
 //! models, `POST /api/show` describes one, `GET /api/version` names the Ollama release whose API
 //! this follows ([`VERSION`]). Like Ollama's own decoder this ignores fields it does not know;
 //! a known field of the wrong type, or a setting that would change the answer and that the mesh
@@ -18,7 +19,8 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use mesh_domain::{
-    ChatRequest, ChatResponse, Message, ResponseFormat, Role, Sampling, ToolCall, ToolSpec,
+    ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Message, ResponseFormat, Role,
+    Sampling, ToolCall, ToolSpec,
 };
 use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::{Map, Value, json};
@@ -770,6 +772,119 @@ pub async fn generate(
     answer(door, caller, read_generate(&body)?).await
 }
 
+/// `POST /api/embed`'s body (`/api/embeddings`, the older endpoint, sends one `prompt`).
+#[derive(Debug, Default, Deserialize)]
+struct EmbedBody {
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    input: Option<Value>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    dimensions: Option<u64>,
+}
+
+/// `input`: one text or a list of texts.
+fn embed_inputs(input: Option<Value>) -> Result<Vec<String>, ApiError> {
+    const TEXT: &str = "must be a string or a list of strings";
+    match input {
+        Some(Value::String(text)) => Ok(vec![text]),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(text) => Ok(text),
+                other => Err(ApiError::bad_field(
+                    &format!("input[{i}]"),
+                    format!("{other} is not a string"),
+                )),
+            })
+            .collect(),
+        None | Some(Value::Null) => Err(ApiError::bad_field(
+            "input",
+            format!("is required: it {TEXT}"),
+        )),
+        Some(other) => Err(ApiError::bad_field("input", format!("{TEXT}, not {other}"))),
+    }
+}
+
+/// Embeds the texts through the gateway; a `dimensions` other than the model's is a 400.
+async fn embed_texts(
+    door: &FrontDoor,
+    caller: &Caller,
+    body: EmbedBody,
+    inputs: Vec<String>,
+    started: Instant,
+) -> Result<(EmbedResponse, Value), ApiError> {
+    if body.model.is_empty() {
+        return Err(ApiError::bad_field(
+            "model",
+            "is required (GET /api/tags lists the fleet's models)",
+        ));
+    }
+    let model = resolve(&body.model, &door.fleet_models());
+    let response = gateway::embed(door, caller, &model, &EmbedRequest { inputs })
+        .await
+        .map_err(|e| match e.code {
+            Some("model_not_found") => model_not_found(&body.model),
+            _ => e,
+        })?;
+    let made = response.vectors.first().map_or(0, Vec::len) as u64;
+    if let Some(wanted) = body.dimensions
+        && wanted != made
+    {
+        return Err(ApiError::bad_field(
+            "dimensions",
+            format!(
+                "model `{}` makes {made}-dimensional vectors and the mesh does not shorten them; leave dimensions out or set it to {made}",
+                response.model
+            ),
+        ));
+    }
+    let timing = json!({"total_duration": nanos_since(started), "load_duration": 0,
+                        "prompt_eval_count": response.prompt_tokens});
+    Ok((response, timing))
+}
+
+/// `POST /api/embed`: `{"model", "embeddings": [[…]], …}`, one vector per input.
+pub async fn embed(
+    State(door): State<Arc<FrontDoor>>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let started = Instant::now();
+    let mut body: EmbedBody = read(&body)?;
+    let inputs = embed_inputs(body.input.take())?;
+    let (response, mut value) = embed_texts(&door, &caller, body, inputs, started).await?;
+    value["model"] = json!(response.model);
+    value["embeddings"] = json!(response.vectors);
+    Ok(Json(value))
+}
+
+/// `POST /api/embeddings` (Ollama's older endpoint): one `prompt`, `{"embedding": […]}`.
+pub async fn embeddings(
+    State(door): State<Arc<FrontDoor>>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let started = Instant::now();
+    let mut body: EmbedBody = read(&body)?;
+    let prompt = body
+        .prompt
+        .take()
+        .ok_or_else(|| ApiError::bad_field("prompt", "is required: the text to embed"))?;
+    let (response, _) = embed_texts(&door, &caller, body, vec![prompt], started)
+        .await
+        .map_err(|e| match e.param.as_deref() {
+            // The gateway names OpenAI's `input`; this endpoint's text is `prompt`.
+            Some("input") => ApiError::bad_field("prompt", e.message.replacen("input[0]: ", "", 1)),
+            _ => e,
+        })?;
+    let vector = response.vectors.into_iter().next().unwrap_or_default();
+    Ok(Json(json!({"embedding": vector})))
+}
+
 /// `GET /api/version`.
 pub async fn version() -> Json<Value> {
     Json(json!({"version": VERSION}))
@@ -820,7 +935,7 @@ pub async fn ps(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
 }
 
 /// `POST /api/show`: what Ollama says of a model, as far as the mesh knows it; clients read
-/// `capabilities` to offer tools.
+/// `capabilities` to offer tools (and embeddings).
 pub async fn show(
     State(door): State<Arc<FrontDoor>>,
     body: axum::body::Bytes,
@@ -836,10 +951,15 @@ pub async fn show(
     if !fleet.contains_key(&model) {
         return Err(model_not_found(&asked));
     }
+    // Every fleet model chats (tools are passed through); Ollama names embedding models so.
+    let mut capabilities = vec!["completion", "tools"];
+    if door.fleet_embedders().contains(&model) {
+        capabilities.push("embedding");
+    }
     Ok(Json(json!({
         "modelfile": "", "parameters": "", "template": "", "license": "",
         "details": details(), "model_info": {}, "modified_at": EPOCH,
-        "capabilities": ["completion", "tools"],
+        "capabilities": capabilities,
     })))
 }
 
@@ -1159,5 +1279,22 @@ mod tests {
         assert_eq!(resolve("t:latest", &fleet), "t:latest");
         assert_eq!(resolve("x:latest", &fleet), "x:latest");
         assert_eq!(resolve("m", &fleet), "m");
+    }
+
+    #[test]
+    fn embed_input_is_a_text_or_a_list_of_texts_and_bad_input_names_the_field() {
+        assert_eq!(embed_inputs(Some(json!("a"))).expect("text"), ["a"]);
+        assert_eq!(
+            embed_inputs(Some(json!(["a", "b"]))).expect("list"),
+            ["a", "b"]
+        );
+        for (input, field) in [
+            (None, "input"),
+            (Some(json!(7)), "input"),
+            (Some(json!(["a", 1])), "input[1]"),
+        ] {
+            let error = embed_inputs(input).expect_err("refused");
+            assert_eq!(error.param.as_deref(), Some(field), "{}", error.message);
+        }
     }
 }

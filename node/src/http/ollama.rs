@@ -3,12 +3,13 @@
 //!
 //! `POST /api/chat` and `POST /api/generate` answer one JSON object, or (the default, as in
 //! Ollama) NDJSON: one object per line, the last `done: true` with `done_reason`, the token
-//! counts and the durations in nanoseconds. `POST /api/embed` (and the older `/api/embeddings`)
-//! embed through the gateway's one embeddings path. `GET /api/tags` and `GET /api/ps` list the fleet's
-//! models, `POST /api/show` describes one, `GET /api/version` names the Ollama release whose API
-//! this follows ([`VERSION`]). Like Ollama's own decoder this ignores fields it does not know;
-//! a known field of the wrong type, or a setting that would change the answer and that the mesh
-//! cannot honour, is a 400 naming it. The field table is in docs/protocol.md.
+//! counts and the durations in nanoseconds. `POST /api/embed` (and the older
+//! `/api/embeddings`) embed through the gateway's one embeddings path. `GET /api/tags` and
+//! `GET /api/ps` list the fleet's models, `POST /api/show` describes one, `GET /api/version`
+//! names the Ollama release whose API this follows ([`VERSION`]). Like Ollama's own decoder
+//! this ignores fields it does not know; a known field of the wrong type, or a setting that
+//! would change the answer and that the mesh cannot honour, is a 400 naming it. The field table
+//! is in docs/protocol.md.
 
 use std::{sync::Arc, time::Instant};
 

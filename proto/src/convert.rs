@@ -5,9 +5,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use mesh_domain::{
-    CertRole, EventKind, Gpu, Health, HealthStatus, Lineage, Load, ModelInfo, NodeId, NodeInfo,
-    PeerState, PersonaInfo, Principal, Requirements, Resources, Target, TaskError, TaskEvent,
-    TaskSpec, TaskStatus, Tier, Usage, task::MAX_TIMEOUT_S,
+    CertRole, EventKind, Gpu, Health, HealthStatus, KeyLimits, KeyPolicy, Lineage, Load, ModelInfo,
+    NodeId, NodeInfo, PeerState, PersonaInfo, Principal, Requirements, Resources, Target,
+    TaskError, TaskEvent, TaskSpec, TaskStatus, Tier, Usage, task::MAX_TIMEOUT_S,
 };
 use tonic::Status;
 
@@ -327,6 +327,41 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
             started_at_ms: info.started_at_ms,
             remote_max_tier: tier_or_read(info.remote_max_tier),
             memory_seq: info.memory_seq,
+        })
+    }
+}
+
+impl From<&KeyPolicy> for pb::KeyPolicy {
+    fn from(policy: &KeyPolicy) -> Self {
+        let limits = policy.limits;
+        Self {
+            models: policy.models.clone(),
+            roles: policy.roles.clone(),
+            max_tokens_per_day: limits.max_tokens_per_day,
+            max_tokens_per_month: limits.max_tokens_per_month,
+            requests_per_minute: limits.requests_per_minute,
+            tokens_per_minute: limits.tokens_per_minute,
+        }
+    }
+}
+
+impl TryFrom<pb::KeyPolicy> for KeyPolicy {
+    type Error = Status;
+
+    /// Bounded like every list from the network; the policy's own rules (no empty name, no
+    /// zero limit) are the node's key registry's.
+    fn try_from(policy: pb::KeyPolicy) -> Result<Self, Status> {
+        check_list("policy.models", &policy.models)?;
+        check_list("policy.roles", &policy.roles)?;
+        Ok(Self {
+            models: policy.models,
+            roles: policy.roles,
+            limits: KeyLimits {
+                max_tokens_per_day: policy.max_tokens_per_day,
+                max_tokens_per_month: policy.max_tokens_per_month,
+                requests_per_minute: policy.requests_per_minute,
+                tokens_per_minute: policy.tokens_per_minute,
+            },
         })
     }
 }

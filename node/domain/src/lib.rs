@@ -13,6 +13,7 @@
 //!   [`ChatRequest`], [`ChatResponse`], [`Usage`].
 //! - [`embed`]: embeddings: [`EmbedRequest`] (texts, bounded) and [`EmbedResponse`] (one
 //!   vector per text).
+//! - [`api_key`]: a front-door API key's name rules and [`KeyPolicy`] ([`KeyLimits`]).
 //! - [`keys`]: which namespaces and keys of the shared memory are valid.
 //! - [`time`], [`text`], [`sync`], [`future`], [`throttle`]: small helpers every layer needs
 //!   once.
@@ -21,6 +22,7 @@
 //! the workspace, no async runtime, no network and no storage, so the node, the CLI and the wire
 //! contract (`mesh-proto`, which converts these types to and from protobuf) can all share it.
 
+pub mod api_key;
 pub mod chat;
 pub mod embed;
 pub mod future;
@@ -35,6 +37,7 @@ pub mod throttle;
 pub mod tier;
 pub mod time;
 
+pub use api_key::{KeyLimits, KeyPolicy};
 pub use chat::{
     ChatRequest, ChatResponse, Message, ResponseFormat, Role, Sampling, ToolCall, ToolChoice,
     ToolSpec, Usage,

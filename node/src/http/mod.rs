@@ -8,8 +8,9 @@
 //! mesh router (here when this node serves the model and ranks best, else the best peer through
 //! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
 //! every failure is one [`error::ApiError`], rendered in the shape of the API the path belongs
-//! to by the `shape` middleware. With `http.api_keys` set, `/v1/*` needs the key (as
-//! `Authorization: Bearer <key>` or Anthropic's `x-api-key`). `GET /healthz` and `GET /metrics`
+//! to by the `shape` middleware. With keys (`http.api_keys`, `[[http.keys]]`, or added with
+//! `mesh-cli keys add`), `/v1/*` needs one (as `Authorization: Bearer <key>` or Anthropic's
+//! `x-api-key`); the gateway admits each call against its key's policy (`api_keys`). `GET /healthz` and `GET /metrics`
 //! (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
@@ -43,6 +44,7 @@ pub use self::{
     openai::read_chat_completion,
 };
 use crate::{
+    api_keys::Keys,
     capabilities::Capabilities,
     chat::ChatService,
     config::ConnectionLimits,
@@ -64,8 +66,9 @@ pub struct FrontDoor {
     pub caps: Arc<Capabilities>,
     /// Peers and what they serve.
     pub peers: Arc<PeerTable>,
-    /// Accepted bearer keys (empty: open).
-    pub api_keys: Vec<String>,
+    /// The API keys (`http.api_keys`, `[[http.keys]]`, and those added at run time), their
+    /// limits and usage; with none, the front door is open.
+    pub keys: Arc<Keys>,
     /// For `/metrics`: replication lag per peer.
     pub memory: Arc<Memory>,
 }
@@ -169,7 +172,14 @@ async fn authorize(
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if door.api_keys.is_empty() {
+    let unavailable = |e: crate::memory::MemoryError| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable,
+            format!("cannot read the front door's keys: {e}"),
+        )
+    };
+    if !door.keys.required().map_err(unavailable)? {
         request.extensions_mut().insert(Caller::default());
         return Ok(next.run(request).await);
     }
@@ -178,15 +188,21 @@ async fn authorize(
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
-    match presented {
-        Some(key) if known_key(&door.api_keys, key) => {
-            request.extensions_mut().insert(Caller::default());
+    let grant = match presented {
+        Some(key) => door.keys.authenticate(key).map_err(unavailable)?,
+        None => None,
+    };
+    match grant {
+        Some(grant) => {
+            request
+                .extensions_mut()
+                .insert(Caller { key: Some(grant) });
             Ok(next.run(request).await)
         }
-        _ => Err(ApiError::new(
+        None => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             ErrorKind::Authentication,
-            "missing or unknown API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with one of the node's http.api_keys",
+            "missing or unknown API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with a key of the mesh (http.api_keys, [[http.keys]], or one made by `mesh-cli keys add`)",
         )
         .with_code("invalid_api_key")),
     }
@@ -196,18 +212,6 @@ async fn authorize(
 pub fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-/// Whether `presented` is one of `keys`, in time that depends on neither (the SHA-256 digests
-/// are compared in constant time, every key is compared).
-fn known_key(keys: &[String], presented: &str) -> bool {
-    use sha2::{Digest, Sha256};
-    use subtle::ConstantTimeEq;
-    let presented = Sha256::digest(presented.as_bytes());
-    keys.iter()
-        .map(|k| Sha256::digest(k.as_bytes()).ct_eq(&presented))
-        .fold(subtle::Choice::from(0), |found, eq| found | eq)
-        .into()
 }
 
 async fn healthz(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
@@ -473,14 +477,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_configured_key_is_known() {
-        let keys = vec!["sk-one".to_owned(), "sk-two".to_owned()];
-        assert!(known_key(&keys, "sk-one"));
-        assert!(known_key(&keys, "sk-two"));
-        for wrong in ["", "sk-on", "sk-one ", "sk-onex", "SK-ONE"] {
-            assert!(!known_key(&keys, wrong), "{wrong:?}");
-        }
-        assert!(!known_key(&[], "sk-one"));
+    fn the_bearer_token_is_read_in_any_case_of_the_scheme() {
         assert_eq!(bearer("Bearer sk-one"), Some("sk-one"));
         assert_eq!(bearer("bearer sk-one"), Some("sk-one"));
         assert_eq!(bearer("BEARER  sk-one "), Some("sk-one"));

@@ -722,10 +722,12 @@ async fn answer(door: Arc<FrontDoor>, caller: Caller, read: Read) -> Result<Resp
     let asked = call.model.clone();
     let max_tokens = call.chat.sampling.max_tokens;
     let clock = Clock::start();
-    let run = gateway::start(&door, &caller, call).map_err(|e| match e.code {
-        Some("model_not_found") => model_not_found(&asked),
-        _ => e,
-    })?;
+    let run = gateway::start(&door, &caller, call)
+        .await
+        .map_err(|e| match e.code {
+            Some("model_not_found") => model_not_found(&asked),
+            _ => e,
+        })?;
     if stream {
         let encoder = Lines {
             kind,

@@ -465,7 +465,7 @@ pub async fn chat_completions(
         include_usage,
     } = read_chat_completion(&body)?;
     let asked = call.model.clone();
-    let run = gateway::start(&door, &caller, call)?;
+    let run = gateway::start(&door, &caller, call).await?;
     let id = completion_id();
     let created = unix_s();
     if stream {

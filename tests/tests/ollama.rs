@@ -3,7 +3,8 @@
 //! models and reaches its peer's model for chats and generations, whole and streamed as NDJSON,
 //! with a tool call round trip; `format` and `options` reach the backend as the chat's
 //! `response_format` and settings; an unknown model, a wrong key, bad input and an oversized
-//! body are refused in Ollama's shape and reach no model. And one chat through the embedded
+//! body are refused in Ollama's shape and reach no model. A named key's model list and budget
+//! hold there too; embeddings go through `/api/embed`. And one chat through the embedded
 //! SmolLM2 model.
 
 use std::{path::PathBuf, process::Command, time::Duration};
@@ -117,6 +118,80 @@ fn the_ollama_client_reaches_a_peers_model_through_a_node_without_models() {
     assert_eq!(
         schema["json_schema"]["schema"]["properties"]["a"]["type"],
         "integer"
+    );
+}
+
+/// A named key's policy holds on Ollama's API too, in Ollama's error shape: a model the key
+/// may not use is a 403 naming it, and once its day budget is spent the next chat is a 429
+/// naming the limit, with `Retry-After`.
+#[test]
+fn a_keys_model_list_and_budget_hold_on_ollamas_api() {
+    let h = Harness::new().expect("harness");
+    let fake = FakeOpenAi::start();
+    let hash: String = mesh_node::api_keys::key_sha256(KEY)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let keys = format!(
+        "[[http.keys]]\nname = \"team\"\nkey_sha256 = \"{hash}\"\nmodels = [\"m\"]\nmax_tokens_per_day = 20\n"
+    );
+    let laptop = h
+        .spawn(NodeOptions::new("laptop").extra(&keys))
+        .expect("laptop");
+    let gpu = h
+        .spawn(NodeOptions::new("gpu").peer(&laptop.addr).extra(&format!(
+            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\nchat = [\"m\"]\n",
+            fake.base_url()
+        )))
+        .expect("gpu");
+    h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
+    fake.push([Scripted::text("spent").usage(10, 10)]);
+    let script = r#"
+import json, sys, httpx, ollama
+base, key = sys.argv[1], sys.argv[2]
+client = ollama.Client(host=base, headers={"Authorization": f"Bearer {key}"})
+def refusal(call):
+    try:
+        call()
+    except ollama.ResponseError as e:
+        return {"status": e.status_code, "error": e.error}
+    return None
+role = refusal(lambda: client.chat(model="role:chat", messages=[{"role": "user", "content": "x"}]))
+first = client.chat(model="m", messages=[{"role": "user", "content": "x"}])
+spent = httpx.post(base + "/api/chat", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": "m", "stream": False, "messages": [{"role": "user", "content": "x"}]})
+print(json.dumps({"role": role, "first": first.message.content, "status": spent.status_code,
+                  "body": spent.json(), "retry_after": spent.headers.get("retry-after")}))
+"#;
+    let output = Command::new(python3())
+        .arg("-c")
+        .arg(script)
+        .arg(laptop.http_url().expect("front door"))
+        .arg(KEY)
+        .output()
+        .expect("run python3");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    assert_eq!(report["role"]["status"], 403, "{report}");
+    assert!(
+        report["role"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("role:chat")),
+        "{report}"
+    );
+    assert_eq!(report["first"], "spent", "{report}");
+    assert_eq!(report["status"], 429, "{report}");
+    let error = report["body"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("max_tokens_per_day"), "{report}");
+    assert!(report["retry_after"].as_str().is_some(), "{report}");
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "only the admitted chat reached the model"
     );
 }
 

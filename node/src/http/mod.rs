@@ -3,7 +3,8 @@
 //!
 //! Each API is a dialect module that only translates: [`openai`] (chat completions, models),
 //! [`embeddings`] (OpenAI's embeddings), [`responses`] (OpenAI's Responses API, with its
-//! stored conversations).
+//! stored conversations), [`ollama`] (Ollama's chat, generate, embed, tags, show, ps and
+//! version).
 //! Every dialect goes through [`gateway`], the one path that checks a call, places it with the
 //! mesh router (here when this node serves the model and ranks best, else the best peer through
 //! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
@@ -18,6 +19,7 @@ mod door;
 pub mod embeddings;
 pub mod error;
 pub mod gateway;
+pub mod ollama;
 pub mod openai;
 pub mod responses;
 
@@ -60,6 +62,14 @@ const COUNTED_PATHS: &[&str] = &[
     "/v1/chat/completions",
     "/v1/embeddings",
     "/v1/responses",
+    "/api/version",
+    "/api/tags",
+    "/api/ps",
+    "/api/show",
+    "/api/chat",
+    "/api/generate",
+    "/api/embed",
+    "/api/embeddings",
     "/healthz",
     "/metrics",
 ];
@@ -73,6 +83,14 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/api/version", get(ollama::version))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed))
+        .route("/api/embeddings", post(ollama::embeddings))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
     Router::new()
         .merge(api)
@@ -128,7 +146,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /v1/embeddings, /v1/responses, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, /healthz and /metrics (docs/protocol.md lists them)",
     )
 }
 

@@ -1,7 +1,8 @@
 //! The front door: every model in the fleet, reachable from any node, in the APIs its clients
 //! speak.
 //!
-//! Each API is a dialect module that only translates: [`openai`] (chat completions, models).
+//! Each API is a dialect module that only translates: [`openai`] (chat completions, models),
+//! [`anthropic`] (Anthropic's Messages API).
 //! Every dialect goes through [`gateway`], the one path that checks a call, places it with the
 //! mesh router (here when this node serves the model and ranks best, else the best peer through
 //! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
@@ -11,6 +12,7 @@
 //! (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
+pub mod anthropic;
 pub mod error;
 pub mod gateway;
 pub mod openai;
@@ -67,7 +69,14 @@ pub struct FrontDoor {
 }
 
 /// The paths counted by name in `agentmesh_http_requests_total` (any other is `other`).
-const COUNTED_PATHS: &[&str] = &["/v1/models", "/v1/chat/completions", "/healthz", "/metrics"];
+const COUNTED_PATHS: &[&str] = &[
+    "/v1/models",
+    "/v1/chat/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/healthz",
+    "/metrics",
+];
 
 /// The front door's routes: every dialect's API behind the key check, then the health and
 /// metrics endpoints; errors shaped by the path's dialect.
@@ -75,6 +84,8 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
     let api = Router::new()
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
     Router::new()
         .merge(api)
@@ -130,7 +141,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /v1/messages, /healthz and /metrics (docs/protocol.md lists them)",
     )
 }
 

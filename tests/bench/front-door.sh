@@ -6,6 +6,8 @@
 #   one hop   the front door of a node without models, which routes to the first over mTLS
 #             gRPC (Models.Chat),
 #   litellm   (with --litellm) a LiteLLM proxy on the same backend,
+# then the other APIs through the same hop: POST /v1/responses (OpenAI Responses) and
+# POST /v1/messages (Anthropic Messages), each translated to the same chat,
 # and prints requests/s and latency percentiles of each, and what the front door adds to the
 # direct p50/p99.
 #
@@ -172,29 +174,38 @@ wait_until 30 "the laptop's front door did not reach gpu's model" post "http://$
 post "http://$gpu_http/v1/chat/completions"
 post "http://127.0.0.1:$backend_port/plain/v1/chat/completions"
 
-targets=("direct|http://127.0.0.1:$backend_port/plain/v1/chat/completions"
-         "local|http://$gpu_http/v1/chat/completions"
-         "one hop|http://$laptop_http/v1/chat/completions")
+responses_body='{"model":"fake","input":"Say hello.","store":false}'
+messages_body='{"model":"fake","max_tokens":16,"messages":[{"role":"user","content":"Say hello."}]}'
+# name|url|body of each measurement (the first is the reference for "+p99").
+targets=("direct|http://127.0.0.1:$backend_port/plain/v1/chat/completions|$body"
+         "local|http://$gpu_http/v1/chat/completions|$body"
+         "one hop|http://$laptop_http/v1/chat/completions|$body"
+         "responses, one hop|http://$laptop_http/v1/responses|$responses_body"
+         "messages, one hop|http://$laptop_http/v1/messages|$messages_body")
 
-cat > "$work/post.lua" <<LUA
+lua() { # body: a wrk script posting it
+  cat <<LUA
 wrk.method = "POST"
-wrk.body = '$body'
+wrk.body = '$1'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $key"
+wrk.headers["anthropic-version"] = "2023-06-01"
 LUA
+}
 
 # wrk's latency lines ("50%  123.00us") in milliseconds.
 to_ms() { awk '{ v=$2; u=v; sub(/[0-9.]+/, "", u); sub(/[a-z]+$/, "", v);
   f = (u=="us") ? 0.001 : (u=="ms") ? 1 : (u=="s") ? 1000 : (u=="m") ? 60000 : 0; printf "%.3f", v*f }'; }
 
-echo "wrk -t$threads -c$connections -d${duration}s --latency, POST /v1/chat/completions; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "wrk -t$threads -c$connections -d${duration}s --latency, POST; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-22s %10s %9s %9s %9s %9s %7s %8s\n' target "req/s" "p50 ms" "p90 ms" "p99 ms" "+p99 ms" "steal" errors
 # CPU time the hypervisor took from this VM (the `steal` column of /proc/stat), as a share of all
 # CPU time: runs with much steal measure the host, not agentmesh.
 cpu_times() { awk '/^cpu / {print $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 direct_p99=""
-measure() { # name url: one wrk run, one table row
+measure() { # name url body: one wrk run, one table row
   local name=$1 url=$2 out rps p50 p90 p99 errors added before after steal
+  lua "$3" > "$work/post.lua"
   before=$(cpu_times)
   out=$(wrk -t"$threads" -c"$connections" -d"${duration}s" --latency -s "$work/post.lua" "$url")
   rps=$(echo "$out" | awk '/^Requests\/sec/ {print $2}')
@@ -209,7 +220,8 @@ measure() { # name url: one wrk run, one table row
   printf '%-22s %10s %9s %9s %9s %9s %7s %8s\n' "$name" "$rps" "$p50" "$p90" "$p99" "$added" "$steal" "$errors"
 }
 for target in "${targets[@]}"; do
-  measure "${target%%|*}" "${target#*|}"
+  IFS='|' read -r name url request <<< "$target"
+  measure "$name" "$url" "$request"
 done
 
 # LiteLLM last, so that its process is not running beside the others' measurements.
@@ -230,6 +242,6 @@ YAML
     --num_workers "$litellm_workers" > "$work/litellm.log" 2>&1 &
   pids+=($!)
   wait_until 180 "LiteLLM did not answer (log: $work/litellm.log)" post "http://127.0.0.1:$litellm_port/v1/chat/completions"
-  measure "litellm, $litellm_workers worker(s)" "http://127.0.0.1:$litellm_port/v1/chat/completions"
+  measure "litellm, $litellm_workers worker(s)" "http://127.0.0.1:$litellm_port/v1/chat/completions" "$body"
 fi
 

@@ -433,3 +433,82 @@ fn a_streamed_chat_whose_client_hangs_up_stops_generating_here_and_across_a_hop(
         .expect("generation stops when the client goes away");
     }
 }
+
+/// What chat completions honour beyond plain chats, through a node without models and the
+/// official client: `n` answers (each a separate run of the model, usage summed), the serving
+/// model named in the answer (a `role:` request says which model served), `usage` in the last
+/// chunk of a stream; and what they refuse with a 400 naming the field rather than ignore: a
+/// `tool_choice` naming a function not offered, a field OpenAI does not define, a setting the
+/// mesh cannot honour. A body over the limit is a 413 in OpenAI's shape.
+#[test]
+fn chat_completions_honour_n_and_usage_and_refuse_what_they_cannot_honour() {
+    let Mesh {
+        h: _h,
+        fake,
+        laptop,
+        gpu: _gpu,
+    } = mesh();
+    fake.push([
+        Scripted::text("first").usage(3, 4),
+        Scripted::text("second").usage(3, 6),
+        Scripted::text("streamed").usage(2, 1),
+    ]);
+    let url = laptop.http_url().expect("front door");
+    let out = python(
+        r#"
+import json, sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="k", max_retries=0)
+two = client.chat.completions.create(
+    model="role:chat", n=2, messages=[{"role": "user", "content": "twice"}])
+assert sorted(c.message.content for c in two.choices) == ["first", "second"], two
+assert sorted(c.index for c in two.choices) == [0, 1], two
+assert two.model == "m", two.model
+assert (two.usage.prompt_tokens, two.usage.completion_tokens) == (6, 10), two.usage
+chunks = list(client.chat.completions.create(
+    model="role:chat", stream=True, stream_options={"include_usage": True},
+    messages=[{"role": "user", "content": "stream"}]))
+assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "streamed"
+last = chunks[-1]
+assert last.choices == [] and last.usage.completion_tokens == 1, last
+assert last.model == "m", last
+tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+refusals = [
+    ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"n": 9}, "n"),
+    ({"extra_body": {"top_k": 40}}, "top_k"),
+    ({"presence_penalty": 1.0}, "presence_penalty"),
+    ({"logprobs": True}, "logprobs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": "object"}}},
+     "response_format.json_schema.schema"),
+]
+for extra, field in refusals:
+    try:
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], **extra)
+        raise AssertionError(f"{field} was not refused")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400, e
+        assert e.body["param"] == field and e.body["message"].startswith(field), (field, e.body)
+import urllib.request, urllib.error
+big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (5 << 20)}]})
+try:
+    urllib.request.urlopen(urllib.request.Request(
+        sys.argv[1] + "/v1/chat/completions", data=big.encode(),
+        headers={"Content-Type": "application/json"}))
+    raise AssertionError("an oversized body was taken")
+except urllib.error.HTTPError as e:
+    assert e.code == 413, e.code
+    error = json.loads(e.read())["error"]
+    assert error["type"] == "invalid_request_error" and "limit" in error["message"], error
+print("ok")
+"#,
+        &[&url],
+    );
+    assert_eq!(out.trim(), "ok");
+    assert_eq!(
+        fake.requests().len(),
+        3,
+        "the two choices and the stream reached the model; no refused request did"
+    );
+}

@@ -35,7 +35,8 @@ use super::{
 /// The header naming the API version a client speaks.
 pub const VERSION_HEADER: &str = "anthropic-version";
 
-/// Request fields read (and so honoured or refused by value).
+/// Request fields read (and so honoured or refused by value). `temperature`, `top_p` and
+/// `top_k` are gone from the newest API but older clients (and Claude Code) still send them.
 const READ: &[&str] = &[
     "model",
     "max_tokens",
@@ -59,6 +60,8 @@ const IGNORED: &[&str] = &[
     "cache_control",
     "inference_geo",
     "speed",
+    "user_profile_id",
+    "workspace_id",
 ];
 
 /// Fields Anthropic defines that the mesh does not offer.

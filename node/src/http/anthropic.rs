@@ -51,6 +51,7 @@ const READ: &[&str] = &[
     "stream",
     "thinking",
     "output_config",
+    "context_management",
 ];
 
 /// Fields Anthropic defines that do not change the answer: accepted and not used.
@@ -65,12 +66,7 @@ const IGNORED: &[&str] = &[
 ];
 
 /// Fields Anthropic defines that the mesh does not offer.
-const UNSUPPORTED: &[&str] = &[
-    "container",
-    "mcp_servers",
-    "context_management",
-    "diagnostics",
-];
+const UNSUPPORTED: &[&str] = &["container", "mcp_servers", "diagnostics"];
 
 /// Block types Anthropic defines that the mesh's models cannot read.
 const UNSUPPORTED_BLOCKS: &[&str] = &[
@@ -255,6 +251,9 @@ pub fn read_messages(body: &[u8]) -> Result<MessagesRequest, ApiError> {
     if let Some(thinking) = top.object("thinking")? {
         check_thinking(&thinking)?;
     }
+    if let Some(management) = top.object("context_management")? {
+        check_context_management(&management)?;
+    }
     let tools = match top.array("tools")? {
         Some(tools) => tools
             .iter()
@@ -327,6 +326,26 @@ fn check_thinking(thinking: &Obj<'_>) -> Result<(), ApiError> {
             format!("`{other}` is not enabled, disabled or adaptive"),
         )),
     }
+}
+
+/// `context_management` (Claude Code sends it): its `clear_thinking_*` edits are what the
+/// translation does anyway (thinking blocks are dropped); any other edit (clearing old tool
+/// results past a size) would change the conversation and is refused, named.
+fn check_context_management(management: &Obj<'_>) -> Result<(), ApiError> {
+    management.only(&["edits"])?;
+    for (i, edit) in management.array("edits")?.into_iter().flatten().enumerate() {
+        let edit = Obj::at(management.path_of(&format!("edits.{i}")), edit)?;
+        let kind = edit.required_str("type")?;
+        if !kind.starts_with("clear_thinking_") {
+            return Err(ApiError::bad_field(
+                &edit.path_of("type"),
+                format!(
+                    "`{kind}` is not supported by agentmesh (only clear_thinking edits, which it always applies); leave it out"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Text of a `system` prompt or a `tool_result`'s content: a string, or text blocks.
@@ -904,7 +923,8 @@ mod tests {
             "top_p": 0.9,
             "stream": true,
             "metadata": {"user_id": "u"},
-            "thinking": {"type": "enabled", "budget_tokens": 1024}
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
         }))
         .expect("valid");
         assert!(read.stream);

@@ -107,6 +107,32 @@ def fake(base: str) -> None:
     assert answered.content[0].text == "sunny in Paris", answered
     assert answered.stop_reason == "end_turn", answered
 
+    # A streamed tool call: its input arrives as input_json_delta.
+    with client.messages.stream(
+        model="m", max_tokens=64, messages=[question], tools=[WEATHER]
+    ) as stream:
+        final = stream.get_final_message()
+    use = [b for b in final.content if b.type == "tool_use"]
+    assert len(use) == 1 and use[0].input == {"city": "Oslo"}, final
+    assert final.stop_reason == "tool_use", final
+
+    # Tool arguments that are not a JSON object: an error naming the model, not a broken block.
+    broken = "model `m` called tool `weather` with arguments that are not a JSON object"
+    try:
+        client.messages.create(model="m", max_tokens=64, messages=[question], tools=[WEATHER])
+        raise AssertionError("broken tool arguments must be an error")
+    except anthropic.APIStatusError as e:
+        refused(e.status_code, e.body, 502, "api_error", broken)
+    try:
+        with client.messages.stream(
+            model="m", max_tokens=64, messages=[question], tools=[WEATHER]
+        ) as stream:
+            stream.get_final_message()
+        raise AssertionError("broken streamed tool arguments must be an error")
+    except anthropic.APIStatusError as e:
+        assert e.body["type"] == "error", e.body
+        assert e.body["error"]["message"].startswith(broken), e.body
+
     # Bad input, through the client: each a 400 invalid_request_error naming the field.
     for kwargs, starts in [
         ({"extra_body": {"max_tokens": "ten"}}, "max_tokens: Input should be"),
@@ -161,7 +187,8 @@ def key(base: str, secret: str) -> None:
         raise AssertionError("a wrong key must be refused")
     except anthropic.AuthenticationError as e:
         assert e.body["error"]["type"] == "authentication_error", e.body
-    status, answer = post(base, body, {"x-api-key": secret, "anthropic-version": "2023-06-01"})
+    # The right x-api-key, without an anthropic-version header (accepted when missing).
+    status, answer = post(base, body, {"x-api-key": secret})
     assert status == 200, answer
     assert answer["content"][0]["text"] == "let in", answer
     client = anthropic.Anthropic(base_url=base, api_key=secret, max_retries=0)

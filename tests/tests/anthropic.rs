@@ -1,7 +1,8 @@
 //! Anthropic's Messages API on the front door, driven by the official `anthropic` Python client
 //! (tests/python/anthropic_client.py): through a node without models to a peer whose model is
-//! the scripted fake, a plain message, a stream, one tool round trip and bad input in
-//! Anthropic's error shape; with `http.api_keys`, a wrong `x-api-key` is Anthropic's
+//! the scripted fake, a plain message, a stream, one tool round trip, a streamed tool call,
+//! broken tool arguments as an error naming the model, and bad input in Anthropic's error
+//! shape; with `http.api_keys`, a wrong `x-api-key` is Anthropic's
 //! `authentication_error`; and one short end-to-end run on the embedded SmolLM2 model.
 
 use std::{
@@ -59,14 +60,17 @@ fn the_anthropic_client_reaches_a_peers_model_with_tools_and_bad_input_is_refuse
         Scripted::text("streamed answer"),
         Scripted::tool("weather", r#"{"city": "Paris"}"#),
         Scripted::text("sunny in Paris"),
+        Scripted::tool("weather", r#"{"city": "Oslo"}"#),
+        Scripted::tool("weather", "{\"city\": "),
+        Scripted::tool("weather", "{\"city\": "),
     ]);
     client("fake", &laptop.http_url().expect("front door"), &[]);
 
     let requests = fake.requests();
     assert_eq!(
         requests.len(),
-        4,
-        "the four chats reached the gpu's model, no refused one did: {requests:#?}"
+        7,
+        "the seven chats reached the gpu's model, no refused one did: {requests:#?}"
     );
     // The system prompt and max_tokens reached the model.
     assert_eq!(

@@ -10,7 +10,8 @@
 //! answer (`metadata`, `cache_control`, `thinking`, the `anthropic-beta` header) is accepted.
 //! `POST /v1/messages/count_tokens` is a 404 saying why; `GET /v1/models` with an
 //! `anthropic-version` header answers Anthropic's list ([`models_list`]). The table is in
-//! docs/protocol.md.
+//! docs/protocol.md. It only translates: placing, falling through, streaming, counting usage
+//! and cancelling are the gateway's.
 
 use std::{collections::BTreeMap, sync::Arc};
 

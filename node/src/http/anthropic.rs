@@ -28,7 +28,7 @@ use mesh_domain::{
 use serde_json::{Map, Value, json};
 
 use super::{
-    FrontDoor,
+    door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     gateway::{self, Call, Caller, Encoder, Event},
 };

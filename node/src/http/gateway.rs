@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
 use super::{
-    FrontDoor,
+    door::FrontDoor,
     error::{ApiError, ErrorKind},
 };
 

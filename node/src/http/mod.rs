@@ -13,6 +13,7 @@
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
 pub mod anthropic;
+pub mod door;
 pub mod error;
 pub mod gateway;
 pub mod openai;
@@ -37,36 +38,18 @@ use hyper_util::{
 
 use self::gateway::Caller;
 pub use self::{
+    door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     openai::read_chat_completion,
 };
 use crate::{
-    capabilities::Capabilities,
-    chat::ChatService,
     config::ConnectionLimits,
     connections::{ACCEPT_BACKOFF, Cap, ConnectionCap, ConnectionSlot},
-    memory::Memory,
     metrics::{labels, metrics},
-    peers::PeerTable,
 };
 
 /// Largest request body.
 const MAX_BODY: usize = 4 * 1024 * 1024;
-
-/// What the front door needs from the node.
-#[derive(Debug)]
-pub struct FrontDoor {
-    /// Places and runs chats: here, or on peers.
-    pub chat: Arc<ChatService>,
-    /// This node's advertised info.
-    pub caps: Arc<Capabilities>,
-    /// Peers and what they serve.
-    pub peers: Arc<PeerTable>,
-    /// Accepted bearer keys (empty: open).
-    pub api_keys: Vec<String>,
-    /// For `/metrics`: replication lag per peer.
-    pub memory: Arc<Memory>,
-}
 
 /// The paths counted by name in `agentmesh_http_requests_total` (any other is `other`).
 const COUNTED_PATHS: &[&str] = &[

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::{
-    FrontDoor,
+    door::FrontDoor,
     error::ApiError,
     gateway::{self, Call, Caller, Encoder, Event, unix_s},
 };

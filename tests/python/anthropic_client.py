@@ -65,8 +65,10 @@ def fake(base: str) -> None:
     ids = [m.id for m in client.models.list()]
     assert "m" in ids and "role:chat" in ids, ids
 
+    # What Claude Code adds and does not change the answer: metadata, a beta header.
     plain = client.messages.create(
-        model="m", max_tokens=64, system="be brief", messages=HI, metadata={"user_id": "u"}
+        model="m", max_tokens=64, system="be brief", messages=HI, metadata={"user_id": "u"},
+        extra_headers={"anthropic-beta": "prompt-caching-scope-2026-01-05"},
     )
     assert plain.id.startswith("msg_"), plain
     assert plain.type == "message" and plain.role == "assistant", plain

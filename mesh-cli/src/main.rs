@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 mod cron;
 mod join;
+mod keys;
 mod memory;
 mod tasks;
 
@@ -90,6 +91,10 @@ enum Command {
     /// so it keeps firing while the node that created it is off.
     #[command(subcommand)]
     Cron(cron::CronCommand),
+    /// The front door's API keys: add and revoke them at run time, see their usage over the
+    /// fleet, per model, against their budgets and rate limits.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Manage the mesh certificate authority.
     #[command(subcommand)]
     Ca(CaCommand),
@@ -233,6 +238,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tasks(args) => tasks::tasks(&cli.conn, args).await,
         Command::Memory(command) => memory::run(&cli.conn, command).await,
         Command::Cron(command) => cron::run(&cli.conn, command).await,
+        Command::Keys(command) => keys::run(&cli.conn, command).await,
         Command::Token(join::TokenCommand::Create(args)) => join::create(args),
         Command::Join { token, name } => join::join(&token, name).await,
         Command::Ca(CaCommand::Init { dir }) => {

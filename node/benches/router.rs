@@ -44,6 +44,7 @@ fn node(i: usize) -> NodeInfo {
             model: "m".into(),
             base_url: String::new(),
             tokens_per_s: 0.0,
+            embeds: false,
         }],
         role_chains: roles
             .iter()

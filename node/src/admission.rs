@@ -144,6 +144,11 @@ pub enum AdmissionError {
     /// A chat for a model or role that no node of the mesh serves.
     #[error("the model `{0}` does not exist on any node of the mesh; GET /v1/models lists them")]
     UnknownModel(String),
+    /// Embeddings with a model that exists but makes none on any node.
+    #[error(
+        "model `{0}` does not support embeddings on any node of the mesh; GET /v1/models lists the models whose capabilities include `embeddings`"
+    )]
+    CannotEmbed(String),
 }
 
 /// The door: this node's description, its view of the fleet and its policy.
@@ -253,7 +258,32 @@ impl Admission {
     }
 }
 
-/// Counts a placement decision (`kind`: `task` or `chat`) in the metrics.
+impl Admission {
+    /// Where embeddings with `model` may run (read tier, no requirements): here or on the best
+    /// peers whose `model` makes embeddings. A model no node has is `UnknownModel`, as for
+    /// chats; one that only chats is `CannotEmbed`, naming it.
+    pub fn place_embed(&self, model: &str) -> Result<Placement, AdmissionError> {
+        let own = self.caps.snapshot();
+        let peers = self.peers.snapshot();
+        let ranked = router::rank_embedders(&own, &peers, model);
+        if ranked.is_empty() {
+            let exists = std::iter::once(&own)
+                .chain(peers.iter().map(|p| &p.info))
+                .any(|info| info.models.iter().any(|m| m.name == model));
+            record("embed", &Err(String::new()));
+            return Err(if exists {
+                AdmissionError::CannotEmbed(model.to_owned())
+            } else {
+                AdmissionError::UnknownModel(model.to_owned())
+            });
+        }
+        let choice = router::choose(&ranked, false);
+        record("embed", &choice);
+        choice.map_err(AdmissionError::Nowhere)
+    }
+}
+
+/// Counts a placement decision (`kind`: `task`, `chat` or `embed`) in the metrics.
 fn record(kind: &str, choice: &Result<Placement, String>) {
     metrics().routed(
         kind,
@@ -277,6 +307,56 @@ mod tests {
             name: "someone".into(),
             role,
         }
+    }
+
+    /// A node whose config has `name` (an openai model, embedding or not), for placements.
+    fn admission_with(models: &str) -> Admission {
+        let config = crate::config::RawConfig::parse(
+            &format!("[node]\nname = \"me\"\n{models}"),
+            std::path::Path::new("test.toml"),
+        )
+        .and_then(|raw| raw.validate(None, &Default::default()))
+        .expect("valid config");
+        Admission::new(
+            Arc::new(Capabilities::new(
+                &config,
+                NodeId::from_spki_der(b"me"),
+                String::new(),
+                Vec::new(),
+            )),
+            Arc::default(),
+            Tier::Write,
+        )
+    }
+
+    #[test]
+    fn embeddings_go_only_to_a_model_that_makes_them_and_a_chat_model_is_named() {
+        let openai = |name: &str, embeds: bool| {
+            format!(
+                "[[models]]\nname = \"{name}\"\nbackend = \"openai\"\nbase_url = \"http://x/v1\"\nmodel = \"m\"\nembeddings = {embeds}\n"
+            )
+        };
+        let admission = admission_with(&(openai("chatty", false) + &openai("embedder", true)));
+        assert_eq!(admission.place_embed("embedder"), Ok(Placement::Local));
+        let error = admission
+            .place_embed("chatty")
+            .expect_err("a chat-only model");
+        assert_eq!(error, AdmissionError::CannotEmbed("chatty".into()));
+        assert!(
+            error
+                .to_string()
+                .starts_with("model `chatty` does not support embeddings"),
+            "{error}"
+        );
+        assert_eq!(
+            admission.place_embed("nothing"),
+            Err(AdmissionError::UnknownModel("nothing".into()))
+        );
+        // Chats still go to the chat-only model.
+        assert_eq!(
+            admission.place_chat(&Target::Model("chatty".into())),
+            Ok(Placement::Local)
+        );
     }
 
     #[test]

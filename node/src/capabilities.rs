@@ -135,6 +135,7 @@ impl Capabilities {
                     model: model.clone(),
                     base_url: base_url.clone(),
                     tokens_per_s: 0.0,
+                    embeds: m.embeddings,
                 },
                 Backend::Embedded { path, .. } => ModelInfo {
                     name: m.name.clone(),
@@ -142,6 +143,7 @@ impl Capabilities {
                     model: path.display().to_string(),
                     base_url: String::new(),
                     tokens_per_s: 0.0,
+                    embeds: m.embeddings,
                 },
             })
             .collect();

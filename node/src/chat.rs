@@ -1,14 +1,16 @@
 //! Chats with models, wherever they run: falling through a chain of models on this node
 //! ([`fall_through`], which the agent loop and the front door both use), and running one chat
 //! where the mesh places it ([`ChatService`]): here, or on the best peers in turn through the
-//! [`RemoteChat`] port (implemented by `rpc` over `agentmesh.v1.Models/Chat`).
+//! [`RemoteChat`] port (implemented by `rpc` over `agentmesh.v1.Models/Chat`). Embeddings take
+//! the same way ([`ChatService::place_embed`], [`ChatService::run_embed`]), to the nodes whose
+//! model makes them, over `agentmesh.v1.Models/Embed`.
 //!
 //! It decides where a chat may go through `admission`, and it never runs tools or creates
 //! tasks; it speaks no protobuf and no HTTP.
 
 use std::{sync::Arc, time::Instant};
 
-use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Target};
+use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Target};
 use tokio::sync::mpsc;
 
 use crate::{
@@ -101,7 +103,8 @@ pub struct RemoteChatError {
     pub invalid_request: bool,
 }
 
-/// Runs a chat on a peer's models (a port: `rpc` implements it with `Models/Chat`).
+/// Runs a chat or embeddings on a peer's models (a port: `rpc` implements it with
+/// `Models/Chat` and `Models/Embed`).
 pub trait RemoteChat: Send + Sync + std::fmt::Debug {
     /// Runs `request` for `target` on the node at `addr`, passing its text on to `deltas`; the
     /// complete answer at the end.
@@ -112,6 +115,14 @@ pub trait RemoteChat: Send + Sync + std::fmt::Debug {
         request: &'a ChatRequest,
         deltas: &'a mpsc::UnboundedSender<String>,
     ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>>;
+
+    /// Embeds `request` with `model` on the node at `addr`.
+    fn embed<'a>(
+        &'a self,
+        addr: &'a str,
+        model: &'a str,
+        request: &'a EmbedRequest,
+    ) -> BoxFuture<'a, Result<EmbedResponse, RemoteChatError>>;
 }
 
 /// Why a placed chat did not produce an answer.
@@ -244,5 +255,181 @@ impl ChatService {
             tracing::warn!(node = %peer.name, error = %error.message, "front door: a chat failed before answering; trying the next node");
         }
         Err(ChatError::Peers(failed.join("; ")))
+    }
+
+    /// Embeds `request` with this node's `model`. `None` when this node does not have the
+    /// model; a model that does not make embeddings refuses, naming itself.
+    pub async fn embed_here(
+        &self,
+        model: &str,
+        request: &EmbedRequest,
+    ) -> Option<Result<EmbedResponse, ModelError>> {
+        let model = self.models.model(model)?;
+        let started = Instant::now();
+        let result = model.embed(request).await;
+        metrics().model_call(model.name(), started.elapsed().as_secs_f64());
+        Some(result.map(|response| EmbedResponse {
+            model: model.name().to_owned(),
+            ..response
+        }))
+    }
+
+    /// Where embeddings with `model` go: here, or the best peers whose model makes them (at
+    /// most [`MAX_CHAT_TRIES`]).
+    pub fn place_embed(&self, model: &str) -> Result<Placement, AdmissionError> {
+        Ok(match self.admission.place_embed(model)? {
+            Placement::Remote(mut peers) => {
+                peers.truncate(MAX_CHAT_TRIES);
+                Placement::Remote(peers)
+            }
+            local => local,
+        })
+    }
+
+    /// Embeds `request` with `model` where `placement` says. On peers, the next is tried when
+    /// one fails (nothing was passed on yet), except when a peer's model refused the request
+    /// itself: that refusal is the answer, as it would be here.
+    pub async fn run_embed(
+        &self,
+        placement: Placement,
+        model: &str,
+        request: &EmbedRequest,
+    ) -> Result<EmbedResponse, ChatError> {
+        let peers = match placement {
+            Placement::Local => {
+                return match self.embed_here(model, request).await {
+                    Some(Ok(response)) => Ok(response),
+                    Some(Err(error)) => Err(ChatError::Model(error)),
+                    None => Err(ChatError::NotLoaded),
+                };
+            }
+            Placement::Remote(peers) => peers,
+        };
+        let mut failed = Vec::new();
+        for peer in peers {
+            let error = match self.remote.embed(&peer.addr, model, request).await {
+                Ok(response) => return Ok(response),
+                Err(error) => error,
+            };
+            if error.invalid_request {
+                return Err(ChatError::Model(ModelError::Refused {
+                    status: 400,
+                    message: error.message,
+                }));
+            }
+            tracing::warn!(node = %peer.name, error = %error.message, "front door: embeddings failed on a node; trying the next");
+            failed.push(format!("node {}: {}", peer.name, error.message));
+        }
+        Err(ChatError::Peers(failed.join("; ")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::{capabilities::test_support::test_capabilities, router::Destination};
+
+    /// A fleet of peers whose `Models.Embed` answers are scripted by address; records the
+    /// addresses tried, in order.
+    #[derive(Debug, Default)]
+    struct ScriptedPeers {
+        tried: Mutex<Vec<String>>,
+    }
+
+    impl RemoteChat for ScriptedPeers {
+        fn chat<'a>(
+            &'a self,
+            _addr: &'a str,
+            _target: &'a Target,
+            _request: &'a ChatRequest,
+            _deltas: &'a mpsc::UnboundedSender<String>,
+        ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
+            Box::pin(async { unreachable!("only embeddings here") })
+        }
+
+        fn embed<'a>(
+            &'a self,
+            addr: &'a str,
+            model: &'a str,
+            request: &'a EmbedRequest,
+        ) -> BoxFuture<'a, Result<EmbedResponse, RemoteChatError>> {
+            self.tried.lock().expect("lock").push(addr.to_owned());
+            let fail = |invalid_request| RemoteChatError {
+                message: format!("{addr} said no"),
+                streamed: false,
+                invalid_request,
+            };
+            let result = match addr {
+                "down" => Err(fail(false)),
+                "refuses" => Err(fail(true)),
+                _ => Ok(EmbedResponse {
+                    model: model.to_owned(),
+                    vectors: vec![vec![1.0]; request.inputs.len()],
+                    prompt_tokens: 1,
+                }),
+            };
+            Box::pin(async move { result })
+        }
+    }
+
+    fn peers(addrs: &[&str]) -> Placement {
+        Placement::Remote(
+            addrs
+                .iter()
+                .map(|a| Destination {
+                    name: (*a).to_owned(),
+                    addr: (*a).to_owned(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Embeddings on peers fail over like chats: a peer that fails is skipped, a peer whose
+    /// model refused the request is the answer (another would refuse it too).
+    #[tokio::test]
+    async fn embeddings_skip_a_failing_peer_and_stop_at_a_refusing_one() {
+        let remote = Arc::new(ScriptedPeers::default());
+        let service = ChatService::new(
+            Arc::new(ModelRegistry::default()),
+            Arc::new(Admission::new(
+                test_capabilities(),
+                Arc::default(),
+                mesh_domain::Tier::Write,
+            )),
+            remote.clone(),
+        );
+        let request = EmbedRequest {
+            inputs: vec!["a".into(), "b".into()],
+        };
+        let answer = service
+            .run_embed(peers(&["down", "up"]), "e", &request)
+            .await
+            .expect("the second peer answers");
+        assert_eq!(answer.vectors.len(), 2);
+        let error = service
+            .run_embed(peers(&["refuses", "up"]), "e", &request)
+            .await
+            .expect_err("a refusal is the answer");
+        assert_eq!(
+            error,
+            ChatError::Model(ModelError::Refused {
+                status: 400,
+                message: "refuses said no".into()
+            })
+        );
+        let error = service
+            .run_embed(peers(&["down", "down"]), "e", &request)
+            .await
+            .expect_err("every peer failed");
+        assert!(
+            matches!(&error, ChatError::Peers(m) if m.contains("node down")),
+            "{error:?}"
+        );
+        assert_eq!(
+            *remote.tried.lock().expect("lock"),
+            ["down", "up", "refuses", "down", "down"]
+        );
     }
 }

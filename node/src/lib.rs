@@ -19,7 +19,9 @@
 //!    sessions that keep it true; dials through the `PeerLink` port), [`capabilities`] (what
 //!    this node is and has), [`llm`] (the model registry and its backends), [`router`] (pure
 //!    ranking and choice), [`memory`] (replicated records; reaches peers through `MemoryPeers`).
-//! 3. [`admission`] (the one door: whether and where a task or chat runs), [`chat`] (model
+//! 3. [`admission`] (the one door: whether and where a task or chat runs), [`api_keys`] (the
+//!    front door's keys: who a key is, its budgets and rate limits, usage counted fleet-wide
+//!    in the memory), [`chat`] (model
 //!    chains with fall-through, chats on peers through `RemoteChat`), [`agent`] (the tools loop,
 //!    the supervisor, the tool table; reports through `EventSink`), [`cron`] (schedules; fires
 //!    through `Runner`), [`issuer`] (redeems join tokens for certificates on a node with the CA
@@ -42,6 +44,7 @@
 
 pub mod admission;
 pub mod agent;
+pub mod api_keys;
 pub mod capabilities;
 pub mod chat;
 pub mod config;

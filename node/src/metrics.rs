@@ -61,6 +61,14 @@ pub struct Metrics {
     pub adverts_dropped: Family<Labels, Counter>,
     /// Membership (SWIM) datagrams dropped before they could change anything, by reason.
     pub swim_dropped: Family<Labels, Counter>,
+    /// Front-door requests admitted on this node, by `key` (its name) and `model`.
+    pub http_key_requests: Family<Labels, Counter>,
+    /// Tokens the models reported for front-door requests on this node, by `key`, `model` and
+    /// `kind` (`prompt`, `completion`).
+    pub http_key_tokens: Family<Labels, Counter>,
+    /// Front-door requests refused by a key's policy on this node, by `key` and `limit`
+    /// (`model`, or the limit's setting name).
+    pub http_key_refusals: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -160,9 +168,30 @@ impl Metrics {
             "Membership datagrams dropped unread, by reason (malformed, certificate, revoked, bad_signature, stale, replayed, impersonation)",
             swim_dropped.clone(),
         );
+        let http_key_requests = Family::default();
+        registry.register(
+            "http_key_requests",
+            "Front-door requests admitted on this node, by key name and model",
+            http_key_requests.clone(),
+        );
+        let http_key_tokens = Family::default();
+        registry.register(
+            "http_key_tokens",
+            "Tokens the models reported for front-door requests on this node, by key name, model and kind (prompt, completion)",
+            http_key_tokens.clone(),
+        );
+        let http_key_refusals = Family::default();
+        registry.register(
+            "http_key_refusals",
+            "Front-door requests refused by a key's policy on this node, by key name and limit (model, max_tokens_per_day, max_tokens_per_month, requests_per_minute, tokens_per_minute)",
+            http_key_refusals.clone(),
+        );
         Self {
             registry,
             swim_dropped,
+            http_key_requests,
+            http_key_tokens,
+            http_key_refusals,
             connections,
             connections_refused,
             connections_timed_out,

@@ -90,21 +90,48 @@ pub fn rank_fleet<'a>(
     tier: Tier,
     require: &Requirements,
 ) -> Vec<Ranked<'a>> {
-    let mut candidates = vec![Candidate {
+    rank(
+        target,
+        tier,
+        require,
+        &fleet(own, peers).collect::<Vec<_>>(),
+    )
+}
+
+/// Ranks, for embeddings with `model` (read tier, no requirements), only the nodes whose
+/// `model` makes embeddings: a node that has the model for chats only is no candidate at all,
+/// so an embedding never lands there. Empty when no node's `model` embeds.
+pub fn rank_embedders<'a>(own: &'a NodeInfo, peers: &'a [Peer], model: &str) -> Vec<Ranked<'a>> {
+    let embedders: Vec<_> = fleet(own, peers)
+        .filter(|c| c.info.models.iter().any(|m| m.name == model && m.embeds))
+        .collect();
+    if embedders.is_empty() {
+        return Vec::new();
+    }
+    rank(
+        &Target::Model(model.to_owned()),
+        Tier::Read,
+        &Requirements::default(),
+        &embedders,
+    )
+}
+
+/// This node (always up) and its peers, as candidates.
+fn fleet<'a>(own: &'a NodeInfo, peers: &'a [Peer]) -> impl Iterator<Item = Candidate<'a>> {
+    std::iter::once(Candidate {
         info: own,
         state: PeerState::Up,
         local: true,
         rtt_ms: None,
         addr: "",
-    }];
-    candidates.extend(peers.iter().map(|p| Candidate {
+    })
+    .chain(peers.iter().map(|p| Candidate {
         info: &p.info,
         state: p.state,
         local: false,
         rtt_ms: p.rtt_ms,
         addr: &p.addr,
-    }));
-    rank(target, tier, require, &candidates)
+    }))
 }
 
 /// Why `c` cannot run the task, or `None` when it can.
@@ -263,6 +290,7 @@ mod tests {
                 model: "m".into(),
                 base_url: String::new(),
                 tokens_per_s: 0.0,
+                embeds: false,
             }],
             role_chains: roles
                 .iter()
@@ -562,6 +590,48 @@ mod tests {
     }
 
     #[test]
+    fn embeddings_are_ranked_only_among_the_nodes_whose_model_embeds() {
+        let peer = |name: &str, load: (u32, u32), embeds: bool| {
+            let mut info = node(name, &["coder"], &[], load);
+            info.models[0].embeds = embeds;
+            Peer {
+                info,
+                addr: format!("{name}:1"),
+                state: PeerState::Up,
+                last_seen: std::time::SystemTime::UNIX_EPOCH,
+                source: crate::discovery::PeerSource::Static,
+                rtt_ms: None,
+            }
+        };
+        // This node is idlest but has `m` for chats only; of the two that embed, the idler
+        // one comes first.
+        let own = node("here", &["coder"], &[], (0, 0));
+        let peers = vec![
+            peer("busy", (3, 0), true),
+            peer("chat-only", (0, 0), false),
+            peer("idle", (1, 0), true),
+        ];
+        let ranked = rank_embedders(&own, &peers, "m");
+        let names: Vec<_> = ranked.iter().map(|r| r.node).collect();
+        assert_eq!(names, ["idle", "busy"]);
+        assert_eq!(
+            choose(&ranked, false),
+            Ok(Placement::Remote(vec![
+                Destination {
+                    name: "idle".into(),
+                    addr: "idle:1".into()
+                },
+                Destination {
+                    name: "busy".into(),
+                    addr: "busy:1".into()
+                },
+            ]))
+        );
+        assert!(rank_embedders(&own, &peers[1..2], "m").is_empty());
+        assert!(rank_embedders(&own, &peers, "other").is_empty());
+    }
+
+    #[test]
     fn the_speed_is_that_of_the_model_that_would_serve_the_target() {
         let mut info = node("n", &["coder"], &[], (0, 0));
         info.models[0].tokens_per_s = 80.0;
@@ -571,6 +641,7 @@ mod tests {
             model: "b.gguf".into(),
             base_url: String::new(),
             tokens_per_s: 300.0,
+            embeds: false,
         });
         info.role_chains
             .insert("coder".into(), vec!["m".into(), "backup".into()]);

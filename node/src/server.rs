@@ -31,6 +31,7 @@ use tonic::transport::Server;
 use crate::{
     admission::Admission,
     agent::{AgentRuntime, hooks::Hooks, tools::ToolRegistry},
+    api_keys,
     capabilities::Capabilities,
     chat::ChatService,
     config::{Config, ConfigError, DEFAULT_HTTP_PORT, LAST_FALLBACK_PORT, Listen, TlsMode},
@@ -52,6 +53,7 @@ use crate::{
         cron::CronService,
         gate::CertificateGateLayer,
         join::JoinService,
+        keys::KeysService,
         memory::{MemoryService, RemoteMemory},
         models::{ModelsService, RemoteModels},
         tasks::{RemoteTasks, TasksService},
@@ -114,6 +116,30 @@ pub enum StartError {
         /// sled's error.
         source: sled::Error,
     },
+    /// A configured front-door key cannot be used (its key file).
+    #[error(transparent)]
+    Keys(#[from] api_keys::KeysError),
+}
+
+/// How often a node collects its own front-door usage records of past months.
+const USAGE_COLLECT_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Collects this node's old usage records every [`USAGE_COLLECT_INTERVAL`], until `cancel`.
+async fn collect_usage(keys: Arc<api_keys::Keys>, cancel: CancellationToken) {
+    loop {
+        match keys.collect(mesh_domain::time::now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                records = n,
+                "collected front-door usage records of past months"
+            ),
+            Err(e) => tracing::warn!(error = %e, "collect front-door usage records"),
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(USAGE_COLLECT_INTERVAL) => {}
+        }
+    }
 }
 
 /// Binds the listener `listen` asks for. When the port was not chosen explicitly and is taken,
@@ -530,6 +556,13 @@ impl Node {
                 mesh_tls.is_some(),
                 revoked.clone(),
             ));
+        let keys = Arc::new(api_keys::Keys::new(memory.clone(), &config.http)?);
+        {
+            let keys = keys.clone();
+            supervisor.spawn("usage collection", background.clone(), move |cancel| {
+                no_error(collect_usage(keys.clone(), cancel))
+            });
+        }
         // The OpenAI-compatible front door; a node without one still serves the mesh.
         let chat = Arc::new(ChatService::new(
             models.clone(),
@@ -540,14 +573,17 @@ impl Node {
             chat: chat.clone(),
             caps: caps.clone(),
             peers: peers.clone(),
-            api_keys: config.http.api_keys.clone(),
+            keys: keys.clone(),
             memory: memory.clone(),
         });
         match bind_up_to(config.http.listen, DEFAULT_HTTP_PORT + 10).await {
             Ok(listener) => {
                 let http_addr = listener.local_addr().ok();
                 if let Some(http_addr) = http_addr {
-                    if !http_addr.ip().is_loopback() && config.http.api_keys.is_empty() {
+                    if !http_addr.ip().is_loopback()
+                        && config.http.api_keys.is_empty()
+                        && config.http.keys.is_empty()
+                    {
                         tracing::warn!(%http_addr, "the front door listens beyond loopback without http.api_keys (http.allow_unauthenticated): anyone who can reach it can use every model of the mesh");
                     }
                     let _ = std::fs::write(
@@ -584,6 +620,9 @@ impl Node {
             .add_service(ModelsService::new(chat).into_server())
             .add_service(
                 CronService::new(scheduler, admission.clone(), mesh_tls.is_some()).into_server(),
+            )
+            .add_service(
+                KeysService::new(keys, admission.clone(), mesh_tls.is_some()).into_server(),
             )
             .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server())
             .add_optional_service(issuer.map(|issuer| JoinService::new(issuer).into_server()));

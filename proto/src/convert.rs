@@ -5,9 +5,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use mesh_domain::{
-    CertRole, EventKind, Gpu, Health, HealthStatus, Lineage, Load, ModelInfo, NodeId, NodeInfo,
-    PeerState, PersonaInfo, Principal, Requirements, Resources, Target, TaskError, TaskEvent,
-    TaskSpec, TaskStatus, Tier, Usage, task::MAX_TIMEOUT_S,
+    CertRole, EventKind, Gpu, Health, HealthStatus, KeyLimits, KeyPolicy, Lineage, Load, ModelInfo,
+    NodeId, NodeInfo, PeerState, PersonaInfo, Principal, Requirements, Resources, Target,
+    TaskError, TaskEvent, TaskSpec, TaskStatus, Tier, Usage, task::MAX_TIMEOUT_S,
 };
 use tonic::Status;
 
@@ -159,6 +159,7 @@ impl From<&NodeInfo> for pb::NodeInfo {
                     model: m.model.clone(),
                     base_url: m.base_url.clone(),
                     tokens_per_s: m.tokens_per_s,
+                    embeds: m.embeds,
                 })
                 .collect(),
             role_chains: info
@@ -263,6 +264,7 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
                 model: m.model,
                 base_url: m.base_url,
                 tokens_per_s: m.tokens_per_s,
+                embeds: m.embeds,
             });
         }
         let mut personas = Vec::with_capacity(info.personas.len());
@@ -325,6 +327,41 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
             started_at_ms: info.started_at_ms,
             remote_max_tier: tier_or_read(info.remote_max_tier),
             memory_seq: info.memory_seq,
+        })
+    }
+}
+
+impl From<&KeyPolicy> for pb::KeyPolicy {
+    fn from(policy: &KeyPolicy) -> Self {
+        let limits = policy.limits;
+        Self {
+            models: policy.models.clone(),
+            roles: policy.roles.clone(),
+            max_tokens_per_day: limits.max_tokens_per_day,
+            max_tokens_per_month: limits.max_tokens_per_month,
+            requests_per_minute: limits.requests_per_minute,
+            tokens_per_minute: limits.tokens_per_minute,
+        }
+    }
+}
+
+impl TryFrom<pb::KeyPolicy> for KeyPolicy {
+    type Error = Status;
+
+    /// Bounded like every list from the network; the policy's own rules (no empty name, no
+    /// zero limit) are the node's key registry's.
+    fn try_from(policy: pb::KeyPolicy) -> Result<Self, Status> {
+        check_list("policy.models", &policy.models)?;
+        check_list("policy.roles", &policy.roles)?;
+        Ok(Self {
+            models: policy.models,
+            roles: policy.roles,
+            limits: KeyLimits {
+                max_tokens_per_day: policy.max_tokens_per_day,
+                max_tokens_per_month: policy.max_tokens_per_month,
+                requests_per_minute: policy.requests_per_minute,
+                tokens_per_minute: policy.tokens_per_minute,
+            },
         })
     }
 }
@@ -661,6 +698,7 @@ mod tests {
                 model: "qwen2.5".into(),
                 base_url: "http://x/v1".into(),
                 tokens_per_s: 42.5,
+                embeds: true,
             }],
             role_chains: [("coder".to_owned(), vec!["qwen".to_owned()])].into(),
             resources: Resources {

@@ -1,6 +1,7 @@
 //! A scripted fake OpenAI-compatible server: `/v1/models` and `/v1/chat/completions` (plain and
 //! streaming), answering from a queue of canned replies, tool calls included, and recording every
-//! request it received. It runs on its own thread and runtime, so tests stay synchronous.
+//! request it received; `/v1/embeddings` answers [`embedding`] of each text (deterministic, so
+//! tests know the exact vectors). It runs on its own thread and runtime, so tests stay synchronous.
 //! [`FakeOpenAi::in_flight`] counts the requests whose client is still there (a stalled or
 //! trickling answer ends only when the client hangs up), so tests can see generation stop.
 
@@ -101,6 +102,8 @@ struct Script {
     /// The answer once the scripted replies are used up.
     otherwise: Option<Scripted>,
     requests: Vec<Value>,
+    /// Every `/v1/embeddings` request (the JSON bodies).
+    embedding_requests: Vec<Value>,
     /// Requests being answered whose client has not gone away.
     in_flight: Arc<AtomicUsize>,
 }
@@ -154,6 +157,7 @@ impl FakeOpenAi {
                 let app = Router::new()
                     .route("/v1/models", get(models))
                     .route("/v1/chat/completions", post(chat))
+                    .route("/v1/embeddings", post(embeddings))
                     .with_state(state);
                 axum::serve(listener, app)
                     .with_graceful_shutdown(async {
@@ -205,6 +209,33 @@ impl FakeOpenAi {
     pub fn requests(&self) -> Vec<Value> {
         self.script.lock().expect("script lock").requests.clone()
     }
+
+    /// Every embeddings request received so far (the JSON bodies).
+    pub fn embedding_requests(&self) -> Vec<Value> {
+        self.script
+            .lock()
+            .expect("script lock")
+            .embedding_requests
+            .clone()
+    }
+}
+
+/// Dimensions of the fake's embeddings.
+pub const EMBEDDING_DIMENSIONS: usize = 8;
+
+/// The fake's embedding of `text`: each component an FNV-1a hash of the component's index and
+/// the text, mapped to [-1, 1). Deterministic and different for different texts; deliberately
+/// not unit length, so a test can tell the node passed the server's vector through untouched.
+pub fn embedding(text: &str) -> Vec<f32> {
+    (0..EMBEDDING_DIMENSIONS)
+        .map(|i| {
+            let mut hash: u32 = 0x811c_9dc5;
+            for byte in std::iter::once(i as u8).chain(text.bytes()) {
+                hash = (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193);
+            }
+            (hash % 2000) as f32 / 1000.0 - 1.0
+        })
+        .collect()
 }
 
 impl Drop for FakeOpenAi {
@@ -222,6 +253,41 @@ async fn models() -> Json<Value> {
         "object": "list",
         "data": [{"id": "fake", "object": "model", "created": 0, "owned_by": "agentmesh-tests"}],
     }))
+}
+
+/// `/v1/embeddings`: [`embedding`] of each text of `input` (a string or a list of strings),
+/// one token per whitespace-separated word; anything else is a 400 as OpenAI words it.
+async fn embeddings(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
+    script
+        .lock()
+        .expect("script lock")
+        .embedding_requests
+        .push(body.clone());
+    let texts: Option<Vec<String>> = match &body["input"] {
+        Value::String(text) => Some(vec![text.clone()]),
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => None,
+    };
+    let Some(texts) = texts else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": "input: not text", "type": "invalid_request_error"}})),
+        )
+            .into_response();
+    };
+    let tokens: usize = texts.iter().map(|t| t.split_whitespace().count()).sum();
+    Json(json!({
+        "object": "list",
+        "model": body["model"],
+        "data": texts.iter().enumerate().map(|(i, text)| json!({
+            "object": "embedding", "index": i, "embedding": embedding(text),
+        })).collect::<Vec<_>>(),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response()
 }
 
 async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {

@@ -140,6 +140,25 @@ pub fn raise_open_files_limit(needed: u64) -> anyhow::Result<u64> {
     Ok(hard)
 }
 
+/// The embedded model's GGUF file (SmolLM2-135M-Instruct, which `deploy/fetch-model.sh` puts
+/// into the default data dir; `MESH_EMBEDDED_MODEL` may point at another copy), or a failed
+/// test that says how to get it: a test of the real model never passes silently without one.
+pub fn embedded_model_path() -> PathBuf {
+    let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
+        Some(path) => PathBuf::from(path),
+        None => mesh_node::config::default_model_path(
+            &mesh_identity::bootstrap::default_data_dir().expect("this platform has a data dir"),
+        ),
+    };
+    assert!(
+        path.is_file(),
+        "the embedded model is missing at {}: run deploy/fetch-model.sh (deploy/test.sh does), \
+         or set MESH_EMBEDDED_MODEL to the GGUF file",
+        path.display()
+    );
+    path
+}
+
 /// Polls `check` every 50 ms until it returns `Some` or `timeout` passes.
 pub fn wait_for<T>(
     what: &str,

@@ -27,19 +27,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// The GGUF file, or a failed test that says how to get it.
 fn model_path() -> PathBuf {
-    let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
-        Some(path) => PathBuf::from(path),
-        None => mesh_node::config::default_model_path(
-            &mesh_identity::bootstrap::default_data_dir().expect("this platform has a data dir"),
-        ),
-    };
-    assert!(
-        path.is_file(),
-        "the embedded model is missing at {}: run deploy/fetch-model.sh (deploy/test.sh does), \
-         or set MESH_EMBEDDED_MODEL to the GGUF file",
-        path.display()
-    );
-    path
+    mesh_tests::embedded_model_path()
 }
 
 /// One inference thread per model: the tests here run in parallel on two cores, where two
@@ -53,6 +41,7 @@ fn options(path: &Path) -> EmbeddedOptions {
         threads: THREADS,
         context_window: 2048,
         timeout: DEADLINE,
+        embeddings: false,
     }
 }
 

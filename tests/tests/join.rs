@@ -353,6 +353,13 @@ async fn a_caller_without_a_certificate_reaches_only_join() {
             .map(|_| ()),
     ));
     refusals.push((
+        "Models.Embed",
+        pb::models_client::ModelsClient::new(channel.clone())
+            .embed(pb::EmbedCall::default())
+            .await
+            .map(|_| ()),
+    ));
+    refusals.push((
         "Health.Check",
         tonic_health::pb::health_client::HealthClient::new(channel.clone())
             .check(tonic_health::pb::HealthCheckRequest::default())

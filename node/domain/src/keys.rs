@@ -21,20 +21,29 @@ pub const REVOCATIONS: &str = "revocations";
 /// Namespace of the front door's stored Responses-API answers (key: response id; value: the
 /// conversation up to and including that answer), for `previous_response_id` on any node.
 pub const RESPONSES: &str = "responses";
+/// Namespace of the front-door keys added at run time (key: the key's name; value: its
+/// SHA-256 and policy, written only through `Keys.Add` and `Keys.Remove`).
+pub const HTTP_KEYS: &str = "http_keys";
+/// Namespace of the front-door keys' usage (key: `key name/UTC day/node id`; each node writes
+/// only its own records).
+pub const HTTP_KEY_USAGE: &str = "http_key_usage";
 /// Namespaces the node writes for itself, through its own services only: the cron schedules
-/// and firings, the conversation sessions, the revocations and the stored responses. Agents and
-/// clients may not write them.
+/// and firings, the conversation sessions, the revocations, the stored responses, and the
+/// front-door keys and their usage. Agents and clients may not write them.
 pub const SYSTEM_NAMESPACES: &[&str] = &[
     CRON_SCHEDULES,
     CRON_FIRINGS,
     SESSIONS,
     REVOCATIONS,
     RESPONSES,
+    HTTP_KEYS,
+    HTTP_KEY_USAGE,
 ];
 /// System namespaces that callers may not read either (through `Memory.Get`/`List` or an
 /// agent's memory tools): what they hold belongs to front-door clients (their conversations),
-/// not to whoever holds a certificate.
-pub const PRIVATE_NAMESPACES: &[&str] = &[RESPONSES];
+/// or is the keys' hashes and policies (shown without hashes through `Keys.List`), not to
+/// whoever holds a certificate.
+pub const PRIVATE_NAMESPACES: &[&str] = &[RESPONSES, HTTP_KEYS];
 
 /// A namespace or key that is not valid; the message says what a valid one looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -11,6 +11,9 @@
 //! - [`node`]: what a node says about itself ([`NodeInfo`] and its parts) and [`PeerState`].
 //! - [`chat`]: conversations with a model: [`Message`], tool calls and specs, [`Sampling`],
 //!   [`ChatRequest`], [`ChatResponse`], [`Usage`].
+//! - [`embed`]: embeddings: [`EmbedRequest`] (texts, bounded) and [`EmbedResponse`] (one
+//!   vector per text).
+//! - [`api_key`]: a front-door API key's name rules and [`KeyPolicy`] ([`KeyLimits`]).
 //! - [`keys`]: which namespaces and keys of the shared memory are valid.
 //! - [`time`], [`text`], [`sync`], [`future`], [`throttle`]: small helpers every layer needs
 //!   once.
@@ -19,7 +22,9 @@
 //! the workspace, no async runtime, no network and no storage, so the node, the CLI and the wire
 //! contract (`mesh-proto`, which converts these types to and from protobuf) can all share it.
 
+pub mod api_key;
 pub mod chat;
+pub mod embed;
 pub mod future;
 pub mod id;
 pub mod keys;
@@ -32,10 +37,12 @@ pub mod throttle;
 pub mod tier;
 pub mod time;
 
+pub use api_key::{KeyLimits, KeyPolicy};
 pub use chat::{
     ChatRequest, ChatResponse, Message, ResponseFormat, Role, Sampling, ToolCall, ToolChoice,
     ToolSpec, Usage,
 };
+pub use embed::{EmbedRequest, EmbedResponse};
 pub use future::BoxFuture;
 pub use id::NodeId;
 pub use node::{

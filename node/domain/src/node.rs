@@ -66,6 +66,8 @@ pub struct ModelInfo {
     pub base_url: String,
     /// Measured decode speed, tokens/s; 0 until measured.
     pub tokens_per_s: f64,
+    /// Whether it makes embeddings (`embeddings = true` in its `[[models]]` entry).
+    pub embeds: bool,
 }
 
 /// Host resources.

@@ -172,6 +172,11 @@ pub struct RawModel {
     pub timeout_s: Option<u64>,
     /// For `embedded`: threads for inference. Default: the number of CPU cores.
     pub threads: Option<usize>,
+    /// Whether the model makes embeddings (`POST /v1/embeddings`): for `embedded`, the engine
+    /// keeps a second, embedding context; for `openai`, the server's model answers
+    /// `/embeddings` and the node passes calls through. Default: false (chat only).
+    #[serde(default)]
+    pub embeddings: bool,
 }
 
 /// One `[[personas]]` entry.
@@ -257,9 +262,37 @@ pub struct RawHttp {
     /// Bearer keys; when set, `/v1/*` requests need one. Default: none (no authentication,
     /// which a front door beyond loopback must accept with `allow_unauthenticated`).
     pub api_keys: Vec<String>,
+    /// `[[http.keys]]`: named keys with allowed models and roles, budgets and rate limits, and
+    /// their usage counted fleet-wide. Default: none.
+    pub keys: Vec<RawHttpKey>,
     /// Lets a front door listen beyond loopback without `api_keys`, open to anyone who can
     /// reach it. Default: false (such a node refuses to start).
     pub allow_unauthenticated: bool,
+}
+
+/// One `[[http.keys]]` entry: the key itself is not in the file, only its SHA-256 or the path
+/// of a file (mode 0600) that holds it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawHttpKey {
+    /// The key's name, unique on the node: usage and limits are counted per name. Required.
+    pub name: String,
+    /// The key's SHA-256, 64 hex digits (`printf %s "$KEY" | sha256sum`). This or `key_file`.
+    pub key_sha256: Option<String>,
+    /// A file holding the key (one line, owner-only: mode 0600). This or `key_sha256`.
+    pub key_file: Option<PathBuf>,
+    /// Models the key may ask for. Default (with `roles` empty too): every model and role.
+    pub models: Vec<String>,
+    /// Roles the key may ask for (`role:NAME`). Default (with `models` empty too): all.
+    pub roles: Vec<String>,
+    /// Prompt plus completion tokens per UTC day, fleet-wide. Default: no limit.
+    pub max_tokens_per_day: Option<u64>,
+    /// Prompt plus completion tokens per UTC month, fleet-wide. Default: no limit.
+    pub max_tokens_per_month: Option<u64>,
+    /// Requests per calendar minute, fleet-wide. Default: no limit.
+    pub requests_per_minute: Option<u64>,
+    /// Prompt plus completion tokens per calendar minute, fleet-wide. Default: no limit.
+    pub tokens_per_minute: Option<u64>,
 }
 
 /// `[connections]`: how long a connection may take to prove itself, and how many each listener

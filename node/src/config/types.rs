@@ -212,6 +212,8 @@ pub struct ModelConfig {
     pub name: String,
     /// How it is reached.
     pub backend: Backend,
+    /// Whether it makes embeddings (`embeddings = true`).
+    pub embeddings: bool,
 }
 
 /// A validated `[[personas]]` entry.
@@ -235,6 +237,30 @@ pub struct PersonaConfig {
 pub struct HttpConfig {
     /// Where to listen.
     pub listen: Listen,
-    /// Accepted bearer keys (empty: no authentication).
+    /// Accepted bearer keys, unlimited and not counted (empty, with `keys`: no
+    /// authentication).
     pub api_keys: Vec<String>,
+    /// `[[http.keys]]`: named keys with their policies.
+    pub keys: Vec<HttpKey>,
+}
+
+/// A validated `[[http.keys]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpKey {
+    /// Its name (checked, unique on the node).
+    pub name: String,
+    /// Where its hash comes from.
+    pub secret: KeySecret,
+    /// What it may use, and how much.
+    pub policy: mesh_domain::KeyPolicy,
+}
+
+/// How a configured key is known: by its hash, or by a file the node reads (and checks is the
+/// owner's alone) when it starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySecret {
+    /// `key_sha256`.
+    Sha256([u8; 32]),
+    /// `key_file`.
+    File(std::path::PathBuf),
 }

@@ -676,7 +676,7 @@ pub async fn messages(
     check_version(&headers)?;
     let MessagesRequest { call, stream } = read_messages(&body)?;
     let asked = call.model.clone();
-    let run = gateway::start(&door, &caller, call)?;
+    let run = gateway::start(&door, &caller, call).await?;
     let id = message_id();
     if stream {
         return Ok(gateway::stream(

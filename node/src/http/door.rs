@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use crate::{capabilities::Capabilities, chat::ChatService, memory::Memory, peers::PeerTable};
+use crate::{
+    api_keys::Keys, capabilities::Capabilities, chat::ChatService, memory::Memory, peers::PeerTable,
+};
 
 /// What the front door needs from the node.
 #[derive(Debug)]
@@ -15,8 +17,9 @@ pub struct FrontDoor {
     pub caps: Arc<Capabilities>,
     /// Peers and what they serve.
     pub peers: Arc<PeerTable>,
-    /// Accepted bearer keys (empty: open).
-    pub api_keys: Vec<String>,
+    /// The API keys (`http.api_keys`, `[[http.keys]]`, and those added at run time), their
+    /// limits and usage; with none, the front door is open.
+    pub keys: Arc<Keys>,
     /// For `/metrics`: replication lag per peer.
     pub memory: Arc<Memory>,
 }

@@ -15,7 +15,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::{admission::AdmissionError, chat::ChatError, llm::ModelError};
+use crate::{admission::AdmissionError, api_keys::Refusal, chat::ChatError, llm::ModelError};
 
 /// What went wrong, independent of any API's vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +127,40 @@ impl ApiError {
                 Self::new(StatusCode::FORBIDDEN, ErrorKind::Permission, message)
             }
             AdmissionError::HopLimit { .. } => Self::bad_request(message),
+            AdmissionError::CannotEmbed(_) => Self {
+                param: Some("model".into()),
+                ..Self::bad_request(message).with_code("model_not_supported")
+            },
+        }
+    }
+
+    /// A call its key may not make: a model it may not use (403), a limit reached (429, with
+    /// `Retry-After`, the code naming the limit), or usage that cannot be counted (503).
+    pub fn from_refusal(refusal: Refusal) -> Self {
+        let message = refusal.to_string();
+        match refusal {
+            Refusal::Model { .. } => {
+                Self::new(StatusCode::FORBIDDEN, ErrorKind::Permission, message)
+                    .with_code("model_not_allowed")
+            }
+            Refusal::Limit {
+                kind,
+                retry_after_s,
+                ..
+            } => Self {
+                retry_after_s: Some(retry_after_s),
+                ..Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ErrorKind::RateLimited,
+                    message,
+                )
+                .with_code(kind.as_str())
+            },
+            Refusal::Unavailable { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Unavailable,
+                message,
+            ),
         }
     }
 

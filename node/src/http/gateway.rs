@@ -8,6 +8,8 @@
 //! Everything that must hold whichever API a client speaks lives here, once: the checks of
 //! `n`, `tool_choice` and `response_format`, placement before anything is sent (so a bad model
 //! is a status code, not a broken stream), concurrency of choices, and cancellation.
+//! Embeddings take the same way in one call ([`embed`]): checked, placed on the nodes whose
+//! model makes them, run with failover.
 
 use std::{convert::Infallible, sync::Arc};
 
@@ -16,7 +18,10 @@ use axum::{
     http::header,
     response::{IntoResponse, Response},
 };
-use mesh_domain::{ChatRequest, ChatResponse, ResponseFormat, Target, ToolChoice, Usage};
+use mesh_domain::{
+    ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, ResponseFormat, Target, ToolChoice,
+    Usage,
+};
 use tokio::sync::mpsc;
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 
@@ -24,6 +29,7 @@ use super::{
     door::FrontDoor,
     error::{ApiError, ErrorKind},
 };
+use crate::api_keys::KeyGrant;
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: u32 = 8;
@@ -34,8 +40,8 @@ const EVENT_BUFFER: usize = 64;
 /// Who is calling the front door, as its authentication found out.
 #[derive(Debug, Clone, Default)]
 pub struct Caller {
-    /// The API key's name, when keys are configured.
-    pub key: Option<String>,
+    /// The API key and its policy, when the front door needs keys.
+    pub key: Option<KeyGrant>,
 }
 
 /// One chat, as every dialect asks for it.
@@ -190,15 +196,40 @@ pub fn total_usage(answers: &[ChatResponse]) -> Usage {
     total
 }
 
-/// Checks `call`, places it (an unknown model or a fleet that cannot take it fails here, before
-/// anything is sent) and starts it: its choices run concurrently, each where the placement says
-/// (with the failover of [`crate::chat::ChatService::run`]).
-pub fn start(door: &Arc<FrontDoor>, _caller: &Caller, call: Call) -> Result<Run, ApiError> {
+/// Checks `call`, admits it against the caller's key (a model it may not use, or a limit
+/// reached, fails here; `max_tokens` is capped to what the key's token limits have left, and
+/// the request is counted before it runs), places it (an unknown model or a fleet that cannot
+/// take it fails here, before anything is sent) and starts it: its choices run concurrently,
+/// each where the placement says (with the failover of [`crate::chat::ChatService::run`]).
+/// When they end, what they spent is recorded against the key; an abandoned call counts as
+/// its reservation, so a client cannot spend unseen by hanging up.
+pub async fn start(
+    door: &Arc<FrontDoor>,
+    caller: &Caller,
+    mut call: Call,
+) -> Result<Run, ApiError> {
     call.check()?;
-    let placement = door
-        .chat
-        .place(&call.target)
-        .map_err(ApiError::from_admission)?;
+    let admission = match &caller.key {
+        Some(grant) => {
+            let admission = door
+                .keys
+                .admit(grant, &call.model, call.chat.sampling.max_tokens, call.n)
+                .await
+                .map_err(ApiError::from_refusal)?;
+            call.chat.sampling.max_tokens = admission.max_tokens;
+            Some(admission)
+        }
+        None => None,
+    };
+    let placement = match door.chat.place(&call.target) {
+        Ok(placement) => placement,
+        Err(error) => {
+            if let Some(admission) = admission {
+                door.keys.record(admission, None).await;
+            }
+            return Err(ApiError::from_admission(error));
+        }
+    };
     let (events_tx, events) = mpsc::channel(EVENT_BUFFER);
     let n = call.n;
     let door = Arc::clone(door);
@@ -227,23 +258,72 @@ pub fn start(door: &Arc<FrontDoor>, _caller: &Caller, call: Call) -> Result<Run,
                 while let Ok(text) = deltas.try_recv() {
                     let _ = events.send(Event::Delta { choice, text }).await;
                 }
-                let event = match result {
-                    Ok(response) => Event::Done { choice, response },
-                    Err(error) => Event::Failed(ApiError::from_chat(error)),
+                let (event, usage) = match result {
+                    Ok(response) => {
+                        let usage = response.usage.unwrap_or_default();
+                        (Event::Done { choice, response }, usage)
+                    }
+                    Err(error) => (Event::Failed(ApiError::from_chat(error)), Usage::default()),
                 };
                 let _ = events.send(event).await;
+                usage
             });
         }
-        tokio::select! {
-            () = async { while choices.join_next().await.is_some() {} } => {}
+        let mut spent = Usage::default();
+        let finished = tokio::select! {
+            () = async {
+                while let Some(joined) = choices.join_next().await {
+                    spent.add(joined.unwrap_or_default());
+                }
+            } => true,
             // The client went away (the run was dropped): dropping the choices stops the
             // generation here, or resets the `Models.Chat` streams so the peers stop too.
             () = events_tx.closed() => {
                 tracing::info!(model = %call.model, "front door: the client went away; chat cancelled");
+                false
             }
+        };
+        drop(choices);
+        if let Some(admission) = admission {
+            if !finished {
+                spent.completion_tokens = spent.completion_tokens.max(admission.reserved());
+            }
+            door.keys.record(admission, Some(spent)).await;
         }
     });
     Ok(Run { events, n })
+}
+
+/// Embeds `request` with `model` wherever the fleet can, for every dialect's embeddings
+/// endpoint: the inputs' bounds are checked (the error names `input`), the call is placed on
+/// the nodes whose model makes embeddings (a model that only chats is a 400 naming it, one no
+/// node has a 404), and run there with failover. The answer names the model that made it.
+pub async fn embed(
+    door: &FrontDoor,
+    _caller: &Caller,
+    model: &str,
+    request: &EmbedRequest,
+) -> Result<EmbedResponse, ApiError> {
+    request.check().map_err(|message| ApiError {
+        param: Some("input".into()),
+        ..ApiError::bad_request(message)
+    })?;
+    if let Target::Role(role) = target_of(model) {
+        return Err(ApiError::bad_field(
+            "model",
+            format!(
+                "`role:{role}` is a role's chat chain; embeddings take a model name (GET /v1/models lists the models whose capabilities include `embeddings`)"
+            ),
+        ));
+    }
+    let placement = door
+        .chat
+        .place_embed(model)
+        .map_err(ApiError::from_admission)?;
+    door.chat
+        .run_embed(placement, model, request)
+        .await
+        .map_err(ApiError::from_chat)
 }
 
 /// How a dialect writes a streamed answer: frames (server-sent events or NDJSON lines, each

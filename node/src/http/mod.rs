@@ -2,18 +2,20 @@
 //! speak.
 //!
 //! Each API is a dialect module that only translates: [`openai`] (chat completions, models),
-//! [`anthropic`] (Anthropic's Messages API).
+//! [`embeddings`] (OpenAI's embeddings), [`anthropic`] (Anthropic's Messages API).
 //! Every dialect goes through [`gateway`], the one path that checks a call, places it with the
 //! mesh router (here when this node serves the model and ranks best, else the best peer through
 //! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
 //! every failure is one [`error::ApiError`], rendered in the shape of the API the path belongs
-//! to by the `shape` middleware. With `http.api_keys` set, `/v1/*` needs the key (as
-//! `Authorization: Bearer <key>` or Anthropic's `x-api-key`). `GET /healthz` and `GET /metrics`
+//! to by the `shape` middleware. With keys (`http.api_keys`, `[[http.keys]]`, or added with
+//! `mesh-cli keys add`), `/v1/*` needs one (as `Authorization: Bearer <key>` or Anthropic's
+//! `x-api-key`); the gateway admits each call against its key's policy (`api_keys`). `GET /healthz` and `GET /metrics`
 //! (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
 pub mod anthropic;
 pub mod door;
+pub mod embeddings;
 pub mod error;
 pub mod gateway;
 pub mod openai;
@@ -55,6 +57,7 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 const COUNTED_PATHS: &[&str] = &[
     "/v1/models",
     "/v1/chat/completions",
+    "/v1/embeddings",
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/healthz",
@@ -67,6 +70,7 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
     let api = Router::new()
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
@@ -124,7 +128,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /v1/messages, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves /v1/models, /v1/chat/completions, /v1/embeddings, /v1/messages, /healthz and /metrics (docs/protocol.md lists them)",
     )
 }
 
@@ -136,7 +140,14 @@ async fn authorize(
     mut request: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
-    if door.api_keys.is_empty() {
+    let unavailable = |e: crate::memory::MemoryError| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable,
+            format!("cannot read the front door's keys: {e}"),
+        )
+    };
+    if !door.keys.required().map_err(unavailable)? {
         request.extensions_mut().insert(Caller::default());
         return Ok(next.run(request).await);
     }
@@ -145,15 +156,21 @@ async fn authorize(
         .and_then(|v| v.to_str().ok())
         .and_then(bearer)
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()));
-    match presented {
-        Some(key) if known_key(&door.api_keys, key) => {
-            request.extensions_mut().insert(Caller::default());
+    let grant = match presented {
+        Some(key) => door.keys.authenticate(key).map_err(unavailable)?,
+        None => None,
+    };
+    match grant {
+        Some(grant) => {
+            request
+                .extensions_mut()
+                .insert(Caller { key: Some(grant) });
             Ok(next.run(request).await)
         }
-        _ => Err(ApiError::new(
+        None => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             ErrorKind::Authentication,
-            "missing or unknown API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with one of the node's http.api_keys",
+            "missing or unknown API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with a key of the mesh (http.api_keys, [[http.keys]], or one made by `mesh-cli keys add`)",
         )
         .with_code("invalid_api_key")),
     }
@@ -163,18 +180,6 @@ async fn authorize(
 pub fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-/// Whether `presented` is one of `keys`, in time that depends on neither (the SHA-256 digests
-/// are compared in constant time, every key is compared).
-fn known_key(keys: &[String], presented: &str) -> bool {
-    use sha2::{Digest, Sha256};
-    use subtle::ConstantTimeEq;
-    let presented = Sha256::digest(presented.as_bytes());
-    keys.iter()
-        .map(|k| Sha256::digest(k.as_bytes()).ct_eq(&presented))
-        .fold(subtle::Choice::from(0), |found, eq| found | eq)
-        .into()
 }
 
 async fn healthz(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
@@ -440,14 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_configured_key_is_known() {
-        let keys = vec!["sk-one".to_owned(), "sk-two".to_owned()];
-        assert!(known_key(&keys, "sk-one"));
-        assert!(known_key(&keys, "sk-two"));
-        for wrong in ["", "sk-on", "sk-one ", "sk-onex", "SK-ONE"] {
-            assert!(!known_key(&keys, wrong), "{wrong:?}");
-        }
-        assert!(!known_key(&[], "sk-one"));
+    fn the_bearer_token_is_read_in_any_case_of_the_scheme() {
         assert_eq!(bearer("Bearer sk-one"), Some("sk-one"));
         assert_eq!(bearer("bearer sk-one"), Some("sk-one"));
         assert_eq!(bearer("BEARER  sk-one "), Some("sk-one"));

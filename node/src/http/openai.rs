@@ -466,7 +466,7 @@ pub async fn chat_completions(
         include_usage,
     } = read_chat_completion(&body)?;
     let asked = call.model.clone();
-    let run = gateway::start(&door, &caller, call)?;
+    let run = gateway::start(&door, &caller, call).await?;
     let id = completion_id();
     let created = unix_s();
     if stream {
@@ -588,27 +588,53 @@ impl Encoder for Chunks {
     }
 }
 
-/// One entry of `/v1/models`.
-fn model_entry(id: &str, owner: &str) -> Value {
-    json!({"id": id, "object": "model", "created": 0, "owned_by": owner})
+/// One entry of `/v1/models`; `capabilities` (an agentmesh addition, which OpenAI's clients
+/// keep as an extra field) says whether the model also makes embeddings.
+fn model_entry(id: &str, owner: &str, embeds: bool) -> Value {
+    let capabilities: &[&str] = if embeds {
+        &["chat", "embeddings"]
+    } else {
+        &["chat"]
+    };
+    json!({"id": id, "object": "model", "created": 0, "owned_by": owner,
+           "capabilities": capabilities})
 }
 
 /// `GET /v1/models`: every model the fleet serves (this node's and its up peers'), and a
-/// `role:<name>` alias per role; `owned_by` names the first node seen serving it. With an
+/// `role:<name>` alias per role; `owned_by` names the first node seen serving it, and
+/// `capabilities` includes `embeddings` when some node's model of that name makes them. With an
 /// `anthropic-version` header (Anthropic's client), the same list in Anthropic's shape.
 pub async fn list_models(State(door): State<Arc<FrontDoor>>, headers: HeaderMap) -> Json<Value> {
     if headers.contains_key(super::anthropic::VERSION_HEADER) {
         return Json(super::anthropic::models_list(&door.fleet_models()));
     }
+    let embedders = door.fleet_embedders();
     let data: Vec<Value> = door
         .fleet_models()
         .iter()
-        .map(|(id, owner)| model_entry(id, owner))
+        .map(|(id, owner)| model_entry(id, owner, embedders.contains(id)))
         .collect();
     Json(json!({"object": "list", "data": data}))
 }
 
 impl FrontDoor {
+    /// The models some node of the fleet (this one or an up peer) makes embeddings with.
+    pub fn fleet_embedders(&self) -> std::collections::BTreeSet<String> {
+        let own = self.caps.snapshot();
+        let peers = self.peers.snapshot();
+        std::iter::once(&own)
+            .chain(
+                peers
+                    .iter()
+                    .filter(|p| p.state == PeerState::Up)
+                    .map(|p| &p.info),
+            )
+            .flat_map(|info| info.models.iter())
+            .filter(|m| m.embeds)
+            .map(|m| m.name.clone())
+            .collect()
+    }
+
     /// Every model id the fleet serves (models and `role:<name>` aliases), each with the first
     /// node seen serving it (this node first, then up peers).
     pub fn fleet_models(&self) -> std::collections::BTreeMap<String, String> {

@@ -17,6 +17,13 @@
 //! in the text, at the context window, or at the deadline. The tiny models this backend is for do
 //! not call tools: offered tools are left out of the prompt and the answer is plain text.
 //!
+//! A model configured with `embeddings = true` also makes embeddings, on the same engine thread
+//! (so chats and embeddings take turns on one set of threads) but in a second llama.cpp context
+//! created with embeddings on and mean pooling (the average of the last hidden state over the
+//! text's tokens: decoder models have no CLS token, and the last token alone says more about
+//! what comes next than about the text). Each text is embedded on its own, must fit the context
+//! window, and its vector is scaled to unit length, as OpenAI's are.
+//!
 //! This module decides nothing about tools, budgets or routing. The parts that need no model
 //! (rendering, stop handling, UTF-8 streaming) are plain functions tested without a model file;
 //! the engine is behind the `embedded` cargo feature (on by default).
@@ -49,6 +56,8 @@ pub struct EmbeddedOptions {
     pub context_window: usize,
     /// Longest one call may take, waiting in the queue included.
     pub timeout: Duration,
+    /// Whether the engine also makes embeddings (a second context; `embeddings = true`).
+    pub embeddings: bool,
 }
 
 /// Renders a conversation as a ChatML prompt ending with an open assistant turn.
@@ -232,7 +241,10 @@ mod engine {
     };
 
     use llama_cpp_2::{
-        context::{LlamaContext, params::LlamaContextParams},
+        context::{
+            LlamaContext,
+            params::{LlamaContextParams, LlamaPoolingType},
+        },
         llama_backend::LlamaBackend,
         llama_batch::LlamaBatch,
         model::{LlamaModel, params::LlamaModelParams},
@@ -243,7 +255,10 @@ mod engine {
     use tracing_subscriber::{Layer as _, layer::SubscriberExt as _};
 
     use super::{DecodeSpeed, EmbeddedOptions, MEASURE_TOKENS, TextStream, render_chatml};
-    use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Sampling, Usage, sync::MutexExt};
+    use mesh_domain::{
+        BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Sampling, Usage,
+        embed::normalize, sync::MutexExt,
+    };
 
     use crate::{
         config::FETCH_HINT,
@@ -289,6 +304,20 @@ mod engine {
             tokens: usize,
             reply: oneshot::Sender<Result<DecodeSpeed, ModelError>>,
         },
+        /// Embed texts (models with `embeddings = true`).
+        Embed(EmbedJob),
+    }
+
+    /// One embeddings request, as the engine thread gets it.
+    struct EmbedJob {
+        /// The texts, each embedded on its own.
+        inputs: Vec<String>,
+        /// When the caller gives up; the engine stops between two texts then.
+        deadline: Instant,
+        /// The model's timeout, for the error at the deadline.
+        timeout: Duration,
+        /// The answer; closed when the caller went away.
+        reply: oneshot::Sender<Result<EmbedResponse, ModelError>>,
     }
 
     /// One chat request, as the engine thread gets it.
@@ -417,6 +446,25 @@ mod engine {
         }
 
         /// The error for a model whose engine is not running.
+        /// Queues an embeddings job and waits for it, at most the model's timeout.
+        async fn embed_texts(&self, request: &EmbedRequest) -> Result<EmbedResponse, ModelError> {
+            if !self.options.embeddings {
+                return Err(crate::llm::model::cannot_embed(&self.name));
+            }
+            let (reply, answer) = oneshot::channel();
+            self.send(Job::Embed(EmbedJob {
+                inputs: request.inputs.clone(),
+                deadline: Instant::now() + self.options.timeout,
+                timeout: self.options.timeout,
+                reply,
+            }))?;
+            match tokio::time::timeout(self.options.timeout, answer).await {
+                Err(_) => Err(ModelError::Timeout(self.options.timeout)),
+                Ok(Err(_)) => Err(self.stopped()),
+                Ok(Ok(result)) => result,
+            }
+        }
+
         fn stopped(&self) -> ModelError {
             match &*self.state.borrow() {
                 State::Failed(message) => ModelError::Unreachable(message.clone()),
@@ -474,6 +522,17 @@ mod engine {
 
         fn speed(&self) -> Option<&SpeedGauge> {
             Some(&self.speed)
+        }
+
+        fn embeds(&self) -> bool {
+            self.options.embeddings
+        }
+
+        fn embed<'a>(
+            &'a self,
+            request: &'a EmbedRequest,
+        ) -> BoxFuture<'a, Result<EmbedResponse, ModelError>> {
+            Box::pin(self.embed_texts(request))
         }
     }
 
@@ -607,6 +666,15 @@ mod engine {
                 &log,
             )
         })?;
+        let mut embedder = if options.embeddings {
+            Some(
+                Embedder::new(name, &model, backend, n_ctx, threads).map_err(|e| {
+                    format!("llama.cpp cannot create an embedding context for {shown}: {e}")
+                })?,
+            )
+        } else {
+            None
+        };
         let mut engine = Engine {
             name,
             model: &model,
@@ -642,6 +710,16 @@ mod engine {
                 Job::Measure { tokens, reply } => {
                     let _ = reply.send(engine.measure(tokens));
                 }
+                Job::Embed(job) => {
+                    if job.reply.is_closed() {
+                        continue;
+                    }
+                    let result = match embedder.as_mut() {
+                        Some(embedder) => embedder.embed(&job),
+                        None => Err(crate::llm::model::cannot_embed(name)),
+                    };
+                    let _ = job.reply.send(result);
+                }
             }
         }
         Ok(())
@@ -659,6 +737,117 @@ mod engine {
         batch: LlamaBatch<'static>,
         /// Context window in tokens.
         n_ctx: usize,
+    }
+
+    /// The embedding side of an engine: its own context (embeddings on, mean pooling) and batch.
+    struct Embedder<'m> {
+        /// The model's configured name, for messages.
+        name: &'m str,
+        /// The loaded model, shared with the chat context.
+        model: &'m LlamaModel,
+        /// A context of `n_ctx` tokens that outputs pooled embeddings instead of logits.
+        ctx: LlamaContext<'m>,
+        /// One whole text: pooling needs every token of a sequence in one batch.
+        batch: LlamaBatch<'static>,
+        /// Most tokens of one text.
+        n_ctx: usize,
+    }
+
+    impl<'m> Embedder<'m> {
+        /// An embedding context beside the chat one: the whole window is one batch (and one
+        /// micro-batch), since a pooled sequence may not be split.
+        fn new(
+            name: &'m str,
+            model: &'m LlamaModel,
+            backend: &LlamaBackend,
+            n_ctx: usize,
+            threads: i32,
+        ) -> Result<Self, String> {
+            let size = u32::try_from(n_ctx).unwrap_or(u32::MAX);
+            let params = LlamaContextParams::default()
+                .with_n_ctx(NonZeroU32::new(size))
+                .with_n_batch(size)
+                .with_n_ubatch(size)
+                .with_n_threads(threads)
+                .with_n_threads_batch(threads)
+                .with_embeddings(true)
+                .with_pooling_type(LlamaPoolingType::Mean);
+            let (ctx, log) = quietly(|| model.new_context(backend, params));
+            let ctx = ctx.map_err(|e| with_log(e.to_string(), &log))?;
+            Ok(Self {
+                name,
+                model,
+                ctx,
+                batch: LlamaBatch::new(n_ctx, 1),
+                n_ctx,
+            })
+        }
+
+        /// Embeds every text of `job` in turn; stops at the deadline or when the caller left.
+        fn embed(&mut self, job: &EmbedJob) -> Result<EmbedResponse, ModelError> {
+            let mut vectors = Vec::with_capacity(job.inputs.len());
+            let mut prompt_tokens = 0;
+            for (i, text) in job.inputs.iter().enumerate() {
+                if job.reply.is_closed() || Instant::now() >= job.deadline {
+                    return Err(ModelError::Timeout(job.timeout));
+                }
+                let (vector, tokens) = self.embed_one(i, text)?;
+                vectors.push(vector);
+                prompt_tokens += tokens as u64;
+            }
+            Ok(EmbedResponse {
+                model: self.name.to_owned(),
+                vectors,
+                prompt_tokens,
+            })
+        }
+
+        /// The unit-length, mean-pooled embedding of `text` (input `i`), and its token count.
+        fn embed_one(&mut self, i: usize, text: &str) -> Result<(Vec<f32>, usize), ModelError> {
+            let refuse = |message: String| ModelError::Refused {
+                status: 400,
+                message,
+            };
+            if text.len() > self.n_ctx * MAX_PROMPT_BYTES_PER_TOKEN {
+                return Err(refuse(format!(
+                    "input[{i}]: {} bytes cannot fit the {}-token context window of embedded model `{}`",
+                    text.len(),
+                    self.n_ctx,
+                    self.name
+                )));
+            }
+            // Special tokens (BOS/EOS as the model wants them) added, none parsed from the
+            // text: a text cannot pass itself off as markup.
+            let tokens = self.model.vocab().tokenize(text.as_bytes(), true, false);
+            if tokens.is_empty() {
+                return Err(refuse(format!("input[{i}]: the text has no tokens")));
+            }
+            if tokens.len() > self.n_ctx {
+                return Err(refuse(format!(
+                    "input[{i}]: {} tokens, more than the {}-token context window of embedded model `{}` (split the text, or raise context_window in its [[models]] entry)",
+                    tokens.len(),
+                    self.n_ctx,
+                    self.name
+                )));
+            }
+            self.ctx.clear_kv_cache();
+            self.batch.clear();
+            for (pos, token) in tokens.iter().enumerate() {
+                self.batch
+                    .add(*token, pos as i32, &[0], true)
+                    .map_err(|e| engine_error(format!("embedding batch: {e}")))?;
+            }
+            self.ctx
+                .decode(&mut self.batch)
+                .map_err(|e| engine_error(format!("embedding: {e}")))?;
+            let mut vector = self
+                .ctx
+                .embeddings_seq_ith(0)
+                .map_err(|e| engine_error(format!("embedding output: {e}")))?
+                .to_vec();
+            normalize(&mut vector);
+            Ok((vector, tokens.len()))
+        }
     }
 
     /// Why a generation stopped early.

@@ -64,14 +64,17 @@ impl ModelRegistry {
                         .unwrap_or_else(|| "none".into());
                     models.insert(
                         model.name.clone(),
-                        Arc::new(OpenAiModel::new(
-                            &model.name,
-                            base_url,
-                            remote,
-                            &api_key,
-                            *context_window,
-                            *timeout,
-                        )),
+                        Arc::new(
+                            OpenAiModel::new(
+                                &model.name,
+                                base_url,
+                                remote,
+                                &api_key,
+                                *context_window,
+                                *timeout,
+                            )
+                            .with_embeddings(model.embeddings),
+                        ),
                     );
                 }
                 Backend::Embedded {
@@ -85,6 +88,7 @@ impl ModelRegistry {
                         threads: *threads,
                         context_window: *context_window,
                         timeout: *timeout,
+                        embeddings: model.embeddings,
                     };
                     match start_embedded(&model.name, options) {
                         Ok(started) => {

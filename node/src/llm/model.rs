@@ -1,10 +1,10 @@
-//! What every model backend is to the rest of the node: the [`ChatModel`] interface, the
-//! failures a call can end in ([`ModelError`], and which of them fall through to the next model
+//! What every model backend is to the rest of the node: the [`ChatModel`] interface (chats,
+//! and embeddings for the models that make them), the failures a call can end in ([`ModelError`], and which of them fall through to the next model
 //! of a chain), and the measured decode speed ([`SpeedGauge`]).
 
 use std::{fmt, time::Duration};
 
-use mesh_domain::{BoxFuture, ChatRequest, ChatResponse};
+use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse};
 use tokio::sync::{mpsc, watch};
 
 /// Why a model call failed.
@@ -70,6 +70,31 @@ pub trait ChatModel: Send + Sync + fmt::Debug {
     /// Measured decode speed in tokens per second; `None` until measured.
     fn tokens_per_s(&self) -> Option<f64> {
         self.speed().and_then(SpeedGauge::get)
+    }
+    /// Whether [`ChatModel::embed`] can answer (`embeddings = true` in the model's entry); what
+    /// the node advertises, so the mesh sends embeddings only to models that make them.
+    fn embeds(&self) -> bool {
+        false
+    }
+    /// Embeds each text of `request` (a unit-length vector per input, in order). A model that
+    /// does not make embeddings refuses, naming itself.
+    fn embed<'a>(
+        &'a self,
+        request: &'a EmbedRequest,
+    ) -> BoxFuture<'a, Result<EmbedResponse, ModelError>> {
+        let _ = request;
+        Box::pin(async move { Err(cannot_embed(self.name())) })
+    }
+}
+
+/// The refusal of a model that does not make embeddings (the same words on every node and in
+/// every API).
+pub fn cannot_embed(model: &str) -> ModelError {
+    ModelError::Refused {
+        status: 400,
+        message: format!(
+            "model `{model}` does not support embeddings (set `embeddings = true` in its [[models]] entry if it makes them)"
+        ),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The `openai` backend: any OpenAI-compatible chat-completions server (Ollama, llama.cpp's
-//! server, LM Studio, vLLM, Open WebUI), streamed, with tools, through async-openai. Requests
+//! server, LM Studio, vLLM, Open WebUI), streamed, with tools, through async-openai; and, for a
+//! model configured with `embeddings = true`, its `POST /embeddings` passed through (float
+//! vectors, as the server makes them). Requests
 //! and stream chunks are our own serde types (async-openai's "bring your own types" calls),
 //! which keeps us tolerant of servers that leave out or add fields. The decode speed comes from
 //! completed streamed calls.
@@ -11,7 +13,10 @@ use std::{
 };
 
 use async_openai::{Client, config::OpenAIConfig, error::OpenAIError};
-use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Message, Role, ToolCall, Usage};
+use mesh_domain::{
+    BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Message, Role, ToolCall,
+    Usage,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -28,6 +33,8 @@ pub struct OpenAiModel {
     timeout: Duration,
     /// Decode speed from completed streamed calls.
     speed: SpeedGauge,
+    /// Whether the server's model makes embeddings (`embeddings = true`).
+    embeddings: bool,
 }
 
 impl fmt::Debug for OpenAiModel {
@@ -63,7 +70,32 @@ impl OpenAiModel {
             context_window,
             timeout,
             speed: SpeedGauge::default(),
+            embeddings: false,
         }
+    }
+
+    /// Says whether the server's model makes embeddings (`embeddings = true`).
+    pub fn with_embeddings(mut self, embeddings: bool) -> Self {
+        self.embeddings = embeddings;
+        self
+    }
+
+    /// `POST /embeddings` with every input at once; the vectors are put back in the inputs'
+    /// order (the `index` of each item), and an answer with a different count is an error
+    /// naming the model rather than a silently shorter list.
+    async fn embed_remote(&self, request: &EmbedRequest) -> Result<EmbedResponse, ModelError> {
+        let body = json!({
+            "model": self.model,
+            "input": request.inputs,
+            "encoding_format": "float",
+        });
+        let answer: EmbeddingsAnswer = self
+            .client
+            .embeddings()
+            .create_byot(body)
+            .await
+            .map_err(classify)?;
+        embeddings_in_order(&self.name, answer, request.inputs.len())
     }
 
     fn request_body(&self, request: &ChatRequest) -> Value {
@@ -166,6 +198,24 @@ impl ChatModel for OpenAiModel {
         Some(&self.speed)
     }
 
+    fn embeds(&self) -> bool {
+        self.embeddings
+    }
+
+    fn embed<'a>(
+        &'a self,
+        request: &'a EmbedRequest,
+    ) -> BoxFuture<'a, Result<EmbedResponse, ModelError>> {
+        Box::pin(async move {
+            if !self.embeddings {
+                return Err(crate::llm::model::cannot_embed(&self.name));
+            }
+            tokio::time::timeout(self.timeout, self.embed_remote(request))
+                .await
+                .map_err(|_| ModelError::Timeout(self.timeout))?
+        })
+    }
+
     fn probe(&self) -> BoxFuture<'_, Result<(), ModelError>> {
         Box::pin(async move {
             self.client
@@ -234,6 +284,61 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = e.source();
     }
     text
+}
+
+/// A server's `/embeddings` answer, leniently: only what is used.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EmbeddingsAnswer {
+    data: Vec<EmbeddingItem>,
+    usage: Option<EmbeddingsUsage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EmbeddingItem {
+    index: usize,
+    embedding: Vec<f32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EmbeddingsUsage {
+    prompt_tokens: u64,
+}
+
+/// The vectors of `answer` in input order; `Protocol` when they are not exactly one per input.
+fn embeddings_in_order(
+    model: &str,
+    answer: EmbeddingsAnswer,
+    inputs: usize,
+) -> Result<EmbedResponse, ModelError> {
+    let mut vectors: Vec<Option<Vec<f32>>> = vec![None; inputs];
+    for item in answer.data {
+        match vectors.get_mut(item.index) {
+            Some(slot @ None) => *slot = Some(item.embedding),
+            _ => {
+                return Err(ModelError::Protocol(format!(
+                    "model `{model}` answered embedding index {} for {inputs} inputs",
+                    item.index
+                )));
+            }
+        }
+    }
+    let vectors = vectors
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.filter(|v| !v.is_empty()).ok_or_else(|| {
+                ModelError::Protocol(format!("model `{model}` sent no embedding for input {i}"))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(EmbedResponse {
+        model: model.to_owned(),
+        vectors,
+        prompt_tokens: answer.usage.map_or(0, |u| u.prompt_tokens),
+    })
 }
 
 /// One streamed chunk, leniently: every field optional.
@@ -400,6 +505,40 @@ mod tests {
             !chunk(json!({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}))
                 .produces_output()
         );
+    }
+
+    #[test]
+    fn embeddings_come_back_in_input_order_and_a_missing_one_is_an_error() {
+        let answer =
+            |value: Value| -> EmbeddingsAnswer { serde_json::from_value(value).expect("answer") };
+        let ordered = embeddings_in_order(
+            "e",
+            answer(json!({"data": [
+                {"index": 1, "embedding": [0.0, 1.0]},
+                {"index": 0, "embedding": [1.0, 0.0]},
+            ], "usage": {"prompt_tokens": 3}})),
+            2,
+        )
+        .expect("ordered");
+        assert_eq!(ordered.vectors, vec![vec![1.0, 0.0], vec![0.0, 1.0]]);
+        assert_eq!(ordered.prompt_tokens, 3);
+        let short = embeddings_in_order(
+            "e",
+            answer(json!({"data": [{"index": 0, "embedding": [1.0]}]})),
+            2,
+        )
+        .expect_err("one missing");
+        assert!(short.to_string().contains("input 1"), "{short}");
+        let twice = embeddings_in_order(
+            "e",
+            answer(json!({"data": [
+                {"index": 0, "embedding": [1.0]},
+                {"index": 0, "embedding": [1.0]},
+            ]})),
+            2,
+        )
+        .expect_err("index twice");
+        assert!(twice.to_string().contains("model `e`"), "{twice}");
     }
 
     #[test]

@@ -55,7 +55,7 @@ mod signatures;
 mod store;
 mod sync;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 
 pub use error::{MemoryError, readable_by_callers, writable_by_callers};
 pub use record::{Entry, MAX_SIGNATURE, Record};

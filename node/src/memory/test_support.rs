@@ -1,6 +1,6 @@
 //! Helpers the memory's unit tests share: node ids with their signing keys, records (signed or
 //! not), memories on a temporary store, and peers reached in-process. Test code only; nothing
-//! outside the tests may use it.
+//! outside the tests may use it (the memory's, and those of modules built on it).
 
 use std::{
     collections::BTreeMap,
@@ -25,7 +25,7 @@ fn signers() -> &'static Mutex<BTreeMap<String, Arc<OriginSigner>>> {
 }
 
 /// The id of the test node called `n`: the hash of its own (self-certified) key.
-pub(super) fn id(n: &str) -> NodeId {
+pub(crate) fn id(n: &str) -> NodeId {
     let mut signers = signers().lock().expect("lock");
     let signer = signers
         .entry(n.to_owned())
@@ -76,7 +76,7 @@ pub(super) fn record(hlc: u64, origin: &NodeId, tombstone: bool) -> Record {
 
 /// A memory for node `own` on a fresh sled store in a temporary directory (kept alive by the
 /// returned guard).
-pub(super) fn open_memory(
+pub(crate) fn open_memory(
     own: &NodeId,
     options: MemoryOptions,
 ) -> (tempfile::TempDir, Arc<Memory>) {
@@ -88,7 +88,7 @@ pub(super) fn open_memory(
 
 /// Peers reached in-process: `addr` is the peer's id.
 #[derive(Debug, Default)]
-pub(super) struct InProcess(pub(super) std::sync::Mutex<BTreeMap<String, Arc<Memory>>>);
+pub(crate) struct InProcess(pub(crate) std::sync::Mutex<BTreeMap<String, Arc<Memory>>>);
 
 impl MemoryPeers for InProcess {
     fn sync(

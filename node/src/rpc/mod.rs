@@ -10,6 +10,7 @@ pub mod accept;
 pub mod cron;
 pub mod gate;
 pub mod join;
+pub mod keys;
 pub mod memory;
 pub mod models;
 pub mod tasks;

@@ -1,16 +1,26 @@
-//! The `agentmesh.v1.Models` service: another node's front door runs a chat on this node's
-//! models; and the client side of it.
+//! The `agentmesh.v1.Models` service: another node's front door runs a chat, or embeddings, on
+//! this node's models; and the client side of it.
 
 use std::{pin::Pin, sync::Arc};
 
-use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, Target};
+use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Target};
 use mesh_identity::deadline;
 use mesh_proto::{convert::check_len, v1 as pb};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::chat::{ChatService, RemoteChat, RemoteChatError};
+use crate::{
+    chat::{ChatService, RemoteChat, RemoteChatError},
+    llm::ModelError,
+};
+
+/// Most texts one `Models.Embed` call carries, and most bytes of text: the answer (JSON floats,
+/// about 12 bytes each) of 32 vectors of up to 8,192 dimensions stays under the service's 4 MiB
+/// message limit, so a larger request goes to a peer in several calls.
+const EMBED_BATCH_INPUTS: usize = 32;
+/// See [`EMBED_BATCH_INPUTS`].
+const EMBED_BATCH_BYTES: usize = super::MAX_MESSAGE_BYTES;
 
 /// The Models service: runs a chat that another node's front door placed here.
 #[derive(Debug, Clone)]
@@ -107,6 +117,45 @@ impl pb::models_server::Models for ModelsService {
             },
         ))))
     }
+
+    async fn embed(
+        &self,
+        request: Request<pb::EmbedCall>,
+    ) -> Result<Response<pb::EmbedAnswer>, Status> {
+        let call = request.into_inner();
+        if call.model.is_empty() {
+            return Err(Status::invalid_argument("model: name a model"));
+        }
+        check_len("model", &call.model, 256)?;
+        let embed: EmbedRequest = serde_json::from_slice(&call.request)
+            .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
+        embed
+            .check()
+            .map_err(|e| Status::invalid_argument(format!("request.{e}")))?;
+        match self.chat.embed_here(&call.model, &embed).await {
+            None => Err(Status::not_found(format!(
+                "this node does not serve `{}`",
+                call.model
+            ))),
+            Some(Err(error)) => Err(embed_status(&error)),
+            Some(Ok(response)) => Ok(Response::new(pb::EmbedAnswer {
+                response: serde_json::to_vec(&response)
+                    .map_err(|e| Status::internal(e.to_string()))?,
+            })),
+        }
+    }
+}
+
+/// A model's failure to make embeddings, for the calling node: a refusal is the request's
+/// fault (the caller does not try another node), anything else is this node's.
+fn embed_status(error: &ModelError) -> Status {
+    match error {
+        ModelError::Refused { message, .. } => Status::invalid_argument(message.clone()),
+        ModelError::Unreachable(_)
+        | ModelError::Server { .. }
+        | ModelError::Timeout(_)
+        | ModelError::Protocol(_) => Status::unavailable(format!("model: {error}")),
+    }
 }
 
 fn remote_chat_error(status: &Status, streamed: bool) -> RemoteChatError {
@@ -151,6 +200,95 @@ impl RemoteChat for RemoteModels {
     ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
         Box::pin(chat_remote(&self.channels, addr, target, request, deltas))
     }
+
+    fn embed<'a>(
+        &'a self,
+        addr: &'a str,
+        model: &'a str,
+        request: &'a EmbedRequest,
+    ) -> BoxFuture<'a, Result<EmbedResponse, RemoteChatError>> {
+        Box::pin(embed_remote(&self.channels, addr, model, request))
+    }
+}
+
+/// The inputs cut into consecutive batches of at most [`EMBED_BATCH_INPUTS`] texts and
+/// [`EMBED_BATCH_BYTES`] bytes (a text alone over the bytes is a batch of its own; the domain's
+/// bounds keep it under the message limit).
+fn embed_batches(inputs: &[String]) -> Vec<&[String]> {
+    let mut batches = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, text) in inputs.iter().enumerate() {
+        if i > start && (i - start == EMBED_BATCH_INPUTS || bytes + text.len() > EMBED_BATCH_BYTES)
+        {
+            batches.push(&inputs[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += text.len();
+    }
+    if start < inputs.len() {
+        batches.push(&inputs[start..]);
+    }
+    batches
+}
+
+/// Embeds `request` with `model` on the peer at `addr`, in batches that fit the service's
+/// message limit, each within `chat_idle` (longer than one model call's timeout).
+async fn embed_remote(
+    channels: &super::PeerChannels,
+    addr: &str,
+    model: &str,
+    request: &EmbedRequest,
+) -> Result<EmbedResponse, RemoteChatError> {
+    let fail = |message: String| failure(message, false);
+    let channel = channels.get(addr).await.map_err(|e| fail(e.to_string()))?;
+    let mut client = pb::models_client::ModelsClient::new(channel)
+        .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES);
+    let mut answer = EmbedResponse::default();
+    for batch in embed_batches(&request.inputs) {
+        let call = pb::EmbedCall {
+            model: model.to_owned(),
+            request: serde_json::to_vec(&EmbedRequest {
+                inputs: batch.to_vec(),
+            })
+            .map_err(|e| fail(e.to_string()))?,
+        };
+        let limit = channels.deadlines().chat_idle;
+        let bytes = match deadline::within(limit, "Models.Embed", client.embed(call)).await {
+            Ok(response) => response.into_inner().response,
+            Err(status) => {
+                // As for chats: a broken or silent channel is dialled afresh next time.
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                ) {
+                    channels.forget(addr);
+                }
+                return Err(RemoteChatError {
+                    // A refusal is passed on in the model's own words.
+                    message: if status.code() == tonic::Code::InvalidArgument {
+                        status.message().to_owned()
+                    } else {
+                        format!("{}: {}", status.code(), status.message())
+                    },
+                    ..remote_chat_error(&status, false)
+                });
+            }
+        };
+        let part: EmbedResponse =
+            serde_json::from_slice(&bytes).map_err(|e| fail(format!("bad answer: {e}")))?;
+        if part.vectors.len() != batch.len() {
+            return Err(fail(format!(
+                "bad answer: {} vectors for {} texts",
+                part.vectors.len(),
+                batch.len()
+            )));
+        }
+        answer.model = part.model;
+        answer.vectors.extend(part.vectors);
+        answer.prompt_tokens += part.prompt_tokens;
+    }
+    Ok(answer)
 }
 
 /// Runs a chat on the peer at `addr`, forwarding its deltas; the complete answer at the end.
@@ -234,6 +372,23 @@ mod tests {
     use crate::{
         admission::Admission, capabilities::test_support::test_capabilities, llm::ModelRegistry,
     };
+
+    #[test]
+    fn embeddings_go_to_a_peer_in_batches_that_fit_the_message_limit() {
+        let texts = |n: usize, len: usize| vec!["x".repeat(len); n];
+        let sizes = |inputs: &[String]| -> Vec<usize> {
+            embed_batches(inputs).iter().map(|b| b.len()).collect()
+        };
+        assert_eq!(sizes(&texts(1, 1)), [1]);
+        assert_eq!(sizes(&texts(32, 1)), [32]);
+        assert_eq!(sizes(&texts(70, 1)), [32, 32, 6]);
+        // 100 KiB each: ten fit in 1 MiB, the eleventh starts the next batch.
+        assert_eq!(sizes(&texts(12, 100 * 1024)), [10, 2]);
+        assert!(sizes(&[]).is_empty());
+        let inputs = texts(70, 3);
+        let joined: Vec<String> = embed_batches(&inputs).concat();
+        assert_eq!(joined, inputs, "every text once, in order");
+    }
 
     #[tokio::test]
     async fn a_peers_out_of_range_generation_setting_is_refused_naming_the_field() {

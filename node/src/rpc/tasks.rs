@@ -185,7 +185,8 @@ impl From<AdmissionError> for Status {
         match error {
             AdmissionError::HopLimit { .. }
             | AdmissionError::Nowhere(_)
-            | AdmissionError::UnknownModel(_) => Status::failed_precondition(message),
+            | AdmissionError::UnknownModel(_)
+            | AdmissionError::CannotEmbed(_) => Status::failed_precondition(message),
             AdmissionError::TierCap { .. } => Status::permission_denied(message),
         }
     }

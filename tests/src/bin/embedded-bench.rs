@@ -56,6 +56,7 @@ fn bench(tokens: usize, threads: usize, runs: usize) -> anyhow::Result<()> {
                 threads,
                 context_window: 2048,
                 timeout: std::time::Duration::from_secs(600),
+                embeddings: false,
             },
         );
         model.ready().await?;

@@ -6,11 +6,13 @@
 //! - `models.rs`: `[resources]`, `[[models]]` with `[roles]`, `[[personas]]` (what it runs);
 //! - `limits.rs`: `[security]`, `[tasks]`, `[tools]`, `[memory]`, `[connections]` (the bounds
 //!   work and callers run within);
+//! - `keys.rs`: `[[http.keys]]` (the front door's named keys and their policies);
 //! - `syntax.rs`: the shape of names and `host:port` peers, shared by the above.
 //!
 //! It must not read certificates, load models or open sockets; the one file it looks at is the
 //! zero-config model's (only whether it is there).
 
+mod keys;
 mod limits;
 mod models;
 mod node;

@@ -115,6 +115,8 @@ pub(super) fn models(
                     context_window: DEFAULT_CONTEXT_WINDOW,
                     timeout: Duration::from_secs(120),
                 },
+                // The zero-config model is for chats; embeddings cost a second context.
+                embeddings: false,
             });
         }
     }
@@ -246,6 +248,7 @@ fn model(
     Ok(ModelConfig {
         name: model.name,
         backend,
+        embeddings: model.embeddings,
     })
 }
 
@@ -345,6 +348,31 @@ mod tests {
         let e = err("[[models]]\nname = \"m\"\nbackend = \"embedded\"\n");
         assert!(e.contains("`models[0].path`"), "{e}");
         assert!(e.contains("deploy/fetch-model.sh"), "{e}");
+    }
+
+    #[test]
+    fn embeddings_are_off_unless_a_model_says_so_on_either_backend() {
+        let config = parse(
+            "[[models]]\nname = \"chat\"\nbackend = \"openai\"\nbase_url = \"http://x/v1\"\nmodel = \"m\"\n\
+             [[models]]\nname = \"embed\"\nbackend = \"openai\"\nbase_url = \"http://x/v1\"\nmodel = \"e\"\nembeddings = true\n\
+             [[models]]\nname = \"smol\"\nbackend = \"embedded\"\npath = \"m.gguf\"\nembeddings = true\n",
+        )
+        .expect("valid");
+        let embeds: Vec<_> = config
+            .models
+            .iter()
+            .map(|m| (m.name.as_str(), m.embeddings))
+            .collect();
+        assert_eq!(embeds, [("chat", false), ("embed", true), ("smol", true)]);
+        let e = err(
+            "[[models]]\nname = \"m\"\nbackend = \"embedded\"\npath = \"m.gguf\"\nembeddings = \"yes\"\n",
+        );
+        assert!(e.contains("embeddings"), "{e}");
+        assert!(e.contains("bool"), "{e}");
+        let e = err(
+            "[[models]]\nname = \"m\"\nbackend = \"embedded\"\npath = \"m.gguf\"\nembedding = true\n",
+        );
+        assert!(e.contains("embedding"), "{e}");
     }
 
     /// Tool names belong to the tool registry, not to config: a persona's list is kept as

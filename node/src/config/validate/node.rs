@@ -297,7 +297,11 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
             ));
         }
     }
-    match (raw.api_keys.is_empty(), raw.allow_unauthenticated) {
+    let keys = super::keys::http_keys(raw.keys, origin)?;
+    match (
+        raw.api_keys.is_empty() && keys.is_empty(),
+        raw.allow_unauthenticated,
+    ) {
         (true, false) if !listen.addr.ip().is_loopback() => {
             return Err(origin.invalid(
                 "http.api_keys",
@@ -311,8 +315,8 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         (false, true) => {
             return Err(origin.invalid(
                 "http.allow_unauthenticated",
-                "is true while http.api_keys are also set".into(),
-                "choose one: remove http.allow_unauthenticated to require the keys, or remove http.api_keys",
+                "is true while http.api_keys or [[http.keys]] are also set".into(),
+                "choose one: remove http.allow_unauthenticated to require the keys, or remove the keys",
             ));
         }
         _ => {}
@@ -320,6 +324,7 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
     Ok(HttpConfig {
         listen,
         api_keys: raw.api_keys,
+        keys,
     })
 }
 

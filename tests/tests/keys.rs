@@ -53,10 +53,15 @@ fn chat(node: &NodeProcess, key: Option<&str>, model: &str) -> Answer {
 /// `POST /v1/chat/completions` with `body` through `node`: status, headers (lower-case) and
 /// the body as text.
 fn post(node: &NodeProcess, key: Option<&str>, body: &str) -> (u16, String, String) {
+    post_to(node, "/v1/chat/completions", key, body)
+}
+
+/// `POST path` with `body` through `node`: status, headers (lower-case) and the body as text.
+fn post_to(node: &NodeProcess, path: &str, key: Option<&str>, body: &str) -> (u16, String, String) {
     let url = node.http_url().expect("front door");
     let host = url.trim_start_matches("http://");
     let mut request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n",
         body.len()
     );
@@ -144,6 +149,15 @@ fn a_keys_day_budget_and_rate_limit_hold_across_two_nodes_and_usage_matches_the_
         message.contains("`team`") && message.contains("`role:chat`"),
         "{message}"
     );
+    // Embeddings obey the same policy: another model is refused before it is placed.
+    let (status, _, body) = post_to(
+        &laptop,
+        "/v1/embeddings",
+        Some(team),
+        r#"{"model": "e", "input": "hi"}"#,
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("model_not_allowed"), "{body}");
 
     // The day budget: 15 tokens through the laptop, then the gpu sees them once replicated,
     // takes the next 15, and refuses the third request.
@@ -208,7 +222,8 @@ fn a_keys_day_budget_and_rate_limit_hold_across_two_nodes_and_usage_matches_the_
         "{metrics}"
     );
     assert!(
-        metrics.contains(r#"agentmesh_http_key_refusals_total{key="team",limit="model"} 1"#),
+        // The chat and the embeddings for a model `team` may not use.
+        metrics.contains(r#"agentmesh_http_key_refusals_total{key="team",limit="model"} 2"#),
         "{metrics}"
     );
 

@@ -298,9 +298,11 @@ pub async fn start(
 /// endpoint: the inputs' bounds are checked (the error names `input`), the call is placed on
 /// the nodes whose model makes embeddings (a model that only chats is a 400 naming it, one no
 /// node has a 404), and run there with failover. The answer names the model that made it.
+/// A caller's key is admitted like a chat's (its models, its limits; the request counted
+/// before it runs) and charged the prompt tokens the model reported.
 pub async fn embed(
     door: &FrontDoor,
-    _caller: &Caller,
+    caller: &Caller,
     model: &str,
     request: &EmbedRequest,
 ) -> Result<EmbedResponse, ApiError> {
@@ -316,14 +318,32 @@ pub async fn embed(
             ),
         ));
     }
-    let placement = door
-        .chat
-        .place_embed(model)
-        .map_err(ApiError::from_admission)?;
-    door.chat
-        .run_embed(placement, model, request)
-        .await
-        .map_err(ApiError::from_chat)
+    let admission = match &caller.key {
+        // Embeddings generate nothing: the reservation is one token per input.
+        Some(grant) => Some(
+            door.keys
+                .admit(grant, model, Some(1), request.inputs.len() as u32)
+                .await
+                .map_err(ApiError::from_refusal)?,
+        ),
+        None => None,
+    };
+    let result = match door.chat.place_embed(model) {
+        Ok(placement) => door
+            .chat
+            .run_embed(placement, model, request)
+            .await
+            .map_err(ApiError::from_chat),
+        Err(error) => Err(ApiError::from_admission(error)),
+    };
+    if let Some(admission) = admission {
+        let spent = result.as_ref().ok().map(|answer| Usage {
+            prompt_tokens: answer.prompt_tokens,
+            completion_tokens: 0,
+        });
+        door.keys.record(admission, spent).await;
+    }
+    result
 }
 
 /// How a dialect writes a streamed answer: frames (server-sent events or NDJSON lines, each

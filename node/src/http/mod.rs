@@ -3,8 +3,8 @@
 //!
 //! Each API is a dialect module that only translates: [`openai`] (chat completions, models),
 //! [`embeddings`] (OpenAI's embeddings), [`responses`] (OpenAI's Responses API, with its
-//! stored conversations), [`ollama`] (Ollama's chat, generate, embed, tags, show, ps and
-//! version).
+//! stored conversations), [`anthropic`] (Anthropic's Messages API), [`ollama`] (Ollama's chat,
+//! generate, embed, tags, show, ps and version).
 //! Every dialect goes through [`gateway`], the one path that checks a call, places it with the
 //! mesh router (here when this node serves the model and ranks best, else the best peer through
 //! `agentmesh.v1.Models/Chat` over the mesh's mTLS, with failover) and streams its events; and
@@ -15,6 +15,7 @@
 //! (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
+pub mod anthropic;
 mod door;
 pub mod embeddings;
 pub mod error;
@@ -70,6 +71,8 @@ const COUNTED_PATHS: &[&str] = &[
     "/api/generate",
     "/api/embed",
     "/api/embeddings",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/healthz",
     "/metrics",
 ];
@@ -91,6 +94,8 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
         .route("/api/generate", post(ollama::generate))
         .route("/api/embed", post(ollama::embed))
         .route("/api/embeddings", post(ollama::embeddings))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
     Router::new()
         .merge(api)
@@ -146,7 +151,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Anthropic's /v1/messages, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, /healthz and /metrics (docs/protocol.md lists them)",
     )
 }
 

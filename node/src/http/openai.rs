@@ -14,6 +14,7 @@ use std::sync::Arc;
 use axum::{
     Json,
     extract::{Extension, State},
+    http::HeaderMap,
     response::{IntoResponse, Response},
 };
 use mesh_domain::{
@@ -601,8 +602,12 @@ fn model_entry(id: &str, owner: &str, embeds: bool) -> Value {
 
 /// `GET /v1/models`: every model the fleet serves (this node's and its up peers'), and a
 /// `role:<name>` alias per role; `owned_by` names the first node seen serving it, and
-/// `capabilities` includes `embeddings` when some node's model of that name makes them.
-pub async fn list_models(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
+/// `capabilities` includes `embeddings` when some node's model of that name makes them. With an
+/// `anthropic-version` header (Anthropic's client), the same list in Anthropic's shape.
+pub async fn list_models(State(door): State<Arc<FrontDoor>>, headers: HeaderMap) -> Json<Value> {
+    if headers.contains_key(super::anthropic::VERSION_HEADER) {
+        return Json(super::anthropic::models_list(&door.fleet_models()));
+    }
     let embedders = door.fleet_embedders();
     let data: Vec<Value> = door
         .fleet_models()

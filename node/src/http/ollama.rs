@@ -27,7 +27,7 @@ use serde::{Deserialize, de::DeserializeOwned};
 use serde_json::{Map, Value, json};
 
 use super::{
-    FrontDoor,
+    door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     gateway::{self, Call, Caller, Encoder, Event},
 };

@@ -246,10 +246,17 @@ impl ChatService {
                 Ok(response) => return Ok(response),
                 Err(error) => error,
             };
+            // The request itself was refused before anything went out: the client's fault (a
+            // 400 at the front door), and another node would refuse it too.
+            if error.invalid_request && !error.streamed {
+                return Err(ChatError::Model(ModelError::Refused {
+                    status: 400,
+                    message: format!("node {}: {}", peer.name, error.message),
+                }));
+            }
             failed.push(format!("node {}: {}", peer.name, error.message));
-            // Once text went out, or when the request itself was refused, another node would
-            // not do better.
-            if error.streamed || error.invalid_request {
+            // Once text went out, another node would not do better.
+            if error.streamed {
                 break;
             }
             tracing::warn!(node = %peer.name, error = %error.message, "front door: a chat failed before answering; trying the next node");
@@ -331,8 +338,8 @@ mod tests {
     use super::*;
     use crate::{capabilities::test_support::test_capabilities, router::Destination};
 
-    /// A fleet of peers whose `Models.Embed` answers are scripted by address; records the
-    /// addresses tried, in order.
+    /// A fleet of peers whose `Models.Chat` and `Models.Embed` answers are scripted by address;
+    /// records the addresses tried, in order.
     #[derive(Debug, Default)]
     struct ScriptedPeers {
         tried: Mutex<Vec<String>>,
@@ -341,12 +348,27 @@ mod tests {
     impl RemoteChat for ScriptedPeers {
         fn chat<'a>(
             &'a self,
-            _addr: &'a str,
+            addr: &'a str,
             _target: &'a Target,
             _request: &'a ChatRequest,
             _deltas: &'a mpsc::UnboundedSender<String>,
         ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
-            Box::pin(async { unreachable!("only embeddings here") })
+            self.tried.lock().expect("lock").push(addr.to_owned());
+            let fail = |invalid_request| RemoteChatError {
+                message: format!("{addr} said no"),
+                streamed: false,
+                invalid_request,
+            };
+            let result = match addr {
+                "down" => Err(fail(false)),
+                "refuses" => Err(fail(true)),
+                _ => Ok(ChatResponse {
+                    model: "m".into(),
+                    content: format!("from {addr}"),
+                    ..ChatResponse::default()
+                }),
+            };
+            Box::pin(async move { result })
         }
 
         fn embed<'a>(
@@ -430,6 +452,47 @@ mod tests {
         assert_eq!(
             *remote.tried.lock().expect("lock"),
             ["down", "up", "refuses", "down", "down"]
+        );
+    }
+
+    /// A chat on peers: a peer that fails before answering is skipped; a peer that refused the
+    /// request itself (its model's 400, say a `tool_choice` it cannot honour) ends the chat as
+    /// a refusal, which the front door answers as a 400 (without this it was a 502 after
+    /// trying every peer).
+    #[tokio::test]
+    async fn a_chat_skips_a_failing_peer_and_a_refusing_peer_is_a_refusal() {
+        let remote = Arc::new(ScriptedPeers::default());
+        let service = ChatService::new(
+            Arc::new(ModelRegistry::default()),
+            Arc::new(Admission::new(
+                test_capabilities(),
+                Arc::default(),
+                mesh_domain::Tier::Write,
+            )),
+            remote.clone(),
+        );
+        let target = Target::Model("m".into());
+        let (deltas, _) = mpsc::unbounded_channel();
+        let request = ChatRequest::default();
+        let answer = service
+            .run(peers(&["down", "up"]), &target, &request, &deltas)
+            .await
+            .expect("the second peer answers");
+        assert_eq!(answer.content, "from up");
+        let error = service
+            .run(peers(&["refuses", "up"]), &target, &request, &deltas)
+            .await
+            .expect_err("a refusal is the answer");
+        assert_eq!(
+            error,
+            ChatError::Model(ModelError::Refused {
+                status: 400,
+                message: "node refuses: refuses said no".into()
+            })
+        );
+        assert_eq!(
+            *remote.tried.lock().expect("lock"),
+            ["down", "up", "refuses"]
         );
     }
 }

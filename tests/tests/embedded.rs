@@ -476,9 +476,9 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
 
 /// Structured output end to end: the official `openai` client asks a node without models for a
 /// JSON schema answer, the node places it on its peer's SmolLM2, and the answer parses and
-/// matches the schema. A `tool_choice` that demands a call is a 400 naming `tool_choice` at the
-/// serving node's front door (through a hop the refusal still names the field, but
-/// `Models.Chat` carries every model failure as `UNAVAILABLE`, so the status is 502).
+/// matches the schema. A `tool_choice` that demands a call is a 400 naming `tool_choice`, at the
+/// serving node's front door and through a hop (`Models.Chat` carries a model's refusal as
+/// `INVALID_ARGUMENT`).
 #[test]
 fn the_openai_client_gets_schema_shaped_json_from_the_embedded_model_through_a_hop() {
     let path = model_path();
@@ -539,5 +539,5 @@ print(json.dumps(refusals))
         );
     }
     assert_eq!(refused[0]["status"], 400, "at the serving node: {refused}");
-    assert_eq!(refused[1]["status"], 502, "through a hop: {refused}");
+    assert_eq!(refused[1]["status"], 400, "through a hop: {refused}");
 }

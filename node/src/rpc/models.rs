@@ -110,7 +110,7 @@ impl pb::models_server::Models for ModelsService {
                             kind: Some(pb::chat_chunk::Kind::Response(bytes)),
                         })
                         .map_err(|e| Status::internal(e.to_string())),
-                    Some(Err(error)) => Err(Status::unavailable(format!("model: {error}"))),
+                    Some(Err(error)) => Err(model_status(&error)),
                     None => Err(Status::not_found("the model went away")),
                 };
                 let _ = tx.send(last).await;
@@ -137,7 +137,7 @@ impl pb::models_server::Models for ModelsService {
                 "this node does not serve `{}`",
                 call.model
             ))),
-            Some(Err(error)) => Err(embed_status(&error)),
+            Some(Err(error)) => Err(model_status(&error)),
             Some(Ok(response)) => Ok(Response::new(pb::EmbedAnswer {
                 response: serde_json::to_vec(&response)
                     .map_err(|e| Status::internal(e.to_string()))?,
@@ -146,9 +146,10 @@ impl pb::models_server::Models for ModelsService {
     }
 }
 
-/// A model's failure to make embeddings, for the calling node: a refusal is the request's
-/// fault (the caller does not try another node), anything else is this node's.
-fn embed_status(error: &ModelError) -> Status {
+/// A model's failure (a chat's or embeddings'), for the calling node: a refusal is the
+/// request's fault (`INVALID_ARGUMENT`: the caller does not try another node and answers its
+/// client a 400), anything else is this node's (`UNAVAILABLE`).
+fn model_status(error: &ModelError) -> Status {
     match error {
         ModelError::Refused { message, .. } => Status::invalid_argument(message.clone()),
         ModelError::Unreachable(_)

@@ -23,7 +23,7 @@ use mesh_domain::{
     ToolChoice, Usage,
 };
 use tokio::sync::mpsc;
-use tokio_stream::{StreamExt, wrappers::ReceiverStream};
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::{
     door::FrontDoor,
@@ -403,7 +403,7 @@ pub fn stream(mut run: Run, content_type: &'static str, mut encoder: impl Encode
         let frames = encoder.close().await;
         send(frames).await;
     });
-    let body = Body::from_stream(ReceiverStream::new(frames).map(|frame| frame));
+    let body = Body::from_stream(ReceiverStream::new(frames));
     (
         [
             (header::CONTENT_TYPE, content_type),

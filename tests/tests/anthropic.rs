@@ -5,11 +5,7 @@
 //! shape; with `http.api_keys`, a wrong `x-api-key` is Anthropic's
 //! `authentication_error`; and one short end-to-end run on the embedded SmolLM2 model.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
@@ -124,31 +120,13 @@ fn with_api_keys_a_wrong_x_api_key_is_an_anthropic_authentication_error() {
     );
 }
 
-/// The GGUF file (as tests/tests/embedded.rs finds it), or a failed test that says how to get
-/// it.
-fn model_path() -> PathBuf {
-    let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
-        Some(path) => PathBuf::from(path),
-        None => mesh_node::config::default_model_path(
-            &mesh_identity::bootstrap::default_data_dir().expect("this platform has a data dir"),
-        ),
-    };
-    assert!(
-        path.is_file(),
-        "the embedded model is missing at {}: run deploy/fetch-model.sh (deploy/test.sh does), \
-         or set MESH_EMBEDDED_MODEL to the GGUF file",
-        path.display()
-    );
-    path
-}
-
 fn embedded_toml(path: &Path) -> String {
     format!("[[models]]\nname = \"smol\"\nbackend = \"embedded\"\npath = {path:?}\nthreads = 1\n")
 }
 
 #[test]
 fn the_anthropic_client_talks_to_the_embedded_model_through_a_node_without_models() {
-    let path = model_path();
+    let path = mesh_tests::embedded_model_path();
     let h = Harness::new().expect("harness");
     let gpu = h
         .spawn(NodeOptions::new("gpu").extra(&embedded_toml(&path)))

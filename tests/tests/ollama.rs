@@ -7,7 +7,7 @@
 //! hold there too; embeddings go through `/api/embed`. And one chat through the embedded
 //! SmolLM2 model.
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use mesh_tests::{
     Harness, NodeOptions,
@@ -283,29 +283,11 @@ print(json.dumps({
     );
 }
 
-/// The embedded model's file, as tests/tests/embedded.rs finds it (a failure says how to get
-/// it: a real model run is the point of this test).
-fn model_path() -> PathBuf {
-    let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
-        Some(path) => PathBuf::from(path),
-        None => mesh_node::config::default_model_path(
-            &mesh_identity::bootstrap::default_data_dir().expect("this platform has a data dir"),
-        ),
-    };
-    assert!(
-        path.is_file(),
-        "the embedded model is missing at {}: run deploy/fetch-model.sh (deploy/test.sh does), \
-         or set MESH_EMBEDDED_MODEL to the GGUF file",
-        path.display()
-    );
-    path
-}
-
 /// `ollama.Client.chat`, streamed, through a node without models to one serving SmolLM2: a few
 /// tokens of real text and a last line with real counts.
 #[test]
 fn the_ollama_client_streams_a_chat_from_the_embedded_model() {
-    let path = model_path();
+    let path = mesh_tests::embedded_model_path();
     let h = Harness::new().expect("harness");
     let laptop = h.spawn(NodeOptions::new("laptop")).expect("laptop");
     let gpu = h

@@ -5,7 +5,7 @@
 //! with `http.api_keys` a caller without the key is refused; and one short answer from the
 //! embedded SmolLM2 model.
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
@@ -236,28 +236,11 @@ fn without_the_key_responses_are_refused() {
     assert_eq!(body["output"][0]["content"][0]["text"], "let in");
 }
 
-/// The GGUF file (`deploy/fetch-model.sh`), or a failed test that says how to get it.
-fn model_path() -> PathBuf {
-    let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
-        Some(path) => PathBuf::from(path),
-        None => mesh_node::config::default_model_path(
-            &mesh_identity::bootstrap::default_data_dir().expect("this platform has a data dir"),
-        ),
-    };
-    assert!(
-        path.is_file(),
-        "the embedded model is missing at {}: run deploy/fetch-model.sh (deploy/test.sh does), \
-         or set MESH_EMBEDDED_MODEL to the GGUF file",
-        path.display()
-    );
-    path
-}
-
 /// End to end with the real SmolLM2 model on a peer: a short answer through a node without
 /// models, stored and read back.
 #[test]
 fn the_embedded_model_answers_through_the_responses_api() {
-    let path = model_path();
+    let path = mesh_tests::embedded_model_path();
     let h = Harness::new().expect("harness");
     let laptop = h.spawn(NodeOptions::new("laptop")).expect("laptop");
     let gpu = h

@@ -22,6 +22,7 @@ use super::{
     door::FrontDoor,
     error::ApiError,
     gateway::{self, Caller},
+    openai,
 };
 
 /// The fields of an embeddings request that are read.
@@ -57,12 +58,14 @@ fn read(body: &[u8]) -> Result<Embeddings, ApiError> {
     let Value::Object(object) = value else {
         return Err(ApiError::bad_request("request body: must be a JSON object"));
     };
-    if let Some(field) = object.keys().find(|k| !READ.contains(&k.as_str())) {
-        return Err(ApiError::bad_field(
-            field,
-            "unrecognized request argument (embeddings read model, input, encoding_format, dimensions and user)",
-        ));
-    }
+    openai::check_fields(
+        &object,
+        openai::Fields {
+            read: READ,
+            ignored: &[],
+            unsupported: &[],
+        },
+    )?;
     let model = match object.get("model") {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         _ => return Err(ApiError::bad_field("model", "name the model (a string)")),

@@ -172,13 +172,32 @@ struct OpenAiFunction {
     parameters: Value,
 }
 
-/// Refuses a field OpenAI does not define, or one the mesh does not offer, naming it.
-fn check_fields(object: &Map<String, Value>) -> Result<(), ApiError> {
+/// The fields an OpenAI endpoint's request may carry, as the mesh treats them.
+#[derive(Debug, Clone, Copy)]
+pub struct Fields {
+    /// Read (and so honoured, or refused by value).
+    pub read: &'static [&'static str],
+    /// Defined by OpenAI, not changing the answer: accepted and not used.
+    pub ignored: &'static [&'static str],
+    /// Defined by OpenAI, not offered by the mesh: refused unless `null`.
+    pub unsupported: &'static [&'static str],
+}
+
+/// Chat completions' fields.
+const CHAT_FIELDS: Fields = Fields {
+    read: READ,
+    ignored: IGNORED,
+    unsupported: UNSUPPORTED,
+};
+
+/// Refuses a field OpenAI does not define, or one the mesh does not offer, naming it (as
+/// OpenAI refuses an unrecognized argument); shared by every OpenAI endpoint.
+pub fn check_fields(object: &Map<String, Value>, fields: Fields) -> Result<(), ApiError> {
     for (field, value) in object {
-        if READ.contains(&field.as_str()) || IGNORED.contains(&field.as_str()) {
+        if fields.read.contains(&field.as_str()) || fields.ignored.contains(&field.as_str()) {
             continue;
         }
-        if UNSUPPORTED.contains(&field.as_str()) {
+        if fields.unsupported.contains(&field.as_str()) {
             if value.is_null() {
                 continue;
             }
@@ -413,7 +432,7 @@ pub fn read_chat_completion(body: &[u8]) -> Result<ChatCompletion, ApiError> {
     let Value::Object(object) = &value else {
         return Err(ApiError::bad_request("request body: must be a JSON object"));
     };
-    check_fields(object)?;
+    check_fields(object, CHAT_FIELDS)?;
     let request: OpenAiRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     let stream = request.stream;

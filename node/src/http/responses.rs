@@ -37,7 +37,7 @@ use super::{
     door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     gateway::{self, Call, Caller, Encoder, Event, unix_s},
-    openai::tool_choice_of,
+    openai::{self, tool_choice_of},
 };
 use crate::memory::{Memory, MemoryError};
 
@@ -187,29 +187,6 @@ struct Echo {
     temperature: Option<f32>,
     top_p: Option<f32>,
     max_output_tokens: Option<u32>,
-}
-
-/// Refuses a field OpenAI does not define, or one the mesh does not offer, naming it.
-fn check_fields(object: &Map<String, Value>) -> Result<(), ApiError> {
-    for (field, value) in object {
-        if READ.contains(&field.as_str()) || IGNORED.contains(&field.as_str()) {
-            continue;
-        }
-        if UNSUPPORTED.contains(&field.as_str()) {
-            if value.is_null() {
-                continue;
-            }
-            return Err(ApiError::bad_field(
-                field,
-                "is not supported by agentmesh; leave it out",
-            ));
-        }
-        return Err(ApiError::bad_field(
-            field,
-            "unrecognized request argument (see docs/protocol.md for the fields agentmesh reads)",
-        ));
-    }
-    Ok(())
 }
 
 /// Refuses settings the mesh cannot honour rather than ignoring them.
@@ -481,7 +458,14 @@ pub fn read_responses_call(body: &[u8]) -> Result<ResponsesCall, ApiError> {
     let Value::Object(object) = &value else {
         return Err(ApiError::bad_request("request body: must be a JSON object"));
     };
-    check_fields(object)?;
+    openai::check_fields(
+        object,
+        openai::Fields {
+            read: READ,
+            ignored: IGNORED,
+            unsupported: UNSUPPORTED,
+        },
+    )?;
     let request: ResponsesRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     check_unsupported_values(&request)?;

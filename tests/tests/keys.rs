@@ -20,7 +20,11 @@ use mesh_tests::{
 };
 use serde_json::Value;
 
-const DEADLINE: Duration = Duration::from_secs(20);
+/// How long to wait for usage to reach the other node: a push is normally there in well under
+/// a second, but on a machine saturated by builds a push can be dropped (the queue is bounded)
+/// and the records then come with the next sync, every 30 s. Each wait returns as soon as its
+/// condition holds.
+const DEADLINE: Duration = Duration::from_secs(45);
 
 /// The gpu: serves `m` from `fake`, with `extra` config.
 fn gpu(h: &Harness, fake: &FakeOpenAi, peer: &NodeProcess, extra: &str) -> NodeProcess {

@@ -157,6 +157,10 @@ enum CaCommand {
         /// them without flags, instead of DIR/NAME.pem and DIR/NAME.key.
         #[arg(long, conflicts_with = "sans")]
         install: bool,
+        /// The key's algorithm: `ed25519` (the default), or `p256` for a client whose TLS
+        /// offers no Ed25519 (Python's grpcio, on which `grpcio-reflection` runs).
+        #[arg(long, value_name = "TYPE", default_value = "ed25519", value_parser = ["ed25519", "p256"])]
+        key_type: String,
     },
     /// Revoke a node's or client's certificate: signs a revocation with DIR/ca.key and sends it
     /// to the node (--node / MESH_NODE), which replicates it. Every node then refuses the
@@ -263,12 +267,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             dir,
             name,
             install: true,
+            key_type,
             ..
         }) => {
+            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
             let config_dir = bootstrap::user_config_dir().ok_or_else(|| {
                 anyhow!("this platform has no config dir to install into; use `ca issue` without --install and pass the files with --ca, --cert and --key")
             })?;
-            let files = bootstrap::install_client(&dir, &name, &config_dir)?;
+            let files = bootstrap::install_client(&dir, &name, &config_dir, key_type)?;
             println!(
                 "installed client certificate for {name}; mesh-cli finds it without flags\n  CA certificate: {}\n  certificate:    {}\n  private key:    {}",
                 files.ca.display(),
@@ -283,9 +289,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             sans,
             role,
             install: false,
+            key_type,
         }) => {
             let role: CertRole = role.parse().map_err(|e: String| anyhow!(e))?;
-            let (cert, key) = ca::issue(&dir, &name, &sans, role)?;
+            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
+            let (cert, key) = ca::issue_with(&dir, &name, &sans, role, key_type)?;
             println!(
                 "issued {role} certificate for {name}\n  certificate: {}\n  private key: {}",
                 cert.display(),

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use mesh_identity::{CertRole, TlsFiles, ca};
+use mesh_identity::{TlsFiles, ca};
 use mesh_tests::{Harness, NodeOptions, python3};
 use tokio_stream::StreamExt;
 use tonic_health::pb::{
@@ -85,25 +85,42 @@ with grpc.secure_channel(addr, credentials) as channel:
         print(json.dumps({"code": e.code().name, "details": e.details()}))
 "#;
 
-/// A certificate with an ECDSA P-256 key for `name` in `role`, signed by the harness CA from a
-/// request as a join signs one. gRPC's own TLS stack (BoringSSL, in grpcio) offers no Ed25519
-/// signatures, so it cannot handshake with the Ed25519 certificates `ca issue` makes.
-fn p256_files(harness: &Harness, name: &str, role: CertRole) -> TlsFiles {
-    let ca = harness.ca_dir().join(ca::CA_CERT_FILE);
-    let signer = ca::CaSigner::load(&ca, &harness.ca_dir().join(ca::CA_KEY_FILE)).expect("CA");
-    let key = rcgen::KeyPair::generate().expect("P-256 key");
-    let csr = rcgen::CertificateParams::default()
-        .serialize_request(&key)
-        .and_then(|csr| csr.pem())
-        .expect("CSR");
-    let cert = signer.sign_csr(&csr, name, role).expect("sign");
+/// A certificate with an ECDSA P-256 key for `name` in `role`, made as an operator makes one:
+/// `mesh-cli ca issue --key-type p256` with the harness CA. gRPC's own TLS stack (BoringSSL, in
+/// grpcio) offers no Ed25519 signatures, so it cannot handshake with the default Ed25519
+/// certificates, the node's included.
+fn p256_files(harness: &Harness, name: &str, role: &str) -> TlsFiles {
+    let output = Command::new(mesh_tests::bin("mesh-cli"))
+        .args([
+            "ca",
+            "issue",
+            "--key-type",
+            "p256",
+            "--role",
+            role,
+            "--name",
+            name,
+            "--dir",
+        ])
+        .arg(harness.ca_dir())
+        .output()
+        .expect("run mesh-cli");
+    assert!(
+        output.status.success(),
+        "mesh-cli ca issue --key-type p256 failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let files = TlsFiles {
-        ca,
-        cert: harness.path().join(format!("{name}-p256.pem")),
-        key: harness.path().join(format!("{name}-p256.key")),
+        ca: harness.ca_dir().join(ca::CA_CERT_FILE),
+        cert: harness.ca_dir().join(format!("{name}.pem")),
+        key: harness.ca_dir().join(format!("{name}.key")),
     };
-    std::fs::write(&files.cert, cert).expect("write cert");
-    std::fs::write(&files.key, key.serialize_pem()).expect("write key");
+    let key = std::fs::read_to_string(&files.key).expect("key");
+    let key = rcgen::KeyPair::from_pem(&key).expect("a PEM key");
+    assert!(
+        key.is_compatible(&rcgen::PKCS_ECDSA_P256_SHA256),
+        "not a P-256 key"
+    );
     files
 }
 
@@ -127,9 +144,9 @@ fn reflect_v1alpha(addr: &str, ca: &str, cert: &str, key: &str) -> serde_json::V
 fn reflection_v1alpha_lists_the_services_to_a_member_and_refuses_a_caller_without_a_certificate() {
     let harness = Harness::new().expect("harness");
     let mut options = NodeOptions::new("alpha").issuer();
-    options.tls = Some(p256_files(&harness, "alpha", CertRole::Node));
+    options.tls = Some(p256_files(&harness, "alpha", "node"));
     let node = harness.spawn(options).expect("alpha");
-    let client = p256_files(&harness, "grpc-tool", CertRole::Client);
+    let client = p256_files(&harness, "grpc-tool", "client");
     let path = |p: &std::path::Path| p.to_str().expect("utf-8 path").to_owned();
     let (ca, cert, key) = (path(&client.ca), path(&client.cert), path(&client.key));
 

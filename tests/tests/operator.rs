@@ -179,7 +179,13 @@ fn flags_and_env_override_the_files_mesh_cli_finds() {
     // The found files are of another mesh.
     let other = home.dir.path().join("other-ca");
     ca::ca_init(&other).expect("other CA");
-    bootstrap::install_client(&other, "stranger", &home.config_dir()).expect("install");
+    bootstrap::install_client(
+        &other,
+        "stranger",
+        &home.config_dir(),
+        mesh_identity::ca::KeyType::Ed25519,
+    )
+    .expect("install");
     let status = ["--node", node.addr.as_str(), "status", "--json"];
     let found = status_names(&home.cli(&status)).expect_err("found files of another mesh");
     assert!(

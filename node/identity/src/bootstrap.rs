@@ -11,7 +11,7 @@ use std::{
 
 use crate::{
     CertRole, TlsError,
-    ca::{CA_CERT_FILE, CA_KEY_FILE, ca_init, issue, issue_at},
+    ca::{CA_CERT_FILE, CA_KEY_FILE, KeyType, ca_init, issue, issue_at},
     cert::CertIdentity,
     pem::{pem_certs, read, write_new},
     tls::TlsFiles,
@@ -54,7 +54,12 @@ pub fn cli_file_places() -> Vec<TlsFiles> {
 /// `mesh-cli.pem` and `mesh-cli.key` (mode 0600, in a directory created with mode 0700).
 /// Refuses to overwrite a certificate or key already there, or a `ca.pem` of another CA; checks
 /// everything before it writes anything.
-pub fn install_client(ca_dir: &Path, name: &str, config_dir: &Path) -> Result<TlsFiles, TlsError> {
+pub fn install_client(
+    ca_dir: &Path,
+    name: &str,
+    config_dir: &Path,
+    key_type: KeyType,
+) -> Result<TlsFiles, TlsError> {
     let files = user_cli_files(config_dir);
     let ca_pem = read(&ca_dir.join(CA_CERT_FILE))?;
     for path in [&files.cert, &files.key] {
@@ -69,7 +74,15 @@ pub fn install_client(ca_dir: &Path, name: &str, config_dir: &Path) -> Result<Tl
         Err(e) => return Err(TlsError::io("read", &files.ca, e)),
     };
     create_private_dir(config_dir)?;
-    issue_at(ca_dir, name, &[], CertRole::Client, &files.cert, &files.key)?;
+    issue_at(
+        ca_dir,
+        name,
+        &[],
+        CertRole::Client,
+        key_type,
+        &files.cert,
+        &files.key,
+    )?;
     if !keep_ca {
         write_new(&files.ca, ca_pem.as_bytes(), false)?;
     }
@@ -235,7 +248,7 @@ mod tests {
         ca_init(&theirs).expect("their CA");
         let config = dir.path().join("config/agentmesh");
 
-        let files = install_client(&ours, "operator", &config).expect("install");
+        let files = install_client(&ours, "operator", &config, KeyType::Ed25519).expect("install");
         assert_eq!(files, user_cli_files(&config));
         let tls = MeshTls::load(&files).expect("the installed files load together");
         assert_eq!(tls.identity().role, Some(CertRole::Client));
@@ -249,7 +262,8 @@ mod tests {
         }
 
         // A second install would replace a working certificate: refused, nothing written.
-        let err = install_client(&ours, "operator2", &config).expect_err("refused");
+        let err =
+            install_client(&ours, "operator2", &config, KeyType::Ed25519).expect_err("refused");
         assert!(
             matches!(&err, TlsError::Exists(path) if *path == files.cert),
             "{err}"
@@ -258,7 +272,8 @@ mod tests {
         // Without a certificate, the same CA's ca.pem is kept; another CA's is refused.
         fs::remove_file(&files.cert).expect("rm cert");
         fs::remove_file(&files.key).expect("rm key");
-        let err = install_client(&theirs, "operator", &config).expect_err("other CA");
+        let err =
+            install_client(&theirs, "operator", &config, KeyType::Ed25519).expect_err("other CA");
         assert!(
             matches!(&err, TlsError::Exists(path) if *path == files.ca),
             "{err}"
@@ -267,7 +282,7 @@ mod tests {
             !files.cert.exists() && !files.key.exists(),
             "nothing written"
         );
-        install_client(&ours, "operator", &config).expect("same CA again");
+        install_client(&ours, "operator", &config, KeyType::Ed25519).expect("same CA again");
         MeshTls::load(&files).expect("loads");
     }
 
@@ -278,6 +293,7 @@ mod tests {
             &dir.path().join("no-ca"),
             "operator",
             &dir.path().join("cfg"),
+            KeyType::Ed25519,
         )
         .expect_err("no CA");
         assert!(err.to_string().contains("ca.pem"), "{err}");

@@ -63,6 +63,38 @@ pub fn ca_init(dir: &Path) -> Result<(PathBuf, PathBuf), TlsError> {
     Ok((cert_path, key_path))
 }
 
+/// The key algorithm of an issued certificate.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeyType {
+    /// Ed25519: fast to sign and verify the memory's records with; the default.
+    #[default]
+    Ed25519,
+    /// ECDSA P-256: for clients whose TLS offers no Ed25519 (grpcio, the C-core of gRPC, on
+    /// which `grpcio-reflection` and other Python tools run).
+    P256,
+}
+
+impl std::str::FromStr for KeyType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ed25519" => Ok(Self::Ed25519),
+            "p256" => Ok(Self::P256),
+            other => Err(format!("key type `{other}` is not ed25519 or p256")),
+        }
+    }
+}
+
+impl KeyType {
+    fn generate(self) -> Result<KeyPair, rcgen::Error> {
+        match self {
+            Self::Ed25519 => KeyPair::generate_for(&rcgen::PKCS_ED25519),
+            Self::P256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+        }
+    }
+}
+
 /// Issues `NAME.pem` / `NAME.key` in `dir`, signed by the CA in the same directory, for `role`
 /// (the subject's OU; see `leaf_params` for names and usages; `sans` adds IPs or DNS names).
 /// The key is Ed25519 (fast to sign and verify the memory's records with).
@@ -72,9 +104,20 @@ pub fn issue(
     sans: &[String],
     role: CertRole,
 ) -> Result<(PathBuf, PathBuf), TlsError> {
+    issue_with(dir, name, sans, role, KeyType::Ed25519)
+}
+
+/// [`issue`] with a key of `key_type`.
+pub fn issue_with(
+    dir: &Path,
+    name: &str,
+    sans: &[String],
+    role: CertRole,
+    key_type: KeyType,
+) -> Result<(PathBuf, PathBuf), TlsError> {
     let cert_path = dir.join(format!("{name}.pem"));
     let key_path = dir.join(format!("{name}.key"));
-    issue_at(dir, name, sans, role, &cert_path, &key_path)?;
+    issue_at(dir, name, sans, role, key_type, &cert_path, &key_path)?;
     Ok((cert_path, key_path))
 }
 
@@ -85,6 +128,7 @@ pub(crate) fn issue_at(
     name: &str,
     sans: &[String],
     role: CertRole,
+    key_type: KeyType,
     cert_path: &Path,
     key_path: &Path,
 ) -> Result<(), TlsError> {
@@ -95,7 +139,7 @@ pub(crate) fn issue_at(
         }
     }
     let ca = CaSigner::load(&dir.join(CA_CERT_FILE), &dir.join(CA_KEY_FILE))?;
-    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+    let key = key_type.generate()?;
     let cert = leaf_params(name, sans, role)?.signed_by(&key, &ca.issuer)?;
 
     write_new(cert_path, cert.pem().as_bytes(), false)?;

@@ -155,6 +155,14 @@ pub struct FakeOpenAi {
 }
 
 impl FakeOpenAi {
+    /// Config of a node whose model `m`, serving role `chat`, is this fake; `extra` follows.
+    pub fn node_config(&self, extra: &str) -> String {
+        format!(
+            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\nchat = [\"m\"]\n\n{extra}",
+            self.base_url()
+        )
+    }
+
     /// Starts on 127.0.0.1 with an ephemeral port.
     pub fn start() -> Self {
         let script = Arc::new(Mutex::new(Script::default()));

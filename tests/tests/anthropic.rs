@@ -18,10 +18,11 @@ const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A node serving model `m` (role `chat`) from `fake`, peered with `peer`.
 fn gpu(h: &Harness, fake: &FakeOpenAi, peer: &NodeProcess) -> NodeProcess {
-    h.spawn(NodeOptions::new("gpu").peer(&peer.addr).extra(&format!(
-        "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\nchat = [\"m\"]\n",
-        fake.base_url()
-    )))
+    h.spawn(
+        NodeOptions::new("gpu")
+            .peer(&peer.addr)
+            .extra(&fake.node_config("")),
+    )
     .expect("gpu")
 }
 

@@ -17,10 +17,11 @@ use mesh_tests::{
 const DEADLINE: Duration = Duration::from_secs(20);
 
 fn gpu(h: &Harness, fake: &FakeOpenAi, peer: &NodeProcess) -> NodeProcess {
-    h.spawn(NodeOptions::new("gpu").peer(&peer.addr).extra(&format!(
-        "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\nchat = [\"m\"]\n",
-        fake.base_url()
-    )))
+    h.spawn(
+        NodeOptions::new("gpu")
+            .peer(&peer.addr)
+            .extra(&fake.node_config("")),
+    )
     .expect("gpu")
 }
 

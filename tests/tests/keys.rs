@@ -26,12 +26,13 @@ use serde_json::Value;
 /// condition holds.
 const DEADLINE: Duration = Duration::from_secs(45);
 
-/// The gpu: serves `m` from `fake`, with `extra` config.
+/// The gpu: serves `m` (role `chat`) from `fake`, with `extra` config.
 fn gpu(h: &Harness, fake: &FakeOpenAi, peer: &NodeProcess, extra: &str) -> NodeProcess {
-    h.spawn(NodeOptions::new("gpu").peer(&peer.addr).extra(&format!(
-        "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n{extra}",
-        fake.base_url()
-    )))
+    h.spawn(
+        NodeOptions::new("gpu")
+            .peer(&peer.addr)
+            .extra(&fake.node_config(extra)),
+    )
     .expect("gpu")
 }
 

@@ -48,10 +48,11 @@ fn the_ollama_client_reaches_a_peers_model_through_a_node_without_models() {
         .spawn(NodeOptions::new("laptop").http_keys(&[KEY]))
         .expect("laptop");
     let gpu = h
-        .spawn(NodeOptions::new("gpu").peer(&laptop.addr).extra(&format!(
-            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\nchat = [\"m\"]\n",
-            fake.base_url()
-        )))
+        .spawn(
+            NodeOptions::new("gpu")
+                .peer(&laptop.addr)
+                .extra(&fake.node_config("")),
+        )
         .expect("gpu");
     h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
     fake.push([
@@ -139,10 +140,11 @@ fn a_keys_model_list_and_budget_hold_on_ollamas_api() {
         .spawn(NodeOptions::new("laptop").extra(&keys))
         .expect("laptop");
     let gpu = h
-        .spawn(NodeOptions::new("gpu").peer(&laptop.addr).extra(&format!(
-            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\nchat = [\"m\"]\n",
-            fake.base_url()
-        )))
+        .spawn(
+            NodeOptions::new("gpu")
+                .peer(&laptop.addr)
+                .extra(&fake.node_config("")),
+        )
         .expect("gpu");
     h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
     fake.push([Scripted::text("spent").usage(10, 10)]);

@@ -58,9 +58,10 @@ if $build_only; then
 fi
 
 venv=target/venv
-# The official clients the front-door tests drive, and mDNS for the discovery tests.
-python_packages="zeroconf openai anthropic ollama grpcio-reflection"
-if ! "$venv/bin/python3" -c 'import zeroconf, openai, anthropic, ollama, grpc_reflection' 2>/dev/null; then
+# The official clients the front-door tests drive, mDNS for the discovery tests, and the MCP
+# SDK and a real MCP server (mcp-server-time) for the MCP tests.
+python_packages="zeroconf openai anthropic ollama grpcio-reflection mcp mcp-server-time"
+if ! "$venv/bin/python3" -c 'import zeroconf, openai, anthropic, ollama, grpc_reflection, mcp, mcp_server_time' 2>/dev/null; then
   if ! "$venv/bin/python3" -m pip --version >/dev/null 2>&1; then
     # Not there, or half made: `python3 -m venv` without python3-venv leaves one without pip.
     rm -rf "$venv"

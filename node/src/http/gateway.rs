@@ -29,7 +29,10 @@ use super::{
     door::FrontDoor,
     error::{ApiError, ErrorKind},
 };
-use crate::api_keys::KeyGrant;
+use crate::{
+    api_keys::{Admission, KeyGrant},
+    router::Placement,
+};
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: u32 = 8;
@@ -237,18 +240,34 @@ pub async fn start(
             return Err(ApiError::from_admission(error));
         }
     };
+    Ok(run_placed(door, call, placement, admission))
+}
+
+/// Runs the choices of an admitted, placed `call` and records what they spent against the
+/// key of `admission` when they end.
+fn run_placed(
+    door: &Arc<FrontDoor>,
+    call: Call,
+    placement: Placement,
+    admission: Option<Admission>,
+) -> Run {
     let (events_tx, events) = mpsc::channel(EVENT_BUFFER);
     let n = call.n;
     let door = Arc::clone(door);
     let call = Arc::new(call);
+    // What the ended choices spent and how many ended, added before a choice's last event is
+    // sent: a client that hangs up as soon as it has the last choice (as streaming clients do
+    // after `[DONE]`) must not make a completed call look abandoned.
+    let ended = Arc::new(std::sync::Mutex::new((Usage::default(), 0u32)));
     tokio::spawn(async move {
         let mut choices = tokio::task::JoinSet::new();
         for choice in 0..call.n {
-            let (door, call, placement, events) = (
+            let (door, call, placement, events, ended) = (
                 Arc::clone(&door),
                 Arc::clone(&call),
                 placement.clone(),
                 events_tx.clone(),
+                Arc::clone(&ended),
             );
             choices.spawn(async move {
                 let (tx, mut deltas) = mpsc::unbounded_channel();
@@ -272,33 +291,33 @@ pub async fn start(
                     }
                     Err(error) => (Event::Failed(ApiError::from_chat(error)), Usage::default()),
                 };
+                {
+                    let mut ended = ended.lock().expect("the usage lock is never poisoned");
+                    ended.0.add(usage);
+                    ended.1 += 1;
+                }
                 let _ = events.send(event).await;
-                usage
             });
         }
-        let mut spent = Usage::default();
-        let finished = tokio::select! {
-            () = async {
-                while let Some(joined) = choices.join_next().await {
-                    spent.add(joined.unwrap_or_default());
-                }
-            } => true,
+        tokio::select! {
+            () = async { while choices.join_next().await.is_some() {} } => {}
             // The client went away (the run was dropped): dropping the choices stops the
             // generation here, or resets the `Models.Chat` streams so the peers stop too.
-            () = events_tx.closed() => {
-                tracing::info!(model = %call.model, "front door: the client went away; chat cancelled");
-                false
-            }
-        };
+            () = events_tx.closed() => {}
+        }
         drop(choices);
+        let (mut spent, done) = *ended.lock().expect("the usage lock is never poisoned");
+        if done < call.n {
+            tracing::info!(model = %call.model, "front door: the client went away; chat cancelled");
+        }
         if let Some(admission) = admission {
-            if !finished {
+            if done < call.n {
                 spent.completion_tokens = spent.completion_tokens.max(admission.reserved());
             }
             door.keys.record(admission, Some(spent)).await;
         }
     });
-    Ok(Run { events, n })
+    Run { events, n }
 }
 
 /// Embeds `request` with `model` wherever the fleet can, for every dialect's embeddings
@@ -487,6 +506,152 @@ mod tests {
             let error = call(edit).expect_err(field);
             assert!(error.starts_with(field), "{field}: {error}");
         }
+    }
+
+    /// A peer whose model answers every chat at once with 3 prompt and 4 completion tokens.
+    #[derive(Debug)]
+    struct Answering;
+
+    impl crate::chat::RemoteChat for Answering {
+        fn chat<'a>(
+            &'a self,
+            _addr: &'a str,
+            _target: &'a Target,
+            _request: &'a ChatRequest,
+            _deltas: &'a mpsc::UnboundedSender<String>,
+        ) -> BoxFuture<'a, Result<ChatResponse, crate::chat::RemoteChatError>> {
+            Box::pin(async {
+                Ok(ChatResponse {
+                    model: "m".into(),
+                    content: "ok".into(),
+                    usage: Some(Usage {
+                        prompt_tokens: 3,
+                        completion_tokens: 4,
+                    }),
+                    ..ChatResponse::default()
+                })
+            })
+        }
+
+        fn embed<'a>(
+            &'a self,
+            _addr: &'a str,
+            _model: &'a str,
+            _request: &'a EmbedRequest,
+        ) -> BoxFuture<'a, Result<EmbedResponse, crate::chat::RemoteChatError>> {
+            unreachable!("no embeddings here")
+        }
+    }
+
+    /// Regression: a streaming client hangs up as soon as it has the last choice (after
+    /// `[DONE]`), which raced the gateway's count of the ended choices, so a completed call
+    /// was sometimes charged as abandoned (its whole reservation) instead of the tokens the
+    /// model reported. Seen as a flaky keys test in CI. Two threads, so the client and the
+    /// gateway race as they do in the node.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_whose_client_hangs_up_after_the_last_answer_is_charged_what_it_spent() {
+        use crate::{
+            admission::Admission as Placer,
+            api_keys::{KeySource, Keys},
+            capabilities::test_support::test_capabilities,
+            chat::ChatService,
+            config::{HttpConfig, Listen},
+            llm::ModelRegistry,
+            memory::{MemoryOptions, test_support},
+            router::Destination,
+        };
+        let (_dir, memory) = test_support::open_memory(
+            &test_support::id("gateway-hang-up"),
+            MemoryOptions::default(),
+        );
+        let http = HttpConfig {
+            listen: Listen {
+                addr: "127.0.0.1:0".parse().expect("addr"),
+                fallback: false,
+            },
+            api_keys: Vec::new(),
+            keys: Vec::new(),
+        };
+        let caps = test_capabilities();
+        let door = Arc::new(FrontDoor {
+            chat: Arc::new(ChatService::new(
+                Arc::new(ModelRegistry::default()),
+                Arc::new(Placer::new(
+                    caps.clone(),
+                    Arc::default(),
+                    mesh_domain::Tier::Read,
+                )),
+                Arc::new(Answering),
+            )),
+            caps,
+            peers: Arc::default(),
+            keys: Arc::new(Keys::new(memory.clone(), &http).expect("keys")),
+            memory,
+        });
+        let grant = KeyGrant {
+            name: "k".into(),
+            source: KeySource::Config,
+            policy: mesh_domain::KeyPolicy {
+                limits: mesh_domain::KeyLimits {
+                    max_tokens_per_day: Some(1_000_000),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        };
+        const CALLS: u64 = 20;
+        for _ in 0..CALLS {
+            let mut call = Call::new(
+                "m".into(),
+                ChatRequest {
+                    messages: vec![Message::text(Role::User, "hi")],
+                    ..ChatRequest::default()
+                },
+            );
+            let admission = door
+                .keys
+                .admit(&grant, &call.model, None, 1)
+                .await
+                .expect("admitted");
+            assert!(
+                admission.reserved() > 7,
+                "the call reserves more than it spends"
+            );
+            call.chat.sampling.max_tokens = admission.max_tokens;
+            let placement = Placement::Remote(vec![Destination {
+                name: "gpu".into(),
+                addr: "gpu".into(),
+            }]);
+            let mut run = run_placed(&door, call, placement, Some(admission));
+            while let Some(event) = run.next().await {
+                if matches!(event, Event::Done { .. }) {
+                    break;
+                }
+            }
+            // The client hangs up with the answer in hand.
+            drop(run);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let usage = loop {
+            let usage = door.keys.usage().expect("usage");
+            let usage = usage
+                .into_iter()
+                .find(|u| u.name == "k")
+                .expect("k counted");
+            let settled = usage.today.get("m").map_or(0, |c| c.prompt_tokens) == 3 * CALLS;
+            if settled || std::time::Instant::now() > deadline {
+                break usage;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await; // poll again until the deadline
+        };
+        assert_eq!(usage.today["m"].requests, CALLS);
+        assert_eq!(usage.today["m"].prompt_tokens, 3 * CALLS);
+        assert_eq!(
+            usage.today["m"].completion_tokens,
+            4 * CALLS,
+            "a completed call was charged as abandoned"
+        );
+        assert_eq!(usage.tokens_today, 7 * CALLS);
     }
 
     #[test]

@@ -200,10 +200,16 @@ fn a_keys_day_budget_and_rate_limit_hold_across_two_nodes_and_usage_matches_the_
         "a refused request reached the model"
     );
 
-    // `keys usage --json` says what the backend reported, summed over the two nodes.
-    wait_for("the laptop to see both requests", DEADLINE, || {
+    // `keys usage --json` says what the backend reported, summed over the two nodes, once
+    // the gpu's settled record has replicated (its request is counted, with a reservation,
+    // when it is admitted, and its tokens are written when it ends: two writes).
+    wait_for("the laptop to see both requests settled", DEADLINE, || {
         let usage = usage_of(&h, &laptop, "team");
-        (usage["today"]["m"]["requests"] == 2).then_some(usage)
+        let today = &usage["today"]["m"];
+        let settled = today["prompt_tokens"].as_u64().unwrap_or(0)
+            + today["completion_tokens"].as_u64().unwrap_or(0)
+            == usage["tokens_today"].as_u64().unwrap_or(u64::MAX);
+        (today["requests"] == 2 && settled).then_some(usage)
     })
     .map(|usage| {
         assert_eq!(usage["today"]["m"]["prompt_tokens"], 20, "{usage}");

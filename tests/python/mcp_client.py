@@ -7,13 +7,15 @@ URL is the node's MCP endpoint (http://127.0.0.1:PORT/mcp); KEY is a front-door 
 on one connection:
 
     {"op": "list_tools"}
-    {"op": "call", "tool": NAME, "args": {...}, "progress": true}
+    {"op": "call", "tool": NAME, "args": {...}, "progress": true, "give_up_after_s": 2}
 
 It prints one JSON object: {"results": [...]}, one result per operation:
 
     list_tools: {"tools": [names], "schemas": {name: inputSchema}}
     call:       {"is_error": bool, "text": "...", "structured": ..., "progress": [messages]}
                 or {"mcp_error": {"code": int, "message": str}} for a JSON-RPC error
+                or {"gave_up": true, "progress": [...]} when `give_up_after_s` passed first
+                (the call is cancelled, as a user stopping it in a client would)
 
 or {"connect_error": "..."} when the connection itself fails (a refused key). The Rust test
 (tests/tests/mcp_server.rs) judges the results; this script only reports them.
@@ -22,6 +24,8 @@ or {"connect_error": "..."} when the connection itself fails (a refused key). Th
 import asyncio
 import json
 import sys
+
+import anyio
 
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -45,11 +49,14 @@ async def call(client: Client, op: dict) -> dict:
         messages.append(message or "")
 
     try:
-        result = await client.call_tool(
-            op["tool"],
-            op.get("args", {}),
-            progress_callback=progress if op.get("progress") else None,
-        )
+        with anyio.move_on_after(op.get("give_up_after_s", float("inf"))) as scope:
+            result = await client.call_tool(
+                op["tool"],
+                op.get("args", {}),
+                progress_callback=progress if op.get("progress") else None,
+            )
+        if scope.cancelled_caught:
+            return {"gave_up": True, "progress": messages}
     except MCPError as e:
         return {"mcp_error": {"code": e.code, "message": e.error.message}}
     text = "".join(block.text for block in result.content if block.type == "text")

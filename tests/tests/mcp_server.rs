@@ -6,7 +6,7 @@
 //! are refused. A node whose `/mcp` callers are capped at `read` (the default) refuses
 //! `memory_put` and a write-tier task; a keyed door refuses `/mcp` without a key (401) and
 //! `run_task` for a model its key may not use; an open door on loopback refuses a request that
-//! names another host (DNS rebinding).
+//! names another host (DNS rebinding); a client that gives up on `run_task` cancels the task.
 
 use std::{
     io::{Read, Write},
@@ -17,7 +17,7 @@ use std::{
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
     fake_openai::{FakeOpenAi, Scripted},
-    python3,
+    python3, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -364,6 +364,52 @@ fn a_keyed_door_needs_a_key_for_mcp_and_a_key_runs_only_its_models() {
     assert!(fake.requests().is_empty(), "a refused key's task ran");
     let answered = results(&gpu, Some(allowed), &json!([task("m")]));
     assert_eq!(ok_text(&answered[0]), "keyed answer");
+}
+
+/// A client that stops waiting for `run_task` (Ctrl-C in a client, a closed connection)
+/// cancels the task: the model stops generating, and the task ends cancelled.
+#[test]
+fn a_client_that_gives_up_on_run_task_cancels_the_task() {
+    let h = Harness::new().expect("harness");
+    let fake = FakeOpenAi::start();
+    let gpu = h
+        .spawn(NodeOptions::new("gpu").extra(&fake.node_config("")))
+        .expect("gpu");
+    fake.push([Scripted::trickle(Duration::from_millis(50))]);
+    let got = results(
+        &gpu,
+        None,
+        &json!([{
+            "op": "call", "tool": "run_task", "args": {"prompt": "go on for ever", "role": "chat"},
+            "progress": true, "give_up_after_s": 3,
+        }]),
+    );
+    assert_eq!(got[0]["gave_up"], true, "{}", got[0]);
+    assert!(
+        got[0]["progress"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|m| m == "output: tick ")),
+        "the task was generating when the client gave up: {}",
+        got[0]
+    );
+    wait_for("the model call to stop", DEADLINE, || {
+        (fake.in_flight() == 0).then_some(())
+    })
+    .expect("the model stopped generating");
+    let status = wait_for("the task to end", DEADLINE, || {
+        let listed = h.cli(&gpu, &["tasks", "--json"]).ok()?;
+        let tasks: Value = serde_json::from_slice(&listed.stdout).ok()?;
+        let task = tasks["tasks"].as_array()?.first()?.clone();
+        (task["status"] != "running").then_some(task)
+    })
+    .expect("the task ended");
+    assert_eq!(status["status"], "failed", "{status}");
+    assert!(
+        status["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("cancelled: the MCP client")),
+        "{status}"
+    );
 }
 
 fn sha256_hex(key: &str) -> String {

@@ -1,5 +1,6 @@
 //! Admission: the one door every task and every chat goes through, whichever way it arrives
-//! (gRPC `Tasks.Submit`, the front door, the `delegate` tool, a cron firing). It decides
+//! (gRPC `Tasks.Submit`, the front door's chats and its `/mcp` tools, the `delegate` tool, a
+//! cron firing). It decides
 //! whether a task may run at all (the hop limit, the tier this node allows its caller) and
 //! where it runs (the router's ranking of this node and its peers, and the choice), and counts
 //! the decision in the metrics. Edges map its typed errors to gRPC or HTTP once.
@@ -43,6 +44,9 @@ pub enum Caller {
         /// Whether this node wrote the schedule's record.
         written_here: bool,
     },
+    /// A caller of the front door's `/mcp` tools: no certificate, only an API key (or nothing,
+    /// on an open door), so it is capped by `security.mcp_max_tier` whatever it asks for.
+    FrontDoor,
 }
 
 /// What a node lets each kind of caller do.
@@ -52,6 +56,8 @@ pub struct Policy {
     pub remote_max_tier: Tier,
     /// `security.client_max_tier`: an operator's client certificate.
     pub client_max_tier: Tier,
+    /// `security.mcp_max_tier`: a caller of the front door's `/mcp` tools.
+    pub mcp_max_tier: Tier,
 }
 
 impl Policy {
@@ -63,8 +69,9 @@ impl Policy {
         self.cap_by(caller, starter).map(|(tier, _)| tier)
     }
 
-    /// [`Policy::cap`], with the setting that made it (`security.remote_max_tier` or
-    /// `security.client_max_tier`), for the error a refused caller sees.
+    /// [`Policy::cap`], with the setting that made it (`security.remote_max_tier`,
+    /// `security.client_max_tier` or `security.mcp_max_tier`), for the error a refused caller
+    /// sees.
     pub fn cap_by(
         &self,
         caller: &Caller,
@@ -72,6 +79,7 @@ impl Policy {
     ) -> Option<(Tier, &'static str)> {
         const REMOTE: &str = "security.remote_max_tier";
         const CLIENT: &str = "security.client_max_tier";
+        const MCP: &str = "security.mcp_max_tier";
         let (remote, client) = (
             (self.remote_max_tier, REMOTE),
             (self.client_max_tier, CLIENT),
@@ -97,6 +105,7 @@ impl Policy {
             Caller::Certificate(principal) => by_role(principal.role, &mut lower),
             Caller::Unauthenticated { forwarded: true } => lower(remote),
             Caller::Unauthenticated { forwarded: false } | Caller::Subtask => {}
+            Caller::FrontDoor => lower((self.mcp_max_tier, MCP)),
             Caller::Schedule { written_here } => {
                 if !written_here {
                     lower(remote);
@@ -159,15 +168,27 @@ pub struct Admission {
     /// `security.client_max_tier` (`remote_max_tier` is advertised, so it is read from the
     /// capabilities).
     client_max_tier: Tier,
+    /// `security.mcp_max_tier`.
+    mcp_max_tier: Tier,
 }
 
 impl Admission {
-    /// Decides with this node's capabilities, peer table and `security.client_max_tier`.
+    /// Decides with this node's capabilities, peer table and `security.client_max_tier`;
+    /// `/mcp` callers get `read` until [`Admission::with_mcp_max_tier`] says otherwise.
     pub fn new(caps: Arc<Capabilities>, peers: Arc<PeerTable>, client_max_tier: Tier) -> Self {
         Self {
             caps,
             peers,
             client_max_tier,
+            mcp_max_tier: Tier::Read,
+        }
+    }
+
+    /// The same door with `security.mcp_max_tier`.
+    pub fn with_mcp_max_tier(self, mcp_max_tier: Tier) -> Self {
+        Self {
+            mcp_max_tier,
+            ..self
         }
     }
 
@@ -176,6 +197,7 @@ impl Admission {
         Policy {
             remote_max_tier: self.caps.snapshot().remote_max_tier,
             client_max_tier: self.client_max_tier,
+            mcp_max_tier: self.mcp_max_tier,
         }
     }
 
@@ -404,11 +426,15 @@ mod tests {
                 &None,
                 None,
             ),
+            // An `/mcp` caller gets `security.mcp_max_tier` (`read` here), whatever the other
+            // caps say.
+            (Shell, Shell, Caller::FrontDoor, &None, Some(Read)),
         ];
         for (remote, client_max, caller, starter, expected) in cases {
             let policy = Policy {
                 remote_max_tier: remote,
                 client_max_tier: client_max,
+                mcp_max_tier: Read,
             };
             assert_eq!(
                 policy.cap(&caller, starter.as_ref()),

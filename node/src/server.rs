@@ -448,11 +448,10 @@ impl Node {
             });
         }
         // One door for every task and chat, whichever way it comes.
-        let admission = Arc::new(Admission::new(
-            caps.clone(),
-            peers.clone(),
-            config.client_max_tier,
-        ));
+        let admission = Arc::new(
+            Admission::new(caps.clone(), peers.clone(), config.client_max_tier)
+                .with_mcp_max_tier(config.mcp_max_tier),
+        );
         let tools = Arc::new(ToolRegistry::new(
             caps.clone(),
             peers.clone(),
@@ -590,6 +589,11 @@ impl Node {
             peers: peers.clone(),
             keys: keys.clone(),
             memory: memory.clone(),
+            admission: admission.clone(),
+            tasks: tasks.clone(),
+            tools: tools.clone(),
+            scheduler: scheduler.clone(),
+            loopback_only: config.http.listen.addr.ip().is_loopback(),
         });
         match bind_up_to(config.http.listen, DEFAULT_HTTP_PORT + 10).await {
             Ok(listener) => {

@@ -123,6 +123,17 @@ pub enum HealthStatus {
     Unhealthy,
 }
 
+impl HealthStatus {
+    /// `healthy`, `degraded` or `unhealthy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Degraded => "degraded",
+            Self::Unhealthy => "unhealthy",
+        }
+    }
+}
+
 /// Health with reasons.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Health {

@@ -231,6 +231,10 @@ pub struct RawSecurity {
     /// The highest tier this node runs for an operator's client certificate: `read`, `write` or
     /// `shell`. Default: `write`.
     pub client_max_tier: Option<String>,
+    /// The highest tier this node runs or allows for a caller of the front door's `/mcp` tools
+    /// (no certificate: an API key, or nothing on an open door): `read`, `write` or `shell`.
+    /// Default: `read`.
+    pub mcp_max_tier: Option<String>,
 }
 
 /// `[memory]`: what the shared memory keeps to itself and how it replicates.

@@ -45,6 +45,8 @@ pub struct Config {
     pub remote_max_tier: Tier,
     /// `security.client_max_tier`.
     pub client_max_tier: Tier,
+    /// `security.mcp_max_tier`.
+    pub mcp_max_tier: Tier,
     /// `[tasks]`: worker count, queue length and default task budgets.
     pub tasks: TaskLimits,
     /// `tools.roots`.
@@ -102,6 +104,8 @@ pub struct Security {
     pub remote_max_tier: Tier,
     /// The highest tier run for an operator's client certificate.
     pub client_max_tier: Tier,
+    /// The highest tier run or allowed for a caller of the front door's `/mcp` tools.
+    pub mcp_max_tier: Tier,
 }
 
 /// Validated `[tasks]`.

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use crate::{
-    api_keys::Keys, capabilities::Capabilities, chat::ChatService, memory::Memory, peers::PeerTable,
+    admission::Admission, agent::tools::ToolRegistry, api_keys::Keys, capabilities::Capabilities,
+    chat::ChatService, cron::Scheduler, memory::Memory, peers::PeerTable, tasks::TaskManager,
 };
 
 /// What the front door needs from the node.
@@ -22,4 +23,15 @@ pub struct FrontDoor {
     pub keys: Arc<Keys>,
     /// For `/metrics`: replication lag per peer.
     pub memory: Arc<Memory>,
+    /// `/mcp`: decides what its callers may do (`security.mcp_max_tier`).
+    pub admission: Arc<Admission>,
+    /// `/mcp`'s `run_task`: submits and follows tasks.
+    pub tasks: TaskManager,
+    /// `/mcp`'s memory and fleet tools: the agents' own.
+    pub tools: Arc<ToolRegistry>,
+    /// `/mcp`'s `cron_list`.
+    pub scheduler: Arc<Scheduler>,
+    /// Whether the front door listens on loopback only: then `/mcp` answers only requests that
+    /// name a loopback host (DNS rebinding).
+    pub loopback_only: bool,
 }

@@ -11,8 +11,9 @@
 //! every failure is one [`error::ApiError`], rendered in the shape of the API the path belongs
 //! to by the `shape` middleware. With keys (`http.api_keys`, `[[http.keys]]`, or added with
 //! `mesh-cli keys add`), `/v1/*` needs one (as `Authorization: Bearer <key>` or Anthropic's
-//! `x-api-key`); the gateway admits each call against its key's policy (`api_keys`). `GET /healthz` and `GET /metrics`
-//! (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
+//! `x-api-key`); the gateway admits each call against its key's policy (`api_keys`). [`mcp`]
+//! serves the mesh itself as MCP tools at `/mcp` (tasks, the fleet, the memory, schedules),
+//! behind the same keys. `GET /healthz` and `GET /metrics` (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
 pub mod anthropic;
@@ -20,6 +21,7 @@ mod door;
 pub mod embeddings;
 pub mod error;
 pub mod gateway;
+pub mod mcp;
 pub mod ollama;
 pub mod openai;
 pub mod responses;
@@ -34,7 +36,6 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{get, post},
 };
-use mesh_domain::HealthStatus;
 use serde_json::{Value, json};
 
 use hyper_util::{
@@ -73,6 +74,7 @@ const COUNTED_PATHS: &[&str] = &[
     "/api/embeddings",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/mcp",
     "/healthz",
     "/metrics",
 ];
@@ -96,6 +98,7 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
         .route("/api/embeddings", post(ollama::embeddings))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route_service("/mcp", mcp::service(door.clone(), MAX_BODY))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
     Router::new()
         .merge(api)
@@ -151,7 +154,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Anthropic's /v1/messages, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Anthropic's /v1/messages, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, MCP at /mcp, /healthz and /metrics (docs/protocol.md lists them)",
     )
 }
 
@@ -208,11 +211,7 @@ pub fn bearer(value: &str) -> Option<&str> {
 async fn healthz(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
     let info = door.caps.snapshot();
     Json(json!({
-        "status": match info.health.status {
-            HealthStatus::Healthy => "healthy",
-            HealthStatus::Degraded => "degraded",
-            HealthStatus::Unhealthy => "unhealthy",
-        },
+        "status": info.health.status.as_str(),
         "node": info.name,
         "reasons": info.health.reasons,
     }))

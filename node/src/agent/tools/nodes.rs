@@ -1,8 +1,10 @@
-//! `list_nodes`: the fleet as this node sees it (state, roles, models, GPUs, load).
+//! `list_nodes`: the fleet as this node sees it, with what `mesh-cli status` shows (id, address,
+//! state, health, roles, labels, models, GPUs, load, when it was last heard from). The front
+//! door's `/mcp` serves the same tool.
 
 use std::sync::Arc;
 
-use mesh_domain::{BoxFuture, NodeInfo, Tier, ToolSpec};
+use mesh_domain::{BoxFuture, NodeInfo, Tier, ToolSpec, time::now_ms as unix_ms};
 use serde_json::{Value, json};
 
 use crate::{
@@ -23,7 +25,8 @@ impl Tool for ListNodes {
         ToolSpec {
             name: "list_nodes".into(),
             description:
-                "List the nodes of the mesh with their state, roles, models, GPUs and load.".into(),
+                "List the nodes of the mesh with their state, health, roles, labels, models, GPUs and load."
+                    .into(),
             parameters: json!({"type": "object", "properties": {}}),
         }
     }
@@ -39,23 +42,31 @@ impl Tool for ListNodes {
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             let own = self.caps.snapshot();
-            let row = |info: &NodeInfo, state: &str| {
+            let row = |info: &NodeInfo, addr: &str, state: &str, last_seen_ms: u64| {
                 json!({
                     "name": info.name,
+                    "id": info.id.to_string(),
+                    "addr": addr,
                     "state": state,
+                    "health": {"status": info.health.status.as_str(), "reasons": info.health.reasons},
+                    "last_seen_ms": last_seen_ms,
                     "roles": info.roles,
+                    "labels": info.labels,
                     "models": info.models.iter().map(|m| &m.name).collect::<Vec<_>>(),
                     "gpus": info.resources.gpus.iter().map(|g| json!({"name": g.name, "vram_mb": g.vram_mb})).collect::<Vec<_>>(),
                     "load": {"running": info.load.running, "queued": info.load.queued},
                 })
             };
-            let mut nodes = vec![row(&own, "up")];
-            nodes.extend(
-                self.peers
-                    .snapshot()
-                    .iter()
-                    .map(|peer| row(&peer.info, peer.state.as_str())),
-            );
+            let here = own.addrs.first().map_or("", String::as_str);
+            let mut nodes = vec![row(&own, here, "up", unix_ms())];
+            nodes.extend(self.peers.snapshot().iter().map(|peer| {
+                row(
+                    &peer.info,
+                    &peer.addr,
+                    peer.state.as_str(),
+                    peer.last_seen_ms(),
+                )
+            }));
             Ok(Value::Array(nodes).to_string())
         })
     }

@@ -17,8 +17,8 @@ use crate::config::{
     types::{ConnectionLimits, Security, TaskLimits},
 };
 
-/// `security.remote_max_tier` (default `read`) and `security.client_max_tier` (default
-/// `write`).
+/// `security.remote_max_tier` (default `read`), `security.client_max_tier` (default `write`)
+/// and `security.mcp_max_tier` (default `read`).
 pub(super) fn security(raw: RawSecurity, origin: &Origin) -> Result<Security, ConfigError> {
     let tier = |key: &str, value: Option<String>, default: Tier| match value.as_deref() {
         None => Ok(default),
@@ -33,6 +33,7 @@ pub(super) fn security(raw: RawSecurity, origin: &Origin) -> Result<Security, Co
     Ok(Security {
         remote_max_tier: tier("security.remote_max_tier", raw.remote_max_tier, Tier::Read)?,
         client_max_tier: tier("security.client_max_tier", raw.client_max_tier, Tier::Write)?,
+        mcp_max_tier: tier("security.mcp_max_tier", raw.mcp_max_tier, Tier::Read)?,
     })
 }
 

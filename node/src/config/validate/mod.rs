@@ -71,6 +71,7 @@ impl RawConfig {
             personas,
             remote_max_tier: security.remote_max_tier,
             client_max_tier: security.client_max_tier,
+            mcp_max_tier: security.mcp_max_tier,
             tasks,
             tool_roots,
             local_namespaces: memory.local_namespaces,
@@ -115,6 +116,7 @@ mod tests {
         assert_eq!(config.discovery.max_failing_addrs, 4096);
         assert_eq!(config.tls, TlsMode::Bootstrap);
         assert_eq!(config.remote_max_tier, Tier::Read);
+        assert_eq!(config.mcp_max_tier, Tier::Read);
         assert!(!config.name.is_empty());
     }
 
@@ -159,6 +161,7 @@ mod tests {
 
             [security]
             remote_max_tier = "write"
+            mcp_max_tier = "write"
             "#,
         )
         .expect("valid");
@@ -169,6 +172,7 @@ mod tests {
         assert!(matches!(config.tls, TlsMode::Mtls(_)));
         assert_eq!(config.gpus[0].vram_mb, 24576);
         assert_eq!(config.remote_max_tier, Tier::Write);
+        assert_eq!(config.mcp_max_tier, Tier::Write);
         assert_eq!(config.personas[0].role, "coder");
     }
 
@@ -215,6 +219,10 @@ mod tests {
             (
                 "[security]\nremote_max_tier = \"root\"",
                 "security.remote_max_tier",
+            ),
+            (
+                "[security]\nmcp_max_tier = \"admin\"",
+                "security.mcp_max_tier",
             ),
         ];
         for (text, key) in cases {

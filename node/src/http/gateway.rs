@@ -30,7 +30,8 @@ use super::{
     error::{ApiError, ErrorKind},
 };
 use crate::{
-    api_keys::{Admission, KeyGrant},
+    api_keys::{Admission, KeyGrant, Keys},
+    chat::ChatService,
     router::Placement,
 };
 
@@ -240,20 +241,26 @@ pub async fn start(
             return Err(ApiError::from_admission(error));
         }
     };
-    Ok(run_placed(door, call, placement, admission))
+    Ok(run_placed(
+        Arc::clone(&door.chat),
+        Arc::clone(&door.keys),
+        call,
+        placement,
+        admission,
+    ))
 }
 
-/// Runs the choices of an admitted, placed `call` and records what they spent against the
-/// key of `admission` when they end.
+/// Runs the choices of an admitted, placed `call` with `chat` and records what they spent
+/// against the key of `admission` in `keys` when they end.
 fn run_placed(
-    door: &Arc<FrontDoor>,
+    chat: Arc<ChatService>,
+    keys: Arc<Keys>,
     call: Call,
     placement: Placement,
     admission: Option<Admission>,
 ) -> Run {
     let (events_tx, events) = mpsc::channel(EVENT_BUFFER);
     let n = call.n;
-    let door = Arc::clone(door);
     let call = Arc::new(call);
     // What the ended choices spent and how many ended, added before a choice's last event is
     // sent: a client that hangs up as soon as it has the last choice (as streaming clients do
@@ -262,8 +269,8 @@ fn run_placed(
     tokio::spawn(async move {
         let mut choices = tokio::task::JoinSet::new();
         for choice in 0..call.n {
-            let (door, call, placement, events, ended) = (
-                Arc::clone(&door),
+            let (chat, call, placement, events, ended) = (
+                Arc::clone(&chat),
                 Arc::clone(&call),
                 placement.clone(),
                 events_tx.clone(),
@@ -271,7 +278,7 @@ fn run_placed(
             );
             choices.spawn(async move {
                 let (tx, mut deltas) = mpsc::unbounded_channel();
-                let run = door.chat.run(placement, &call.target, &call.chat, &tx);
+                let run = chat.run(placement, &call.target, &call.chat, &tx);
                 tokio::pin!(run);
                 let result = loop {
                     tokio::select! {
@@ -314,7 +321,7 @@ fn run_placed(
             if done < call.n {
                 spent.completion_tokens = spent.completion_tokens.max(admission.reserved());
             }
-            door.keys.record(admission, Some(spent)).await;
+            keys.record(admission, Some(spent)).await;
         }
     });
     Run { events, n }
@@ -552,9 +559,8 @@ mod tests {
     async fn a_call_whose_client_hangs_up_after_the_last_answer_is_charged_what_it_spent() {
         use crate::{
             admission::Admission as Placer,
-            api_keys::{KeySource, Keys},
+            api_keys::KeySource,
             capabilities::test_support::test_capabilities,
-            chat::ChatService,
             config::{HttpConfig, Listen},
             llm::ModelRegistry,
             memory::{MemoryOptions, test_support},
@@ -572,22 +578,16 @@ mod tests {
             api_keys: Vec::new(),
             keys: Vec::new(),
         };
-        let caps = test_capabilities();
-        let door = Arc::new(FrontDoor {
-            chat: Arc::new(ChatService::new(
-                Arc::new(ModelRegistry::default()),
-                Arc::new(Placer::new(
-                    caps.clone(),
-                    Arc::default(),
-                    mesh_domain::Tier::Read,
-                )),
-                Arc::new(Answering),
+        let chat = Arc::new(ChatService::new(
+            Arc::new(ModelRegistry::default()),
+            Arc::new(Placer::new(
+                test_capabilities(),
+                Arc::default(),
+                mesh_domain::Tier::Read,
             )),
-            caps,
-            peers: Arc::default(),
-            keys: Arc::new(Keys::new(memory.clone(), &http).expect("keys")),
-            memory,
-        });
+            Arc::new(Answering),
+        ));
+        let keys = Arc::new(Keys::new(memory, &http).expect("keys"));
         let grant = KeyGrant {
             name: "k".into(),
             source: KeySource::Config,
@@ -608,8 +608,7 @@ mod tests {
                     ..ChatRequest::default()
                 },
             );
-            let admission = door
-                .keys
+            let admission = keys
                 .admit(&grant, &call.model, None, 1)
                 .await
                 .expect("admitted");
@@ -622,7 +621,13 @@ mod tests {
                 name: "gpu".into(),
                 addr: "gpu".into(),
             }]);
-            let mut run = run_placed(&door, call, placement, Some(admission));
+            let mut run = run_placed(
+                Arc::clone(&chat),
+                Arc::clone(&keys),
+                call,
+                placement,
+                Some(admission),
+            );
             while let Some(event) = run.next().await {
                 if matches!(event, Event::Done { .. }) {
                     break;
@@ -633,7 +638,7 @@ mod tests {
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let usage = loop {
-            let usage = door.keys.usage().expect("usage");
+            let usage = keys.usage().expect("usage");
             let usage = usage
                 .into_iter()
                 .find(|u| u.name == "k")

@@ -396,3 +396,52 @@ fn a_cancelled_tasks_approval_is_no_longer_pending() {
     assert!(!ok && stderr.contains("already cancelled"), "{stderr}");
     assert!(!marker.exists());
 }
+
+/// In a terminal, `mesh-cli run` asks about the call its task waits on and sends the answer
+/// (here `y`, typed into the pseudo-terminal `script(1)` gives it).
+#[test]
+fn run_in_a_terminal_asks_and_a_yes_approves() {
+    use std::io::Write;
+
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = gated(&harness, &fake, "alpha", 300);
+    let marker = script_shell_call(&harness, &fake, "done inline");
+    let cli = harness.cli_command(
+        &node,
+        &["run", "--role", "chat", "--tier", "shell", "touch it"],
+    );
+    let quote =
+        |text: &std::ffi::OsStr| format!("'{}'", text.to_string_lossy().replace('\'', r"'\''"));
+    let line: Vec<String> = std::iter::once(cli.get_program())
+        .chain(cli.get_args())
+        .map(quote)
+        .collect();
+    let mut caller = std::process::Command::new("script")
+        .args(["-q", "-e", "-c", &line.join(" "), "/dev/null"])
+        .env_remove("MESH_NODE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) runs mesh-cli in a pseudo-terminal");
+    pending(&harness, &node);
+    let mut typed = caller.stdin.take().expect("stdin");
+    typed.write_all(b"y\n").expect("type y");
+    typed.flush().expect("flush");
+    let output = caller.wait_with_output().expect("caller ends");
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("approve? [y/N]"), "{shown}");
+    assert!(shown.contains("done inline"), "{shown}");
+    assert!(marker.exists(), "the call approved inline ran");
+    let all = approvals(&harness, &node, true);
+    assert_eq!(all[0]["status"], "approved", "{all:#?}");
+    assert!(
+        all[0]["decided_by"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("test-client"),
+        "{all:#?}"
+    );
+}

@@ -445,3 +445,40 @@ fn run_in_a_terminal_asks_and_a_yes_approves() {
         "{all:#?}"
     );
 }
+
+/// The task's deadline still holds while a call waits: the task fails with `deadline` and its
+/// approval is cancelled, long before the approval's own timeout.
+#[test]
+fn a_tasks_deadline_ends_the_wait_and_cancels_the_approval() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = gated(&harness, &fake, "alpha", 300);
+    let marker = script_shell_call(&harness, &fake, "never");
+    let output = harness
+        .cli(
+            &node,
+            &[
+                "run",
+                "--json",
+                "--role",
+                "chat",
+                "--tier",
+                "shell",
+                "--timeout",
+                "2",
+                "touch it",
+            ],
+        )
+        .expect("mesh-cli run");
+    let result: Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(output.status.code(), Some(1), "{result:#}");
+    assert_eq!(result["error_kind"], "deadline", "{result:#}");
+    wait_for("the approval to be cancelled", DEADLINE, || {
+        approvals(&harness, &node, true)
+            .first()
+            .is_some_and(|a| a["status"] == "cancelled")
+            .then_some(())
+    })
+    .expect("cancelled");
+    assert!(!marker.exists());
+}

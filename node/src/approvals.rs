@@ -614,7 +614,10 @@ impl Pending {
         self.record.reason.clone_from(&outcome.reason);
         self.record.decided_ms = Some(now_ms());
         self.settled = true;
-        approvals.settle(&self.record).await;
+        // On a task of its own: a task cancelled meanwhile must not leave the record pending
+        // and its slot taken.
+        let record = self.record.clone();
+        let _ = tokio::spawn(async move { approvals.settle(&record).await }).await;
         outcome
     }
 }

@@ -16,6 +16,7 @@ use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, bootstrap, ca};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
 
+mod approvals;
 mod cron;
 mod join;
 mod keys;
@@ -95,6 +96,10 @@ enum Command {
     /// fleet, per model, against their budgets and rate limits.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Tool calls waiting for a person's approval (a node's `[approval]` policy): list them
+    /// from any node, approve or deny one.
+    #[command(subcommand)]
+    Approvals(approvals::ApprovalsCommand),
     /// Manage the mesh certificate authority.
     #[command(subcommand)]
     Ca(CaCommand),
@@ -243,6 +248,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Memory(command) => memory::run(&cli.conn, command).await,
         Command::Cron(command) => cron::run(&cli.conn, command).await,
         Command::Keys(command) => keys::run(&cli.conn, command).await,
+        Command::Approvals(command) => approvals::run(&cli.conn, command).await,
         Command::Token(join::TokenCommand::Create(args)) => join::create(args),
         Command::Join { token, name } => join::join(&token, name).await,
         Command::Ca(CaCommand::Init { dir }) => {

@@ -145,7 +145,8 @@ impl std::error::Error for Reported {}
 
 pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
     let request = args.task.request(args.prompt.join(" "), args.session);
-    let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
+    let channel = channel(conn).await?;
+    let mut client = pb::tasks_client::TasksClient::new(channel.clone());
     if args.explain {
         return explain(&mut client, request, args.json).await;
     }
@@ -194,6 +195,10 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
             }
             Some(Kind::Completed(done)) => completed = Some(done),
             Some(Kind::Failed(failed)) => error = failed.error,
+            // Asked even with --json (on stderr): the task waits for an answer.
+            Some(Kind::ApprovalRequested(request)) => {
+                crate::approvals::on_requested(conn, channel.clone(), &request);
+            }
             Some(kind) if !args.json => {
                 if let Some(line) = describe(&kind) {
                     eprintln!("{line}");
@@ -461,6 +466,8 @@ fn kind_name(kind: &Kind) -> &'static str {
         Kind::Completed(_) => "completed",
         Kind::Failed(_) => "failed",
         Kind::Delegated(_) => "delegated",
+        Kind::ApprovalRequested(_) => "approval_requested",
+        Kind::ApprovalDecided(_) => "approval_decided",
     }
 }
 
@@ -529,6 +536,28 @@ fn describe(kind: &Kind) -> Option<String> {
             )
         }
         Kind::Delegated(d) => format!("↪ delegated to {}", d.node),
+        Kind::ApprovalRequested(a) => format!(
+            "? approval {} asked: `{}` on {} {}",
+            a.approval_id, a.tool, a.node, a.arguments
+        ),
+        Kind::ApprovalDecided(a) => {
+            let mark = if a.approved {
+                "✓ approved"
+            } else {
+                "✗ denied"
+            };
+            let by = if a.by.is_empty() {
+                String::new()
+            } else {
+                format!(" by {}", a.by)
+            };
+            let reason = if a.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", a.reason)
+            };
+            format!("{mark} {}{by}{reason}", a.approval_id)
+        }
     })
 }
 
@@ -538,6 +567,7 @@ fn status_name(status: i32) -> &'static str {
         Ok(pb::TaskStatus::Running) => "running",
         Ok(pb::TaskStatus::Completed) => "completed",
         Ok(pb::TaskStatus::Failed) => "failed",
+        Ok(pb::TaskStatus::InputRequired) => "input_required",
         _ => "unknown",
     }
 }

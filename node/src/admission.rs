@@ -160,6 +160,27 @@ pub enum AdmissionError {
     CannotEmbed(String),
 }
 
+/// Why a certificate may not approve or deny a tool call waiting for approval.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApproverError {
+    /// Only an operator's client certificate may decide: a node certificate (even a valid
+    /// one, lent or stolen) or a legacy one without a role may not.
+    #[error(
+        "only an operator's client certificate (mesh-cli, `mesh-cli ca issue --role client`) may approve or deny a tool call; this caller presents {0}"
+    )]
+    NotAClient(String),
+    /// The client may not run the call's tier here itself, so it may not let an agent run it.
+    #[error("{approver} may not approve a `{tier}` call: {cap}")]
+    TierCap {
+        /// Who asked, as the certificate reads.
+        approver: String,
+        /// The call's tier.
+        tier: Tier,
+        /// The cap that applies (`security.client_max_tier`).
+        cap: AdmissionError,
+    },
+}
+
 /// The door: this node's description, its view of the fleet and its policy.
 #[derive(Debug)]
 pub struct Admission {
@@ -217,6 +238,23 @@ impl Admission {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// Whether `approver` may approve or deny a tool call of `tier` waiting for approval on
+    /// this node: only a client certificate, and only one this node would let run a task of
+    /// that tier itself (an approver who could not run the tool may not let an agent run it).
+    /// The one decision about approvers: the node answering `Approvals.Decide` asks it, and so
+    /// does the node running the task before it acts on a decision.
+    pub fn may_approve(&self, approver: &Principal, tier: Tier) -> Result<(), ApproverError> {
+        if approver.role != Some(CertRole::Client) {
+            return Err(ApproverError::NotAClient(approver.to_string()));
+        }
+        self.allows(tier, &Caller::Certificate(approver.clone()), None)
+            .map_err(|cap| ApproverError::TierCap {
+                approver: approver.to_string(),
+                tier,
+                cap,
+            })
     }
 
     /// Every node ranked for a task, handed to `read` (what `--explain` shows).
@@ -379,6 +417,38 @@ mod tests {
             admission.place_chat(&Target::Model("chatty".into())),
             Ok(Placement::Local)
         );
+    }
+
+    #[test]
+    fn only_a_client_allowed_the_calls_tier_may_approve_it() {
+        // `admission_with` leaves `security.client_max_tier` at `write`.
+        let admission = admission_with("");
+        let client = principal(Some(CertRole::Client));
+        assert_eq!(admission.may_approve(&client, Tier::Write), Ok(()));
+        let error = admission
+            .may_approve(&client, Tier::Shell)
+            .expect_err("above the client's tier");
+        assert!(
+            matches!(
+                error,
+                ApproverError::TierCap {
+                    tier: Tier::Shell,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("security.client_max_tier"),
+            "{error}"
+        );
+        for role in [Some(CertRole::Node), None] {
+            let error = admission
+                .may_approve(&principal(role), Tier::Read)
+                .expect_err("not a client");
+            assert!(matches!(error, ApproverError::NotAClient(_)), "{error:?}");
+            assert!(error.to_string().contains("client certificate"), "{error}");
+        }
     }
 
     #[test]

@@ -25,7 +25,8 @@
 //!    chains with fall-through, chats on peers through `RemoteChat`), [`agent`] (the tools loop,
 //!    the supervisor, the tool table; reports through `EventSink`), [`cron`] (schedules; fires
 //!    through `Runner`), [`issuer`] (redeems join tokens for certificates on a node with the CA
-//!    key).
+//!    key), [`approvals`] (approval gates: which tool calls wait for a person, kept in the
+//!    memory so any node can decide them).
 //! 4. [`tasks`] (the task manager: queue, workers, events, history, forwarding through
 //!    `Forwarder`).
 //! 5. [`rpc`] and [`http`]: the edges, protobuf and JSON in, domain types out; they implement
@@ -45,6 +46,7 @@
 pub mod admission;
 pub mod agent;
 pub mod api_keys;
+pub mod approvals;
 pub mod capabilities;
 pub mod chat;
 pub mod config;

@@ -32,6 +32,7 @@ use crate::{
     admission::Admission,
     agent::{AgentRuntime, hooks::Hooks, tools::ToolRegistry},
     api_keys,
+    approvals::Approvals,
     capabilities::Capabilities,
     chat::ChatService,
     config::{Config, ConfigError, DEFAULT_HTTP_PORT, LAST_FALLBACK_PORT, Listen, TlsMode},
@@ -50,6 +51,7 @@ use crate::{
     rpc::{
         NodeLink, NodeService, PeerChannels,
         accept::TlsIncoming,
+        approvals::ApprovalsService,
         cron::CronService,
         gate::CertificateGateLayer,
         join::JoinService,
@@ -459,14 +461,25 @@ impl Node {
             memory.clone(),
         ));
         check_persona_tools(&config, &tools)?;
-        let runtime = Arc::new(AgentRuntime::new(
+        // Every tool call passes this gate; calls `[approval]` names wait for a person.
+        let approvals = Approvals::new(
             memory.clone(),
-            models.clone(),
-            tools.clone(),
-            Hooks::supervisor().map_err(|e| StartError::Hooks(e.to_string()))?,
-            config.personas.clone(),
-            config.tasks,
-        ));
+            admission.clone(),
+            config.name.clone(),
+            config.approval.clone(),
+            mesh_tls.is_some(),
+        );
+        let runtime = Arc::new(
+            AgentRuntime::new(
+                memory.clone(),
+                models.clone(),
+                tools.clone(),
+                Hooks::supervisor().map_err(|e| StartError::Hooks(e.to_string()))?,
+                config.personas.clone(),
+                config.tasks,
+            )
+            .with_approvals(approvals.clone()),
+        );
         let task_stop = CancellationToken::new();
         let mut task_workers = JoinSet::new();
         let tasks = TaskManager::start(
@@ -644,6 +657,7 @@ impl Node {
             .add_service(
                 KeysService::new(keys, admission.clone(), mesh_tls.is_some()).into_server(),
             )
+            .add_service(ApprovalsService::new(approvals, mesh_tls.is_some()).into_server())
             .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server())
             .add_optional_service(issuer.map(|issuer| JoinService::new(issuer).into_server()));
         let stop = serve.clone();

@@ -98,6 +98,7 @@ impl From<TaskStatus> for pb::TaskStatus {
             TaskStatus::Running => pb::TaskStatus::Running,
             TaskStatus::Completed => pb::TaskStatus::Completed,
             TaskStatus::Failed => pb::TaskStatus::Failed,
+            TaskStatus::InputRequired => pb::TaskStatus::InputRequired,
         }
     }
 }
@@ -528,6 +529,30 @@ impl From<&TaskEvent> for pb::TaskEvent {
             EventKind::Failed { error } => Kind::Failed(pb::Failed {
                 error: Some(pb::TaskError::from(error)),
             }),
+            EventKind::ApprovalRequested {
+                approval_id,
+                tool,
+                arguments,
+                node,
+                expires_at_ms,
+            } => Kind::ApprovalRequested(pb::ApprovalRequested {
+                approval_id: approval_id.clone(),
+                tool: tool.clone(),
+                arguments: arguments.clone(),
+                node: node.clone(),
+                expires_at_ms: *expires_at_ms,
+            }),
+            EventKind::ApprovalDecided {
+                approval_id,
+                approved,
+                by,
+                reason,
+            } => Kind::ApprovalDecided(pb::ApprovalDecided {
+                approval_id: approval_id.clone(),
+                approved: *approved,
+                by: by.clone(),
+                reason: reason.clone(),
+            }),
             EventKind::Delegated {
                 node,
                 attempt,
@@ -643,6 +668,19 @@ impl TryFrom<pb::TaskEvent> for TaskEvent {
             },
             Kind::Failed(f) => EventKind::Failed {
                 error: task_error_from_wire(f.error.unwrap_or_default()),
+            },
+            Kind::ApprovalRequested(a) => EventKind::ApprovalRequested {
+                approval_id: text("approval_requested.approval_id", a.approval_id)?,
+                tool: text("approval_requested.tool", a.tool)?,
+                arguments: text("approval_requested.arguments", a.arguments)?,
+                node: text("approval_requested.node", a.node)?,
+                expires_at_ms: a.expires_at_ms,
+            },
+            Kind::ApprovalDecided(a) => EventKind::ApprovalDecided {
+                approval_id: text("approval_decided.approval_id", a.approval_id)?,
+                approved: a.approved,
+                by: text("approval_decided.by", a.by)?,
+                reason: text("approval_decided.reason", a.reason)?,
             },
             Kind::Delegated(d) => EventKind::Delegated {
                 node: text("delegated.node", d.node)?,

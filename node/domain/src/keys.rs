@@ -27,9 +27,13 @@ pub const HTTP_KEYS: &str = "http_keys";
 /// Namespace of the front-door keys' usage (key: `key name/UTC day/node id`; each node writes
 /// only its own records).
 pub const HTTP_KEY_USAGE: &str = "http_key_usage";
+/// Namespace of the approval gates (key: approval id, the request and its outcome, written
+/// only by the node running the task; `<approval id>/decision`, written only through
+/// `Approvals.Decide`). An agent that could write here could approve its own calls.
+pub const APPROVALS: &str = "approvals";
 /// Namespaces the node writes for itself, through its own services only: the cron schedules
-/// and firings, the conversation sessions, the revocations, the stored responses, and the
-/// front-door keys and their usage. Agents and clients may not write them.
+/// and firings, the conversation sessions, the revocations, the stored responses, the
+/// front-door keys and their usage, and the approvals. Agents and clients may not write them.
 pub const SYSTEM_NAMESPACES: &[&str] = &[
     CRON_SCHEDULES,
     CRON_FIRINGS,
@@ -38,6 +42,7 @@ pub const SYSTEM_NAMESPACES: &[&str] = &[
     RESPONSES,
     HTTP_KEYS,
     HTTP_KEY_USAGE,
+    APPROVALS,
 ];
 /// System namespaces that callers may not read either (through `Memory.Get`/`List` or an
 /// agent's memory tools): what they hold belongs to front-door clients (their conversations),

@@ -349,16 +349,19 @@ pub enum TaskStatus {
     Completed,
     /// Finished with an error.
     Failed,
+    /// Running, but paused until a person approves or denies a tool call (the A2A term).
+    InputRequired,
 }
 
 impl TaskStatus {
-    /// `queued`, `running`, `completed`, `failed`.
+    /// `queued`, `running`, `completed`, `failed`, `input_required`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",
             Self::Running => "running",
             Self::Completed => "completed",
             Self::Failed => "failed",
+            Self::InputRequired => "input_required",
         }
     }
 
@@ -456,6 +459,33 @@ pub enum EventKind {
     Failed {
         /// Why, as one typed error.
         error: TaskError,
+    },
+    /// A tool call waits for a person's approval (the task is `input_required` until it is
+    /// decided).
+    ApprovalRequested {
+        /// The approval's id, for `mesh-cli approvals approve ID`.
+        approval_id: String,
+        /// The tool called.
+        tool: String,
+        /// The call's arguments as the model wrote them (capped).
+        arguments: String,
+        /// The node the call waits on (the one running the task).
+        node: String,
+        /// When it is denied unless decided (unix ms).
+        expires_at_ms: u64,
+    },
+    /// An approval was decided: approved or denied by a person, or denied because nobody
+    /// decided in time.
+    ApprovalDecided {
+        /// The approval's id.
+        approval_id: String,
+        /// Whether the call runs.
+        approved: bool,
+        /// Who decided, as their certificate reads (`client `ada` (1a2b3c4d)`); empty when
+        /// nobody did (a timeout).
+        by: String,
+        /// Why (the denier's reason, or the timeout); what the model is told when denied.
+        reason: String,
     },
     /// Sent to another node.
     Delegated {

@@ -7,7 +7,10 @@
 //! when absent), and a context budget (the oldest tool results are shortened first when the
 //! conversation nears the model's context window); the deadline and cancellation are enforced
 //! by `tasks` around it. Every step is a typed event; the supervisor ([`hooks`]) decides from
-//! those facts, never from message text. This module does not queue, persist or route tasks.
+//! those facts, never from message text. Every tool call the supervisor lets through passes
+//! the node's approval gate (`approvals`) before it runs: a call the `[approval]` policy names
+//! waits for a person's decision, and a denial is the call's result. This module does not
+//! queue, persist or route tasks.
 
 pub mod hooks;
 pub mod tools;
@@ -25,6 +28,7 @@ use self::{
     tools::{ToolContext, ToolRegistry},
 };
 use crate::{
+    approvals::Approvals,
     chat::{ChainObserver, fall_through},
     config::{PersonaConfig, TaskLimits},
     llm::{ChatModel, ModelError, ModelRegistry},
@@ -95,6 +99,8 @@ pub struct AgentRuntime {
     hooks: Hooks,
     personas: BTreeMap<String, PersonaConfig>,
     limits: TaskLimits,
+    /// The approval gate every tool call passes; `None`: no call waits (tests).
+    approvals: Option<Approvals>,
 }
 
 impl AgentRuntime {
@@ -114,7 +120,15 @@ impl AgentRuntime {
             hooks,
             personas: personas.into_iter().map(|p| (p.name.clone(), p)).collect(),
             limits,
+            approvals: None,
         }
+    }
+
+    /// The runtime with the node's approval gate: calls its policy names wait for a decision.
+    #[must_use]
+    pub fn with_approvals(mut self, approvals: Approvals) -> Self {
+        self.approvals = Some(approvals);
+        self
     }
 
     /// The tool table tasks here may use.
@@ -398,6 +412,21 @@ impl AgentRuntime {
             }
             Verdict::Continue => Ok(()),
         };
+        // The gate: a call that would run and that the policy names waits for a decision.
+        let run = match (
+            run,
+            &tool,
+            parsed.as_ref(),
+            facts.tool_tier,
+            &self.approvals,
+        ) {
+            (Ok(()), Some(_), Some(_), Some(tier), Some(approvals))
+                if approvals.policy().needs(&call.name, tier) =>
+            {
+                approve(approvals, ctx, call, tier, events).await
+            }
+            (run, ..) => run,
+        };
         let (ok, ran, output) = match (run, tool, parsed.as_ref()) {
             (Ok(()), Some(tool), Some(args)) => match tool.call(args, ctx).await {
                 Ok(output) => (true, true, output),
@@ -429,6 +458,45 @@ impl AgentRuntime {
             consecutive_failures: state.failures.get(&call.name).copied().unwrap_or(0),
         });
         Ok(output)
+    }
+}
+
+/// Asks for approval of `call` and waits for the decision (the task is `input_required`
+/// meanwhile): `Ok` when approved, else what the model is told (`denied: …`). A task cancelled
+/// or past its deadline drops this wait, which marks the approval cancelled.
+async fn approve(
+    approvals: &Approvals,
+    ctx: &ToolContext,
+    call: &ToolCall,
+    tier: Tier,
+    events: &dyn EventSink,
+) -> Result<(), String> {
+    let pending = approvals
+        .request(&ctx.task_id, &call.name, &call.arguments, tier)
+        .await
+        .map_err(|e| format!("denied: {e}"))?;
+    let approval = pending.approval();
+    events.emit(EventKind::ApprovalRequested {
+        approval_id: approval.id.clone(),
+        tool: approval.tool.clone(),
+        arguments: approval.arguments.clone(),
+        node: approval.node.clone(),
+        expires_at_ms: approval.expires_ms,
+    });
+    let approval_id = approval.id.clone();
+    let outcome = pending.wait().await;
+    events.emit(EventKind::ApprovalDecided {
+        approval_id,
+        approved: outcome.approved,
+        by: outcome.by,
+        reason: outcome.reason.clone(),
+    });
+    if outcome.approved {
+        Ok(())
+    } else if outcome.reason.is_empty() {
+        Err("denied: a person refused this call".into())
+    } else {
+        Err(format!("denied: {}", outcome.reason))
     }
 }
 

@@ -30,12 +30,13 @@ pub use defaults::{
 };
 pub use error::ConfigError;
 pub use raw::{
-    Overrides, RawConfig, RawConnections, RawDiscovery, RawGpu, RawHttp, RawHttpKey, RawMemory,
-    RawModel, RawNode, RawPersona, RawResources, RawSecurity, RawTasks, RawTls, RawTools,
+    Overrides, RawApproval, RawConfig, RawConnections, RawDiscovery, RawGpu, RawHttp, RawHttpKey,
+    RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity, RawTasks, RawTls,
+    RawTools,
 };
 pub use types::{
-    Backend, Config, ConnectionLimits, Discovery, GpuDecl, HttpConfig, HttpKey, KeySecret, Listen,
-    ModelConfig, PersonaConfig, TaskLimits, TlsMode,
+    ApprovalConfig, Backend, Config, ConnectionLimits, Discovery, GpuDecl, HttpConfig, HttpKey,
+    KeySecret, Listen, ModelConfig, PersonaConfig, TaskLimits, TlsMode,
 };
 
 impl Config {

@@ -44,6 +44,8 @@ pub struct RawConfig {
     pub http: RawHttp,
     /// `[connections]`
     pub connections: RawConnections,
+    /// `[approval]`
+    pub approval: RawApproval,
 }
 
 impl RawConfig {
@@ -235,6 +237,27 @@ pub struct RawSecurity {
     /// (no certificate: an API key, or nothing on an open door): `read`, `write` or `shell`.
     /// Default: `read`.
     pub mcp_max_tier: Option<String>,
+}
+
+/// `[approval]`: which tool calls of tasks running here wait for a person's approval
+/// (`mesh-cli approvals approve ID`). Default: none do.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawApproval {
+    /// Calls of these tiers (`read`, `write`, `shell`; each listed tier, not the ones above
+    /// it) need approval. Default: none.
+    pub tiers: Vec<String>,
+    /// Calls of these tools (by name, e.g. `shell_exec`, or an MCP tool's `<server>__<tool>`)
+    /// need approval. Default: none.
+    pub tools: Vec<String>,
+    /// Calls of every tool of these MCP servers (their `[[mcp]] name`; the tools are named
+    /// `<server>__<tool>`) need approval. Default: none.
+    pub servers: Vec<String>,
+    /// Seconds a call waits for a decision before it is denied (at most 540). Default: 300.
+    pub timeout_s: Option<u64>,
+    /// Calls that may wait for approval on this node at once; one more is denied at once.
+    /// Default: 16.
+    pub max_pending: Option<usize>,
 }
 
 /// `[memory]`: what the shared memory keeps to itself and how it replicates.

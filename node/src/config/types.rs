@@ -67,6 +67,36 @@ pub struct Config {
     pub http: HttpConfig,
     /// `[connections]`: timeouts and caps for connections not yet proven.
     pub connections: ConnectionLimits,
+    /// `[approval]`: which tool calls wait for a person's approval.
+    pub approval: ApprovalConfig,
+}
+
+/// Validated `[approval]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalConfig {
+    /// Calls of these tiers need approval.
+    pub tiers: std::collections::BTreeSet<Tier>,
+    /// Calls of these tools need approval.
+    pub tools: std::collections::BTreeSet<String>,
+    /// Calls of every tool of these MCP servers (`<server>__<tool>`) need approval.
+    pub servers: std::collections::BTreeSet<String>,
+    /// How long a call waits for a decision before it is denied.
+    pub timeout: Duration,
+    /// Calls that may wait at once on this node.
+    pub max_pending: usize,
+}
+
+impl Default for ApprovalConfig {
+    /// No call needs approval.
+    fn default() -> Self {
+        Self {
+            tiers: Default::default(),
+            tools: Default::default(),
+            servers: Default::default(),
+            timeout: Duration::from_secs(300),
+            max_pending: 16,
+        }
+    }
 }
 
 /// Validated `[connections]`.

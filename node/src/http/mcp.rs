@@ -674,6 +674,24 @@ fn describe(kind: &EventKind) -> String {
         EventKind::ToolResult { name, ok, .. } => {
             format!("tool {name} {}", if *ok { "answered" } else { "failed" })
         }
+        EventKind::ApprovalRequested {
+            approval_id,
+            tool,
+            node,
+            ..
+        } => format!(
+            "waiting for approval of {tool} on {node}: mesh-cli approvals approve {approval_id} (or deny {approval_id} --reason ...)"
+        ),
+        EventKind::ApprovalDecided {
+            approved,
+            by,
+            reason,
+            ..
+        } => match (approved, by.is_empty()) {
+            (true, _) => format!("approved by {by}"),
+            (false, true) => format!("denied: {reason}"),
+            (false, false) => format!("denied by {by}: {reason}"),
+        },
         EventKind::Intervention { rule, message } => format!("supervisor ({rule}): {message}"),
         EventKind::Warning { message } => format!("warning: {message}"),
         EventKind::OutputDelta { text } => format!("output: {text}"),

@@ -107,6 +107,9 @@ pub struct Memory {
     namespaces: std::sync::Mutex<HashSet<String>>,
     /// The bound on `namespaces` (`memory.max_namespaces`).
     max_namespaces: usize,
+    /// Counts commits that changed records (local writes and applied peers' records), so a
+    /// reader can wait for a change instead of polling ([`Memory::changes`]).
+    changes: watch::Sender<u64>,
 }
 
 /// One page of a listing ([`Memory::page`]).
@@ -203,6 +206,7 @@ impl Memory {
             ahead: std::sync::Mutex::default(),
             namespaces: std::sync::Mutex::new(namespaces),
             max_namespaces: options.max_namespaces,
+            changes: watch::Sender::new(0),
         };
         match memory.sign_stored() {
             Ok((0, 0)) => {}
@@ -225,6 +229,17 @@ impl Memory {
     /// This node's id.
     pub fn own_id(&self) -> &NodeId {
         &self.own
+    }
+
+    /// Follows changes: the receiver sees a new value after every commit that changed records
+    /// (a local write, or peers' records applied), whatever their namespace. A reader waiting
+    /// for a key re-reads it on each change instead of polling.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     pub(super) fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -362,6 +377,7 @@ impl Memory {
             }
             record
         };
+        self.changed();
         // Acknowledged only once durable: sled itself syncs only every ~500 ms.
         self.flush().await?;
         if replicated {
@@ -511,8 +527,14 @@ impl Memory {
                 created.insert(entry.namespace.clone());
             }
         }
+        let any = !writes.is_empty();
         match self.store.commit(writes) {
-            Ok(()) => self.note_namespaces(created),
+            Ok(()) => {
+                self.note_namespaces(created);
+                if any {
+                    self.changed();
+                }
+            }
             Err(e) => {
                 for result in results.iter_mut().filter(|r| matches!(r, Ok(true))) {
                     *result = Err(e.clone().into());

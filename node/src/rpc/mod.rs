@@ -7,6 +7,7 @@
 //! they read the capabilities and the peer table, and hand dial-in introductions to membership.
 
 pub mod accept;
+pub mod approvals;
 pub mod cron;
 pub mod gate;
 pub mod join;

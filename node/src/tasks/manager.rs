@@ -106,6 +106,21 @@ impl EventSink for Emitter {
             EventKind::Failed { .. } => Some("failed"),
             _ => None,
         };
+        // A call waiting for a person pauses the task: `input_required` until it is decided.
+        let paused = match &event.kind {
+            EventKind::ApprovalRequested { .. } => Some(TaskStatus::InputRequired),
+            EventKind::ApprovalDecided { .. } => Some(TaskStatus::Running),
+            _ => None,
+        };
+        if let Some(status) = paused {
+            let mut record = self.task.record.lock_unpoisoned();
+            if !record.status.finished() {
+                record.status = status;
+                if let Err(e) = self.history.put_record(&record) {
+                    tracing::error!(task = %event.task_id, error = %e, "record task status");
+                }
+            }
+        }
         if let Some(status) = outcome {
             metrics()
                 .tasks

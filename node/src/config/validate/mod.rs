@@ -7,11 +7,13 @@
 //! - `limits.rs`: `[security]`, `[tasks]`, `[tools]`, `[memory]`, `[connections]` (the bounds
 //!   work and callers run within);
 //! - `keys.rs`: `[[http.keys]]` (the front door's named keys and their policies);
+//! - `approval.rs`: `[approval]` (which tool calls wait for a person);
 //! - `syntax.rs`: the shape of names and `host:port` peers, shared by the above.
 //!
 //! It must not read certificates, load models or open sockets; the one file it looks at is the
 //! zero-config model's (only whether it is there).
 
+mod approval;
 mod keys;
 mod limits;
 mod models;
@@ -53,6 +55,7 @@ impl RawConfig {
         let http = node::http(self.http, &origin)?;
         let min_free_disk = node::min_free_disk(self.node.min_free_disk_mb, &origin)?;
         let connections = limits::connections(self.connections, &origin)?;
+        let approval = approval::approval(self.approval, &origin)?;
 
         Ok(Config {
             source: path.map(Path::to_owned),
@@ -82,6 +85,7 @@ impl RawConfig {
             memory_fanout: memory.fanout,
             http,
             connections,
+            approval,
         })
     }
 }

@@ -15,6 +15,15 @@ pub(super) fn is_valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// A tool name as OpenAI accepts one (`^[a-zA-Z0-9_-]{1,64}$`): the built-in tools' and MCP
+/// tools' `<server>__<tool>`.
+pub(super) fn is_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// An `IP:port` or `host:port` whose port is not 0; a host is a name without brackets, slashes
 /// or spaces.
 pub(super) fn is_host_port(text: &str) -> bool {

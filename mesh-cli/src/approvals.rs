@@ -1,0 +1,252 @@
+//! `mesh-cli approvals`: tool calls waiting for a person, from any node of the mesh, and the
+//! decision on one; and the inline question `mesh-cli run` asks in a terminal.
+
+use std::io::{BufRead, IsTerminal};
+
+use anyhow::anyhow;
+use clap::Subcommand;
+use mesh_proto::{convert::tier_or_read, v1 as pb};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::{ConnArgs, ago, channel, print_table, unix_ms};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ApprovalsCommand {
+    /// List tool calls waiting for approval on any node of the mesh (newest first); with
+    /// --all, also the decided, expired and cancelled ones.
+    Ls {
+        /// Also the ones no longer pending.
+        #[arg(long)]
+        all: bool,
+        /// Only this task's.
+        #[arg(long, value_name = "TASK_ID")]
+        task: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Print JSON (`{"approvals": [...]}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a waiting tool call: it runs. Needs an operator's client certificate that the
+    /// node running the task lets run the call's tier (security.client_max_tier).
+    Approve {
+        /// The approval's id (from `approvals ls` or the task's events).
+        id: String,
+        /// Why, kept with the approval.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Deny a waiting tool call: it does not run, and the agent's model is told the reason.
+    Deny {
+        /// The approval's id (from `approvals ls` or the task's events).
+        id: String,
+        /// Why; the model sees it as the call's result.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+}
+
+pub(crate) async fn run(conn: &ConnArgs, command: ApprovalsCommand) -> anyhow::Result<()> {
+    let mut client = pb::approvals_client::ApprovalsClient::new(channel(conn).await?);
+    match command {
+        ApprovalsCommand::Ls {
+            all,
+            task,
+            limit,
+            json,
+        } => list(&mut client, all, task, limit, json).await,
+        ApprovalsCommand::Approve { id, reason } => {
+            let approval = decide(&mut client, &id, true, reason).await?;
+            println!(
+                "approved {id}: `{}` runs on {} for task {}",
+                approval.tool, approval.node, approval.task_id
+            );
+            Ok(())
+        }
+        ApprovalsCommand::Deny { id, reason } => {
+            let approval = decide(&mut client, &id, false, reason).await?;
+            println!(
+                "denied {id}: `{}` does not run on {}; task {} goes on without it",
+                approval.tool, approval.node, approval.task_id
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Sends a decision; the error says why the node refused it.
+async fn decide(
+    client: &mut pb::approvals_client::ApprovalsClient<Channel>,
+    id: &str,
+    approve: bool,
+    reason: String,
+) -> anyhow::Result<pb::Approval> {
+    client
+        .decide(pb::DecideRequest {
+            approval_id: id.to_owned(),
+            approve,
+            reason,
+        })
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|s| anyhow!("{}", s.message()))
+}
+
+fn status_name(status: i32) -> &'static str {
+    match pb::ApprovalStatus::try_from(status) {
+        Ok(pb::ApprovalStatus::Pending) => "pending",
+        Ok(pb::ApprovalStatus::Approved) => "approved",
+        Ok(pb::ApprovalStatus::Denied) => "denied",
+        Ok(pb::ApprovalStatus::Expired) => "expired",
+        Ok(pb::ApprovalStatus::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+fn approval_json(a: &pb::Approval) -> Value {
+    json!({
+        "approval_id": a.approval_id,
+        "task_id": a.task_id,
+        "tool": a.tool,
+        "arguments": a.arguments,
+        "tier": tier_or_read(a.tier).to_string(),
+        "node": a.node,
+        "node_id": a.node_id,
+        "created_at_ms": a.created_at_ms,
+        "expires_at_ms": a.expires_at_ms,
+        "status": status_name(a.status),
+        "decided_by": a.decided_by,
+        "decided_by_id": a.decided_by_id,
+        "reason": a.reason,
+        "decided_at_ms": a.decided_at_ms,
+    })
+}
+
+async fn list(
+    client: &mut pb::approvals_client::ApprovalsClient<Channel>,
+    all: bool,
+    task: Option<String>,
+    limit: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    let approvals = client
+        .list(pb::ListApprovalsRequest {
+            all,
+            task_id: task.unwrap_or_default(),
+            limit,
+        })
+        .await
+        .map_err(|s| anyhow!("{}", s.message()))?
+        .into_inner()
+        .approvals;
+    if json {
+        let list: Vec<Value> = approvals.iter().map(approval_json).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({ "approvals": list }))?
+        );
+        return Ok(());
+    }
+    if approvals.is_empty() {
+        println!(
+            "{}",
+            if all {
+                "no approvals"
+            } else {
+                "no tool calls are waiting for approval"
+            }
+        );
+        return Ok(());
+    }
+    let now = unix_ms();
+    let rows: Vec<[String; 8]> = approvals
+        .iter()
+        .map(|a| {
+            let arguments: String = a.arguments.chars().take(48).collect();
+            let when = match pb::ApprovalStatus::try_from(a.status) {
+                Ok(pb::ApprovalStatus::Pending) => {
+                    format!("expires in {}s", a.expires_at_ms.saturating_sub(now) / 1000)
+                }
+                _ if !a.decided_by.is_empty() => {
+                    format!("{} by {}", ago(now, a.decided_at_ms), a.decided_by)
+                }
+                _ => ago(now, a.decided_at_ms),
+            };
+            [
+                a.approval_id.clone(),
+                a.task_id.clone(),
+                a.node.clone(),
+                a.tool.clone(),
+                arguments,
+                tier_or_read(a.tier).to_string(),
+                status_name(a.status).to_owned(),
+                when,
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "ID",
+            "TASK",
+            "NODE",
+            "TOOL",
+            "ARGUMENTS",
+            "TIER",
+            "STATUS",
+            "WHEN",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+/// What `mesh-cli run` does with an approval its task waits for: in a terminal, ask y/n (and a
+/// reason for a no) on a thread of its own while the task's events go on, and send the answer;
+/// otherwise print how to decide it. The answer's outcome comes back as the task's
+/// `ApprovalDecided` event.
+pub(crate) fn on_requested(conn: &ConnArgs, channel: Channel, request: &pb::ApprovalRequested) {
+    let id = request.approval_id.clone();
+    let left = request.expires_at_ms.saturating_sub(unix_ms()) / 1000;
+    eprintln!(
+        "? `{}` on {} waits for approval (id {id}, denied in {left} s unless decided): {}",
+        request.tool, request.node, request.arguments
+    );
+    if !std::io::stdin().is_terminal() {
+        eprintln!(
+            "  approve with `mesh-cli --node {node} approvals approve {id}`, or deny with `mesh-cli --node {node} approvals deny {id} --reason \"…\"`",
+            node = conn.node
+        );
+        return;
+    }
+    // A plain thread: a blocking read the runtime would wait for at exit if nobody answers.
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = answer.send(ask());
+    });
+    tokio::spawn(async move {
+        let Ok(Some((approve, reason))) = answered.await else {
+            return;
+        };
+        let mut client = pb::approvals_client::ApprovalsClient::new(channel);
+        if let Err(e) = decide(&mut client, &id, approve, reason).await {
+            eprintln!("! could not decide {id}: {e}");
+        }
+    });
+}
+
+/// Asks on the terminal: `y` approves, anything else denies, with a reason asked for.
+/// `None` when the terminal closed.
+fn ask() -> Option<(bool, String)> {
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    eprint!("  approve? [y/N] ");
+    let line = lines.next()?.ok()?;
+    if matches!(line.trim(), "y" | "Y" | "yes") {
+        return Some((true, String::new()));
+    }
+    eprint!("  reason (the model sees it): ");
+    let reason = lines.next().and_then(Result::ok).unwrap_or_default();
+    Some((false, reason.trim().to_owned()))
+}

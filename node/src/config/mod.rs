@@ -30,12 +30,13 @@ pub use defaults::{
 };
 pub use error::ConfigError;
 pub use raw::{
-    Overrides, RawConfig, RawConnections, RawDiscovery, RawGpu, RawHttp, RawHttpKey, RawMemory,
-    RawModel, RawNode, RawPersona, RawResources, RawSecurity, RawTasks, RawTls, RawTools,
+    Overrides, RawConfig, RawConnections, RawDiscovery, RawGpu, RawHttp, RawHttpKey, RawMcp,
+    RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity, RawTasks, RawTls,
+    RawTools,
 };
 pub use types::{
     Backend, Config, ConnectionLimits, Discovery, GpuDecl, HttpConfig, HttpKey, KeySecret, Listen,
-    ModelConfig, PersonaConfig, TaskLimits, TlsMode,
+    McpConfig, McpTransport, ModelConfig, PersonaConfig, TaskLimits, TlsMode,
 };
 
 impl Config {

@@ -65,6 +65,42 @@ pub struct Config {
     pub http: HttpConfig,
     /// `[connections]`: timeouts and caps for connections not yet proven.
     pub connections: ConnectionLimits,
+    /// `[[mcp]]`: the MCP servers whose tools this node offers.
+    pub mcp: Vec<McpConfig>,
+}
+
+/// A validated `[[mcp]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpConfig {
+    /// The server's name: its tools are `<name>__<tool>`.
+    pub name: String,
+    /// How the node reaches it.
+    pub transport: McpTransport,
+    /// The tier its tools count as.
+    pub tier: Tier,
+    /// Only these tools (names on the server); `None`: all.
+    pub tools: Option<Vec<String>>,
+    /// Longest one call may take.
+    pub timeout: Duration,
+}
+
+/// How the node reaches an MCP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpTransport {
+    /// A child process speaking MCP on its stdin and stdout.
+    Stdio {
+        /// The program.
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Environment variables set for it (besides the few passed on from the node's).
+        env: BTreeMap<String, String>,
+    },
+    /// A streamable HTTP server.
+    Http {
+        /// Its URL.
+        url: String,
+    },
 }
 
 /// Validated `[connections]`.

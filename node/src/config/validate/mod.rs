@@ -7,6 +7,7 @@
 //! - `limits.rs`: `[security]`, `[tasks]`, `[tools]`, `[memory]`, `[connections]` (the bounds
 //!   work and callers run within);
 //! - `keys.rs`: `[[http.keys]]` (the front door's named keys and their policies);
+//! - `mcp.rs`: `[[mcp]]` (the MCP servers whose tools the node offers);
 //! - `syntax.rs`: the shape of names and `host:port` peers, shared by the above.
 //!
 //! It must not read certificates, load models or open sockets; the one file it looks at is the
@@ -14,6 +15,7 @@
 
 mod keys;
 mod limits;
+mod mcp;
 mod models;
 mod node;
 mod syntax;
@@ -53,6 +55,7 @@ impl RawConfig {
         let http = node::http(self.http, &origin)?;
         let min_free_disk = node::min_free_disk(self.node.min_free_disk_mb, &origin)?;
         let connections = limits::connections(self.connections, &origin)?;
+        let mcp = mcp::servers(self.mcp, &origin)?;
 
         Ok(Config {
             source: path.map(Path::to_owned),
@@ -81,6 +84,7 @@ impl RawConfig {
             memory_fanout: memory.fanout,
             http,
             connections,
+            mcp,
         })
     }
 }

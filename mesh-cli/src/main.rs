@@ -66,7 +66,8 @@ pub(crate) struct ConnArgs {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Show every node this node knows: name, id, address, state, roles, models, GPUs, load.
+    /// Show every node this node knows: name, id, address, state, roles, models, GPUs, load,
+    /// MCP tools.
     Status {
         /// Print JSON (`{"nodes": [...]}`) instead of a table.
         #[arg(long)]
@@ -418,9 +419,10 @@ async fn status(conn: &ConnArgs, json: bool) -> anyhow::Result<()> {
         "LOAD",
         "LAST SEEN",
         "MEM LAG",
+        "MCP TOOLS",
     ];
     let now = unix_ms();
-    let rows: Vec<[String; 10]> = nodes
+    let rows: Vec<[String; 11]> = nodes
         .iter()
         .map(|n| {
             [
@@ -450,6 +452,10 @@ async fn status(conn: &ConnArgs, json: bool) -> anyhow::Result<()> {
                         "{records} rec, {:.0}s",
                         n["replication_lag"]["seconds"].as_f64().unwrap_or(0.0)
                     ),
+                },
+                match n["mcp_tools"].as_array().map_or(0, Vec::len) {
+                    0 => "-".to_owned(),
+                    count => count.to_string(),
                 },
             ]
         })
@@ -548,6 +554,17 @@ async fn show(conn: &ConnArgs, name: &str, json: bool) -> anyhow::Result<()> {
         node["load"]["running"], node["load"]["queued"]
     );
     println!("remote tier: {}", text("remote_max_tier"));
+    println!("mcp tools:");
+    for tool in node["mcp_tools"].as_array().into_iter().flatten() {
+        let description = tool["description"].as_str().unwrap_or_default();
+        let first_line = description.lines().next().unwrap_or_default();
+        println!(
+            "  - {} ({}) {}",
+            tool["name"].as_str().unwrap_or_default(),
+            tool["tier"].as_str().unwrap_or_default(),
+            first_line.chars().take(80).collect::<String>()
+        );
+    }
     Ok(())
 }
 
@@ -595,6 +612,12 @@ fn node_json(
             "reasons": health.reasons,
         },
         "remote_max_tier": tier_or_read(info.remote_max_tier).to_string(),
+        "mcp_tools": info.mcp_tools.iter().map(|t| json!({
+            "name": t.name,
+            "description": t.description,
+            "tier": tier_or_read(t.tier).to_string(),
+            "input_schema": serde_json::from_str::<Value>(&t.input_schema).unwrap_or(Value::Null),
+        })).collect::<Vec<_>>(),
         "cert_fingerprint": info.cert_fingerprint,
         "last_seen_ms": last_seen_ms,
     })

@@ -75,6 +75,7 @@ fn node(i: usize) -> NodeInfo {
         started_at_ms: 0,
         remote_max_tier: Tier::Read,
         memory_seq: 0,
+        mcp_tools: Default::default(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Admission: the one door every task and every chat goes through, whichever way it arrives
 //! (gRPC `Tasks.Submit`, the front door's chats and its `/mcp` tools, the `delegate` tool, a
-//! cron firing). It decides
-//! whether a task may run at all (the hop limit, the tier this node allows its caller) and
+//! cron firing), and every call of this node's MCP tools from another node (`Tools.Call`). It
+//! decides whether a task may run at all (the hop limit, the tier this node allows its caller) and
 //! where it runs (the router's ranking of this node and its peers, and the choice), and counts
 //! the decision in the metrics. Edges map its typed errors to gRPC or HTTP once.
 //!
@@ -257,6 +257,27 @@ impl Admission {
             })
     }
 
+    /// Whether a call of an MCP tool of tier `tool` hosted here, made by a task at tier `task`
+    /// that reached this node as `caller` (`Tools.Call`), started by `starter`, may run: the
+    /// same caps as a task at the tool's tier, and never above the calling task's own tier.
+    pub fn allows_tool_call(
+        &self,
+        tool: Tier,
+        task: Tier,
+        caller: &Caller,
+        starter: Option<&Principal>,
+    ) -> Result<(), AdmissionError> {
+        self.allows(tool, caller, starter)?;
+        if tool > task {
+            return Err(AdmissionError::TierCap {
+                cap: task,
+                asked: tool,
+                setting: "the calling task's tier",
+            });
+        }
+        Ok(())
+    }
+
     /// Every node ranked for a task, handed to `read` (what `--explain` shows).
     pub fn rank<R>(
         &self,
@@ -449,6 +470,50 @@ mod tests {
             assert!(matches!(error, ApproverError::NotAClient(_)), "{error:?}");
             assert!(error.to_string().contains("client certificate"), "{error}");
         }
+    }
+
+    #[test]
+    fn a_tool_call_from_elsewhere_is_capped_like_a_task_and_by_the_calling_tasks_tier() {
+        // `remote_max_tier` read (the default), `client_max_tier` write.
+        let admission = admission_with("");
+        let node = Caller::Certificate(principal(Some(CertRole::Node)));
+        let client = Caller::Certificate(principal(Some(CertRole::Client)));
+        let reader = Some(principal(Some(CertRole::Node)));
+        use Tier::{Read, Shell, Write};
+        assert_eq!(admission.allows_tool_call(Read, Read, &node, None), Ok(()));
+        let refused = admission
+            .allows_tool_call(Write, Shell, &node, None)
+            .expect_err("a node's task may not run a write tool here");
+        assert_eq!(
+            refused,
+            AdmissionError::TierCap {
+                cap: Read,
+                asked: Write,
+                setting: "security.remote_max_tier"
+            }
+        );
+        assert_eq!(
+            admission.allows_tool_call(Write, Write, &client, None),
+            Ok(())
+        );
+        // The calling task's tier and its starter only lower what the caller may do.
+        assert!(matches!(
+            admission.allows_tool_call(Write, Read, &client, None),
+            Err(AdmissionError::TierCap {
+                setting: "the calling task's tier",
+                ..
+            })
+        ));
+        assert!(
+            admission
+                .allows_tool_call(Write, Write, &client, reader.as_ref())
+                .is_err()
+        );
+        assert!(
+            admission
+                .allows_tool_call(Shell, Shell, &client, None)
+                .is_err()
+        );
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::{
 };
 
 use mesh_domain::{
-    Gpu, Health, HealthStatus, Load, ModelInfo, NodeId, NodeInfo, PersonaInfo, Resources,
-    sync::MutexExt, time::unix_ms,
+    Gpu, Health, HealthStatus, Load, McpToolInfo, ModelInfo, NodeId, NodeInfo, PersonaInfo,
+    Resources, sync::MutexExt, time::unix_ms,
 };
 use tokio::{process::Command, sync::watch};
 
@@ -101,6 +101,8 @@ pub struct Capabilities {
     memory_seq: Mutex<Option<watch::Receiver<u64>>>,
     /// Each measuring model's decode speed, as the models publish it.
     model_speeds: Mutex<BTreeMap<String, watch::Receiver<Option<f64>>>>,
+    /// The tools of this node's MCP servers that it advertises, as `mcp` publishes them.
+    mcp_tools: Mutex<Option<watch::Receiver<Arc<[McpToolInfo]>>>>,
 }
 
 /// A failing background loop makes the node `degraded`, named after the loop.
@@ -172,6 +174,7 @@ impl Capabilities {
             started_at_ms: unix_ms(SystemTime::now()),
             remote_max_tier: config.remote_max_tier,
             memory_seq: 0,
+            mcp_tools: Arc::default(),
         };
         Self {
             base,
@@ -188,7 +191,23 @@ impl Capabilities {
             changed: watch::Sender::new(0),
             memory_seq: Mutex::default(),
             model_speeds: Mutex::default(),
+            mcp_tools: Mutex::default(),
         }
+    }
+
+    /// Advertises the MCP tools `mcp` publishes (`NodeInfo.mcp_tools`), and tells watchers
+    /// when they change (a server came up, went down or changed its tools), so peers learn
+    /// them. Needs a Tokio runtime.
+    pub fn follow_mcp_tools(self: &Arc<Self>, tools: watch::Receiver<Arc<[McpToolInfo]>>) {
+        *self.mcp_tools.lock_unpoisoned() = Some(tools.clone());
+        let caps = Arc::downgrade(self);
+        let mut tools = tools;
+        tokio::spawn(async move {
+            while tools.changed().await.is_ok() {
+                let Some(caps) = caps.upgrade() else { return };
+                caps.notify();
+            }
+        });
     }
 
     /// Reports the shared memory's write sequence (`NodeInfo.memory_seq`) as it publishes it,
@@ -290,6 +309,9 @@ impl Capabilities {
             .lock_unpoisoned()
             .as_ref()
             .map_or(0, |seq| *seq.borrow());
+        if let Some(tools) = self.mcp_tools.lock_unpoisoned().as_ref() {
+            info.mcp_tools = tools.borrow().clone();
+        }
         let speeds = self.model_speeds.lock_unpoisoned();
         for model in &mut info.models {
             model.tokens_per_s = speeds

@@ -17,7 +17,8 @@
 //!    restarted with back-off when they fail; reports through `LoopHealth`).
 //! 2. [`discovery`] (mDNS and static peers, as events), [`peers`] (the peer table and the
 //!    sessions that keep it true; dials through the `PeerLink` port), [`capabilities`] (what
-//!    this node is and has), [`llm`] (the model registry and its backends), [`router`] (pure
+//!    this node is and has), [`llm`] (the model registry and its backends), [`mcp`] (this
+//!    node's MCP servers, kept connected, their tools checked and called), [`router`] (pure
 //!    ranking and choice), [`memory`] (replicated records; reaches peers through `MemoryPeers`).
 //! 3. [`admission`] (the one door: whether and where a task or chat runs), [`api_keys`] (the
 //!    front door's keys: who a key is, its budgets and rate limits, usage counted fleet-wide
@@ -56,6 +57,7 @@ pub mod discovery;
 pub mod http;
 pub mod issuer;
 pub mod llm;
+pub mod mcp;
 pub mod memory;
 pub mod metrics;
 pub mod peers;

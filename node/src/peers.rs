@@ -311,6 +311,7 @@ mod tests {
             started_at_ms: 0,
             remote_max_tier: mesh_domain::Tier::Read,
             memory_seq: 0,
+            mcp_tools: Default::default(),
         }
     }
 

@@ -319,6 +319,7 @@ mod tests {
             started_at_ms: 0,
             remote_max_tier: Tier::Read,
             memory_seq: 0,
+            mcp_tools: Default::default(),
         }
     }
 

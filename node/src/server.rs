@@ -41,6 +41,7 @@ use crate::{
     http::{self, FrontDoor},
     issuer::Issuer,
     llm::ModelRegistry,
+    mcp::{self, McpHub},
     memory::{self, Memory, MemoryOptions},
     peers::{
         PeerTable,
@@ -59,6 +60,7 @@ use crate::{
         memory::{MemoryService, RemoteMemory},
         models::{ModelsService, RemoteModels},
         tasks::{RemoteTasks, TasksService},
+        tools::{RemoteToolsClient, ToolsService},
     },
     storage::{self, SledStore, Store},
     supervise::{Backoff, Supervisor, no_error},
@@ -454,12 +456,30 @@ impl Node {
             Admission::new(caps.clone(), peers.clone(), config.client_max_tier)
                 .with_mcp_max_tier(config.mcp_max_tier),
         );
-        let tools = Arc::new(ToolRegistry::new(
-            caps.clone(),
-            peers.clone(),
-            config.tool_roots.clone(),
-            memory.clone(),
-        ));
+        // This node's MCP servers, each kept connected by a supervised loop (restarted with
+        // back-off, named in the health while down); their tools are advertised to the fleet.
+        let mcp_hub = McpHub::new(config.mcp.clone(), caps.clone());
+        caps.follow_mcp_tools(mcp_hub.advertised());
+        for (index, name) in mcp_hub.servers().iter().enumerate() {
+            let hub = mcp_hub.clone();
+            supervisor.spawn(&mcp::loop_name(name), background.clone(), move |cancel| {
+                hub.clone().run(index, cancel)
+            });
+        }
+        let tools = Arc::new(
+            ToolRegistry::new(
+                caps.clone(),
+                peers.clone(),
+                config.tool_roots.clone(),
+                memory.clone(),
+            )
+            // The fleet's MCP tools: this node's, and its peers' through `Tools.Call`.
+            .with_mcp(
+                mcp_hub.clone(),
+                peers.clone(),
+                Arc::new(RemoteToolsClient::new(channels.clone())),
+            ),
+        );
         check_persona_tools(&config, &tools)?;
         // Every tool call passes this gate; calls `[approval]` names wait for a person.
         let approvals = Approvals::new(
@@ -659,6 +679,9 @@ impl Node {
             )
             .add_service(ApprovalsService::new(approvals, mesh_tls.is_some()).into_server())
             .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server())
+            .add_service(
+                ToolsService::new(mcp_hub, admission.clone(), mesh_tls.is_some()).into_server(),
+            )
             .add_optional_service(issuer.map(|issuer| JoinService::new(issuer).into_server()));
         let stop = serve.clone();
         let stopped = async move { stop.cancelled().await };
@@ -785,7 +808,7 @@ impl Node {
 fn check_persona_tools(config: &Config, tools: &ToolRegistry) -> Result<(), ConfigError> {
     for (i, persona) in config.personas.iter().enumerate() {
         for (t, tool) in persona.tools.iter().flatten().enumerate() {
-            if tools.get(tool).is_none() {
+            if !tools.may_list(tool) {
                 return Err(ConfigError::Invalid {
                     origin: config.source.as_ref().map_or_else(
                         || "configuration".to_owned(),
@@ -793,7 +816,10 @@ fn check_persona_tools(config: &Config, tools: &ToolRegistry) -> Result<(), Conf
                     ),
                     key: format!("personas[{i}].tools[{t}]"),
                     problem: format!("names tool `{tool}`, which does not exist"),
-                    fix: format!("use some of: {}", tools.names().join(", ")),
+                    fix: format!(
+                        "use some of: {}, or an MCP tool's `<server>__<tool>`",
+                        tools.names().join(", ")
+                    ),
                 });
             }
         }

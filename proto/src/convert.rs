@@ -7,7 +7,9 @@ use std::{collections::BTreeMap, time::Duration};
 use mesh_domain::{
     CertRole, EventKind, Gpu, Health, HealthStatus, KeyLimits, KeyPolicy, Lineage, Load, ModelInfo,
     NodeId, NodeInfo, PeerState, PersonaInfo, Principal, Requirements, Resources, Target,
-    TaskError, TaskEvent, TaskSpec, TaskStatus, Tier, Usage, task::MAX_TIMEOUT_S,
+    TaskError, TaskEvent, TaskSpec, TaskStatus, Tier, Usage,
+    mcp::{self, McpToolInfo},
+    task::MAX_TIMEOUT_S,
 };
 use tonic::Status;
 
@@ -206,7 +208,84 @@ impl From<&NodeInfo> for pb::NodeInfo {
             started_at_ms: info.started_at_ms,
             remote_max_tier: pb::Tier::from(info.remote_max_tier) as i32,
             memory_seq: info.memory_seq,
+            mcp_tools: info
+                .mcp_tools
+                .iter()
+                .map(|tool| pb::McpTool {
+                    name: tool.name.clone(),
+                    description: tool.description.clone(),
+                    input_schema: tool.input_schema.to_string(),
+                    tier: pb::Tier::from(tool.tier) as i32,
+                })
+                .collect(),
         }
+    }
+}
+
+/// A peer's advertised MCP tools, checked: at most [`mcp::MAX_ADVERTISED_TOOLS`] and
+/// [`mcp::MAX_ADVERTISED_BYTES`] in all, each a valid namespaced name, a bounded description
+/// and an object schema of at most [`mcp::MAX_SCHEMA_BYTES`].
+fn mcp_tools(tools: Vec<pb::McpTool>) -> Result<Vec<McpToolInfo>, Status> {
+    if tools.len() > mcp::MAX_ADVERTISED_TOOLS {
+        return Err(Status::invalid_argument(format!(
+            "mcp_tools: {} entries, at most {} allowed",
+            tools.len(),
+            mcp::MAX_ADVERTISED_TOOLS
+        )));
+    }
+    let total: usize = tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.input_schema.len())
+        .sum();
+    if total > mcp::MAX_ADVERTISED_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "mcp_tools: {total} bytes of names, descriptions and schemas, at most {} allowed",
+            mcp::MAX_ADVERTISED_BYTES
+        )));
+    }
+    let mut checked = Vec::with_capacity(tools.len());
+    for tool in tools {
+        if !(mcp::is_function_name(&tool.name) && mcp::split_tool_name(&tool.name).is_some()) {
+            return Err(Status::invalid_argument(format!(
+                "mcp_tools.name: `{}` is not `<server>__<tool>` of 1-64 letters, digits, `_` or `-`",
+                tool.name.chars().take(80).collect::<String>()
+            )));
+        }
+        check_len(
+            "mcp_tools.description",
+            &tool.description,
+            mcp::MAX_DESCRIPTION,
+        )?;
+        check_len(
+            "mcp_tools.input_schema",
+            &tool.input_schema,
+            mcp::MAX_SCHEMA_BYTES,
+        )?;
+        let schema: serde_json::Value = serde_json::from_str(&tool.input_schema).map_err(|e| {
+            Status::invalid_argument(format!("mcp_tools.input_schema: not JSON ({e})"))
+        })?;
+        if !schema.is_object() {
+            return Err(Status::invalid_argument(
+                "mcp_tools.input_schema: must be a JSON object",
+            ));
+        }
+        checked.push(McpToolInfo {
+            name: tool.name,
+            description: tool.description,
+            input_schema: schema.into(),
+            tier: tier_or_shell(tool.tier),
+        });
+    }
+    Ok(checked)
+}
+
+/// The tier of an advertised tool; an unknown value counts as the highest, so a call of it is
+/// never thought harmless.
+fn tier_or_shell(tier: i32) -> Tier {
+    match pb::Tier::try_from(tier) {
+        Ok(pb::Tier::Read) => Tier::Read,
+        Ok(pb::Tier::Write) => Tier::Write,
+        _ => Tier::Shell,
     }
 }
 
@@ -328,6 +407,7 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
             started_at_ms: info.started_at_ms,
             remote_max_tier: tier_or_read(info.remote_max_tier),
             memory_seq: info.memory_seq,
+            mcp_tools: mcp_tools(info.mcp_tools)?.into(),
         })
     }
 }
@@ -765,6 +845,13 @@ mod tests {
             started_at_ms: 42,
             remote_max_tier: Tier::Write,
             memory_seq: 9,
+            mcp_tools: vec![McpToolInfo {
+                name: "time__get_current_time".into(),
+                description: "Now, in a time zone.".into(),
+                input_schema: serde_json::json!({"type": "object", "properties": {"timezone": {"type": "string"}}}).into(),
+                tier: Tier::Read,
+            }]
+            .into(),
         }
     }
 
@@ -784,6 +871,48 @@ mod tests {
             (Box::new(|i| i.name = "x".repeat(64)), "name"),
             (Box::new(|i| i.roles = vec!["r".into(); 1000]), "roles"),
             (Box::new(|i| i.addrs = vec!["a".repeat(5000)]), "addrs"),
+            (
+                Box::new(|i| i.mcp_tools[0].name = "no_server".into()),
+                "mcp_tools.name",
+            ),
+            (
+                Box::new(|i| i.mcp_tools[0].name = "fs__read.file".into()),
+                "mcp_tools.name",
+            ),
+            (
+                Box::new(|i| i.mcp_tools[0].input_schema = "[1]".into()),
+                "mcp_tools.input_schema",
+            ),
+            (
+                Box::new(|i| i.mcp_tools[0].input_schema = "{".into()),
+                "mcp_tools.input_schema",
+            ),
+            (
+                Box::new(|i| {
+                    i.mcp_tools[0].input_schema =
+                        format!(r#"{{"description": "{}"}}"#, "x".repeat(9000))
+                }),
+                "mcp_tools.input_schema",
+            ),
+            (
+                Box::new(|i| i.mcp_tools[0].description = "d".repeat(2000)),
+                "mcp_tools.description",
+            ),
+            (
+                Box::new(|i| {
+                    let tool = i.mcp_tools[0].clone();
+                    i.mcp_tools = vec![tool; 129];
+                }),
+                "mcp_tools",
+            ),
+            (
+                Box::new(|i| {
+                    let mut tool = i.mcp_tools[0].clone();
+                    tool.input_schema = format!(r#"{{"description": "{}"}}"#, "x".repeat(7000));
+                    i.mcp_tools = vec![tool; 10];
+                }),
+                "mcp_tools",
+            ),
         ];
         for (mutate, field) in cases {
             let mut wire = pb::NodeInfo::from(&sample());

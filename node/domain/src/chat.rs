@@ -67,6 +67,22 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
+/// Cap on what one tool call returns to the model (and on `shell_exec` output), wherever the
+/// tool runs.
+pub const MAX_TOOL_OUTPUT: usize = 64 * 1024;
+
+/// `text` cut to [`MAX_TOOL_OUTPUT`] bytes (at a character boundary), marked `[truncated]`
+/// when it was cut.
+pub fn cap_tool_output(text: String) -> String {
+    if text.len() <= MAX_TOOL_OUTPUT {
+        return text;
+    }
+    format!(
+        "{}\n[truncated]",
+        crate::text::truncate(&text, MAX_TOOL_OUTPUT)
+    )
+}
+
 /// A tool offered to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolSpec {

@@ -9,6 +9,8 @@
 //! - [`task`]: [`TaskSpec`] and its [`Lineage`] and [`Requirements`], [`TaskError`],
 //!   [`TaskStatus`], the events of a task ([`TaskEvent`], [`EventKind`]) and its [`Answer`].
 //! - [`node`]: what a node says about itself ([`NodeInfo`] and its parts) and [`PeerState`].
+//! - [`mcp`]: tools from MCP servers: their namespaced names (`<server>__<tool>`), how a node
+//!   advertises one ([`McpToolInfo`]) and the bounds on them.
 //! - [`chat`]: conversations with a model: [`Message`], tool calls and specs, [`Sampling`],
 //!   [`ChatRequest`], [`ChatResponse`], [`Usage`].
 //! - [`embed`]: embeddings: [`EmbedRequest`] (texts, bounded) and [`EmbedResponse`] (one
@@ -28,6 +30,7 @@ pub mod embed;
 pub mod future;
 pub mod id;
 pub mod keys;
+pub mod mcp;
 pub mod node;
 pub mod sync;
 pub mod target;
@@ -45,6 +48,7 @@ pub use chat::{
 pub use embed::{EmbedRequest, EmbedResponse};
 pub use future::BoxFuture;
 pub use id::NodeId;
+pub use mcp::McpToolInfo;
 pub use node::{
     Gpu, Health, HealthStatus, Load, ModelInfo, NodeInfo, PeerState, PersonaInfo, Resources,
 };

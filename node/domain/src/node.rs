@@ -1,9 +1,9 @@
 //! What a node says about itself ([`NodeInfo`]: who it is, what it serves, what it has, how
 //! busy and how healthy it is), and how alive a peer looks ([`PeerState`]).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
-use crate::{id::NodeId, tier::Tier};
+use crate::{id::NodeId, mcp::McpToolInfo, tier::Tier};
 
 /// Everything one node says about itself (the domain form of `agentmesh.v1.NodeInfo`).
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +42,8 @@ pub struct NodeInfo {
     pub remote_max_tier: Tier,
     /// Sequence number of this node's latest shared-memory write.
     pub memory_seq: u64,
+    /// The tools of its MCP servers it offers the fleet (shared, so a snapshot copies none).
+    pub mcp_tools: Arc<[McpToolInfo]>,
 }
 
 /// A persona as advertised.

@@ -33,6 +33,8 @@ pub struct Deadlines {
     pub chat_idle: Duration,
     /// A whole forwarded chat, first byte to answer.
     pub chat: Duration,
+    /// One `Tools.Call`: an MCP tool run on a peer.
+    pub tool: Duration,
 }
 
 /// The deadlines every node uses.
@@ -47,6 +49,8 @@ pub struct Deadlines {
 /// - `chat_idle` 150 s: longer than one model call's default timeout (120 s), before the first
 ///   chunk of a non-streaming model.
 /// - `chat` 600 s: a chat falls through a chain of models, each with its own timeout.
+/// - `tool` 630 s: longer than the longest call a host allows an MCP tool (`[[mcp]] timeout_s`,
+///   at most 600 s), which the host enforces and answers with `UNAVAILABLE`.
 pub const DEADLINES: Deadlines = Deadlines {
     unary: Duration::from_secs(10),
     sync: Duration::from_secs(30),
@@ -55,6 +59,7 @@ pub const DEADLINES: Deadlines = Deadlines {
     task_idle: Duration::from_secs(600),
     chat_idle: Duration::from_secs(150),
     chat: Duration::from_secs(600),
+    tool: Duration::from_secs(630),
 };
 
 impl Default for Deadlines {

@@ -31,12 +31,12 @@ pub use defaults::{
 pub use error::ConfigError;
 pub use raw::{
     Overrides, RawApproval, RawConfig, RawConnections, RawDiscovery, RawGpu, RawHttp, RawHttpKey,
-    RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity, RawTasks, RawTls,
+    RawMcp, RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity, RawTasks, RawTls,
     RawTools,
 };
 pub use types::{
     ApprovalConfig, Backend, Config, ConnectionLimits, Discovery, GpuDecl, HttpConfig, HttpKey,
-    KeySecret, Listen, ModelConfig, PersonaConfig, TaskLimits, TlsMode,
+    KeySecret, Listen, McpConfig, McpTransport, ModelConfig, PersonaConfig, TaskLimits, TlsMode,
 };
 
 impl Config {

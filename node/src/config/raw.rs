@@ -46,6 +46,9 @@ pub struct RawConfig {
     pub connections: RawConnections,
     /// `[approval]`
     pub approval: RawApproval,
+    /// `[[mcp]]`: MCP servers whose tools this node's agents, and the fleet's, may use.
+    /// Default: none.
+    pub mcp: Vec<RawMcp>,
 }
 
 impl RawConfig {
@@ -196,6 +199,32 @@ pub struct RawPersona {
     pub tools: Option<Vec<String>>,
     /// Highest tool tier the persona may use (default: `read`).
     pub max_tier: Option<String>,
+}
+
+/// One `[[mcp]]` entry: an MCP server, started as a child process (`command`) or reached over
+/// streamable HTTP (`url`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMcp {
+    /// The server's name, the prefix of its tools' names (`<name>__<tool>`). Required.
+    pub name: String,
+    /// stdio: the program to start (looked up in `PATH`). This or `url`.
+    pub command: Option<String>,
+    /// stdio: its arguments. Default: none.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// stdio: environment variables it gets, besides `HOME`, `LOGNAME`, `PATH`, `SHELL`, `TERM`
+    /// and `USER` (nothing else of the node's environment is passed on). Default: none.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Streamable HTTP: the server's URL, e.g. `http://127.0.0.1:8000/mcp`. This or `command`.
+    pub url: Option<String>,
+    /// The tier its tools count as: `read`, `write` or `shell`. Default: `write`.
+    pub tier: Option<String>,
+    /// Only these of its tools (their names on the server). Default: all.
+    pub tools: Option<Vec<String>>,
+    /// Longest one call of its tools may take, seconds. Default: 60.
+    pub timeout_s: Option<u64>,
 }
 
 /// `[tasks]`: how much work the node takes on, and the default budget of each task.

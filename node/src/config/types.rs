@@ -69,6 +69,8 @@ pub struct Config {
     pub connections: ConnectionLimits,
     /// `[approval]`: which tool calls wait for a person's approval.
     pub approval: ApprovalConfig,
+    /// `[[mcp]]`: the MCP servers whose tools this node offers.
+    pub mcp: Vec<McpConfig>,
 }
 
 /// Validated `[approval]`.
@@ -97,6 +99,40 @@ impl Default for ApprovalConfig {
             max_pending: 16,
         }
     }
+}
+
+/// A validated `[[mcp]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct McpConfig {
+    /// The server's name: its tools are `<name>__<tool>`.
+    pub name: String,
+    /// How the node reaches it.
+    pub transport: McpTransport,
+    /// The tier its tools count as.
+    pub tier: Tier,
+    /// Only these tools (names on the server); `None`: all.
+    pub tools: Option<Vec<String>>,
+    /// Longest one call may take.
+    pub timeout: Duration,
+}
+
+/// How the node reaches an MCP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpTransport {
+    /// A child process speaking MCP on its stdin and stdout.
+    Stdio {
+        /// The program.
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Environment variables set for it (besides the few passed on from the node's).
+        env: BTreeMap<String, String>,
+    },
+    /// A streamable HTTP server.
+    Http {
+        /// Its URL.
+        url: String,
+    },
 }
 
 /// Validated `[connections]`.

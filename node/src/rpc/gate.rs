@@ -192,6 +192,7 @@ mod tests {
             (true, "/agentmesh.v1.Join/GetCa", false, true),
             (true, "/agentmesh.v1.Node/GetInfo", false, false),
             (true, "/agentmesh.v1.Tasks/Submit", false, false),
+            (true, "/agentmesh.v1.Tools/Call", false, false),
             (true, "/agentmesh.v1.JoinX/Redeem", false, false),
             (true, "/grpc.health.v1.Health/Check", false, false),
             (true, "/agentmesh.v1.Node/GetInfo", true, true),

@@ -15,6 +15,7 @@ pub mod keys;
 pub mod memory;
 pub mod models;
 pub mod tasks;
+pub mod tools;
 
 use std::{
     net::SocketAddr,
@@ -670,6 +671,7 @@ mod tests {
             task_idle: SHORT,
             chat_idle: SHORT,
             chat: SHORT * 2,
+            tool: SHORT,
         }
     }
 
@@ -769,6 +771,20 @@ mod tests {
                 .chat(&headers_only, &target, &request, &deltas)
                 .await
                 .map_err(message)
+        })
+        .await;
+
+        let tools = tools::RemoteToolsClient::new(channels.clone());
+        let call = crate::agent::tools::RemoteCall {
+            name: "time__now".into(),
+            arguments: "{}".into(),
+            tier: mesh_domain::Tier::Read,
+            task_id: String::new(),
+            started_by: None,
+        };
+        fails_in_time("Tools.Call", {
+            use crate::agent::tools::RemoteTools;
+            tools.call(&silent, &call)
         })
         .await;
 

@@ -5,11 +5,10 @@
 //! text for the model, and `Err` when the call failed (the model sees the message, and the
 //! supervisor counts the failure).
 
-use mesh_domain::{BoxFuture, TaskSpec, Tier, ToolSpec, text::truncate};
+pub use mesh_domain::chat::MAX_TOOL_OUTPUT;
+pub(crate) use mesh_domain::chat::cap_tool_output as cap;
+use mesh_domain::{BoxFuture, TaskSpec, Tier, ToolSpec};
 use serde_json::Value;
-
-/// Cap on what one tool returns to the model (and on `shell_exec` output).
-pub const MAX_TOOL_OUTPUT: usize = 64 * 1024;
 
 /// A tool.
 pub trait Tool: Send + Sync + std::fmt::Debug {
@@ -43,13 +42,6 @@ pub(crate) fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, String
     args.get(name)
         .and_then(Value::as_str)
         .ok_or_else(|| format!("missing string argument `{name}`"))
-}
-
-pub(crate) fn cap(text: String) -> String {
-    if text.len() <= MAX_TOOL_OUTPUT {
-        return text;
-    }
-    format!("{}\n[truncated]", truncate(&text, MAX_TOOL_OUTPUT))
 }
 
 #[cfg(test)]

@@ -2,14 +2,16 @@
 //!
 //! Only tools that really work are registered: `list_nodes` (`nodes.rs`); `file_read` and
 //! `file_write` (`fs.rs`, confined to the roots of `roots.rs`); `shell_exec` (`shell.rs`);
-//! `memory_get`, `memory_search` and `memory_put` (`memory.rs`); `delegate` (`delegate.rs`). The
-//! table is the one place that knows their names and tiers: persona tool lists are checked
-//! against it, and whether a call may have changed something (its tier is above `read`) is read
-//! from it. Tier checks happen before a call, in the supervisor's hooks, not here.
+//! `memory_get`, `memory_search` and `memory_put` (`memory.rs`); `delegate` (`delegate.rs`); and
+//! the fleet's MCP tools, `<server>__<tool>` (`mcp.rs`: this node's and its peers', as they are
+//! now). The table is the one place that knows their names and tiers: persona tool lists are
+//! checked against it, and whether a call may have changed something (its tier is above `read`)
+//! is read from it. Tier checks happen before a call, in the supervisor's hooks, not here.
 
 mod delegate;
 mod framework;
 mod fs;
+mod mcp;
 mod memory;
 mod nodes;
 mod roots;
@@ -23,16 +25,18 @@ use serde_json::Value;
 pub use self::{
     delegate::SubtaskRunner,
     framework::{MAX_TOOL_OUTPUT, Tool, ToolContext},
+    mcp::{RemoteCall, RemoteToolError, RemoteTools},
 };
 use self::{
     delegate::{Delegate, RunnerSlot},
     fs::{FileRead, FileWrite},
+    mcp::{FleetTools, McpTool, is_mcp_name},
     memory::{MemoryGet, MemoryPut, MemorySearch},
     nodes::ListNodes,
     roots::Roots,
     shell::ShellExec,
 };
-use crate::{capabilities::Capabilities, memory::Memory, peers::PeerTable};
+use crate::{capabilities::Capabilities, mcp::McpHub, memory::Memory, peers::PeerTable};
 
 /// The one table of tools.
 #[derive(Debug, Default)]
@@ -40,6 +44,8 @@ pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
     /// What `delegate` runs its sub-tasks through, once connected.
     subtasks: RunnerSlot,
+    /// The fleet's MCP tools, when the node has connected them.
+    mcp: Option<Arc<FleetTools>>,
 }
 
 impl ToolRegistry {
@@ -78,7 +84,20 @@ impl ToolRegistry {
                 .map(|tool| (tool.spec().name, tool))
                 .collect(),
             subtasks,
+            mcp: None,
         }
+    }
+
+    /// Offers the fleet's MCP tools: this node's servers (`hub`), and those peers advertise,
+    /// called through `remote`.
+    pub fn with_mcp(
+        mut self,
+        hub: Arc<McpHub>,
+        peers: Arc<PeerTable>,
+        remote: Arc<dyn RemoteTools>,
+    ) -> Self {
+        self.mcp = Some(Arc::new(FleetTools { hub, peers, remote }));
+        self
     }
 
     /// Connects `delegate` to what runs sub-tasks (the task manager, which needs this table
@@ -87,40 +106,72 @@ impl ToolRegistry {
         let _ = self.subtasks.set(runner);
     }
 
-    /// The tool named `name`.
+    /// The tool named `name`: a built-in one, or an MCP tool the fleet offers now.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
-        self.tools.get(name).cloned()
+        if let Some(tool) = self.tools.get(name) {
+            return Some(tool.clone());
+        }
+        let fleet = self.mcp.as_ref()?;
+        let info = fleet.find(name)?;
+        Some(Arc::new(McpTool {
+            info,
+            fleet: fleet.clone(),
+        }))
     }
 
-    /// Specs of the tools with tier ≤ `tier` and, when `allowed` is given, named in it.
+    /// Specs of the tools with tier ≤ `tier` and, when `allowed` is given, named in it: the
+    /// built-in ones, then the MCP tools the fleet offers now.
     pub fn specs(&self, tier: Tier, allowed: Option<&[String]>) -> Vec<ToolSpec> {
+        let offered = self
+            .mcp
+            .as_ref()
+            .map(|fleet| fleet.offered())
+            .unwrap_or_default();
         self.tools
             .values()
             .filter(|tool| tool.tier() <= tier)
             .map(|tool| tool.spec())
+            .chain(
+                offered
+                    .iter()
+                    .filter(|info| info.tier <= tier)
+                    .map(mcp::spec),
+            )
             .filter(|spec| allowed.is_none_or(|names| names.contains(&spec.name)))
             .collect()
     }
 
-    /// Names of all tools.
+    /// Names of the built-in tools.
     pub fn names(&self) -> Vec<String> {
         self.tools.keys().cloned().collect()
     }
 
+    /// Whether a persona may list `name`: a built-in tool, or a name of the MCP shape
+    /// (`<server>__<tool>`), which may come from a peer that is not up yet.
+    pub fn may_list(&self, name: &str) -> bool {
+        self.tools.contains_key(name) || is_mcp_name(name)
+    }
+
     /// The tier a call of `name` with these arguments counts as (`delegate` counts as the tier
-    /// it asks for); `None` when there is no such tool.
+    /// it asks for; an MCP tool as its host says); `None` when there is no such tool.
     pub fn call_tier(&self, name: &str, arguments: Option<&Value>) -> Option<Tier> {
-        let tool = self.tools.get(name)?;
-        Some(arguments.map_or(tool.tier(), |args| tool.effective_tier(args)))
+        match self.tools.get(name) {
+            Some(tool) => Some(arguments.map_or(tool.tier(), |args| tool.effective_tier(args))),
+            None => Some(self.mcp.as_ref()?.find(name)?.tier),
+        }
     }
 
     /// Whether a call as the model wrote it may have changed something (its tier is above
-    /// `read`): once one ran on a node, a task is not re-run elsewhere. A tool this node does not
-    /// have counts as harmless, since it cannot have run.
+    /// `read`): once one ran on a node, a task is not re-run elsewhere. A built-in tool this
+    /// node does not have counts as harmless, since it cannot have run; an MCP tool no node
+    /// advertises now counts as having changed something (its host may be the node that was
+    /// lost, and its tier is unknown).
     pub fn has_side_effects(&self, name: &str, arguments: &str) -> bool {
         let arguments: Option<Value> = serde_json::from_str(arguments).ok();
-        self.call_tier(name, arguments.as_ref())
-            .is_some_and(|tier| tier > Tier::Read)
+        match self.call_tier(name, arguments.as_ref()) {
+            Some(tier) => tier > Tier::Read,
+            None => is_mcp_name(name),
+        }
     }
 }
 
@@ -158,5 +209,7 @@ mod tests {
             r#"{"role": "coder", "prompt": "x", "tier": "shell"}"#
         ));
         assert!(!tools.has_side_effects("delegate", "not json"));
+        // An MCP tool no node advertises (its host may be the node that was lost).
+        assert!(tools.has_side_effects("time__get_current_time", "{}"));
     }
 }

@@ -8,6 +8,7 @@
 //!   work and callers run within);
 //! - `keys.rs`: `[[http.keys]]` (the front door's named keys and their policies);
 //! - `approval.rs`: `[approval]` (which tool calls wait for a person);
+//! - `mcp.rs`: `[[mcp]]` (the MCP servers whose tools the node offers);
 //! - `syntax.rs`: the shape of names and `host:port` peers, shared by the above.
 //!
 //! It must not read certificates, load models or open sockets; the one file it looks at is the
@@ -16,6 +17,7 @@
 mod approval;
 mod keys;
 mod limits;
+mod mcp;
 mod models;
 mod node;
 mod syntax;
@@ -56,6 +58,7 @@ impl RawConfig {
         let min_free_disk = node::min_free_disk(self.node.min_free_disk_mb, &origin)?;
         let connections = limits::connections(self.connections, &origin)?;
         let approval = approval::approval(self.approval, &origin)?;
+        let mcp = mcp::servers(self.mcp, &origin)?;
 
         Ok(Config {
             source: path.map(Path::to_owned),
@@ -86,6 +89,7 @@ impl RawConfig {
             http,
             connections,
             approval,
+            mcp,
         })
     }
 }

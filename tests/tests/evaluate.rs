@@ -4,7 +4,7 @@
 //! mesh. Scores, critiques, the attempt bound, the budget and the deadline across attempts, a
 //! malformed verdict, bad input, and a schedule that carries an evaluation.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mesh_proto::v1 as pb;
 use mesh_tests::{
@@ -391,25 +391,29 @@ fn attempts_budget_and_deadline_bound_the_loop_and_bad_verdicts_and_input_are_cl
     assert_eq!(run["error_kind"], "budget", "{run:#}");
     assert_eq!(fleet.judging.requests().len(), judge_before);
 
-    // The deadline covers every attempt: each takes 2 s, the task has 3.
+    // The deadline covers every attempt: each takes 3 s, the task has 5 (4 on the worker, which
+    // gets what is left after forwarding), so the first is scored and the second cut off. A
+    // deadline per attempt would let both finish, and the answers waiting above would then
+    // complete the task.
     fleet.work.push([
-        Scripted::text("slow one").after(Duration::from_secs(2)),
-        Scripted::text("slow two").after(Duration::from_secs(2)),
+        Scripted::text("slow one").after(Duration::from_secs(3)),
+        Scripted::text("slow two").after(Duration::from_secs(3)),
     ]);
     fleet.judging.push([verdict(0.1, "again")]);
-    let started = Instant::now();
     let (code, run) = fleet.run(&[
         "--role",
         "chat",
         "--evaluate",
         "judge",
         "--timeout",
-        "3",
+        "5",
         "v",
     ]);
     assert_eq!(code, Some(1), "{run:#}");
     assert_eq!(run["error_kind"], "deadline", "{run:#}");
-    assert!(started.elapsed() < Duration::from_secs(4) + Duration::from_millis(900));
+    let events = fleet.events(&fleet.worker, run["task_id"].as_str().expect("id"));
+    assert_eq!(of_type(&events, "evaluated").len(), 1, "{events:#?}");
+    assert_eq!(of_type(&events, "attempt_started").len(), 1, "{events:#?}");
 
     // Bad input: the CLI's own errors (exit 2) name the flag; an evaluator role nobody serves
     // is refused before anything runs, naming it.

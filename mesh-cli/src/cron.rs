@@ -5,7 +5,10 @@ use mesh_domain::Target;
 use mesh_proto::v1 as pb;
 use serde_json::{Value, json};
 
-use crate::{ConnArgs, channel, print_table, tasks::TaskArgs};
+use crate::{
+    ConnArgs, channel, print_table,
+    tasks::{TaskArgs, evaluation_json},
+};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum CronCommand {
@@ -101,6 +104,7 @@ fn schedule_json(s: &pb::CronSchedule) -> Value {
         "prompt": task.map(|t| t.prompt.clone()).unwrap_or_default(),
         "on": task.map(|t| t.on.clone()).unwrap_or_default(),
         "require_gpu": task.and_then(|t| t.require.as_ref()).is_some_and(|r| r.gpu),
+        "evaluate": task.and_then(|t| t.evaluate.as_ref()).map(evaluation_json),
         "overlap": s.overlap,
         "catch_up_s": s.catch_up_s,
         "enabled": s.enabled,

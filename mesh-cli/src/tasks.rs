@@ -2,6 +2,10 @@
 
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
+use mesh_domain::{
+    Evaluation,
+    task::{check_attempts, check_threshold},
+};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use pb::task_event::Kind;
 use serde_json::{Value, json};
@@ -45,6 +49,39 @@ pub(crate) struct TaskArgs {
     /// Run only on the node with this name.
     #[arg(long, value_name = "NODE")]
     on: Option<String>,
+    /// Have a model of this role (on whichever node serves it) score each answer from 0 to 1
+    /// with a critique; below --threshold the task runs again with the critique, at most
+    /// --attempts times, and the best-scoring answer is the output. The token budget and the
+    /// deadline cover every attempt and evaluation together.
+    #[arg(long, value_name = "ROLE")]
+    evaluate: Option<String>,
+    /// With --evaluate: the score an answer needs, 0 to 1 (default 0.8).
+    #[arg(long, requires = "evaluate", value_parser = parse_threshold)]
+    threshold: Option<f64>,
+    /// With --evaluate: most attempts, the first included, 1 to 5 (default 3).
+    #[arg(long, requires = "evaluate", value_parser = parse_attempts)]
+    attempts: Option<u32>,
+}
+
+/// `--threshold`: a number from 0 to 1.
+fn parse_threshold(text: &str) -> Result<f64, String> {
+    let threshold: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number; give a score from 0 to 1, e.g. 0.8"))?;
+    check_threshold(threshold)?;
+    Ok(threshold)
+}
+
+/// `--attempts`: 1 to [`Evaluation::MAX_ATTEMPTS`].
+fn parse_attempts(text: &str) -> Result<u32, String> {
+    let attempts: u32 = text.parse().map_err(|_| {
+        format!(
+            "`{text}` is not a count; give 1 to {}",
+            Evaluation::MAX_ATTEMPTS
+        )
+    })?;
+    check_attempts(attempts)?;
+    Ok(attempts)
 }
 
 impl TaskArgs {
@@ -77,6 +114,11 @@ impl TaskArgs {
             on: self.on.unwrap_or_default(),
             lineage: None,
             session: session.unwrap_or_default(),
+            evaluate: self.evaluate.map(|role| pb::Evaluation {
+                role,
+                threshold: self.threshold,
+                attempts: self.attempts,
+            }),
         }
     }
 }
@@ -145,6 +187,9 @@ impl std::error::Error for Reported {}
 
 pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
     let request = args.task.request(args.prompt.join(" "), args.session);
+    // An evaluated task streams each attempt's text, but its output is the best attempt's:
+    // print that at the end instead.
+    let stream_output = !args.json && request.evaluate.is_none();
     let channel = channel(conn).await?;
     let mut client = pb::tasks_client::TasksClient::new(channel.clone());
     if args.explain {
@@ -179,6 +224,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
     let mut completed: Option<pb::Completed> = None;
     let mut error: Option<pb::TaskError> = None;
     let mut streamed = false;
+    let mut evaluations = Vec::new();
     while let Some(event) = stream
         .message()
         .await
@@ -186,7 +232,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
     {
         task_id = event.task_id;
         match event.kind {
-            Some(Kind::OutputDelta(delta)) if !args.json => {
+            Some(Kind::OutputDelta(delta)) if stream_output => {
                 use std::io::Write;
                 let mut stdout = std::io::stdout();
                 stdout.write_all(delta.text.as_bytes()).ok();
@@ -198,6 +244,9 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
             // Asked even with --json (on stderr): the task waits for an answer.
             Some(Kind::ApprovalRequested(request)) => {
                 crate::approvals::on_requested(conn, channel.clone(), &request);
+            }
+            Some(Kind::Evaluated(evaluated)) if args.json => {
+                evaluations.push(evaluated_json(&evaluated));
             }
             Some(kind) if !args.json => {
                 if let Some(line) = describe(&kind) {
@@ -215,6 +264,9 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
             "output": completed.as_ref().map(|c| c.output.clone()).unwrap_or_default(),
             "executed_on": completed.as_ref().map(|c| c.executed_on.clone()).unwrap_or_default(),
         });
+        if !evaluations.is_empty() {
+            object["evaluations"] = json!(evaluations);
+        }
         if let Some(error) = &error {
             object["error"] = json!(error.message);
             object["error_kind"] = json!(error.kind);
@@ -343,6 +395,7 @@ async fn list(client: &mut Client, json: bool, limit: u32) -> anyhow::Result<()>
                 "origin_node": t.origin_node,
                 "hops": t.hops,
                 "route": t.route,
+                "evaluate": t.evaluate.as_ref().map(evaluation_json),
             })
         })
         .collect();
@@ -398,7 +451,17 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
             .iter()
             .filter_map(|e| {
                 let kind = e.kind.as_ref()?;
-                Some(json!({"seq": e.seq, "at_ms": e.at_ms, "type": kind_name(kind), "text": describe(kind)}))
+                let mut event = json!({"seq": e.seq, "at_ms": e.at_ms, "type": kind_name(kind), "text": describe(kind)});
+                match kind {
+                    Kind::Evaluated(evaluated) => event["evaluation"] = evaluated_json(evaluated),
+                    Kind::AttemptStarted(a) => {
+                        event["attempt"] = json!(a.attempt);
+                        event["attempts"] = json!(a.attempts);
+                        event["reason"] = json!(a.reason);
+                    }
+                    _ => {}
+                }
+                Some(event)
             })
             .collect();
         println!(
@@ -432,6 +495,14 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
         );
         if !t.route.is_empty() {
             println!("  route:    {}", t.route.join(" → "));
+        }
+        if let Some(e) = &t.evaluate {
+            println!(
+                "  evaluate: role {}, threshold {:.2}, at most {} attempts",
+                e.role,
+                e.threshold.unwrap_or(Evaluation::DEFAULT_THRESHOLD),
+                e.attempts.unwrap_or(Evaluation::DEFAULT_ATTEMPTS)
+            );
         }
         println!("  executed on: {}", t.executed_on);
     }
@@ -468,7 +539,30 @@ fn kind_name(kind: &Kind) -> &'static str {
         Kind::Delegated(_) => "delegated",
         Kind::ApprovalRequested(_) => "approval_requested",
         Kind::ApprovalDecided(_) => "approval_decided",
+        Kind::Evaluated(_) => "evaluated",
+        Kind::AttemptStarted(_) => "attempt_started",
     }
+}
+
+/// What a task asked of the evaluator loop, as `tasks --json` lists it.
+pub(crate) fn evaluation_json(e: &pb::Evaluation) -> Value {
+    json!({
+        "role": e.role,
+        "threshold": e.threshold.unwrap_or(Evaluation::DEFAULT_THRESHOLD),
+        "attempts": e.attempts.unwrap_or(Evaluation::DEFAULT_ATTEMPTS),
+    })
+}
+
+/// One evaluator verdict, as `run --json` and `tasks show --json` print it.
+fn evaluated_json(e: &pb::Evaluated) -> Value {
+    json!({
+        "attempt": e.attempt,
+        "score": e.score,
+        "critique": e.critique,
+        "model": e.model,
+        "node": e.node,
+        "error": (!e.error.is_empty()).then_some(&e.error),
+    })
 }
 
 /// One line for a task event on stderr (`None` for events not worth a line).
@@ -557,6 +651,16 @@ fn describe(kind: &Kind) -> Option<String> {
                 format!(": {}", a.reason)
             };
             format!("{mark} {}{by}{reason}", a.approval_id)
+        }
+        Kind::Evaluated(e) => match e.score {
+            Some(score) => format!(
+                "★ attempt {} scored {score:.2} by {} on {}: {}",
+                e.attempt, e.model, e.node, e.critique
+            ),
+            None => format!("★ attempt {} unscored: {}", e.attempt, e.error),
+        },
+        Kind::AttemptStarted(a) => {
+            format!("↻ attempt {} of {}: {}", a.attempt, a.attempts, a.reason)
         }
     })
 }

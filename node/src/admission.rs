@@ -1,8 +1,9 @@
 //! Admission: the one door every task and every chat goes through, whichever way it arrives
 //! (gRPC `Tasks.Submit`, the front door's chats and its `/mcp` tools, the `delegate` tool, a
 //! cron firing), and every call of this node's MCP tools from another node (`Tools.Call`). It
-//! decides whether a task may run at all (the hop limit, the tier this node allows its caller) and
-//! where it runs (the router's ranking of this node and its peers, and the choice), and counts
+//! decides whether a task may run at all (the hop limit, the tier this node allows its caller,
+//! an evaluator role some node serves when it asks for one) and where it runs (the router's
+//! ranking of this node and its peers, and the choice), and counts
 //! the decision in the metrics. Edges map its typed errors to gRPC or HTTP once.
 //!
 //! It decides only: it runs, queues and forwards nothing (that is `tasks` and `chat`).
@@ -153,6 +154,14 @@ pub enum AdmissionError {
     /// A chat for a model or role that no node of the mesh serves.
     #[error("the model `{0}` does not exist on any node of the mesh; GET /v1/models lists them")]
     UnknownModel(String),
+    /// A task asks for an evaluation (`--evaluate ROLE`) that no node of the mesh can run.
+    #[error("evaluate.role: no node of the mesh can run the evaluator role `{role}`: {why}")]
+    NoEvaluator {
+        /// The evaluator's role.
+        role: String,
+        /// Why each node is excluded.
+        why: String,
+    },
     /// Embeddings with a model that exists but makes none on any node.
     #[error(
         "model `{0}` does not support embeddings on any node of the mesh; GET /v1/models lists the models whose capabilities include `embeddings`"
@@ -306,6 +315,17 @@ impl Admission {
             spec.lineage.started_by = Some(principal.clone());
         }
         self.allows(spec.tier, caller, spec.lineage.started_by.as_ref())?;
+        if let Some(evaluation) = &spec.evaluate {
+            // Refused now rather than after a first attempt whose answer no one can score.
+            let role = Target::Role(evaluation.role.clone());
+            self.rank(&role, Tier::Read, &Requirements::default(), |ranked| {
+                router::choose(ranked, false).map(|_| ())
+            })
+            .map_err(|why| AdmissionError::NoEvaluator {
+                role: evaluation.role.clone(),
+                why,
+            })?;
+        }
         let forwarded =
             !matches!(caller, Caller::Schedule { .. }) && spec.lineage.task_id.is_some();
         let choice = self.rank(&spec.target, spec.tier, &spec.require, |ranked| {

@@ -230,10 +230,23 @@ impl ChatService {
         request: &ChatRequest,
         deltas: &mpsc::UnboundedSender<String>,
     ) -> Result<ChatResponse, ChatError> {
+        self.run_on(placement, target, request, deltas)
+            .await
+            .map(|(response, _)| response)
+    }
+
+    /// [`ChatService::run`], also naming the peer that answered (`None`: this node).
+    pub async fn run_on(
+        &self,
+        placement: Placement,
+        target: &Target,
+        request: &ChatRequest,
+        deltas: &mpsc::UnboundedSender<String>,
+    ) -> Result<(ChatResponse, Option<String>), ChatError> {
         let peers = match placement {
             Placement::Local => {
                 return match self.serve_here(target, request, deltas).await {
-                    Some(Ok(response)) => Ok(response),
+                    Some(Ok(response)) => Ok((response, None)),
                     Some(Err(error)) => Err(ChatError::Model(error)),
                     None => Err(ChatError::NotLoaded),
                 };
@@ -243,7 +256,7 @@ impl ChatService {
         let mut failed = Vec::new();
         for peer in peers {
             let error = match self.remote.chat(&peer.addr, target, request, deltas).await {
-                Ok(response) => return Ok(response),
+                Ok(response) => return Ok((response, Some(peer.name))),
                 Err(error) => error,
             };
             // The request itself was refused before anything went out: the client's fault (a

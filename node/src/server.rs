@@ -500,12 +500,18 @@ impl Node {
             )
             .with_approvals(approvals.clone()),
         );
+        let chat = Arc::new(ChatService::new(
+            models.clone(),
+            admission.clone(),
+            Arc::new(RemoteModels::new(channels.clone())),
+        ));
         let task_stop = CancellationToken::new();
         let mut task_workers = JoinSet::new();
         let tasks = TaskManager::start(
             TaskParts {
                 store: store.clone(),
                 runtime,
+                chat: chat.clone(),
                 limits: config.tasks,
                 caps: caps.clone(),
                 admission: admission.clone(),
@@ -604,11 +610,6 @@ impl Node {
             });
         }
         // The OpenAI-compatible front door; a node without one still serves the mesh.
-        let chat = Arc::new(ChatService::new(
-            models.clone(),
-            admission.clone(),
-            Arc::new(RemoteModels::new(channels.clone())),
-        ));
         {
             // Stored Responses-API answers expire; every node deletes what it finds expired.
             let memory = memory.clone();

@@ -5,9 +5,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use mesh_domain::{
-    CertRole, EventKind, Gpu, Health, HealthStatus, KeyLimits, KeyPolicy, Lineage, Load, ModelInfo,
-    NodeId, NodeInfo, PeerState, PersonaInfo, Principal, Requirements, Resources, Target,
-    TaskError, TaskEvent, TaskSpec, TaskStatus, Tier, Usage,
+    CertRole, Evaluation, EventKind, Gpu, Health, HealthStatus, KeyLimits, KeyPolicy, Lineage,
+    Load, ModelInfo, NodeId, NodeInfo, PeerState, PersonaInfo, Principal, Requirements, Resources,
+    Target, TaskError, TaskEvent, TaskSpec, TaskStatus, Tier, Usage,
     mcp::{self, McpToolInfo},
     task::MAX_TIMEOUT_S,
 };
@@ -524,9 +524,34 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
                 started_by: lineage.started_by.map(Principal::try_from).transpose()?,
             },
             session: Some(request.session).filter(|s| !s.is_empty()),
+            evaluate: request.evaluate.map(Evaluation::from),
         };
         spec.check().map_err(Status::invalid_argument)?;
         Ok(spec)
+    }
+}
+
+/// Unset threshold and attempts take the defaults; the bounds are [`Evaluation::check`]'s (run
+/// by [`TaskSpec::check`]), so an explicit 0 attempts is refused rather than defaulted.
+impl From<pb::Evaluation> for Evaluation {
+    fn from(evaluation: pb::Evaluation) -> Self {
+        Self {
+            role: evaluation.role,
+            threshold: evaluation
+                .threshold
+                .unwrap_or(Evaluation::DEFAULT_THRESHOLD),
+            attempts: evaluation.attempts.unwrap_or(Evaluation::DEFAULT_ATTEMPTS),
+        }
+    }
+}
+
+impl From<&Evaluation> for pb::Evaluation {
+    fn from(evaluation: &Evaluation) -> Self {
+        Self {
+            role: evaluation.role.clone(),
+            threshold: Some(evaluation.threshold),
+            attempts: Some(evaluation.attempts),
+        }
     }
 }
 
@@ -633,6 +658,30 @@ impl From<&TaskEvent> for pb::TaskEvent {
                 by: by.clone(),
                 reason: reason.clone(),
             }),
+            EventKind::Evaluated {
+                attempt,
+                score,
+                critique,
+                model,
+                node,
+                error,
+            } => Kind::Evaluated(pb::Evaluated {
+                attempt: *attempt,
+                score: *score,
+                critique: critique.clone(),
+                model: model.clone(),
+                node: node.clone(),
+                error: error.clone().unwrap_or_default(),
+            }),
+            EventKind::AttemptStarted {
+                attempt,
+                attempts,
+                reason,
+            } => Kind::AttemptStarted(pb::AttemptStarted {
+                attempt: *attempt,
+                attempts: *attempts,
+                reason: reason.clone(),
+            }),
             EventKind::Delegated {
                 node,
                 attempt,
@@ -679,6 +728,7 @@ impl From<&TaskSpec> for pb::SubmitRequest {
                 started_by: spec.lineage.started_by.as_ref().map(pb::Principal::from),
             }),
             session: spec.session.clone().unwrap_or_default(),
+            evaluate: spec.evaluate.as_ref().map(pb::Evaluation::from),
         }
     }
 }
@@ -761,6 +811,26 @@ impl TryFrom<pb::TaskEvent> for TaskEvent {
                 approved: a.approved,
                 by: text("approval_decided.by", a.by)?,
                 reason: text("approval_decided.reason", a.reason)?,
+            },
+            Kind::Evaluated(e) => EventKind::Evaluated {
+                attempt: e.attempt,
+                score: match e.score {
+                    Some(score) if !(0.0..=1.0).contains(&score) => {
+                        return Err(Status::invalid_argument(format!(
+                            "evaluated.score: {score} is not between 0 and 1"
+                        )));
+                    }
+                    score => score,
+                },
+                critique: text("evaluated.critique", e.critique)?,
+                model: text("evaluated.model", e.model)?,
+                node: text("evaluated.node", e.node)?,
+                error: Some(text("evaluated.error", e.error)?).filter(|e| !e.is_empty()),
+            },
+            Kind::AttemptStarted(a) => EventKind::AttemptStarted {
+                attempt: a.attempt,
+                attempts: a.attempts,
+                reason: text("attempt_started.reason", a.reason)?,
             },
             Kind::Delegated(d) => EventKind::Delegated {
                 node: text("delegated.node", d.node)?,
@@ -997,11 +1067,107 @@ mod tests {
                 },
                 "lineage.parent_id",
             ),
+            (
+                pb::SubmitRequest {
+                    evaluate: Some(pb::Evaluation {
+                        role: "judge".into(),
+                        threshold: Some(1.5),
+                        attempts: None,
+                    }),
+                    ..good.clone()
+                },
+                "evaluate.threshold",
+            ),
+            (
+                pb::SubmitRequest {
+                    evaluate: Some(pb::Evaluation {
+                        role: "judge".into(),
+                        threshold: None,
+                        attempts: Some(0),
+                    }),
+                    ..good.clone()
+                },
+                "evaluate.attempts",
+            ),
+            (
+                pb::SubmitRequest {
+                    evaluate: Some(pb::Evaluation {
+                        role: "judge".into(),
+                        threshold: None,
+                        attempts: Some(6),
+                    }),
+                    ..good.clone()
+                },
+                "evaluate.attempts",
+            ),
+            (
+                pb::SubmitRequest {
+                    evaluate: Some(pb::Evaluation::default()),
+                    ..good.clone()
+                },
+                "evaluate.role",
+            ),
         ];
         for (request, field) in cases {
             let status = TaskSpec::try_from(request).expect_err(field);
             assert_eq!(status.code(), tonic::Code::InvalidArgument);
             assert!(status.message().starts_with(field), "{}", status.message());
         }
+    }
+
+    /// An evaluation's unset threshold and attempts take the defaults, and it survives the
+    /// trip a forwarded task takes (spec → request → spec).
+    #[test]
+    fn an_evaluation_defaults_and_round_trips() {
+        let request = pb::SubmitRequest {
+            prompt: "hi".into(),
+            target: Some(pb::submit_request::Target::Role("chat".into())),
+            evaluate: Some(pb::Evaluation {
+                role: "judge".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let spec = TaskSpec::try_from(request).expect("valid");
+        assert_eq!(spec.evaluate, Some(Evaluation::new("judge")));
+        let custom = TaskSpec {
+            evaluate: Some(Evaluation {
+                role: "judge".into(),
+                threshold: 0.0,
+                attempts: 5,
+            }),
+            ..spec
+        };
+        let back = TaskSpec::try_from(pb::SubmitRequest::from(&custom)).expect("valid");
+        assert_eq!(back, custom);
+    }
+
+    /// A relayed `Evaluated` event is checked like every event from a peer.
+    #[test]
+    fn a_relayed_score_out_of_range_is_refused() {
+        let event = |score| pb::TaskEvent {
+            kind: Some(pb::task_event::Kind::Evaluated(pb::Evaluated {
+                attempt: 1,
+                score,
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        for bad in [1.5, -0.5, f64::NAN] {
+            let status = TaskEvent::try_from(event(Some(bad))).expect_err("out of range");
+            assert!(
+                status.message().starts_with("evaluated.score"),
+                "{status:?}"
+            );
+        }
+        let unscored = TaskEvent::try_from(event(None)).expect("an unscored attempt");
+        assert!(matches!(
+            unscored.kind,
+            EventKind::Evaluated {
+                score: None,
+                error: None,
+                ..
+            }
+        ));
     }
 }

@@ -6,8 +6,8 @@
 //! - [`id`]: [`NodeId`], a node's id (hash of its certificate's public key).
 //! - [`tier`]: [`Tier`], the permission tier of a task or a tool.
 //! - [`target`]: [`Target`], what runs a task or a chat (a role, a model or a persona).
-//! - [`task`]: [`TaskSpec`] and its [`Lineage`] and [`Requirements`], [`TaskError`],
-//!   [`TaskStatus`], the events of a task ([`TaskEvent`], [`EventKind`]) and its [`Answer`].
+//! - [`task`]: [`TaskSpec`] and its [`Lineage`], [`Requirements`] and [`Evaluation`],
+//!   [`TaskError`], [`TaskStatus`], the events of a task ([`TaskEvent`], [`EventKind`]) and its [`Answer`].
 //! - [`node`]: what a node says about itself ([`NodeInfo`] and its parts) and [`PeerState`].
 //! - [`mcp`]: tools from MCP servers: their namespaced names (`<server>__<tool>`), how a node
 //!   advertises one ([`McpToolInfo`]) and the bounds on them.
@@ -54,7 +54,7 @@ pub use node::{
 };
 pub use target::Target;
 pub use task::{
-    Answer, CertRole, EventKind, Lineage, Principal, Requirements, TaskError, TaskEvent, TaskSpec,
-    TaskStatus,
+    Answer, CertRole, Evaluation, EventKind, Lineage, Principal, Requirements, TaskError,
+    TaskEvent, TaskSpec, TaskStatus,
 };
 pub use tier::Tier;

@@ -33,7 +33,7 @@ pub fn check_task_id(field: &str, id: &str) -> Result<(), String> {
 }
 
 /// A task as submitted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskSpec {
     /// What to do.
     pub prompt: String,
@@ -56,6 +56,83 @@ pub struct TaskSpec {
     /// Conversation session name.
     #[serde(default)]
     pub session: Option<String>,
+    /// Have each answer scored by a model of another role, and run the task again below a
+    /// threshold (`run --evaluate`); `None`: the first answer is the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluate: Option<Evaluation>,
+}
+
+/// What `--evaluate` asks: after each answer a model of `role` (wherever the mesh serves it)
+/// scores it from 0 to 1 with a critique; below `threshold` the task runs again with the
+/// critique, `attempts` times at most, and the best-scoring answer is the task's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    /// The role whose model scores the answers.
+    pub role: String,
+    /// The score an answer needs to be accepted, 0 to 1.
+    pub threshold: f64,
+    /// Most attempts, the first included: 1 to [`Evaluation::MAX_ATTEMPTS`].
+    pub attempts: u32,
+}
+
+impl Evaluation {
+    /// The threshold when none is given.
+    pub const DEFAULT_THRESHOLD: f64 = 0.8;
+    /// The attempts when none are given.
+    pub const DEFAULT_ATTEMPTS: u32 = 3;
+    /// Most attempts a task may ask for: each one runs the whole task again.
+    pub const MAX_ATTEMPTS: u32 = 5;
+
+    /// Scoring by `role` with the default threshold and attempts.
+    pub fn new(role: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            threshold: Self::DEFAULT_THRESHOLD,
+            attempts: Self::DEFAULT_ATTEMPTS,
+        }
+    }
+
+    /// Checks the bounds; the message starts with the field (`evaluate.role`,
+    /// `evaluate.threshold`, `evaluate.attempts`).
+    pub fn check(&self) -> Result<(), String> {
+        if self.role.trim().is_empty() {
+            return Err("evaluate.role: must not be empty; name the role whose model scores the answers (e.g. `judge`)".into());
+        }
+        if self.role.len() > 63 {
+            return Err(format!(
+                "evaluate.role: {} bytes, at most 63 allowed",
+                self.role.len()
+            ));
+        }
+        check_threshold(self.threshold).map_err(|e| format!("evaluate.threshold: {e}"))?;
+        check_attempts(self.attempts).map_err(|e| format!("evaluate.attempts: {e}"))
+    }
+
+    /// Whether `score` (`None`: unscored) is good enough to stop.
+    pub fn passes(&self, score: Option<f64>) -> bool {
+        score.is_some_and(|score| score >= self.threshold)
+    }
+}
+
+/// Checks an evaluation threshold: a number from 0 to 1.
+pub fn check_threshold(threshold: f64) -> Result<(), String> {
+    if (0.0..=1.0).contains(&threshold) {
+        Ok(())
+    } else {
+        Err(format!("{threshold} is not between 0 and 1"))
+    }
+}
+
+/// Checks an evaluation's attempts: 1 to [`Evaluation::MAX_ATTEMPTS`].
+pub fn check_attempts(attempts: u32) -> Result<(), String> {
+    if (1..=Evaluation::MAX_ATTEMPTS).contains(&attempts) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{attempts} is not between 1 and {} (each attempt runs the whole task again)",
+            Evaluation::MAX_ATTEMPTS
+        ))
+    }
 }
 
 /// Where a task comes from.
@@ -146,6 +223,7 @@ impl TaskSpec {
             require: Requirements::default(),
             lineage: Lineage::default(),
             session: None,
+            evaluate: None,
         }
     }
 }
@@ -206,6 +284,9 @@ impl TaskSpec {
         if let Some(session) = &self.session {
             keys::check_key(session).map_err(|e| format!("session: {e}"))?;
             len("session", session, MAX_SESSION_BYTES)?;
+        }
+        if let Some(evaluate) = &self.evaluate {
+            evaluate.check()?;
         }
         Ok(())
     }
@@ -487,6 +568,30 @@ pub enum EventKind {
         /// Why (the denier's reason, or the timeout); what the model is told when denied.
         reason: String,
     },
+    /// An evaluator scored an attempt's answer (see [`Evaluation`]).
+    Evaluated {
+        /// The attempt scored (1-based).
+        attempt: u32,
+        /// From 0 to 1; `None` when the attempt is unscored (see `error`).
+        score: Option<f64>,
+        /// What the evaluator says could be better (empty when unscored).
+        critique: String,
+        /// The evaluator's model (its configured name on its node; empty when none answered).
+        model: String,
+        /// The node the evaluator ran on (empty when none answered).
+        node: String,
+        /// Why the attempt is unscored: the evaluator failed, or twice answered no valid score.
+        error: Option<String>,
+    },
+    /// The task runs again because the previous answer was not good enough.
+    AttemptStarted {
+        /// This attempt (1-based; the first attempt has no such event).
+        attempt: u32,
+        /// Most attempts the task may take.
+        attempts: u32,
+        /// Why: the previous attempt's score against the threshold, or why it is unscored.
+        reason: String,
+    },
     /// Sent to another node.
     Delegated {
         /// The node.
@@ -543,6 +648,91 @@ mod tests {
         }
         let long = "x".repeat(10_000);
         assert!(check_task_id("task_id", &long).expect_err("long").len() < 300);
+    }
+
+    #[test]
+    fn an_evaluation_is_checked_field_by_field_and_passes_at_its_threshold() {
+        let good = Evaluation::new("judge");
+        assert_eq!((good.threshold, good.attempts), (0.8, 3));
+        assert_eq!(good.check(), Ok(()));
+        for (bad, field) in [
+            (
+                Evaluation {
+                    role: " ".into(),
+                    ..good.clone()
+                },
+                "evaluate.role",
+            ),
+            (
+                Evaluation {
+                    role: "r".repeat(64),
+                    ..good.clone()
+                },
+                "evaluate.role",
+            ),
+            (
+                Evaluation {
+                    threshold: 1.5,
+                    ..good.clone()
+                },
+                "evaluate.threshold",
+            ),
+            (
+                Evaluation {
+                    threshold: -0.1,
+                    ..good.clone()
+                },
+                "evaluate.threshold",
+            ),
+            (
+                Evaluation {
+                    threshold: f64::NAN,
+                    ..good.clone()
+                },
+                "evaluate.threshold",
+            ),
+            (
+                Evaluation {
+                    attempts: 0,
+                    ..good.clone()
+                },
+                "evaluate.attempts",
+            ),
+            (
+                Evaluation {
+                    attempts: Evaluation::MAX_ATTEMPTS + 1,
+                    ..good.clone()
+                },
+                "evaluate.attempts",
+            ),
+        ] {
+            let error = bad.check().expect_err(field);
+            assert!(error.starts_with(&format!("{field}: ")), "{error}");
+            // A task carrying it is refused the same way (a stored schedule's, a peer's).
+            let spec = TaskSpec {
+                evaluate: Some(bad),
+                ..TaskSpec::new("x", Target::Role("chat".into()))
+            };
+            assert!(spec.check().expect_err(field).starts_with(field));
+        }
+        for edge in [0.0, 1.0] {
+            let evaluation = Evaluation {
+                threshold: edge,
+                ..good.clone()
+            };
+            assert_eq!(evaluation.check(), Ok(()));
+        }
+        assert!(good.passes(Some(0.8)));
+        assert!(good.passes(Some(1.0)));
+        assert!(!good.passes(Some(0.79)));
+        // An unscored answer never passes, whatever the threshold.
+        assert!(!good.passes(None));
+        let zero = Evaluation {
+            threshold: 0.0,
+            ..good
+        };
+        assert!(zero.passes(Some(0.0)));
+        assert!(!zero.passes(None));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! waits for a person's decision, and a denial is the call's result. This module does not
 //! queue, persist or route tasks.
 
+pub mod evaluate;
 pub mod hooks;
 pub mod tools;
 
@@ -182,11 +183,26 @@ impl AgentRuntime {
         }
     }
 
-    /// Runs the tools loop to an answer or a typed error.
+    /// Runs the tools loop to an answer or a typed error, and keeps the turn in the task's
+    /// session.
     pub async fn run(&self, spec: &TaskSpec, events: &dyn EventSink) -> Result<Answer, TaskError> {
+        let answer = self.attempt(spec, events).await?;
+        self.remember(spec, &answer.output, events).await;
+        Ok(answer)
+    }
+
+    /// The token budget of `spec`: its own, or this node's default.
+    fn token_budget(&self, spec: &TaskSpec) -> u64 {
+        spec.token_budget.unwrap_or(self.limits.token_budget)
+    }
+
+    /// One run of the tools loop on `spec.prompt` (after the session's earlier turns) to an
+    /// answer or a typed error; it saves nothing (the evaluator loop runs several and keeps
+    /// one).
+    async fn attempt(&self, spec: &TaskSpec, events: &dyn EventSink) -> Result<Answer, TaskError> {
         let plan = self.plan(spec)?;
         let max_rounds = spec.max_rounds.unwrap_or(self.limits.max_rounds);
-        let budget = spec.token_budget.unwrap_or(self.limits.token_budget);
+        let budget = self.token_budget(spec);
         let tools = self.tools.specs(plan.tier, plan.allowed_tools.as_deref());
         let window = plan
             .chain
@@ -243,22 +259,6 @@ impl AgentRuntime {
                 });
             }
             if response.tool_calls.is_empty() {
-                if let Some(session) = &spec.session {
-                    let turn = [
-                        Message::text(Role::User, spec.prompt.clone()),
-                        Message::text(Role::Assistant, response.content.clone()),
-                    ];
-                    // The answer is what the caller asked for: a turn that cannot be saved
-                    // (a full disk, an oversized answer) is a warning, not a failed task.
-                    if let Err(e) = self.save_turn(session, events.task_id(), &turn).await {
-                        tracing::warn!(session, error = %e, "save a session turn");
-                        events.emit(EventKind::Warning {
-                            message: format!(
-                                "the answer was not saved to session `{session}` ({e}); the session's next turn will not see it"
-                            ),
-                        });
-                    }
-                }
                 return Ok(Answer {
                     output: response.content,
                     usage,
@@ -288,6 +288,28 @@ impl AgentRuntime {
             limit: u64::from(max_rounds),
             used: u64::from(max_rounds),
         })
+    }
+
+    /// Keeps `spec.prompt` and its answer `output` as the next turn of the task's session, if
+    /// it has one.
+    async fn remember(&self, spec: &TaskSpec, output: &str, events: &dyn EventSink) {
+        let Some(session) = &spec.session else {
+            return;
+        };
+        let turn = [
+            Message::text(Role::User, spec.prompt.clone()),
+            Message::text(Role::Assistant, output),
+        ];
+        // The answer is what the caller asked for: a turn that cannot be saved (a full disk,
+        // an oversized answer) is a warning, not a failed task.
+        if let Err(e) = self.save_turn(session, events.task_id(), &turn).await {
+            tracing::warn!(session, error = %e, "save a session turn");
+            events.emit(EventKind::Warning {
+                message: format!(
+                    "the answer was not saved to session `{session}` ({e}); the session's next turn will not see it"
+                ),
+            });
+        }
     }
 
     /// The earlier turns of a session (user prompts and final answers), oldest first: the

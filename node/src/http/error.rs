@@ -118,7 +118,8 @@ impl ApiError {
                 Self::new(StatusCode::NOT_FOUND, ErrorKind::NotFound, message)
                     .with_code("model_not_found")
             }
-            AdmissionError::Nowhere(_) => Self::new(
+            // Only a task asks for an evaluator; one started over HTTP maps like `Nowhere`.
+            AdmissionError::Nowhere(_) | AdmissionError::NoEvaluator { .. } => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorKind::Unavailable,
                 message,

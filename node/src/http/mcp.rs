@@ -697,6 +697,21 @@ fn describe(kind: &EventKind) -> String {
         EventKind::OutputDelta { text } => format!("output: {text}"),
         EventKind::Completed { executed_on, .. } => format!("completed on {executed_on}"),
         EventKind::Failed { error } => format!("failed: {error}"),
+        EventKind::Evaluated {
+            attempt,
+            score: Some(score),
+            critique,
+            ..
+        } => format!("attempt {attempt} scored {score:.2}: {critique}"),
+        EventKind::Evaluated { attempt, error, .. } => format!(
+            "attempt {attempt} unscored: {}",
+            error.as_deref().unwrap_or("no verdict")
+        ),
+        EventKind::AttemptStarted {
+            attempt,
+            attempts,
+            reason,
+        } => format!("attempt {attempt} of {attempts}: {reason}"),
     };
     truncate(&text, MAX_PROGRESS_MESSAGE).to_owned()
 }

@@ -186,6 +186,7 @@ impl From<AdmissionError> for Status {
             AdmissionError::HopLimit { .. }
             | AdmissionError::Nowhere(_)
             | AdmissionError::UnknownModel(_)
+            | AdmissionError::NoEvaluator { .. }
             | AdmissionError::CannotEmbed(_) => Status::failed_precondition(message),
             AdmissionError::TierCap { .. } => Status::permission_denied(message),
         }
@@ -218,6 +219,7 @@ impl From<&TaskRecord> for pb::TaskSummary {
             origin_node: record.spec.lineage.origin.clone(),
             hops: record.spec.lineage.hops,
             route: record.route.clone(),
+            evaluate: record.spec.evaluate.as_ref().map(pb::Evaluation::from),
         }
     }
 }

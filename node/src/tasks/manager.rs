@@ -30,8 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::{Admission, AdmissionError, Caller},
-    agent::{AgentRuntime, EventSink, tools::SubtaskRunner},
+    agent::{AgentRuntime, EventSink, evaluate::Evaluator, tools::SubtaskRunner},
     capabilities::Capabilities,
+    chat::ChatService,
     config::TaskLimits,
     cron::Runner,
     metrics::{labels, metrics},
@@ -155,6 +156,8 @@ struct LiveTask {
 struct Inner {
     node: String,
     runtime: Arc<AgentRuntime>,
+    /// Runs the tasks that ask for an evaluation (`--evaluate`).
+    evaluator: Evaluator,
     limits: TaskLimits,
     history: History,
     /// Decides whether and where each task runs.
@@ -175,6 +178,8 @@ pub struct TaskParts {
     pub store: Arc<dyn Store>,
     /// Runs tasks placed here.
     pub runtime: Arc<AgentRuntime>,
+    /// Runs the evaluator of tasks that ask for one, wherever the mesh serves its role.
+    pub chat: Arc<ChatService>,
     /// Queue, workers and the default budgets.
     pub limits: TaskLimits,
     /// This node's name, and the load gauge the manager keeps current.
@@ -206,6 +211,7 @@ impl TaskManager {
         let TaskParts {
             store,
             runtime,
+            chat,
             limits,
             caps,
             admission,
@@ -216,6 +222,7 @@ impl TaskManager {
         let (tx, rx) = mpsc::channel(limits.queue);
         let inner = Arc::new(Inner {
             node: caps.name().to_owned(),
+            evaluator: Evaluator::new(runtime.clone(), chat, caps.name().to_owned()),
             runtime,
             limits,
             history,
@@ -631,7 +638,12 @@ async fn worker(
             node: inner.node.clone(),
         });
         let span = tracing::info_span!("task", task_id = %task.id, target = %task.spec.target);
-        let run = inner.runtime.run(&task.spec, &emitter);
+        let run = async {
+            match &task.spec.evaluate {
+                Some(evaluation) => inner.evaluator.run(&task.spec, evaluation, &emitter).await,
+                None => inner.runtime.run(&task.spec, &emitter).await,
+            }
+        };
         let result = tracing::Instrument::instrument(
             async {
                 tokio::select! {

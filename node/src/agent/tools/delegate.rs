@@ -108,6 +108,8 @@ impl Tool for Delegate {
                     started_by: ctx.spec.lineage.started_by.clone(),
                 },
                 session: None,
+                // The parent's evaluation scores the parent's answer, not each sub-task's.
+                evaluate: None,
             };
             runner.run_subtask(spec).await
         })

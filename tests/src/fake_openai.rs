@@ -237,6 +237,14 @@ impl FakeOpenAi {
         self.script.lock().expect("script lock").requests.clone()
     }
 
+    /// The messages of chat request `n` (from 0), as one JSON string; empty when there is none.
+    pub fn request_text(&self, n: usize) -> String {
+        self.requests()
+            .get(n)
+            .map(|r| r["messages"].to_string())
+            .unwrap_or_default()
+    }
+
     /// Every embeddings request received so far (the JSON bodies).
     pub fn embedding_requests(&self) -> Vec<Value> {
         self.script

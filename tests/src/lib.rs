@@ -751,6 +751,20 @@ impl Harness {
         Ok(self.cli_command(node, args).output()?)
     }
 
+    /// Task `id`'s events, as `mesh-cli tasks show ID --json` on `node` lists them.
+    pub fn task_events(&self, node: &NodeProcess, id: &str) -> Vec<serde_json::Value> {
+        let output = self
+            .cli(node, &["tasks", "show", id, "--json"])
+            .expect("mesh-cli tasks show");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let shown: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+        shown["events"].as_array().cloned().unwrap_or_default()
+    }
+
     /// `mesh-cli run --json ARGS` on `node`: the exit code and the printed object.
     pub fn run_json(
         &self,

@@ -38,27 +38,6 @@ fn start(harness: &Harness, name: &str, config: &str) -> NodeProcess {
         .expect("node starts")
 }
 
-/// All messages of the chat request `n` the fake received, as one string.
-fn request_text(fake: &FakeOpenAi, n: usize) -> String {
-    fake.requests()
-        .get(n)
-        .map(|r| r["messages"].to_string())
-        .unwrap_or_default()
-}
-
-fn task_events(harness: &Harness, node: &NodeProcess, id: &str) -> Vec<Value> {
-    let output = harness
-        .cli(node, &["tasks", "show", id, "--json"])
-        .expect("tasks show");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
-    shown["events"].as_array().cloned().unwrap_or_default()
-}
-
 fn count(events: &[Value], kind: &str) -> usize {
     events.iter().filter(|e| e["type"] == kind).count()
 }
@@ -96,15 +75,15 @@ fn a_three_round_tool_loop_reads_a_file_lists_nodes_and_answers() {
         "a read-tier task is not offered shell_exec"
     );
     assert!(
-        request_text(&fake, 1).contains("the build is green"),
+        fake.request_text(1).contains("the build is green"),
         "round 2 sees the file"
     );
     assert!(
-        request_text(&fake, 2).contains("alpha"),
+        fake.request_text(2).contains("alpha"),
         "round 3 sees the node list"
     );
 
-    let events = task_events(&harness, &node, result["task_id"].as_str().expect("id"));
+    let events = harness.task_events(&node, result["task_id"].as_str().expect("id"));
     assert_eq!(count(&events, "tool_called"), 2);
     assert_eq!(count(&events, "tool_result"), 2);
     assert_eq!(count(&events, "model_call"), 3);
@@ -153,7 +132,7 @@ chat = ["dead", "backup"]
         .expect("run");
     assert_eq!(code, Some(0), "{result:#}");
     assert_eq!(result["output"], "answered by the backup");
-    let events = task_events(&harness, &node, result["task_id"].as_str().expect("id"));
+    let events = harness.task_events(&node, result["task_id"].as_str().expect("id"));
     let failed: Vec<_> = events
         .iter()
         .filter(|e| e["type"] == "model_failed")
@@ -197,7 +176,7 @@ fn the_same_call_four_times_is_a_detected_loop() {
     );
     assert_eq!(result["error_kind"], "gate");
     assert!(
-        request_text(&fake, 3).contains("same arguments 3 times"),
+        fake.request_text(3).contains("same arguments 3 times"),
         "the intervention reached the model before the 4th call"
     );
 }
@@ -223,7 +202,7 @@ fn malformed_arguments_get_one_correction_then_fail() {
         "{result:#}"
     );
     assert!(
-        request_text(&fake, 1).contains("not a valid JSON object"),
+        fake.request_text(1).contains("not a valid JSON object"),
         "one correction"
     );
     assert_eq!(fake.requests().len(), 2);
@@ -250,7 +229,7 @@ fn shell_is_refused_below_the_shell_tier_and_runs_at_it() {
         "the command must not run at the read tier"
     );
     assert!(
-        request_text(&fake, 1).contains("Refused"),
+        fake.request_text(1).contains("Refused"),
         "the model sees the refusal"
     );
 
@@ -260,7 +239,7 @@ fn shell_is_refused_below_the_shell_tier_and_runs_at_it() {
         .expect("run");
     assert_eq!(code, Some(0), "{result:#}");
     assert!(marker.exists(), "at the shell tier the command runs");
-    assert!(request_text(&fake, 3).contains("exit_code"));
+    assert!(fake.request_text(3).contains("exit_code"));
 }
 
 #[test]
@@ -412,7 +391,7 @@ fn task_history_survives_a_restart() {
     let node = start(&harness, "alpha", &config);
     let completed = tasks_with_status(&harness, &node, "completed");
     assert_eq!(completed, std::slice::from_ref(&id));
-    let events = task_events(&harness, &node, &id);
+    let events = harness.task_events(&node, &id);
     assert_eq!(events.last().expect("events")["type"], "completed");
 }
 
@@ -643,10 +622,10 @@ model = "scripted"
         worker.requests().len(),
         0,
         "a sub-task reached the worker model; its first request: {}",
-        request_text(&worker, 0)
+        worker.request_text(0)
     );
     assert!(!marker.exists(), "the shell command must not run");
-    let seen = request_text(&fake, 2);
+    let seen = fake.request_text(2);
     assert_eq!(
         seen.matches(
             "Refused: `delegate` needs the `shell` tier and this task may only use `write`"
@@ -656,7 +635,7 @@ model = "scripted"
         "the model sees both refusals and why: {seen}"
     );
     let id = result["task_id"].as_str().expect("id");
-    let events = task_events(&harness, &node, id);
+    let events = harness.task_events(&node, id);
     let refusals: Vec<_> = events
         .iter()
         .filter(|e| e["type"] == "intervention")
@@ -685,7 +664,7 @@ model = "scripted"
     assert_eq!(worker.requests().len(), 2, "the sub-task ran on the worker");
     assert!(marker.exists(), "the delegated shell command ran");
     assert!(
-        request_text(&fake, 4).contains("ran it"),
+        fake.request_text(4).contains("ran it"),
         "the sub-task's answer reached the parent"
     );
 }
@@ -719,11 +698,11 @@ fn agents_read_search_and_write_the_shared_memory() {
         .expect("run");
     assert_eq!(code, Some(0), "{result:#}");
     assert!(
-        request_text(&fake, 1).contains("friday"),
+        fake.request_text(1).contains("friday"),
         "memory_get result reached the model"
     );
     assert!(
-        request_text(&fake, 2).contains("release"),
+        fake.request_text(2).contains("release"),
         "memory_search found the key"
     );
     let output = harness
@@ -785,7 +764,7 @@ fn file_tools_cannot_leave_the_roots_by_dots_absolute_paths_or_symlinks() {
         .expect("run");
     assert_eq!(code, Some(0), "{result:#}");
     let seen: String = (0..fake.requests().len())
-        .map(|n| request_text(&fake, n))
+        .map(|n| fake.request_text(n))
         .collect();
     assert!(
         !seen.contains("TOP-SECRET-42"),
@@ -797,7 +776,7 @@ fn file_tools_cannot_leave_the_roots_by_dots_absolute_paths_or_symlinks() {
     );
     assert!(!escaped.exists(), "a file was written outside the roots");
     // Each request carries the whole conversation, so the last one holds all five refusals.
-    let last = request_text(&fake, 5);
+    let last = fake.request_text(5);
     assert_eq!(
         last.matches("is outside the directories this node allows")
             .count(),

@@ -122,24 +122,11 @@ fn decide(harness: &Harness, node: &NodeProcess, args: &[&str]) -> (bool, String
     )
 }
 
-/// What the model was sent in its `n`th request, as one string.
-fn request_text(fake: &FakeOpenAi, n: usize) -> String {
-    fake.requests()
-        .get(n)
-        .map(|r| r["messages"].to_string())
-        .unwrap_or_default()
-}
-
 /// The types of task `id`'s events, as `tasks show --json` on `node` lists them.
 fn event_types(harness: &Harness, node: &NodeProcess, id: &str) -> Vec<String> {
-    let output = harness
-        .cli(node, &["tasks", "show", id, "--json"])
-        .expect("tasks show");
-    let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
-    shown["events"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    harness
+        .task_events(node, id)
+        .iter()
         .filter_map(|e| e["type"].as_str().map(str::to_owned))
         .collect()
 }
@@ -229,9 +216,9 @@ fn a_denied_call_does_not_run_and_the_model_gets_the_reason() {
     assert_eq!(result["output"], "understood");
     assert!(!marker.exists(), "a denied call must not run");
     assert!(
-        request_text(&fake, 1).contains("denied: not on a Friday"),
+        fake.request_text(1).contains("denied: not on a Friday"),
         "the model sees the reason: {}",
-        request_text(&fake, 1)
+        fake.request_text(1)
     );
     let all = approvals(&harness, &node, true);
     assert_eq!(all[0]["status"], "denied");
@@ -247,7 +234,7 @@ fn a_call_nobody_decides_is_denied_when_its_time_runs_out() {
     let (code, result, stderr) = finish(run_in_background(&harness, &node));
     assert_eq!(code, Some(0), "{result:#}\n{stderr}");
     assert!(!marker.exists(), "an expired call must not run");
-    let text = request_text(&fake, 1);
+    let text = fake.request_text(1);
     assert!(
         text.contains("denied: nobody approved the call within 1 s"),
         "the model is told: {text}"

@@ -20,7 +20,7 @@ use mesh_node::{
     llm::embedded::{EmbeddedModel, EmbeddedOptions},
     llm::{ChatModel, ModelError},
 };
-use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
+use mesh_tests::{Harness, NodeOptions, wait_for};
 use serde_json::{Value, json};
 
 const QUESTION: &str = "What is the capital of France? Answer in one word.";
@@ -51,19 +51,6 @@ fn embedded_toml(name: &str, path: &Path) -> String {
     format!(
         "[[models]]\nname = {name:?}\nbackend = \"embedded\"\npath = {path:?}\nthreads = {THREADS}\n"
     )
-}
-
-fn task_events(harness: &Harness, node: &NodeProcess, id: &str) -> Vec<Value> {
-    let output = harness
-        .cli(node, &["tasks", "show", id, "--json"])
-        .expect("tasks show");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
-    shown["events"].as_array().cloned().unwrap_or_default()
 }
 
 /// The token count in a `completed` event's text: "✓ completed on gpu in 1 rounds (42 tokens)".
@@ -117,7 +104,7 @@ fn a_chat_task_from_a_laptop_runs_on_the_embedded_model_of_the_gpu_node() {
     // by the 2048-token context (prompt + answer), which the agent's own estimate (prompt and
     // tool specs at 4 characters per token) is not.
     let id = result["task_id"].as_str().expect("task id");
-    let tokens = completed_tokens(&task_events(&harness, &laptop, id));
+    let tokens = completed_tokens(&harness.task_events(&laptop, id));
     assert!(tokens > 0 && tokens <= 2048, "{tokens} tokens");
 
     // The gpu node loaded the model once and measured its decode speed, which the laptop sees
@@ -328,7 +315,7 @@ fn a_node_with_a_missing_model_file_starts_degraded_and_its_chain_falls_through(
     assert_eq!(code, Some(0), "{result:#}");
     assert!(!result["output"].as_str().unwrap_or_default().is_empty());
     let id = result["task_id"].as_str().expect("task id");
-    let events = task_events(&harness, &node, id);
+    let events = harness.task_events(&node, id);
     let failed: Vec<_> = events
         .iter()
         .filter(|e| e["type"] == "model_failed")

@@ -72,17 +72,7 @@ impl Fleet {
 
     /// `tasks show ID --json` on `node`: the events.
     fn events(&self, node: &NodeProcess, id: &str) -> Vec<Value> {
-        let output = self
-            .harness
-            .cli(node, &["tasks", "show", id, "--json"])
-            .expect("tasks show");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let shown: Value = serde_json::from_slice(&output.stdout).expect("json");
-        shown["events"].as_array().cloned().unwrap_or_default()
+        self.harness.task_events(node, id)
     }
 
     /// Exit code and stderr of `mesh-cli ARGS` on the judge node.
@@ -97,14 +87,6 @@ impl Fleet {
 
 fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == kind).collect()
-}
-
-/// The messages of the fake's chat request `n`, as one string.
-fn request_text(fake: &FakeOpenAi, n: usize) -> String {
-    fake.requests()
-        .get(n)
-        .map(|r| r["messages"].to_string())
-        .unwrap_or_default()
 }
 
 fn scores(run: &Value) -> Vec<Value> {
@@ -149,11 +131,11 @@ fn a_low_score_runs_the_task_again_with_the_critique_and_the_better_answer_wins(
 
     // Two attempts; the second was told the first answer and the critique.
     assert_eq!(fleet.work.requests().len(), 2);
-    let second = request_text(&fleet.work, 1);
+    let second = fleet.work.request_text(1);
     assert!(second.contains("plan a picnic"), "{second}");
     assert!(second.contains("answer one"), "{second}");
     assert!(second.contains("mention the weather"), "{second}");
-    assert!(!request_text(&fleet.work, 0).contains("critique"));
+    assert!(!fleet.work.request_text(0).contains("critique"));
     // The evaluator was asked for a JSON-schema verdict on the task and its answer.
     let asked = fleet.judging.requests();
     assert_eq!(asked.len(), 2);
@@ -166,7 +148,7 @@ fn a_low_score_runs_the_task_again_with_the_critique_and_the_better_answer_wins(
         asked[0]["response_format"]["json_schema"]["schema"]["required"],
         json!(["score", "critique"])
     );
-    let judged = request_text(&fleet.judging, 0);
+    let judged = fleet.judging.request_text(0);
     assert!(
         judged.contains("plan a picnic") && judged.contains("answer one"),
         "{judged}"
@@ -314,7 +296,10 @@ fn attempts_budget_and_deadline_bound_the_loop_and_bad_verdicts_and_input_are_cl
     assert_eq!(run["evaluations"][1]["score"], 0.95);
     assert_eq!(fleet.judging.requests().len() - judge_before, 3);
     assert!(
-        request_text(&fleet.judging, judge_before + 1).contains("That reply is not valid"),
+        fleet
+            .judging
+            .request_text(judge_before + 1)
+            .contains("That reply is not valid"),
         "the retry says what was wrong"
     );
     assert_eq!(fleet.work.requests().len() - work_before, 2);
@@ -565,5 +550,5 @@ fn a_schedule_with_an_evaluation_scores_each_firings_task() {
     assert_eq!(evaluated[1]["evaluation"]["score"], 0.95);
     let completed = of_type(&events, "completed");
     assert_eq!(completed.len(), 1);
-    assert!(request_text(&fleet.work, 1).contains("add the totals"));
+    assert!(fleet.work.request_text(1).contains("add the totals"));
 }

@@ -649,20 +649,15 @@ mod tests {
 
     use super::*;
     use crate::{
-        capabilities::test_support::test_capabilities, memory::MemoryOptions, storage::SledStore,
+        capabilities::test_support::test_capabilities,
+        memory::{MemoryOptions, test_support},
     };
 
     /// Approvals on a fresh memory, for a node whose `client_max_tier` is `write`; the temp
     /// dir holds the memory.
     fn approvals(config: ApprovalConfig) -> (tempfile::TempDir, Approvals) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SledStore::new(sled::open(dir.path().join("db")).expect("db"));
-        let (memory, _writes) = Memory::open(
-            Arc::new(store),
-            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
-            Arc::new(mesh_identity::OriginVerifier::self_certified()),
-            MemoryOptions::default(),
-        );
+        let (dir, memory) =
+            test_support::open_memory(&test_support::id("approvals-me"), MemoryOptions::default());
         let admission = Arc::new(Admission::new(
             test_capabilities(),
             Arc::default(),

@@ -1094,7 +1094,7 @@ mod tests {
     use mesh_domain::ToolChoice;
 
     use super::*;
-    use crate::{api_keys::KeyGrant, memory::MemoryOptions, storage::SledStore};
+    use crate::{api_keys::KeyGrant, memory::MemoryOptions};
 
     fn read(body: Value) -> Result<ResponsesCall, ApiError> {
         read_responses_call(body.to_string().as_bytes())
@@ -1513,15 +1513,10 @@ mod tests {
     }
 
     fn memory() -> (tempfile::TempDir, Arc<Memory>) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = SledStore::new(sled::open(dir.path().join("db")).expect("db"));
-        let (memory, _writes) = Memory::open(
-            Arc::new(store),
-            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
-            Arc::new(mesh_identity::OriginVerifier::self_certified()),
+        crate::memory::test_support::open_memory(
+            &crate::memory::test_support::id("responses"),
             MemoryOptions::default(),
-        );
-        (dir, memory)
+        )
     }
 
     fn stored(owner: Option<&str>, expires_at: u64) -> Stored {

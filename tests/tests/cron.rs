@@ -87,6 +87,11 @@ fn a_schedule_made_on_one_node_runs_where_its_role_is_served() {
         ],
     );
     assert!(added.contains("added `notes`"), "{added}");
+    // The schedule was written on the laptop; the gpu knows it once the memory has replicated.
+    wait_for("`notes` known on the gpu", DEADLINE, || {
+        (!owner_of(&h, &gpu, "notes").is_empty()).then_some(())
+    })
+    .expect("replicated");
     let done = wait_for("a firing of `notes` that is done", DEADLINE, || {
         history(&h, &gpu, "notes")
             .into_iter()

@@ -61,6 +61,23 @@ pub(crate) struct TaskArgs {
     /// With --evaluate: most attempts, the first included, 1 to 5 (default 3).
     #[arg(long, requires = "evaluate", value_parser = parse_attempts)]
     attempts: Option<u32>,
+    /// Make the model call this tool in its first round (then it answers as it likes): a
+    /// built-in (`list_nodes`) or an MCP tool anywhere in the fleet (`time__get_current_time`;
+    /// `mesh-cli status` lists them). The task's --tier must allow it. Small models that never
+    /// call tools by themselves (the embedded ones) call it this way.
+    #[arg(long, value_name = "NAME", value_parser = parse_tool)]
+    tool: Option<String>,
+}
+
+/// `--tool`: a tool name as the mesh names tools.
+fn parse_tool(text: &str) -> Result<String, String> {
+    if mesh_domain::mcp::is_function_name(text) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "`{text}` is not a tool name: 1 to 64 letters, digits, `_` or `-`, e.g. `time__get_current_time`"
+        ))
+    }
 }
 
 /// `--threshold`: a number from 0 to 1.
@@ -119,6 +136,7 @@ impl TaskArgs {
                 threshold: self.threshold,
                 attempts: self.attempts,
             }),
+            tool: self.tool.unwrap_or_default(),
         }
     }
 }

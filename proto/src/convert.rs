@@ -525,6 +525,7 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
             },
             session: Some(request.session).filter(|s| !s.is_empty()),
             evaluate: request.evaluate.map(Evaluation::from),
+            tool: Some(request.tool).filter(|t| !t.is_empty()),
         };
         spec.check().map_err(Status::invalid_argument)?;
         Ok(spec)
@@ -729,6 +730,7 @@ impl From<&TaskSpec> for pb::SubmitRequest {
             }),
             session: spec.session.clone().unwrap_or_default(),
             evaluate: spec.evaluate.as_ref().map(pb::Evaluation::from),
+            tool: spec.tool.clone().unwrap_or_default(),
         }
     }
 }
@@ -1107,6 +1109,20 @@ mod tests {
                 },
                 "evaluate.role",
             ),
+            (
+                pb::SubmitRequest {
+                    tool: "rm -rf /".into(),
+                    ..good.clone()
+                },
+                "tool",
+            ),
+            (
+                pb::SubmitRequest {
+                    tool: "t".repeat(65),
+                    ..good.clone()
+                },
+                "tool",
+            ),
         ];
         for (request, field) in cases {
             let status = TaskSpec::try_from(request).expect_err(field);
@@ -1115,10 +1131,10 @@ mod tests {
         }
     }
 
-    /// An evaluation's unset threshold and attempts take the defaults, and it survives the
-    /// trip a forwarded task takes (spec → request → spec).
+    /// An evaluation's unset threshold and attempts take the defaults, and it and the demanded
+    /// tool survive the trip a forwarded task takes (spec → request → spec).
     #[test]
-    fn an_evaluation_defaults_and_round_trips() {
+    fn an_evaluation_defaults_and_a_forwarded_spec_round_trips() {
         let request = pb::SubmitRequest {
             prompt: "hi".into(),
             target: Some(pb::submit_request::Target::Role("chat".into())),
@@ -1136,6 +1152,7 @@ mod tests {
                 threshold: 0.0,
                 attempts: 5,
             }),
+            tool: Some("time__get_current_time".into()),
             ..spec
         };
         let back = TaskSpec::try_from(pb::SubmitRequest::from(&custom)).expect("valid");

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use mesh_domain::{ChatRequest, Message, ResponseFormat, Role, Sampling, ToolChoice};
+use mesh_domain::{ChatRequest, Message, ResponseFormat, Role, Sampling, ToolChoice, ToolSpec};
 use mesh_node::{
     config::FETCH_HINT,
     llm::embedded::{EmbeddedModel, EmbeddedOptions},
@@ -364,8 +364,8 @@ fn a_call_that_times_out_is_abandoned_and_the_engine_serves_the_next_one() {
 }
 
 /// `response_format` on the embedded model: the grammar holds SmolLM2 to a JSON schema (it
-/// writes free text without one) and to any JSON object; a schema the compiler refuses and a
-/// `tool_choice` that demands a call are 400 refusals naming the field.
+/// writes free text without one) and to any JSON object; a schema the compiler refuses is a 400
+/// refusal naming the field.
 #[test]
 fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused() {
     let path = model_path();
@@ -373,7 +373,7 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
     runtime.block_on(async {
         let model = EmbeddedModel::start("smol", options(&path));
         model.ready().await.expect("the model loads");
-        let ask = |format: ResponseFormat, tool_choice: Option<ToolChoice>| {
+        let ask = |format: ResponseFormat| {
             let model = &model;
             async move {
                 let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
@@ -383,7 +383,6 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
                         "Describe the capital of France: its name, its country and its population.",
                     )],
                     response_format: Some(format),
-                    tool_choice,
                     ..Default::default()
                 };
                 model.chat(&request, &tx).await
@@ -400,14 +399,11 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
             "required": ["city", "country", "population", "capital"],
             "additionalProperties": false,
         });
-        let answer = ask(
-            ResponseFormat::JsonSchema {
-                name: "city".into(),
-                schema,
-                strict: true,
-            },
-            None,
-        )
+        let answer = ask(ResponseFormat::JsonSchema {
+            name: "city".into(),
+            schema,
+            strict: true,
+        })
         .await
         .expect("chat");
         let parsed: Value = serde_json::from_str(&answer.content)
@@ -430,7 +426,7 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
         assert!(population <= 100_000_000, "{parsed}");
         assert!(parsed["capital"].is_boolean(), "{parsed}");
 
-        let answer = ask(ResponseFormat::JsonObject, None).await.expect("chat");
+        let answer = ask(ResponseFormat::JsonObject).await.expect("chat");
         let parsed: Value = serde_json::from_str(&answer.content)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", answer.content));
         assert!(parsed.is_object(), "{parsed}");
@@ -440,7 +436,7 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
             schema: json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
             strict: false,
         };
-        match ask(bad, None).await {
+        match ask(bad).await {
             Err(ModelError::Refused {
                 status: 400,
                 message,
@@ -449,23 +445,98 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
             }
             other => panic!("a schema the compiler refuses must be a 400: {other:?}"),
         }
-        match ask(ResponseFormat::Text, Some(ToolChoice::Required)).await {
-            Err(ModelError::Refused {
-                status: 400,
-                message,
-            }) => {
-                assert!(message.starts_with("tool_choice:"), "{message}")
+    });
+}
+
+/// `tool_choice` on the embedded model: a demanded call comes back as the answer's tool call
+/// (no text streamed), naming an offered tool with arguments that match its schema; with
+/// `auto` SmolLM2 answers in text; a call it cannot write within `max_tokens` is an error.
+#[test]
+fn a_demanded_tool_call_follows_the_tools_schema() {
+    let path = model_path();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let model = EmbeddedModel::start("smol", options(&path));
+        model.ready().await.expect("the model loads");
+        let tools = vec![
+            ToolSpec {
+                name: "weather".into(),
+                description: "The weather in a city.".into(),
+                parameters: json!({
+                    "type": "object",
+                    "properties": {
+                        "city": {"type": "string", "maxLength": 20},
+                        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    },
+                    "required": ["city", "unit"],
+                    "additionalProperties": false,
+                }),
+            },
+            ToolSpec {
+                name: "clock".into(),
+                description: "The time now.".into(),
+                parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            },
+        ];
+        let ask = |choice: ToolChoice, max_tokens: Option<u32>| {
+            let (model, tools) = (&model, tools.clone());
+            async move {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let mut request = ChatRequest {
+                    messages: vec![Message::text(Role::User, "What is the weather in Paris?")],
+                    tools,
+                    tool_choice: Some(choice),
+                    ..Default::default()
+                };
+                request.sampling.max_tokens = max_tokens;
+                let answer = model.chat(&request, &tx).await;
+                drop(tx);
+                let mut streamed = String::new();
+                while let Some(delta) = rx.recv().await {
+                    streamed.push_str(&delta);
+                }
+                (answer, streamed)
             }
-            other => panic!("a demanded tool call must be a 400: {other:?}"),
+        };
+        let (answer, streamed) = ask(ToolChoice::Function("weather".into()), None).await;
+        let answer = answer.expect("a call");
+        assert_eq!(answer.content, "");
+        assert_eq!(streamed, "", "a call is not streamed as text");
+        assert_eq!(answer.tool_calls.len(), 1, "{answer:?}");
+        let call = &answer.tool_calls[0];
+        assert_eq!(call.name, "weather");
+        let arguments: Value = serde_json::from_str(&call.arguments).expect("JSON arguments");
+        let city = arguments["city"].as_str().unwrap_or_else(|| panic!("{arguments}"));
+        assert!(city.chars().count() <= 20, "{arguments}");
+        assert!(["celsius", "fahrenheit"].contains(&arguments["unit"].as_str().unwrap_or("")));
+        assert_eq!(arguments.as_object().map(|o| o.len()), Some(2), "{arguments}");
+
+        let (answer, _) = ask(ToolChoice::Required, None).await;
+        let answer = answer.expect("a call");
+        assert!(
+            ["weather", "clock"].contains(&answer.tool_calls[0].name.as_str()),
+            "{answer:?}"
+        );
+
+        let (answer, streamed) = ask(ToolChoice::Auto, Some(8)).await;
+        let answer = answer.expect("text");
+        assert!(answer.tool_calls.is_empty() && !answer.content.is_empty(), "{answer:?}");
+        assert_eq!(streamed, answer.content);
+
+        match ask(ToolChoice::Function("weather".into()), Some(3)).await.0 {
+            Err(ModelError::Protocol(message)) => {
+                assert!(message.contains("cut off after 3 tokens"), "{message}")
+            }
+            other => panic!("a call cut by max_tokens must be an error: {other:?}"),
         }
     });
 }
 
 /// Structured output end to end: the official `openai` client asks a node without models for a
 /// JSON schema answer, the node places it on its peer's SmolLM2, and the answer parses and
-/// matches the schema. A `tool_choice` that demands a call is a 400 naming `tool_choice`, at the
-/// serving node's front door and through a hop (`Models.Chat` carries a model's refusal as
-/// `INVALID_ARGUMENT`).
+/// matches the schema; `tool_choice` `required` gets a tool call the client reads as one. A
+/// schema the engine cannot enforce is a 400 naming `response_format`, at the serving node's
+/// front door and through a hop (`Models.Chat` carries a model's refusal as `INVALID_ARGUMENT`).
 #[test]
 fn the_openai_client_gets_schema_shaped_json_from_the_embedded_model_through_a_hop() {
     let path = model_path();
@@ -484,7 +555,7 @@ fn the_openai_client_gets_schema_shaped_json_from_the_embedded_model_through_a_h
         .expect("both up");
     let url = laptop.http_url().expect("front door");
     let gpu_url = gpu.http_url().expect("gpu front door");
-    let script = r#"
+    let script = r##"
 import json, sys, openai
 client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="k", max_retries=0, timeout=60)
 serving = openai.OpenAI(base_url=sys.argv[2] + "/v1", api_key="k", max_retries=0, timeout=60)
@@ -498,16 +569,25 @@ answer = json.loads(r.choices[0].message.content)
 assert set(answer) == {"colour", "number"}, answer
 assert answer["colour"] in ("red", "green", "blue") and 1 <= answer["number"] <= 9, answer
 assert r.usage.completion_tokens > 0, r.usage
-tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+tool = {"type": "function", "function": {"name": "pick", "description": "Pick a colour.",
+        "parameters": {"type": "object", "additionalProperties": False, "required": ["colour"],
+                       "properties": {"colour": {"type": "string", "enum": ["red", "blue"]}}}}}
+r = client.chat.completions.create(tools=[tool], tool_choice="required", **ask)
+choice = r.choices[0]
+assert choice.finish_reason == "tool_calls", choice
+call = choice.message.tool_calls[0]
+assert call.function.name == "pick" and json.loads(call.function.arguments)["colour"] in ("red", "blue"), call
+unenforceable = {"type": "json_schema", "json_schema": {"name": "bad", "schema":
+                 {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}
 refusals = []
 for c in (serving, client):
     try:
-        c.chat.completions.create(tools=[tool], tool_choice="required", **ask)
-        raise AssertionError("tool_choice required was not refused")
+        c.chat.completions.create(response_format=unenforceable, **ask)
+        raise AssertionError("an unenforceable schema was not refused")
     except openai.APIStatusError as e:
         refusals.append({"status": e.status_code, "message": e.message})
 print(json.dumps(refusals))
-"#;
+"##;
     let output = std::process::Command::new(mesh_tests::python3())
         .args(["-c", script, &url, &gpu_url])
         .output()
@@ -521,7 +601,7 @@ print(json.dumps(refusals))
     for refusal in refused.as_array().expect("two refusals") {
         let message = refusal["message"].as_str().unwrap_or_default();
         assert!(
-            message.contains("tool_choice: embedded model `smol`"),
+            message.contains("response_format: embedded model `smol`"),
             "{refused}"
         );
     }

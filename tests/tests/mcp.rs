@@ -188,6 +188,167 @@ fn a_task_on_a_laptop_without_mcp_uses_the_time_tool_hosted_on_another_node() {
         .expect("nodes show");
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("time__get_current_time (read)"), "{shown}");
+
+    // `run --tool` makes the first round's model call the tool; later rounds choose freely.
+    fake.push([
+        Scripted::tool("time__get_current_time", r#"{"timezone": "UTC"}"#),
+        Scripted::text("It is now."),
+    ]);
+    let before = fake.requests().len();
+    let result = run_ok(
+        &harness,
+        &laptop,
+        &[
+            "--role",
+            "chat",
+            "--tool",
+            "time__get_current_time",
+            "Time?",
+        ],
+    );
+    assert_eq!(result["output"], "It is now.");
+    let sent = &fake.requests()[before..];
+    assert_eq!(
+        sent[0]["tool_choice"],
+        json!({"type": "function", "function": {"name": "time__get_current_time"}})
+    );
+    assert!(sent[1].get("tool_choice").is_none(), "{}", sent[1]);
+    // A tool the task is not offered fails the task before any model call, naming what it may
+    // call; a name that cannot be a tool is refused by the CLI.
+    let (code, failed) = harness
+        .run_json(
+            &laptop,
+            &["--role", "chat", "--tool", "time__set_clock", "Set it."],
+        )
+        .expect("run");
+    assert_eq!(code, Some(1), "{failed:#}");
+    let error = failed["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("`time__set_clock` is not offered")
+            && error.contains("time__get_current_time"),
+        "{failed:#}"
+    );
+    assert_eq!(fake.requests().len(), before + 2, "no model call for it");
+    let bad = harness
+        .cli(&laptop, &["run", "--role", "chat", "--tool", "a b", "x"])
+        .expect("run");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("`a b` is not a tool name"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+}
+
+/// The demo's step as a test, with the real model: a laptop without models asks for the time;
+/// the task runs on the gpu's SmolLM2, which calls (`--tool`) the time tool hosted on a third
+/// node; the gpu's `[approval]` policy holds the call until a person approves it through the
+/// laptop; then the tool runs on its node and the model answers with its result.
+#[test]
+fn the_embedded_model_calls_a_tool_hosted_on_another_node_after_an_approval() {
+    let harness = Harness::new().expect("harness");
+    let gpu = harness
+        .spawn(NodeOptions::new("gpu").extra(&format!(
+            "[[models]]\nname = \"smol\"\nbackend = \"embedded\"\npath = {:?}\nthreads = 1\n\n[roles]\nchat = [\"smol\"]\n\n[approval]\nservers = [\"time\"]\n",
+            mesh_tests::embedded_model_path()
+        )))
+        .expect("gpu");
+    let tools = harness
+        .spawn(
+            NodeOptions::new("tools")
+                .peer(&gpu.addr)
+                .extra(&time_server()),
+        )
+        .expect("tools");
+    let laptop = harness
+        .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
+        .expect("laptop");
+    harness
+        .wait_all_up(&[&gpu, &tools, &laptop], DEADLINE)
+        .expect("mesh");
+    wait_for("the gpu to see the time tool", DEADLINE, || {
+        advertised(&harness, &gpu, "tools")
+            .contains(&"time__get_current_time".to_owned())
+            .then_some(())
+    })
+    .expect("advertised");
+
+    let caller = harness
+        .cli_command(
+            &laptop,
+            &[
+                "run",
+                "--json",
+                "--role",
+                "chat",
+                "--max-rounds",
+                "2",
+                "--tool",
+                "time__get_current_time",
+                "What time is it in Tokyo?",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mesh-cli run");
+    let approval = wait_for(
+        "the call to wait for approval",
+        Duration::from_secs(60),
+        || {
+            let output = harness.cli(&laptop, &["approvals", "ls", "--json"]).ok()?;
+            let list: Value = serde_json::from_slice(&output.stdout).ok()?;
+            list["approvals"].as_array()?.first().cloned()
+        },
+    )
+    .expect("an approval waits");
+    assert_eq!(approval["tool"], "time__get_current_time", "{approval:#}");
+    assert_eq!(approval["node"], "gpu", "{approval:#}");
+    assert!(
+        !tools
+            .log_text()
+            .contains("MCP tool called from another node"),
+        "the tool must not run before the approval"
+    );
+    let id = approval["approval_id"].as_str().expect("id");
+    let approved = harness
+        .cli(&laptop, &["approvals", "approve", id])
+        .expect("approve");
+    assert!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+
+    let output = caller.wait_with_output().expect("the caller ends");
+    let result: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stderr)));
+    assert_eq!(result["status"], "completed", "{result:#}");
+    assert_eq!(result["executed_on"], "gpu", "{result:#}");
+    assert!(
+        tools
+            .log_text()
+            .contains("MCP tool called from another node"),
+        "the call ran on the tools node"
+    );
+    // The tool's answer (mcp-server-time's, or its error for a zone the model made up) went
+    // back to the model as the call's result.
+    let task = result["task_id"].as_str().expect("task id");
+    let events = harness.task_events(&gpu, task);
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    let order = [
+        "approval_requested",
+        "approval_decided",
+        "tool_result",
+        "completed",
+    ];
+    let mut at = 0;
+    for wanted in order {
+        at += types[at..]
+            .iter()
+            .position(|t| *t == wanted)
+            .unwrap_or_else(|| panic!("no {wanted} after {:?}: {types:?}", &types[..at]));
+    }
 }
 
 #[test]

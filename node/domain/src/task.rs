@@ -60,6 +60,11 @@ pub struct TaskSpec {
     /// threshold (`run --evaluate`); `None`: the first answer is the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evaluate: Option<Evaluation>,
+    /// The tool the model must call in its first round (`run --tool`), by its full name
+    /// (`time__get_current_time`); later rounds leave it to the model. `None`: the model
+    /// chooses from the first round on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
 }
 
 /// What `--evaluate` asks: after each answer a model of `role` (wherever the mesh serves it)
@@ -224,6 +229,7 @@ impl TaskSpec {
             lineage: Lineage::default(),
             session: None,
             evaluate: None,
+            tool: None,
         }
     }
 }
@@ -287,6 +293,14 @@ impl TaskSpec {
         }
         if let Some(evaluate) = &self.evaluate {
             evaluate.check()?;
+        }
+        if let Some(tool) = &self.tool
+            && !crate::mcp::is_function_name(tool)
+        {
+            return Err(format!(
+                "tool: `{}` is not a tool name (1 to 64 letters, digits, `_` or `-`, e.g. `time__get_current_time`); `mesh-cli status` lists the fleet's MCP tools",
+                crate::text::truncate(tool, 80).escape_debug()
+            ));
         }
         Ok(())
     }

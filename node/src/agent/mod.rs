@@ -20,7 +20,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use mesh_domain::{
     Answer, ChatRequest, ChatResponse, EventKind, Message, Role, Target, TaskError, TaskSpec, Tier,
-    ToolCall, ToolSpec, Usage, keys::SESSIONS, text::truncate,
+    ToolCall, ToolChoice, ToolSpec, Usage, keys::SESSIONS, text::truncate,
 };
 use serde_json::Value;
 
@@ -71,6 +71,40 @@ fn is_turn_name(name: &str) -> bool {
 fn decode_turn(session: &str, value: &[u8]) -> Result<Vec<Message>, TaskError> {
     serde_json::from_slice(value).map_err(|e| TaskError::Internal {
         message: format!("session `{session}` is not readable: {e}"),
+    })
+}
+
+/// The `tool_choice` of a task's first round: the tool `spec.tool` names, which must be among
+/// the tools the task is offered (`tools`, by its tier and persona), else the task fails
+/// naming what it may call.
+fn first_tool_choice(
+    spec: &TaskSpec,
+    tier: Tier,
+    tools: &[ToolSpec],
+) -> Result<Option<ToolChoice>, TaskError> {
+    let Some(name) = &spec.tool else {
+        return Ok(None);
+    };
+    if tools.iter().any(|t| t.name == *name) {
+        return Ok(Some(ToolChoice::Function(name.clone())));
+    }
+    let offered: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+    Err(TaskError::Gate {
+        rule: "tool".into(),
+        action: name.clone(),
+        message: format!(
+            "tool: `{name}` is not offered to this task (tier {tier}{}); it may call: {}. An MCP tool is offered while its node is up and the tier allows it (`mesh-cli status` lists them)",
+            if matches!(spec.target, Target::Persona(_)) {
+                " and its persona's tools"
+            } else {
+                ""
+            },
+            if offered.is_empty() {
+                "none".to_owned()
+            } else {
+                offered.join(", ")
+            }
+        ),
     })
 }
 
@@ -204,6 +238,7 @@ impl AgentRuntime {
         let max_rounds = spec.max_rounds.unwrap_or(self.limits.max_rounds);
         let budget = self.token_budget(spec);
         let tools = self.tools.specs(plan.tier, plan.allowed_tools.as_deref());
+        let first_choice = first_tool_choice(spec, plan.tier, &tools)?;
         let window = plan
             .chain
             .iter()
@@ -243,6 +278,7 @@ impl AgentRuntime {
             let request = ChatRequest {
                 messages: messages.clone(),
                 tools: tools.clone(),
+                tool_choice: first_choice.clone().filter(|_| round == 1),
                 ..Default::default()
             };
             let response = call_chain(&plan.chain, &request, round, events).await?;

@@ -14,11 +14,17 @@
 //! Prompts are rendered here as ChatML (the template SmolLM2, Qwen and many small models use),
 //! without the default system turn that SmolLM2's own template inserts when there is no system
 //! message. Generation stops at an end-of-generation token (`<|im_end|>`, EOS), at a stop string
-//! in the text, at the context window, or at the deadline. The tiny models this backend is for do
-//! not call tools: offered tools are left out of the prompt and the answer is plain text, so a
-//! `tool_choice` of `none` or `auto` is honoured as it is and one that demands a call is refused.
-//! A `response_format` of `json_object` or `json_schema` is enforced while decoding: the schema
-//! is compiled by llguidance into a grammar whose sampler masks every token that would leave it.
+//! in the text, at the context window, or at the deadline. A `response_format` of `json_object`
+//! or `json_schema` is enforced while decoding: the schema is compiled by llguidance into a
+//! grammar whose sampler masks every token that would leave it.
+//!
+//! The tiny models this backend is for do not decide to call tools by themselves: with
+//! `tool_choice` `auto` or `none` offered tools are left out of the prompt and the answer is
+//! text. A `tool_choice` that demands a call (`required`, or a named function) is honoured with
+//! the same grammar machinery: the tools are described in the prompt, and the answer must be
+//! `{"name": <an offered tool>, "arguments": <its parameters schema>}`, which becomes the
+//! answer's tool call (not streamed as text). The model picks the arguments; the grammar only
+//! guarantees they match the schema.
 //!
 //! A model configured with `embeddings = true` also makes embeddings, on the same engine thread
 //! (so chats and embeddings take turns on one set of threads) but in a second llama.cpp context
@@ -33,7 +39,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use mesh_domain::{Message, ResponseFormat, Role, ToolChoice};
+use mesh_domain::{ChatRequest, Message, ResponseFormat, Role, ToolCall, ToolChoice, ToolSpec};
 use serde_json::{Value, json};
 
 #[cfg(doc)]
@@ -73,19 +79,114 @@ pub fn answer_schema(format: Option<&ResponseFormat>) -> Option<Value> {
     }
 }
 
-/// Refuses a `tool_choice` that demands a tool call: these models never make one, and ignoring
-/// the demand would hand the caller text where it was promised a call.
-pub fn check_tool_choice(model: &str, choice: Option<&ToolChoice>) -> Result<(), ModelError> {
-    let demanded = match choice {
-        None | Some(ToolChoice::None | ToolChoice::Auto) => return Ok(()),
-        Some(ToolChoice::Required) => "`required`".to_owned(),
-        Some(ToolChoice::Function(name)) => format!("the function `{name}`"),
-    };
-    Err(ModelError::Refused {
+/// A tool call the request's `tool_choice` demands: the prompt that describes the tools to the
+/// model, and the schema its answer must match.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DemandedCall {
+    /// The conversation with the tools described in its system turn.
+    pub messages: Vec<Message>,
+    /// `{"name": <tool>, "arguments": <its parameters>}`, one branch per tool it may call.
+    pub schema: Value,
+}
+
+/// The call `request.tool_choice` demands, if it demands one (`required` or a named function);
+/// `None` when the model answers in text (`auto`, `none`, unset). A demand that names no
+/// offered tool is a 400 naming `tool_choice`.
+pub fn demanded_call(
+    model: &str,
+    request: &ChatRequest,
+) -> Result<Option<DemandedCall>, ModelError> {
+    let refused = |message: String| ModelError::Refused {
         status: 400,
-        message: format!(
-            "tool_choice: embedded model `{model}` does not call tools, so it cannot be made to call {demanded}; send `auto` or `none`, or ask for a model served by an `openai` backend"
-        ),
+        message: format!("tool_choice: {message}"),
+    };
+    let tools: Vec<&ToolSpec> = match &request.tool_choice {
+        None | Some(ToolChoice::None | ToolChoice::Auto) => return Ok(None),
+        Some(ToolChoice::Required) if request.tools.is_empty() => {
+            return Err(refused(format!(
+                "`required` asks embedded model `{model}` to call a tool, but no tools were offered; send `tools` or drop `tool_choice`"
+            )));
+        }
+        Some(ToolChoice::Required) => request.tools.iter().collect(),
+        Some(ToolChoice::Function(name)) => {
+            let tool = request
+                .tools
+                .iter()
+                .find(|t| t.name == *name)
+                .ok_or_else(|| {
+                    refused(format!(
+                        "the function `{name}` is not among the offered tools; name one of `tools`"
+                    ))
+                })?;
+            vec![tool]
+        }
+    };
+    let mut branches: Vec<Value> = tools
+        .iter()
+        .map(|tool| {
+            let arguments = if tool.parameters.is_object() {
+                tool.parameters.clone()
+            } else {
+                json!({"type": "object"})
+            };
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    let schema = if branches.len() == 1 {
+        branches.remove(0)
+    } else {
+        json!({ "anyOf": branches })
+    };
+    Ok(Some(DemandedCall {
+        messages: describe_tools(&request.messages, &tools),
+        schema,
+    }))
+}
+
+/// `messages` with the tools and the answer's shape described at the end of the system turn
+/// (a new first turn when there is none): a small model picks better arguments when it reads
+/// what the tool does and what it takes.
+fn describe_tools(messages: &[Message], tools: &[&ToolSpec]) -> Vec<Message> {
+    let mut note = String::from("Answer by calling one of these tools:");
+    for tool in tools {
+        note.push_str(&format!(
+            "\n- {}: {} Parameters: {}",
+            tool.name,
+            tool.description.trim(),
+            tool.parameters
+        ));
+    }
+    note.push_str("\nReply with {\"name\": <the tool>, \"arguments\": <its parameters>}.");
+    let mut messages = messages.to_vec();
+    match messages.first_mut() {
+        Some(first) if first.role == Role::System => {
+            first.content = format!("{}\n\n{note}", first.content.trim_end());
+        }
+        _ => messages.insert(0, Message::text(Role::System, note)),
+    }
+    messages
+}
+
+/// The tool call in `answer`, the text a [`DemandedCall`]'s grammar held the model to. Text that
+/// does not parse was cut off before the grammar finished (by `max_tokens`, a stop string or
+/// the context window).
+pub fn read_call(model: &str, answer: &str, tokens: u64) -> Result<ToolCall, ModelError> {
+    let cut = || {
+        ModelError::Protocol(format!(
+            "embedded model `{model}` was cut off after {tokens} tokens while writing the tool call tool_choice demanded (max_tokens, a stop string or the context window); raise max_tokens"
+        ))
+    };
+    let call: Value = serde_json::from_str(answer).map_err(|_| cut())?;
+    let name = call["name"].as_str().ok_or_else(cut)?;
+    Ok(ToolCall {
+        id: format!("call_{}", uuid::Uuid::now_v7().simple()),
+        name: name.to_owned(),
+        arguments: call.get("arguments").ok_or_else(cut)?.to_string(),
     })
 }
 
@@ -285,8 +386,8 @@ mod engine {
     use tracing_subscriber::{Layer as _, layer::SubscriberExt as _};
 
     use super::{
-        DecodeSpeed, EmbeddedOptions, MEASURE_TOKENS, TextStream, answer_schema, check_tool_choice,
-        render_chatml,
+        DecodeSpeed, EmbeddedOptions, MEASURE_TOKENS, TextStream, answer_schema, demanded_call,
+        read_call, render_chatml,
     };
     use mesh_domain::{
         BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Sampling, Usage,
@@ -361,14 +462,17 @@ mod engine {
         /// What the caller asked for: most tokens (`None`: until the context window is full),
         /// stop strings, temperature, top-p and seed.
         sampling: Sampling,
-        /// The JSON schema the answer must match (`response_format`); `None`: free text.
+        /// The JSON schema the answer must match (`response_format`, or the call `tool_choice`
+        /// demands); `None`: free text.
         schema: Option<Value>,
+        /// Whether `schema` is a demanded call's (its refusal then names `tool_choice`).
+        for_call: bool,
         /// When the caller gives up; the engine stops generating then.
         deadline: Instant,
         /// The model's timeout, for the error at the deadline.
         timeout: Duration,
-        /// Where decoded text goes as it is generated.
-        deltas: mpsc::UnboundedSender<String>,
+        /// Where decoded text goes as it is generated; `None`: nowhere (a tool call).
+        deltas: Option<mpsc::UnboundedSender<String>>,
         /// The answer; closed when the caller went away (timeout, cancelled task), which stops
         /// the generation between two tokens.
         reply: oneshot::Sender<Result<ChatResponse, ModelError>>,
@@ -516,24 +620,35 @@ mod engine {
             request: &ChatRequest,
             deltas: &mpsc::UnboundedSender<String>,
         ) -> Result<ChatResponse, ModelError> {
-            check_tool_choice(&self.name, request.tool_choice.as_ref())?;
+            let call = demanded_call(&self.name, request)?;
             let (reply, answer) = oneshot::channel();
             self.send(Job::Chat(ChatJob {
-                prompt: render_chatml(&request.messages),
+                prompt: render_chatml(call.as_ref().map_or(&request.messages, |c| &c.messages)),
                 sampling: request.sampling.clone(),
-                schema: answer_schema(request.response_format.as_ref()),
+                schema: match &call {
+                    Some(call) => Some(call.schema.clone()),
+                    None => answer_schema(request.response_format.as_ref()),
+                },
+                for_call: call.is_some(),
                 deadline: Instant::now() + self.options.timeout,
                 timeout: self.options.timeout,
-                deltas: deltas.clone(),
+                // A demanded call is the answer's tool call, not text for the caller.
+                deltas: call.is_none().then(|| deltas.clone()),
                 reply,
             }))?;
             // Dropping `answer` (timeout, cancelled task) closes the channel, which the engine
             // notices between tokens and stops.
-            match tokio::time::timeout(self.options.timeout, answer).await {
-                Err(_) => Err(ModelError::Timeout(self.options.timeout)),
-                Ok(Err(_)) => Err(self.stopped()),
-                Ok(Ok(result)) => result,
+            let mut response = match tokio::time::timeout(self.options.timeout, answer).await {
+                Err(_) => return Err(ModelError::Timeout(self.options.timeout)),
+                Ok(Err(_)) => return Err(self.stopped()),
+                Ok(Ok(result)) => result?,
+            };
+            if call.is_some() {
+                let tokens = response.usage.map_or(0, |u| u.completion_tokens);
+                let text = std::mem::take(&mut response.content);
+                response.tool_calls = vec![read_call(&self.name, &text, tokens)?];
             }
+            Ok(response)
         }
     }
 
@@ -973,7 +1088,7 @@ mod engine {
 
         /// A sampler that keeps the answer inside `schema`: every token that would leave it
         /// is masked before the others sample. A schema llguidance cannot compile is refused.
-        fn grammar(&mut self, schema: Value) -> Result<LlamaSampler, ModelError> {
+        fn grammar(&mut self, schema: Value, for_call: bool) -> Result<LlamaSampler, ModelError> {
             let factory = match &mut self.grammars {
                 Some(factory) => factory,
                 None => {
@@ -996,10 +1111,17 @@ mod engine {
                 .create_parser(TopLevelGrammar::from_json_schema(schema))
                 .map_err(|e| ModelError::Refused {
                     status: 400,
-                    message: format!(
-                        "response_format: embedded model `{}` cannot enforce this JSON schema ({e}); simplify the schema or send `json_object`",
-                        self.name
-                    ),
+                    message: if for_call {
+                        format!(
+                            "tool_choice: embedded model `{}` cannot hold a call to the parameters schema of the tools offered ({e}); simplify the tool's parameters or ask a model served by an `openai` backend",
+                            self.name
+                        )
+                    } else {
+                        format!(
+                            "response_format: embedded model `{}` cannot enforce this JSON schema ({e}); simplify the schema or send `json_object`",
+                            self.name
+                        )
+                    },
                 })?;
             Ok(Matcher::new(Ok(parser)).into())
         }
@@ -1048,7 +1170,11 @@ mod engine {
             job: &ChatJob,
             speed: &mut DecodeSpeed,
         ) -> Result<ChatResponse, Interrupted> {
-            let grammar = job.schema.clone().map(|s| self.grammar(s)).transpose()?;
+            let grammar = job
+                .schema
+                .clone()
+                .map(|s| self.grammar(s, job.for_call))
+                .transpose()?;
             let prompt_tokens = self.prefill(&job.prompt)?;
             let room = self.n_ctx - prompt_tokens;
             let budget = job
@@ -1070,7 +1196,9 @@ mod engine {
                 completion += 1;
                 let step = stream.push(&vocab.token_to_piece(token, true, None));
                 if !step.text.is_empty() {
-                    let _ = job.deltas.send(step.text.clone());
+                    if let Some(deltas) = &job.deltas {
+                        let _ = deltas.send(step.text.clone());
+                    }
                     content.push_str(&step.text);
                 }
                 if step.stopped || completion == budget {
@@ -1088,7 +1216,9 @@ mod engine {
             }
             let tail = stream.finish();
             if !tail.is_empty() {
-                let _ = job.deltas.send(tail.clone());
+                if let Some(deltas) = &job.deltas {
+                    let _ = deltas.send(tail.clone());
+                }
                 content.push_str(&tail);
             }
             Ok(ChatResponse {
@@ -1136,8 +1266,6 @@ mod engine {
 
 #[cfg(test)]
 mod tests {
-    use mesh_domain::ToolCall;
-
     use super::*;
 
     fn run(stream: &mut TextStream, pieces: &[&[u8]]) -> (String, bool) {
@@ -1174,22 +1302,123 @@ mod tests {
         assert_eq!(answer_schema(Some(&format)), Some(schema));
     }
 
-    #[test]
-    fn a_tool_choice_demanding_a_call_is_refused_naming_the_field() {
-        for choice in [None, Some(ToolChoice::None), Some(ToolChoice::Auto)] {
-            assert_eq!(check_tool_choice("tiny", choice.as_ref()), Ok(()));
+    fn tool(name: &str, parameters: Value) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: format!("does {name}."),
+            parameters,
         }
-        for choice in [ToolChoice::Required, ToolChoice::Function("f".into())] {
-            let Err(ModelError::Refused { status, message }) =
-                check_tool_choice("tiny", Some(&choice))
+    }
+
+    fn asking(choice: Option<ToolChoice>, tools: Vec<ToolSpec>) -> ChatRequest {
+        ChatRequest {
+            messages: vec![Message::text(Role::User, "what time is it?")],
+            tools,
+            tool_choice: choice,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_tool_choice_that_demands_a_call_gets_a_call_grammar() {
+        let tools = vec![tool("now", json!({"type": "object"}))];
+        for choice in [None, Some(ToolChoice::None), Some(ToolChoice::Auto)] {
+            assert_eq!(
+                demanded_call("tiny", &asking(choice, tools.clone())),
+                Ok(None)
+            );
+        }
+        let schema = json!({"type": "object", "properties": {"zone": {"type": "string"}}});
+        let request = asking(
+            Some(ToolChoice::Function("zone".into())),
+            vec![tool("now", json!({})), tool("zone", schema.clone())],
+        );
+        let call = demanded_call("tiny", &request)
+            .expect("ok")
+            .expect("a call");
+        assert_eq!(
+            call.schema,
+            json!({"type": "object",
+                   "properties": {"name": {"const": "zone"}, "arguments": schema},
+                   "required": ["name", "arguments"], "additionalProperties": false})
+        );
+        // The name comes first, so the model has chosen the tool before writing arguments.
+        let order: Vec<&String> = call.schema["properties"]
+            .as_object()
+            .expect("properties")
+            .keys()
+            .collect();
+        assert_eq!(order, ["name", "arguments"]);
+        // Only the named tool is described; the user's turn is kept after the description.
+        assert_eq!(call.messages.len(), 2);
+        assert_eq!(call.messages[0].role, Role::System);
+        assert!(
+            call.messages[0].content.contains("- zone: does zone."),
+            "{}",
+            call.messages[0].content
+        );
+        assert!(!call.messages[0].content.contains("- now:"));
+        assert_eq!(call.messages[1], request.messages[0]);
+
+        let mut request = asking(
+            Some(ToolChoice::Required),
+            vec![tool("a", json!({})), tool("b", Value::Null)],
+        );
+        request
+            .messages
+            .insert(0, Message::text(Role::System, "Be brief."));
+        let call = demanded_call("tiny", &request)
+            .expect("ok")
+            .expect("a call");
+        let branches = call.schema["anyOf"].as_array().expect("a branch per tool");
+        assert_eq!(branches.len(), 2);
+        assert_eq!(branches[1]["properties"]["name"]["const"], "b");
+        assert_eq!(
+            branches[1]["properties"]["arguments"],
+            json!({"type": "object"})
+        );
+        assert_eq!(
+            call.messages.len(),
+            2,
+            "the system turn is extended, not doubled"
+        );
+        assert!(
+            call.messages[0]
+                .content
+                .starts_with("Be brief.\n\nAnswer by calling")
+        );
+    }
+
+    #[test]
+    fn a_demand_that_names_no_offered_tool_is_refused_naming_the_field() {
+        for request in [
+            asking(Some(ToolChoice::Required), vec![]),
+            asking(
+                Some(ToolChoice::Function("missing".into())),
+                vec![tool("now", json!({}))],
+            ),
+        ] {
+            let Err(ModelError::Refused { status, message }) = demanded_call("tiny", &request)
             else {
-                panic!("{choice:?} must be refused");
+                panic!("{request:?} must be refused");
             };
             assert_eq!(status, 400);
-            assert!(
-                message.starts_with("tool_choice:") && message.contains("`tiny`"),
-                "{message}"
-            );
+            assert!(message.starts_with("tool_choice:"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_call_is_read_from_the_grammars_answer_and_a_cut_one_is_an_error() {
+        let call =
+            read_call("tiny", r#"{"name":"zone","arguments":{"zone":"UTC"}}"#, 9).expect("a call");
+        assert_eq!(call.name, "zone");
+        assert_eq!(call.arguments, r#"{"zone":"UTC"}"#);
+        assert!(call.id.starts_with("call_"), "{}", call.id);
+        for cut in [r#"{"name":"zone","argu"#, r#"{"name":"zone"}"#, ""] {
+            let Err(ModelError::Protocol(message)) = read_call("tiny", cut, 4) else {
+                panic!("{cut:?} is not a whole call");
+            };
+            assert!(message.contains("cut off after 4 tokens"), "{message}");
         }
     }
 

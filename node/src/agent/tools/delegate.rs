@@ -110,6 +110,7 @@ impl Tool for Delegate {
                 session: None,
                 // The parent's evaluation scores the parent's answer, not each sub-task's.
                 evaluate: None,
+                tool: None,
             };
             runner.run_subtask(spec).await
         })

@@ -3,17 +3,20 @@
 # with its own mesh CA, and walks through what the mesh does, printing each step:
 #   gpu     a GPU box: serves role `chat` with the embedded SmolLM2-135M model, declares a GPU
 #   laptop  no models at all
-#   server  a home server with no models; it holds a cron schedule
+#   server  a home server with no models; it hosts an MCP server (deploy/mcp-sysinfo.py)
 # 1. `mesh-cli status` of the fleet; 2. a task asked of the laptop runs on gpu's model;
 # 3. the laptop's OpenAI-compatible front door lists and reaches gpu's model; 4. a cron schedule
-# added on server fires on gpu; 5. a memory write on the laptop is read on server and gpu.
+# added on server fires on gpu; 5. a memory write on the laptop is read on server and gpu;
+# 6. a task asked of the laptop has gpu's model call the MCP tool server hosts, after a person
+#    approves the call (gpu's [approval] policy); with --once it is approved automatically.
 #
 # mDNS never touches this machine's real interfaces: as root the nodes run inside a network
 # namespace made for the demo, with real mDNS on its loopback; otherwise mDNS is off and laptop
 # and server find gpu through a static peer on 127.0.0.1 (and each other through gpu).
 #
 # Usage: deploy/demo.sh [--once]
-#   --once   run the steps, then stop the mesh (default: keep it running until Ctrl-C)
+#   --once   run the steps, approving step 6's call automatically, then stop the mesh
+#            (default: you approve it at the prompt; the mesh keeps running until Ctrl-C)
 # Environment: DEMO_DIR (work dir; default a new temp dir), CARGO_PROFILE (debug|release).
 set -euo pipefail
 
@@ -21,7 +24,7 @@ once=false
 case "${1:-}" in
   --once) once=true ;;
   "") ;;
-  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "usage: deploy/demo.sh [--once]" >&2; exit 2 ;;
 esac
 
@@ -97,6 +100,20 @@ threads = 1
 
 [roles]
 chat = [\"smollm2-135m\"]
+
+[approval]
+servers = [\"sysinfo\"]
+timeout_s = 300
+"
+
+# server: a home server hosting an MCP server over stdio (standard library Python only); its
+# tool counts as `read`, so any node's tasks may call it.
+extra_server="
+[[mcp]]
+name = \"sysinfo\"
+command = \"python3\"
+args = [\"$root/deploy/mcp-sysinfo.py\"]
+tier = \"read\"
 "
 
 start_node() { # name static_peer extra_toml; sets $started to the address it listens on
@@ -142,7 +159,7 @@ fi
 start_node gpu "" "$extra_gpu"; gpu=$started
 peer=""; $mdns || peer=$gpu
 start_node laptop "$peer" ""; laptop=$started
-start_node server "$peer" ""; server=$started
+start_node server "$peer" "$extra_server"; server=$started
 laptop_http=$(cat "$work/laptop/http.addr")
 
 cli() { # node_addr args...: mesh-cli against that node, with the demo's client certificate
@@ -162,11 +179,11 @@ until [ "$(cli "$laptop" status --json 2>/dev/null | grep -c '"state": "up"')" =
   sleep 0.2 # poll interval; the deadline is above
 done
 
-step "1/5 the fleet, as the laptop sees it: mesh-cli status"
+step "1/6 the fleet, as the laptop sees it: mesh-cli status"
 cli "$laptop" status | sed 's/^/    /'
 
 question="What is the capital of France? Answer in one word."
-step "2/5 a task asked of the laptop (no models) runs where it fits: on gpu's embedded model"
+step "2/6 a task asked of the laptop (no models) runs where it fits: on gpu's embedded model"
 say "\$ mesh-cli --node <laptop> run --role chat --explain \"$question\""
 cli "$laptop" run --role chat --explain "$question" | sed 's/^/    /'
 say "\$ mesh-cli --node <laptop> run --role chat --json \"$question\""
@@ -174,7 +191,7 @@ result=$(cli "$laptop" run --role chat --json "$question")
 say "executed on: $(echo "$result" | json 'j["executed_on"]')   status: $(echo "$result" | json 'j["status"]')"
 say "answer:      $(echo "$result" | json 'j["output"].strip()')"
 
-step "3/5 the laptop's OpenAI-compatible front door reaches every model in the fleet"
+step "3/6 the laptop's OpenAI-compatible front door reaches every model in the fleet"
 say "GET http://$laptop_http/v1/models"
 run python3 - "$laptop_http" <<'EOF'
 import json, sys, urllib.request
@@ -190,7 +207,7 @@ answer = json.load(urllib.request.urlopen(request, timeout=120))
 print("    answer:", answer["choices"][0]["message"]["content"].strip())
 EOF
 
-step "4/5 a cron schedule added on server fires on gpu (the only node serving role chat)"
+step "4/6 a cron schedule added on server fires on gpu (the only node serving role chat)"
 say "\$ mesh-cli --node <server> cron add --name demo-hello --schedule \"*/5 * * * * *\" --role chat \"Say hello.\""
 cli "$server" cron add --name demo-hello --schedule "*/5 * * * * *" --role chat "Say hello." | sed 's/^/    /'
 deadline=$((SECONDS + 90))
@@ -214,7 +231,7 @@ echo "$firing" | head -n 1 | sed 's/^/    /'
 cli "$server" cron rm demo-hello >/dev/null
 say "(schedule removed)"
 
-step "5/5 shared memory: written on the laptop, read on server and gpu"
+step "5/6 shared memory: written on the laptop, read on server and gpu"
 say "\$ mesh-cli --node <laptop> memory put notes greeting \"hello from the laptop\""
 cli "$laptop" memory put notes greeting "hello from the laptop" | sed 's/^/    /'
 for name in server gpu; do
@@ -228,6 +245,49 @@ for name in server gpu; do
   done
   say "$(printf '%-6s' "$name") memory get notes greeting -> $value"
 done
+
+step "6/6 an MCP tool on another node, after a person's approval"
+say "server hosts an MCP server (deploy/mcp-sysinfo.py) with one tool, sysinfo__status; every node's"
+say "tasks are offered it. gpu's policy ([approval] servers = [\"sysinfo\"]) holds each call until a"
+say "person approves it, from any node. --tool makes the small model call it in its first round."
+deadline=$((SECONDS + 60))
+until cli "$gpu" status --json 2>/dev/null | grep -q '"sysinfo__status"'; do
+  if [ $SECONDS -ge $deadline ]; then
+    echo "error: gpu does not see server's MCP tool within 60 s; server's log: $work/server.log" >&2; exit 1
+  fi
+  sleep 0.2 # poll interval; the deadline is above
+done
+say "\$ mesh-cli --node <laptop> nodes show server    # (its MCP tools)"
+cli "$laptop" nodes show server | sed -n '/^mcp tools:/,$p' | sed 's/^/    /'
+ask="How is the home server doing? Answer in one sentence."
+say "\$ mesh-cli --node <laptop> run --role chat --tool sysinfo__status \"$ask\""
+if ! $once && [ -t 0 ] && [ -t 2 ]; then
+  say "(mesh-cli asks you below: type y to approve the call, anything else to deny it)"
+  cli "$laptop" run --role chat --tool sysinfo__status "$ask"
+else
+  out="$work/step6.out"
+  cli "$laptop" run --role chat --tool sysinfo__status "$ask" </dev/null >"$out" 2>&1 &
+  runner=$!
+  deadline=$((SECONDS + 120))
+  id=""
+  until [ -n "$id" ]; do
+    if [ $SECONDS -ge $deadline ]; then
+      echo "error: no call waited for approval within 120 s; logs are in $work" >&2; cat "$out" >&2; exit 1
+    fi
+    sleep 0.2 # poll interval; the deadline is above
+    id=$(cli "$laptop" approvals ls --json 2>/dev/null |
+      json 'j["approvals"][0]["approval_id"] if j["approvals"] else ""' || true)
+  done
+  say "\$ mesh-cli --node <laptop> approvals ls"
+  cli "$laptop" approvals ls | sed 's/^/    /'
+  if $once; then why="--once mode"; else why="no terminal to ask in"; fi
+  say "\$ mesh-cli --node <laptop> approvals approve $id    # approved automatically: $why"
+  cli "$laptop" approvals approve "$id" | sed 's/^/    /'
+  if ! wait "$runner"; then
+    echo "error: the task failed; what mesh-cli printed:" >&2; cat "$out" >&2; exit 1
+  fi
+  sed 's/^/    /' "$out"
+fi
 
 if $once; then
   step "done; stopping the mesh"

@@ -60,16 +60,16 @@ pub(crate) async fn run(conn: &ConnArgs, command: ApprovalsCommand) -> anyhow::R
         ApprovalsCommand::Approve { id, reason } => {
             let approval = decide(&mut client, &id, true, reason).await?;
             println!(
-                "approved {id}: `{}` runs on {} for task {}",
-                approval.tool, approval.node, approval.task_id
+                "approved {id}: task {} on {} may call `{}`",
+                approval.task_id, approval.node, approval.tool
             );
             Ok(())
         }
         ApprovalsCommand::Deny { id, reason } => {
             let approval = decide(&mut client, &id, false, reason).await?;
             println!(
-                "denied {id}: `{}` does not run on {}; task {} goes on without it",
-                approval.tool, approval.node, approval.task_id
+                "denied {id}: task {} on {} may not call `{}`; its model is told why and goes on without it",
+                approval.task_id, approval.node, approval.tool
             );
             Ok(())
         }

@@ -240,35 +240,36 @@ fn a_task_on_a_laptop_without_mcp_uses_the_time_tool_hosted_on_another_node() {
     );
 }
 
-/// The demo's step as a test, with the real model: a laptop without models asks for the time;
-/// the task runs on the gpu's SmolLM2, which calls (`--tool`) the time tool hosted on a third
-/// node; the gpu's `[approval]` policy holds the call until a person approves it through the
-/// laptop; then the tool runs on its node and the model answers with its result.
+/// The demo's step as a test, with the real model and the demo's MCP server
+/// (`deploy/mcp-sysinfo.py`, standard library only): a laptop without models asks how the home
+/// server is doing; the task runs on the gpu's SmolLM2, which calls (`--tool`) the `status`
+/// tool the server hosts; the gpu's `[approval]` policy holds the call until a person approves
+/// it through the laptop; then the tool runs on the server and its answer reaches the model.
 #[test]
 fn the_embedded_model_calls_a_tool_hosted_on_another_node_after_an_approval() {
     let harness = Harness::new().expect("harness");
     let gpu = harness
         .spawn(NodeOptions::new("gpu").extra(&format!(
-            "[[models]]\nname = \"smol\"\nbackend = \"embedded\"\npath = {:?}\nthreads = 1\n\n[roles]\nchat = [\"smol\"]\n\n[approval]\nservers = [\"time\"]\n",
+            "[[models]]\nname = \"smol\"\nbackend = \"embedded\"\npath = {:?}\nthreads = 1\n\n[roles]\nchat = [\"smol\"]\n\n[approval]\nservers = [\"sysinfo\"]\n",
             mesh_tests::embedded_model_path()
         )))
         .expect("gpu");
-    let tools = harness
-        .spawn(
-            NodeOptions::new("tools")
-                .peer(&gpu.addr)
-                .extra(&time_server()),
-        )
-        .expect("tools");
+    let sysinfo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/mcp-sysinfo.py");
+    let server = harness
+        .spawn(NodeOptions::new("server").peer(&gpu.addr).extra(&format!(
+            "[[mcp]]\nname = \"sysinfo\"\ncommand = {:?}\nargs = [{sysinfo:?}]\ntier = \"read\"\n",
+            python3()
+        )))
+        .expect("server");
     let laptop = harness
         .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
         .expect("laptop");
     harness
-        .wait_all_up(&[&gpu, &tools, &laptop], DEADLINE)
+        .wait_all_up(&[&gpu, &server, &laptop], DEADLINE)
         .expect("mesh");
-    wait_for("the gpu to see the time tool", DEADLINE, || {
-        advertised(&harness, &gpu, "tools")
-            .contains(&"time__get_current_time".to_owned())
+    wait_for("the gpu to see the sysinfo tool", DEADLINE, || {
+        advertised(&harness, &gpu, "server")
+            .contains(&"sysinfo__status".to_owned())
             .then_some(())
     })
     .expect("advertised");
@@ -284,8 +285,8 @@ fn the_embedded_model_calls_a_tool_hosted_on_another_node_after_an_approval() {
                 "--max-rounds",
                 "2",
                 "--tool",
-                "time__get_current_time",
-                "What time is it in Tokyo?",
+                "sysinfo__status",
+                "How is the home server doing?",
             ],
         )
         .stdout(Stdio::piped())
@@ -302,10 +303,10 @@ fn the_embedded_model_calls_a_tool_hosted_on_another_node_after_an_approval() {
         },
     )
     .expect("an approval waits");
-    assert_eq!(approval["tool"], "time__get_current_time", "{approval:#}");
+    assert_eq!(approval["tool"], "sysinfo__status", "{approval:#}");
     assert_eq!(approval["node"], "gpu", "{approval:#}");
     assert!(
-        !tools
+        !server
             .log_text()
             .contains("MCP tool called from another node"),
         "the tool must not run before the approval"
@@ -326,15 +327,20 @@ fn the_embedded_model_calls_a_tool_hosted_on_another_node_after_an_approval() {
     assert_eq!(result["status"], "completed", "{result:#}");
     assert_eq!(result["executed_on"], "gpu", "{result:#}");
     assert!(
-        tools
+        server
             .log_text()
             .contains("MCP tool called from another node"),
-        "the call ran on the tools node"
+        "the call ran on the server"
     );
-    // The tool's answer (mcp-server-time's, or its error for a zone the model made up) went
-    // back to the model as the call's result.
+    // The tool's answer went back to the model as the call's result.
     let task = result["task_id"].as_str().expect("task id");
     let events = harness.task_events(&gpu, task);
+    let output = events
+        .iter()
+        .find(|e| e["type"] == "tool_result")
+        .and_then(|e| e["text"].as_str())
+        .unwrap_or_default();
+    assert!(output.contains("load "), "{events:#?}");
     let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
     let order = [
         "approval_requested",

@@ -14,7 +14,8 @@
 //! 1. [`config`] (the TOML file and flags, validated), [`storage`] (the ordered store, sled
 //!    behind a trait), [`metrics`] (the Prometheus registry), [`connections`] (caps on the
 //!    listeners' open connections, and the open-files limit), [`supervise`] (background loops
-//!    restarted with back-off when they fail; reports through `LoopHealth`).
+//!    restarted with back-off when they fail; reports through `LoopHealth`), [`process`]
+//!    (child processes killed with everything they started when their owner drops them).
 //! 2. [`discovery`] (mDNS and static peers, as events), [`peers`] (the peer table and the
 //!    sessions that keep it true; dials through the `PeerLink` port), [`capabilities`] (what
 //!    this node is and has), [`llm`] (the model registry and its backends), [`mcp`] (this
@@ -61,6 +62,7 @@ pub mod mcp;
 pub mod memory;
 pub mod metrics;
 pub mod peers;
+pub mod process;
 pub mod router;
 pub mod rpc;
 pub mod server;

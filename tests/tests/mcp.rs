@@ -248,9 +248,11 @@ fn a_task_on_a_laptop_without_mcp_uses_the_time_tool_hosted_on_another_node() {
 #[test]
 fn the_embedded_model_calls_a_tool_hosted_on_another_node_after_an_approval() {
     let harness = Harness::new().expect("harness");
+    // A small context window bounds the model's final answer (it stops when the window is
+    // full), so the test does not wait on a long ramble.
     let gpu = harness
         .spawn(NodeOptions::new("gpu").extra(&format!(
-            "[[models]]\nname = \"smol\"\nbackend = \"embedded\"\npath = {:?}\nthreads = 1\n\n[roles]\nchat = [\"smol\"]\n\n[approval]\nservers = [\"sysinfo\"]\n",
+            "[[models]]\nname = \"smol\"\nbackend = \"embedded\"\npath = {:?}\nthreads = 1\ncontext_window = 768\n\n[roles]\nchat = [\"smol\"]\n\n[approval]\nservers = [\"sysinfo\"]\n",
             mesh_tests::embedded_model_path()
         )))
         .expect("gpu");

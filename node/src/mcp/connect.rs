@@ -15,7 +15,10 @@ use rmcp::{
 };
 use tokio::io::AsyncReadExt;
 
-use crate::config::{McpConfig, McpTransport};
+use crate::{
+    config::{McpConfig, McpTransport},
+    process::ProcessGroup,
+};
 
 /// Largest message the node reads from an MCP server (a line on stdio, an event or a body over
 /// HTTP): a tool's result is cut to 64 KiB for the model anyway.
@@ -47,17 +50,6 @@ pub(super) struct ServerProcess {
     _group: Option<ProcessGroup>,
 }
 
-/// A process group, killed (SIGKILL) on drop.
-#[derive(Debug)]
-struct ProcessGroup(rustix::process::Pid);
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        // ESRCH (already gone) is the usual case.
-        let _ = rustix::process::kill_process_group(self.0, rustix::process::Signal::KILL);
-    }
-}
-
 /// Starts or connects to the server and runs MCP's `initialize`.
 pub(super) async fn open(config: &McpConfig) -> Result<Session, String> {
     match &config.transport {
@@ -78,10 +70,7 @@ pub(super) async fn open(config: &McpConfig) -> Result<Session, String> {
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| format!("cannot start `{command}`: {e}"))?;
-            let group = child
-                .id()
-                .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
-                .map(ProcessGroup);
+            let group = ProcessGroup::of(&child);
             let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
                 return Err("the child process has no stdin or stdout pipe".into());
             };

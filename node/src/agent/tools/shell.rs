@@ -8,9 +8,12 @@ use mesh_domain::{BoxFuture, Tier, ToolSpec};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use crate::agent::tools::{
-    framework::{MAX_TOOL_OUTPUT, Tool, ToolContext, str_arg},
-    roots::Roots,
+use crate::{
+    agent::tools::{
+        framework::{MAX_TOOL_OUTPUT, Tool, ToolContext, str_arg},
+        roots::Roots,
+    },
+    process::ProcessGroup,
 };
 
 /// `shell_exec`: runs a shell command with a timeout.
@@ -79,10 +82,7 @@ impl Tool for ShellExec {
                 .map_err(|e| format!("cannot start sh: {e}"))?;
             // However the call ends (done, timed out, task cancelled), `sh` and whatever it
             // left running in its group are killed (tokio reaps the dropped child).
-            let _group = child
-                .id()
-                .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))
-                .map(ProcessGroup);
+            let _group = ProcessGroup::of(&child);
             let mut stdout = child.stdout.take().ok_or("no stdout pipe")?;
             let run = async {
                 let mut output = Vec::new();
@@ -126,16 +126,6 @@ impl Tool for ShellExec {
 const SHELL_ENV: &[&str] = &[
     "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TMPDIR",
 ];
-
-/// A process group, killed (SIGKILL) on drop.
-struct ProcessGroup(rustix::process::Pid);
-
-impl Drop for ProcessGroup {
-    fn drop(&mut self) {
-        // ESRCH (already gone) is the usual case.
-        let _ = rustix::process::kill_process_group(self.0, rustix::process::Signal::KILL);
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,7 +1,7 @@
 //! Router ranking cost: `router::rank` over 50 peers (plus the local node), the work done for
 //! every submitted task. Prints min / median / p99 of single calls after a warm-up.
 //!
-//! Run: `cargo bench -p mesh-node --bench router`
+//! Run: `cargo run --release -p mesh-tests --bin router-bench`
 
 use std::{collections::BTreeMap, hint::black_box, time::Instant};
 

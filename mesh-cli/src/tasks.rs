@@ -4,7 +4,7 @@ use anyhow::anyhow;
 use clap::{Args, Subcommand};
 use mesh_domain::{
     Evaluation,
-    task::{check_attempts, check_threshold},
+    task::{check_attempts, check_threshold, check_tool_name},
 };
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use pb::task_event::Kind;
@@ -71,13 +71,8 @@ pub(crate) struct TaskArgs {
 
 /// `--tool`: a tool name as the mesh names tools.
 fn parse_tool(text: &str) -> Result<String, String> {
-    if mesh_domain::mcp::is_function_name(text) {
-        Ok(text.to_owned())
-    } else {
-        Err(format!(
-            "`{text}` is not a tool name: 1 to 64 letters, digits, `_` or `-`, e.g. `time__get_current_time`"
-        ))
-    }
+    check_tool_name(text)?;
+    Ok(text.to_owned())
 }
 
 /// `--threshold`: a number from 0 to 1.

@@ -140,6 +140,18 @@ pub fn check_attempts(attempts: u32) -> Result<(), String> {
     }
 }
 
+/// Checks the name of a tool a task demands (`run --tool`): a name as the mesh names tools.
+pub fn check_tool_name(name: &str) -> Result<(), String> {
+    if crate::mcp::is_function_name(name) {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` is not a tool name (1 to 64 letters, digits, `_` or `-`, e.g. `time__get_current_time`); `mesh-cli status` lists the fleet's MCP tools",
+            crate::text::truncate(name, 80).escape_debug()
+        ))
+    }
+}
+
 /// Where a task comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Lineage {
@@ -294,13 +306,8 @@ impl TaskSpec {
         if let Some(evaluate) = &self.evaluate {
             evaluate.check()?;
         }
-        if let Some(tool) = &self.tool
-            && !crate::mcp::is_function_name(tool)
-        {
-            return Err(format!(
-                "tool: `{}` is not a tool name (1 to 64 letters, digits, `_` or `-`, e.g. `time__get_current_time`); `mesh-cli status` lists the fleet's MCP tools",
-                crate::text::truncate(tool, 80).escape_debug()
-            ));
+        if let Some(tool) = &self.tool {
+            check_tool_name(tool).map_err(|e| format!("tool: {e}"))?;
         }
         Ok(())
     }

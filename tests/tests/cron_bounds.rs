@@ -18,20 +18,10 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// A large prompt, under the 256 KiB a prompt may have.
 const LARGE_PROMPT: usize = 250 * 1024;
 
-fn cli_ok(h: &Harness, node: &NodeProcess, args: &[&str]) -> String {
-    let output = h.cli(node, args).expect("mesh-cli");
-    assert!(
-        output.status.success(),
-        "mesh-cli {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// `cron ls --json` on `node`: name → held (why, or null).
 fn listed(h: &Harness, node: &NodeProcess) -> Vec<(String, Value)> {
     let out: Value =
-        serde_json::from_str(&cli_ok(h, node, &["cron", "ls", "--json"])).expect("json");
+        serde_json::from_str(&h.cli_ok(node, &["cron", "ls", "--json"])).expect("json");
     out.as_array()
         .expect("a list")
         .iter()
@@ -179,7 +169,7 @@ fn a_flood_of_large_schedules_is_refused_past_the_caps_of_each_creator_and_ls_pa
     want.sort();
     assert_eq!(names.len(), 32, "{names:?}");
     assert_eq!(names, want, "listed once each, by name");
-    let table = cli_ok(&h, &node, &["cron", "ls"]);
+    let table = h.cli_ok(&node, &["cron", "ls"]);
     assert_eq!(table.lines().count(), 1 + 32, "{table}");
     assert!(table.lines().next().is_some_and(|l| l.starts_with("NAME")));
 }
@@ -262,11 +252,11 @@ fn nodes_that_accepted_up_to_the_cap_apart_keep_every_schedule_and_hold_back_the
         // Past the cap, no node takes one more, though the held ones count only here.
         assert_eq!(add(node, "more").status.code(), Some(1));
     }
-    let table = cli_ok(&h, &a, &["cron", "ls"]);
+    let table = h.cli_ok(&a, &["cron", "ls"]);
     assert!(table.contains("held: held back"), "{table}");
 
     // Removing the oldest lets the oldest held one (b-1) fire, on both nodes.
-    cli_ok(&h, &a, &["cron", "rm", "a-0"]);
+    h.cli_ok(&a, &["cron", "rm", "a-0"]);
     for node in [&a, &b] {
         wait_for(&format!("b-1 active on {}", node.name), DEADLINE, || {
             let list = listed(&h, node);

@@ -30,7 +30,7 @@ use super::{
     limits::ScheduleLimits,
     owner::{LiveNode, owner_of, task_id_for},
     schedule::{Firing, FiringStatus, Overlap, Schedule, check_name, firing_key},
-    table::{Active, ScheduleTable, StoredSchedule},
+    table::{Active, ScheduleTable},
     timetable::{Timetable, due},
 };
 use crate::{memory::Memory, peers::PeerTable};
@@ -141,27 +141,11 @@ impl Scheduler {
         &self.own_name
     }
 
-    /// Every stored schedule, by name, with whether the caps hold it back. A record that does
+    /// The stored schedules (decoded once per write), to list or look up. A record that does
     /// not decode, or that `Cron.Add` would have refused, is logged (once) and left out: it
     /// never fires.
-    pub fn schedules(&self) -> Result<Vec<StoredSchedule>, CronError> {
-        self.table.schedules()
-    }
-
-    /// One page of [`Scheduler::schedules`]: after the name `after`, at most `limit`, at most
-    /// `max_bytes` of records (at least one), and the name to continue after when more remain.
-    pub fn page(
-        &self,
-        after: &str,
-        limit: usize,
-        max_bytes: usize,
-    ) -> Result<(Vec<StoredSchedule>, Option<String>), CronError> {
-        self.table.page(after, limit, max_bytes)
-    }
-
-    /// The schedule named `name`.
-    pub fn get(&self, name: &str) -> Result<StoredSchedule, CronError> {
-        self.table.get(name)
+    pub fn table(&self) -> &ScheduleTable {
+        &self.table
     }
 
     /// Stores a new schedule: checked as a stored one is, and refused past the caps of
@@ -787,6 +771,7 @@ mod tests {
 
         cron.tick(T0 + 1_000).await;
         let names: Vec<String> = cron
+            .table()
             .schedules()
             .expect("list")
             .into_iter()
@@ -823,7 +808,7 @@ mod tests {
         for i in 0..20 {
             cron.tick(T0 + 1_000 * i).await;
         }
-        cron.schedules().expect("list");
+        cron.table().schedules().expect("list");
         assert_eq!(cron.table.decoded(), 3, "one decode per schedule written");
         cron.remove("b").await.expect("remove");
         cron.add(schedule("d", "*/2 * * * * *", Overlap::Allow, 3600))
@@ -894,6 +879,7 @@ mod tests {
             .await
             .expect("replicated");
         let held: Vec<(String, bool)> = cron
+            .table()
             .schedules()
             .expect("list")
             .iter()

@@ -446,6 +446,7 @@ impl MeshTools {
         let schedules = self
             .door
             .scheduler
+            .table()
             .schedules()
             .map_err(|e| CallError::Tool(format!("read the schedules: {e}")))?;
         let now = chrono::Utc::now().timestamp_millis();

@@ -192,7 +192,7 @@ impl pb::cron_server::Cron for CronService {
             0 => LIST_DEFAULT,
             n => (n as usize).min(LIST_MAX),
         };
-        let (page, next_after) = self.scheduler.page(&r.after, limit, LIST_BYTES)?;
+        let (page, next_after) = self.scheduler.table().page(&r.after, limit, LIST_BYTES)?;
         let (live, now) = (self.scheduler.live(), chrono::Utc::now().timestamp_millis());
         Ok(Response::new(pb::CronListResponse {
             schedules: page
@@ -224,7 +224,7 @@ impl pb::cron_server::Cron for CronService {
         request: Request<pb::CronRunNowRequest>,
     ) -> Result<Response<pb::CronFiring>, Status> {
         let caller = self.caller(&request)?;
-        let stored = self.scheduler.get(&request.into_inner().name)?;
+        let stored = self.scheduler.table().get(&request.into_inner().name)?;
         let schedule = &stored.parsed.schedule;
         // The firing runs as the schedule's creator; whoever fires it by hand must be able to
         // run its task here too.
@@ -241,7 +241,7 @@ impl pb::cron_server::Cron for CronService {
         request: Request<pb::CronHistoryRequest>,
     ) -> Result<Response<pb::CronHistoryResponse>, Status> {
         let r = request.into_inner();
-        let stored = self.scheduler.get(&r.name)?;
+        let stored = self.scheduler.table().get(&r.name)?;
         let limit = match r.limit {
             0 => 100,
             n => (n as usize).min(MAX_HISTORY),

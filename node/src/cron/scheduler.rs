@@ -608,6 +608,18 @@ mod tests {
         )
     }
 
+    /// Polls `done` until it holds, failing with `what` after `within`.
+    async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + within;
+        while !done() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not in time: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
+        }
+    }
+
     async fn statuses(scheduler: &Scheduler, id: &str, want: &[FiringStatus]) -> Vec<Firing> {
         // The follower runs on its own task: poll until it has written the outcomes.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -911,25 +923,19 @@ mod tests {
         let cancel = CancellationToken::new();
         let running = tokio::spawn(cron.clone().run(cancel.clone()));
         // Once the loop has ticked (past the start-up grace) it sleeps its longest.
-        let deadline = tokio::time::Instant::now() + STARTUP_GRACE + Duration::from_secs(10);
-        while cron.owned.lock_unpoisoned().generation.is_none() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the loop never ticked"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
-        }
+        wait_until(
+            "the loop ticked",
+            STARTUP_GRACE + Duration::from_secs(10),
+            || cron.owned.lock_unpoisoned().generation.is_some(),
+        )
+        .await;
         let mut every_second = schedule("often", "* * * * * *", Overlap::Allow, 3600);
         every_second.created_at_ms = now_ms();
         cron.add(every_second).await.expect("add");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while runner.started.lock().expect("lock").is_empty() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the new schedule did not fire"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
-        }
+        wait_until("the new schedule fired", Duration::from_secs(10), || {
+            !runner.started.lock().expect("lock").is_empty()
+        })
+        .await;
         cancel.cancel();
         running.await.expect("loop");
     }

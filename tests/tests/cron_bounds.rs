@@ -160,6 +160,17 @@ fn a_flood_of_large_schedules_is_refused_past_the_caps_of_each_creator_and_ls_pa
     });
     assert!(!first.next_after.is_empty(), "one page held everything");
     assert!(first.schedules.len() < 32, "{}", first.schedules.len());
+    let bad_cursor = runtime.block_on(async {
+        pb::cron_client::CronClient::new(channel_as(h.client_files(), &node).await)
+            .list(pb::CronListRequest {
+                after: "not a name!".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a cursor that is no schedule name")
+    });
+    assert_eq!(bad_cursor.code(), tonic::Code::InvalidArgument);
+    assert!(bad_cursor.message().starts_with("after:"), "{bad_cursor:?}");
     let names: Vec<String> = listed(&h, &node).into_iter().map(|(n, _)| n).collect();
     let mut want: Vec<String> = (0..800)
         .map(|i| format!("alice-{i:03}"))

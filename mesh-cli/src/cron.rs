@@ -42,7 +42,8 @@ pub(crate) enum CronCommand {
         #[arg(required = true)]
         prompt: Vec<String>,
     },
-    /// List schedules with their owner node and next firing.
+    /// List schedules with their owner node and next firing (all of them: the answer comes in
+    /// pages, which it asks for one after another).
     Ls {
         /// Print JSON (a list of schedules).
         #[arg(long)]
@@ -112,7 +113,41 @@ fn schedule_json(s: &pb::CronSchedule) -> Value {
         "created_on": s.created_on,
         "owner": s.owner,
         "next_at": if s.next_at_ms == 0 { Value::Null } else { rfc3339(s.next_at_ms).into() },
+        "held": if s.held.is_empty() { Value::Null } else { s.held.clone().into() },
     })
+}
+
+/// Schedules in one `List` page asked for (the node also cuts a page at 2 MiB).
+const LIST_PAGE: u32 = 1000;
+
+/// Every schedule, asking page after page.
+async fn list_all(
+    client: &mut pb::cron_client::CronClient<tonic::transport::Channel>,
+) -> anyhow::Result<Vec<pb::CronSchedule>> {
+    let mut schedules = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = client
+            .list(pb::CronListRequest {
+                limit: LIST_PAGE,
+                after: after.clone(),
+            })
+            .await
+            .map_err(fail)?
+            .into_inner();
+        schedules.extend(page.schedules);
+        if page.next_after.is_empty() {
+            return Ok(schedules);
+        }
+        // Names come in order: a cursor that does not move on would ask for the same page forever.
+        if page.next_after <= after {
+            anyhow::bail!(
+                "the node answered `next_after = {}` after `{after}`: it does not page forward",
+                page.next_after
+            );
+        }
+        after = page.next_after;
+    }
 }
 
 fn firing_json(f: &pb::CronFiring) -> Value {
@@ -170,12 +205,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
             );
         }
         CronCommand::Ls { json } => {
-            let schedules = client
-                .list(pb::CronListRequest {})
-                .await
-                .map_err(fail)?
-                .into_inner()
-                .schedules;
+            let schedules = list_all(&mut client).await?;
             if json {
                 let list: Vec<Value> = schedules.iter().map(schedule_json).collect();
                 println!("{}", serde_json::to_string_pretty(&list)?);
@@ -194,7 +224,9 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
                         },
                         target(s.task.as_ref()),
                         s.owner.clone(),
-                        if !s.enabled {
+                        if !s.held.is_empty() {
+                            "held".into()
+                        } else if !s.enabled {
                             "paused".into()
                         } else if s.next_at_ms == 0 {
                             "never".into()
@@ -211,6 +243,17 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
                 ],
                 &rows,
             );
+            // Why the `held` ones never fire, once per reason.
+            let mut reasons: Vec<&str> = schedules
+                .iter()
+                .map(|s| s.held.as_str())
+                .filter(|why| !why.is_empty())
+                .collect();
+            reasons.sort_unstable();
+            reasons.dedup();
+            for why in reasons {
+                println!("held: {why}");
+            }
         }
         CronCommand::Rm { name } => {
             client

@@ -20,7 +20,7 @@ use mesh_domain::{
     sync::{MutexExt, RwLockExt},
     time::unix_ms,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::discovery::PeerSource;
 
@@ -132,6 +132,8 @@ pub struct PeerTable {
     peers: RwLock<HashMap<NodeId, Peer>>,
     /// Where reports of peers found unreachable go (membership reads them).
     unreachable: Mutex<Option<mpsc::Sender<NodeId>>>,
+    /// Counts changes of who is live and as what ([`PeerTable::liveness`]).
+    liveness: watch::Sender<u64>,
 }
 
 /// Most unreachable reports waiting for membership; past it more are dropped (membership's own
@@ -139,6 +141,17 @@ pub struct PeerTable {
 const UNREACHABLE_REPORTS: usize = 64;
 
 impl PeerTable {
+    /// Follows changes of the live set: a peer joined, changed state, or now advertises another
+    /// name or `remote_max_tier`. Not a beat that changes nothing of that (load, last seen), so
+    /// a reader that depends on who is live (cron's owners) wakes only when that may differ.
+    pub fn liveness(&self) -> watch::Receiver<u64> {
+        self.liveness.subscribe()
+    }
+
+    fn live_set_changed(&self) {
+        self.liveness.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// The reports of [`PeerTable::report_unreachable`], from now on (a later call takes them
     /// over: membership calls it each time it starts).
     pub fn unreachable_reports(&self) -> mpsc::Receiver<NodeId> {
@@ -189,6 +202,14 @@ impl PeerTable {
                 rtt_ms,
             },
         );
+        let same = previous.as_ref().is_some_and(|p| {
+            p.state == PeerState::Up
+                && p.info.name == peers[&id].info.name
+                && p.info.remote_max_tier == peers[&id].info.remote_max_tier
+        });
+        if !same {
+            self.live_set_changed();
+        }
         match previous {
             Some(p) if p.state == PeerState::Up => {}
             Some(p) => {
@@ -217,6 +238,7 @@ impl PeerTable {
         {
             tracing::info!(peer = %peer.info.name, id = %id.short(), from = peer.state.as_str(), to = state.as_str(), why, "peer state");
             peer.state = state;
+            self.live_set_changed();
         }
     }
 
@@ -344,6 +366,33 @@ mod tests {
         // Only an up peer is reported: a suspect or down one is membership's already.
         table.report_unreachable("127.0.0.1:1");
         assert!(reports.try_recv().is_err());
+    }
+
+    /// Cron's scheduler wakes on these instead of polling the table: a join, a state change and
+    /// a changed `remote_max_tier` wake it; a beat with only a new load does not.
+    #[test]
+    fn the_live_set_signals_joins_state_and_tier_changes_but_not_load() {
+        let table = PeerTable::default();
+        let mut live = table.liveness();
+        let alpha = info("alpha");
+        let id = alpha.id.clone();
+        table.beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static);
+        assert!(live.has_changed().expect("open"), "joined");
+        live.mark_unchanged();
+        let mut busier = alpha.clone();
+        busier.load.running = 3;
+        table.beat(busier, "127.0.0.1:1", PeerSource::Static);
+        assert!(!live.has_changed().expect("open"), "only its load changed");
+        table.mark(&id, PeerState::Down, "SWIM");
+        assert!(live.has_changed().expect("open"), "down");
+        live.mark_unchanged();
+        table.beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static);
+        assert!(live.has_changed().expect("open"), "up again");
+        live.mark_unchanged();
+        let mut writer = alpha;
+        writer.remote_max_tier = mesh_domain::Tier::Write;
+        table.beat(writer, "127.0.0.1:1", PeerSource::Static);
+        assert!(live.has_changed().expect("open"), "another remote_max_tier");
     }
 
     #[test]

@@ -36,7 +36,7 @@ use crate::{
     capabilities::Capabilities,
     chat::ChatService,
     config::{Config, ConfigError, DEFAULT_HTTP_PORT, LAST_FALLBACK_PORT, Listen, TlsMode},
-    cron::Scheduler,
+    cron::{ScheduleLimits, Scheduler},
     discovery::{Advert, Discovery, Mdns, StaticPeers},
     http::{self, FrontDoor},
     issuer::Issuer,
@@ -575,6 +575,12 @@ impl Node {
             id.clone(),
             config.name.clone(),
             config.remote_max_tier,
+            ScheduleLimits {
+                schedules: config.cron.max_schedules,
+                schedules_per_creator: config.cron.max_schedules_per_creator,
+                bytes: config.cron.max_bytes,
+                bytes_per_creator: config.cron.max_bytes_per_creator,
+            },
             Arc::new(tasks.clone()),
         );
         {

@@ -9,6 +9,8 @@
 //! less free space than its floor (`node.min_free_disk_mb`) and takes them again once there is
 //! room. If a write fails anyway, sled 0.34 cannot go on (its later flushes never return), so
 //! the store refuses every later write until the node restarts; what was stored stays stored.
+//! A flush that outlives its deadline pauses writes instead: they resume by themselves if that
+//! flush completes after all (a slow disk), and stay refused if it never does (a failed one).
 
 use std::{
     collections::HashMap,
@@ -72,6 +74,11 @@ pub trait Store: Send + Sync {
     fn flush(&self) -> Result<(), StoreError>;
     /// Refuses every later write and flush with `why`: the engine cannot be trusted to go on.
     fn fail(&self, why: &str);
+    /// Refuses writes and flushes with `why` until [`Store::resume_writes`]: a flush is late,
+    /// and the disk may yet turn out to be fine.
+    fn pause_writes(&self, why: &str);
+    /// Takes writes again after [`Store::pause_writes`] (not after [`Store::fail`]).
+    fn resume_writes(&self);
 
     /// The entries of `tree` whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, tree: &str, prefix: &[u8]) -> Entries {
@@ -106,6 +113,8 @@ pub struct SledStore {
     floor: Option<(PathBuf, u64)>,
     /// Why the store stopped taking writes for good, once it did.
     failed: OnceLock<String>,
+    /// Why the store takes no writes for now: a flush outlived its deadline and still runs.
+    paused: RwLock<Option<String>>,
 }
 
 impl SledStore {
@@ -116,6 +125,7 @@ impl SledStore {
             open: RwLock::default(),
             floor: None,
             failed: OnceLock::new(),
+            paused: RwLock::new(None),
         }
     }
 
@@ -126,17 +136,19 @@ impl SledStore {
         self
     }
 
-    /// What is wrong with the disk, for the node's health: `Err` when the store stopped taking
-    /// writes for good, `Ok(Some)` while it waits for free space, `Ok(None)` when all is well.
+    /// What is wrong with the disk, for the node's health: `Err` while the store takes no
+    /// writes (for good, or until a late flush completes), `Ok(Some)` while it waits for free
+    /// space, `Ok(None)` when all is well.
     pub fn disk_problem(&self) -> Result<Option<String>, String> {
-        if let Some(why) = self.failed.get() {
-            return Err(why.clone());
-        }
+        self.check_failed().map_err(|e| e.to_string())?;
         Ok(self.check_space().err().map(|e| e.to_string()))
     }
 
     fn check_failed(&self) -> Result<(), StoreError> {
-        match self.failed.get() {
+        if let Some(why) = self.failed.get() {
+            return Err(StoreError::Engine(why.clone()));
+        }
+        match self.paused.read_unpoisoned().as_ref() {
             Some(why) => Err(StoreError::Engine(why.clone())),
             None => Ok(()),
         }
@@ -304,6 +316,18 @@ impl Store for SledStore {
             tracing::error!(error = %why, "storage stopped taking writes");
         }
     }
+
+    fn pause_writes(&self, why: &str) {
+        let why = pause(why);
+        tracing::error!(error = %why, "storage paused writes");
+        *self.paused.write_unpoisoned() = Some(why);
+    }
+
+    fn resume_writes(&self) {
+        if self.paused.write_unpoisoned().take().is_some() {
+            tracing::info!("storage takes writes again: the late flush completed");
+        }
+    }
 }
 
 /// The message of a store that stopped taking writes because of `why`.
@@ -314,22 +338,56 @@ fn failure(why: &str) -> String {
     )
 }
 
+/// The message of a store that takes no writes until a late flush completes.
+fn pause(why: &str) -> String {
+    format!(
+        "writes paused: {why}; they resume by themselves when that flush completes; if they do \
+         not, free disk space or fix the disk, then restart the node (what was stored before is \
+         kept)"
+    )
+}
+
 /// Flushes `store` to disk on the blocking pool. Not with sled's `flush_async`: concurrent
 /// `flush_async` calls deadlock in sled 0.34 (spacejam/sled#1308). A flush that takes longer
-/// than [`FLUSH_DEADLINE`] fails the store: sled never returns from a flush after a failed write.
+/// than [`FLUSH_DEADLINE`] pauses the store's writes until it completes: sled never returns from
+/// a flush after a failed write, but a slow one may yet return.
 pub async fn flush(store: &Arc<dyn Store>) -> Result<(), StoreError> {
+    flush_within(store, FLUSH_DEADLINE).await
+}
+
+/// [`flush`] with its deadline. The deadline starts when a blocking thread starts the flush, not
+/// when the flush is queued: a pool busy with other blocking work is not a failing disk.
+async fn flush_within(store: &Arc<dyn Store>, deadline: Duration) -> Result<(), StoreError> {
     let blocking = store.clone();
-    let flushing = tokio::task::spawn_blocking(move || blocking.flush());
-    match tokio::time::timeout(FLUSH_DEADLINE, flushing).await {
+    let (started, on_started) = tokio::sync::oneshot::channel();
+    let mut flushing = tokio::task::spawn_blocking(move || {
+        let _ = started.send(());
+        blocking.flush()
+    });
+    if on_started.await.is_err() {
+        // The closure never ran: the runtime is shutting down.
+        return match flushing.await {
+            Ok(result) => result,
+            Err(e) => Err(StoreError::Engine(format!("flush task: {e}"))),
+        };
+    }
+    match tokio::time::timeout(deadline, &mut flushing).await {
         Ok(Ok(result)) => result,
         Ok(Err(e)) => Err(StoreError::Engine(format!("flush task: {e}"))),
         Err(_) => {
             let why = format!(
                 "a flush to disk did not finish within {} s (is the disk full or failing?)",
-                FLUSH_DEADLINE.as_secs()
+                deadline.as_secs_f64()
             );
-            store.fail(&why);
-            Err(StoreError::Engine(failure(&why)))
+            store.pause_writes(&why);
+            // Paused before this watch starts, so a flush that completes at once still resumes.
+            let late = store.clone();
+            tokio::spawn(async move {
+                if let Ok(Ok(())) = flushing.await {
+                    late.resume_writes();
+                }
+            });
+            Err(StoreError::Engine(pause(&why)))
         }
     }
 }
@@ -459,5 +517,124 @@ mod tests {
         assert_eq!(s.get("t", b"k").expect("get"), Some(b"v".to_vec()));
         s.commit(vec![Write::Put("t".into(), b"k2".to_vec(), vec![])])
             .expect("a restart clears it");
+    }
+
+    fn put(store: &dyn Store, key: &str) -> Result<(), StoreError> {
+        store.commit(vec![Write::Put("t".into(), key.into(), b"v".to_vec())])
+    }
+
+    /// Issue 26, point 8: the flush deadline counted the time a flush waited for a blocking
+    /// thread, so a pool busy with other work failed the store until a restart.
+    #[test]
+    fn a_flush_queued_behind_a_busy_blocking_pool_is_not_timed_out() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .max_blocking_threads(1)
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let (_dir, s) = store();
+            let s = Arc::new(s);
+            let dyn_store: Arc<dyn Store> = s.clone();
+            put(&*s, "k").expect("commit");
+            // Take the pool's only thread until the test lets go of it.
+            let (taken, on_taken) = tokio::sync::oneshot::channel();
+            let (release, on_release) = std::sync::mpsc::channel::<()>();
+            let busy = tokio::task::spawn_blocking(move || {
+                let _ = taken.send(());
+                let _ = on_release.recv();
+            });
+            on_taken.await.expect("the pool's thread is taken");
+            let deadline = Duration::from_millis(100);
+            let flushing = tokio::spawn({
+                let store = dyn_store.clone();
+                async move { flush_within(&store, deadline).await }
+            });
+            // The flush waits in the queue three times its deadline: what is being tested.
+            tokio::time::sleep(deadline * 3).await;
+            release.send(()).expect("release the pool");
+            busy.await.expect("busy task");
+            flushing
+                .await
+                .expect("flush task")
+                .expect("a flush's deadline starts when the flush starts");
+            assert_eq!(s.disk_problem(), Ok(None));
+            put(&*s, "k2").expect("writes go on");
+        });
+    }
+
+    /// A sled store whose flushes take until the test lets them go on.
+    struct LateFlush {
+        inner: SledStore,
+        gate: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl Store for LateFlush {
+        fn get(&self, tree: &str, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+            self.inner.get(tree, key)
+        }
+        fn range(&self, tree: &str, from: Bound<Vec<u8>>, to: Bound<Vec<u8>>) -> Entries {
+            self.inner.range(tree, from, to)
+        }
+        fn commit(&self, writes: Vec<Write>) -> Result<(), StoreError> {
+            self.inner.commit(writes)
+        }
+        fn trees(&self) -> Result<Vec<String>, StoreError> {
+            self.inner.trees()
+        }
+        fn drop_tree(&self, tree: &str) -> Result<(), StoreError> {
+            self.inner.drop_tree(tree)
+        }
+        fn flush(&self) -> Result<(), StoreError> {
+            // As `SledStore::flush`, with the wait where the disk would be slow.
+            self.inner.check_failed()?;
+            let _ = self.gate.lock().expect("gate").recv();
+            self.inner.db.flush()?;
+            Ok(())
+        }
+        fn fail(&self, why: &str) {
+            self.inner.fail(why);
+        }
+        fn pause_writes(&self, why: &str) {
+            self.inner.pause_writes(why);
+        }
+        fn resume_writes(&self) {
+            self.inner.resume_writes();
+        }
+    }
+
+    /// Issue 26, point 8: a flush past its deadline refused writes until a restart, even when
+    /// the disk was only slow and the flush completed a moment later.
+    #[tokio::test]
+    async fn a_store_whose_flush_was_late_takes_writes_again_once_it_completes() {
+        let (_dir, inner) = store();
+        let (release, gate) = std::sync::mpsc::channel();
+        let s = Arc::new(LateFlush {
+            inner,
+            gate: std::sync::Mutex::new(gate),
+        });
+        let dyn_store: Arc<dyn Store> = s.clone();
+        put(&*s, "k").expect("commit");
+        let late = flush_within(&dyn_store, Duration::from_millis(50))
+            .await
+            .expect_err("past its deadline");
+        assert!(late.to_string().contains("did not finish within"), "{late}");
+        let refused = put(&*s, "k2").expect_err("writes paused while the flush runs");
+        assert!(
+            refused.to_string().contains("resume by themselves"),
+            "{refused}"
+        );
+        assert!(s.inner.disk_problem().is_err());
+        release.send(()).expect("let the flush complete");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while put(&*s, "k2").is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "writes never resumed after the late flush completed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await; // poll interval
+        }
+        assert_eq!(s.inner.disk_problem(), Ok(None));
+        assert_eq!(s.get("t", b"k").expect("get"), Some(b"v".to_vec()));
     }
 }

@@ -751,6 +751,18 @@ impl Harness {
         Ok(self.cli_command(node, args).output()?)
     }
 
+    /// Runs `mesh-cli` against `node` like [`Harness::cli`], asserting that it succeeds (the
+    /// failure shows its stderr), and returns what it printed.
+    pub fn cli_ok(&self, node: &NodeProcess, args: &[&str]) -> String {
+        let output = self.cli(node, args).expect("mesh-cli");
+        assert!(
+            output.status.success(),
+            "mesh-cli {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
     /// Task `id`'s events, as `mesh-cli tasks show ID --json` on `node` lists them.
     pub fn task_events(&self, node: &NodeProcess, id: &str) -> Vec<serde_json::Value> {
         let output = self

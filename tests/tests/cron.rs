@@ -16,16 +16,6 @@ fn research(fake: &FakeOpenAi) -> String {
     )
 }
 
-fn cli_ok(h: &Harness, node: &NodeProcess, args: &[&str]) -> String {
-    let output = h.cli(node, args).expect("mesh-cli");
-    assert!(
-        output.status.success(),
-        "mesh-cli {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 fn cli_err(h: &Harness, node: &NodeProcess, args: &[&str]) -> String {
     let output = h.cli(node, args).expect("mesh-cli");
     assert_eq!(
@@ -37,7 +27,7 @@ fn cli_err(h: &Harness, node: &NodeProcess, args: &[&str]) -> String {
 }
 
 fn json(h: &Harness, node: &NodeProcess, args: &[&str]) -> Value {
-    serde_json::from_str(&cli_ok(h, node, args)).expect("JSON")
+    serde_json::from_str(&h.cli_ok(node, args)).expect("JSON")
 }
 
 fn history(h: &Harness, node: &NodeProcess, name: &str) -> Vec<Value> {
@@ -71,8 +61,7 @@ fn a_schedule_made_on_one_node_runs_where_its_role_is_served() {
         .expect("gpu");
     h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
 
-    let added = cli_ok(
-        &h,
+    let added = h.cli_ok(
         &laptop,
         &[
             "cron",
@@ -137,7 +126,7 @@ fn a_schedule_made_on_one_node_runs_where_its_role_is_served() {
     assert!(cli_err(&h, &laptop, &["cron", "history", "nope"]).contains("no schedule named"));
 
     // Removed: it stops firing. Run-now fires once by hand.
-    cli_ok(&h, &laptop, &["cron", "rm", "notes"]);
+    h.cli_ok(&laptop, &["cron", "rm", "notes"]);
     wait_for("`notes` gone from the gpu node", DEADLINE, || {
         json(&h, &gpu, &["cron", "ls", "--json"])
             .as_array()
@@ -145,8 +134,7 @@ fn a_schedule_made_on_one_node_runs_where_its_role_is_served() {
             .then_some(())
     })
     .expect("removed");
-    cli_ok(
-        &h,
+    h.cli_ok(
         &laptop,
         &[
             "cron",
@@ -190,8 +178,7 @@ fn firings_continue_when_the_owner_is_killed_and_no_time_runs_twice() {
     let mut name = String::new();
     for attempt in 0..20 {
         let candidate = format!("tick{attempt}");
-        cli_ok(
-            &h,
+        h.cli_ok(
             &worker,
             &[
                 "cron",
@@ -209,7 +196,7 @@ fn firings_continue_when_the_owner_is_killed_and_no_time_runs_twice() {
             name = candidate;
             break;
         }
-        cli_ok(&h, &worker, &["cron", "rm", &candidate]);
+        h.cli_ok(&worker, &["cron", "rm", &candidate]);
     }
     assert!(!name.is_empty(), "every attempt hashed to the worker");
     let first_owner = wait_for("two firings done by the first owner", DEADLINE, || {

@@ -30,13 +30,14 @@ pub use defaults::{
 };
 pub use error::ConfigError;
 pub use raw::{
-    Overrides, RawApproval, RawConfig, RawConnections, RawDiscovery, RawGpu, RawHttp, RawHttpKey,
-    RawMcp, RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity, RawTasks, RawTls,
-    RawTools,
+    Overrides, RawApproval, RawConfig, RawConnections, RawCron, RawDiscovery, RawGpu, RawHttp,
+    RawHttpKey, RawMcp, RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity,
+    RawTasks, RawTls, RawTools,
 };
 pub use types::{
-    ApprovalConfig, Backend, Config, ConnectionLimits, Discovery, GpuDecl, HttpConfig, HttpKey,
-    KeySecret, Listen, McpConfig, McpTransport, ModelConfig, PersonaConfig, TaskLimits, TlsMode,
+    ApprovalConfig, Backend, Config, ConnectionLimits, CronLimits, Discovery, GpuDecl, HttpConfig,
+    HttpKey, KeySecret, Listen, McpConfig, McpTransport, ModelConfig, PersonaConfig, TaskLimits,
+    TlsMode,
 };
 
 impl Config {

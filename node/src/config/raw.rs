@@ -46,6 +46,8 @@ pub struct RawConfig {
     pub connections: RawConnections,
     /// `[approval]`
     pub approval: RawApproval,
+    /// `[cron]`
+    pub cron: RawCron,
     /// `[[mcp]]`: MCP servers whose tools this node's agents, and the fleet's, may use.
     /// Default: none.
     pub mcp: Vec<RawMcp>,
@@ -287,6 +289,20 @@ pub struct RawApproval {
     /// Calls that may wait for approval on this node at once; one more is denied at once.
     /// Default: 16.
     pub max_pending: Option<usize>,
+}
+
+/// `[cron]`: how many schedules, and how many bytes of them, this node keeps.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RawCron {
+    /// Most schedules of all creators together. Default: 1000.
+    pub max_schedules: Option<usize>,
+    /// Most schedules of one creator (one certificate). Default: 100.
+    pub max_schedules_per_creator: Option<usize>,
+    /// Most MiB of stored schedules of all creators together. Default: 16.
+    pub max_mb: Option<usize>,
+    /// Most MiB of stored schedules of one creator. Default: 4.
+    pub max_mb_per_creator: Option<usize>,
 }
 
 /// `[memory]`: what the shared memory keeps to itself and how it replicates.

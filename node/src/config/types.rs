@@ -69,6 +69,8 @@ pub struct Config {
     pub connections: ConnectionLimits,
     /// `[approval]`: which tool calls wait for a person's approval.
     pub approval: ApprovalConfig,
+    /// `[cron]`: how many schedules this node keeps.
+    pub cron: CronLimits,
     /// `[[mcp]]`: the MCP servers whose tools this node offers.
     pub mcp: Vec<McpConfig>,
 }
@@ -172,6 +174,19 @@ pub struct Security {
     pub client_max_tier: Tier,
     /// The highest tier run or allowed for a caller of the front door's `/mcp` tools.
     pub mcp_max_tier: Tier,
+}
+
+/// Validated `[cron]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CronLimits {
+    /// `cron.max_schedules`.
+    pub max_schedules: usize,
+    /// `cron.max_schedules_per_creator`.
+    pub max_schedules_per_creator: usize,
+    /// `cron.max_mb`, in bytes.
+    pub max_bytes: usize,
+    /// `cron.max_mb_per_creator`, in bytes.
+    pub max_bytes_per_creator: usize,
 }
 
 /// Validated `[tasks]`.

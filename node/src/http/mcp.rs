@@ -44,7 +44,7 @@ use super::{door::FrontDoor, gateway::Caller};
 use crate::{
     admission::Caller as AdmissionCaller,
     agent::tools::ToolContext,
-    cron::Timetable,
+    cron::owner_of,
     tasks::{LookupError, SubmitError},
 };
 
@@ -446,16 +446,17 @@ impl MeshTools {
         let schedules = self
             .door
             .scheduler
+            .table()
             .schedules()
             .map_err(|e| CallError::Tool(format!("read the schedules: {e}")))?;
         let now = chrono::Utc::now().timestamp_millis();
+        let live = self.door.scheduler.live();
         let listed: Vec<Value> = schedules
             .iter()
             .take(MAX_SCHEDULES_LISTED)
-            .map(|s| {
-                let next = Timetable::parse(&s.expression, &s.timezone)
-                    .ok()
-                    .and_then(|t| t.next_after(now));
+            .map(|stored| {
+                let s = &stored.parsed.schedule;
+                let next = stored.parsed.timetable.next_after(now);
                 json!({
                     "name": s.name,
                     "schedule": s.expression,
@@ -465,9 +466,10 @@ impl MeshTools {
                     "tier": s.task.tier.to_string(),
                     "enabled": s.enabled,
                     "overlap": s.overlap.to_string(),
-                    "owner": self.door.scheduler.owner_name(s),
+                    "owner": owner_of(s, &live).map(|node| node.name.as_str()),
                     "next_at_ms": next,
                     "created_on": s.created_on,
+                    "held": stored.held,
                 })
             })
             .collect();

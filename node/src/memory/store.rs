@@ -110,6 +110,9 @@ pub struct Memory {
     /// Counts commits that changed records (local writes and applied peers' records), so a
     /// reader can wait for a change instead of polling ([`Memory::changes`]).
     changes: watch::Sender<u64>,
+    /// The same per namespace, for the namespaces someone follows ([`Memory::changes_in`]):
+    /// only the node's own code subscribes, so the map holds a handful of entries.
+    namespace_changes: std::sync::Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
 /// One page of a listing ([`Memory::page`]).
@@ -207,6 +210,7 @@ impl Memory {
             namespaces: std::sync::Mutex::new(namespaces),
             max_namespaces: options.max_namespaces,
             changes: watch::Sender::new(0),
+            namespace_changes: std::sync::Mutex::default(),
         };
         match memory.sign_stored() {
             Ok((0, 0)) => {}
@@ -238,8 +242,25 @@ impl Memory {
         self.changes.subscribe()
     }
 
-    fn changed(&self) {
+    /// Follows the changes of one namespace, as [`Memory::changes`] follows all: a reader that
+    /// keeps a namespace decoded re-reads it on a change there, not on every write.
+    pub fn changes_in(&self, ns: &str) -> watch::Receiver<u64> {
+        self.namespace_changes
+            .lock_unpoisoned()
+            .entry(ns.to_owned())
+            .or_insert_with(|| watch::Sender::new(0))
+            .subscribe()
+    }
+
+    /// Tells followers that a commit changed records of `namespaces`.
+    pub(super) fn changed<'a>(&self, namespaces: impl IntoIterator<Item = &'a str>) {
         self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        let followed = self.namespace_changes.lock_unpoisoned();
+        for ns in namespaces {
+            if let Some(changes) = followed.get(ns) {
+                changes.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        }
     }
 
     pub(super) fn write_lock(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -377,7 +398,7 @@ impl Memory {
             }
             record
         };
-        self.changed();
+        self.changed([ns]);
         // Acknowledged only once durable: sled itself syncs only every ~500 ms.
         self.flush().await?;
         if replicated {
@@ -532,7 +553,11 @@ impl Memory {
             Ok(()) => {
                 self.note_namespaces(created);
                 if any {
-                    self.changed();
+                    let written: HashSet<&str> = pending
+                        .keys()
+                        .filter_map(|(tree, _)| tree.strip_prefix(NS_PREFIX))
+                        .collect();
+                    self.changed(written);
                 }
             }
             Err(e) => {
@@ -692,6 +717,10 @@ impl Memory {
         let mut writes = vec![Write::Delete(tree.into(), key.to_vec())];
         unindex(&mut writes, record);
         self.store.commit(writes)?;
+        // A collected tombstone changes nothing a reader sees; a dropped record does.
+        if !record.tombstone {
+            self.changed(tree.strip_prefix(NS_PREFIX));
+        }
         Ok(true)
     }
 
@@ -804,6 +833,46 @@ mod tests {
                 .expect("tombstone")
                 .tombstone
         );
+    }
+
+    /// A reader following one namespace (the scheduler follows `cron`) is woken by its own
+    /// writes and peers' records there, and not by writes elsewhere.
+    #[tokio::test]
+    async fn a_follower_of_a_namespace_wakes_for_changes_there_only() {
+        let (_dir, memory) = open_memory(&id("me"), MemoryOptions::default());
+        let mut cron = memory.changes_in("cron");
+        let mut notes = memory.changes_in("notes");
+        memory
+            .put("notes", "k", Some(b"v".to_vec()))
+            .await
+            .expect("put");
+        assert!(notes.has_changed().expect("open"));
+        assert!(!cron.has_changed().expect("open"), "a write elsewhere");
+        notes.mark_unchanged();
+        let now = uhlc::system_time_clock().as_u64();
+        let peer = Entry {
+            namespace: "cron".into(),
+            key: "nightly".into(),
+            record: Record {
+                seq: 1,
+                value: b"{}".to_vec(),
+                ..record(now, &id("p"), false)
+            },
+        };
+        assert!(memory.apply(&peer).expect("apply"));
+        assert!(cron.has_changed().expect("open"));
+        assert!(!notes.has_changed().expect("open"));
+        cron.mark_unchanged();
+        // A record that loses to the one held changes nothing.
+        let older = Entry {
+            record: Record {
+                seq: 2,
+                ..record(now - 1, &id("p"), false)
+            },
+            ..peer.clone()
+        };
+        assert!(!memory.apply(&older).expect("apply"));
+        assert!(!cron.has_changed().expect("open"));
     }
 
     #[tokio::test]

@@ -8,11 +8,17 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     admission::{Admission, Caller},
-    cron::{self, CronError, Firing, Overlap, Schedule, Scheduler, Timetable},
+    cron::{self, CronError, Firing, LiveNode, Overlap, Schedule, Scheduler, Timetable},
 };
 
 /// Most firings one `History` answer carries.
 const MAX_HISTORY: usize = 1000;
+/// Schedules in a `List` answer when the request does not say, and at most.
+const LIST_DEFAULT: usize = 100;
+const LIST_MAX: usize = 1000;
+/// Bytes of stored schedules in one `List` answer (one more than fits is still sent): well
+/// within the answer's 4 MiB encoding limit.
+const LIST_BYTES: usize = 2 << 20;
 
 /// The Cron service.
 #[derive(Debug, Clone)]
@@ -59,25 +65,34 @@ impl CronService {
             .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)
     }
+}
 
-    fn to_pb(&self, schedule: &Schedule) -> pb::CronSchedule {
-        let next = Timetable::parse(&schedule.expression, &schedule.timezone)
-            .ok()
-            .and_then(|t| t.next_after(chrono::Utc::now().timestamp_millis()));
-        pb::CronSchedule {
-            id: schedule.id.clone(),
-            name: schedule.name.clone(),
-            schedule: schedule.expression.clone(),
-            timezone: schedule.timezone.clone(),
-            task: Some(pb::SubmitRequest::from(&schedule.task)),
-            overlap: schedule.overlap.to_string(),
-            catch_up_s: schedule.catch_up_s,
-            enabled: schedule.enabled,
-            created_at_ms: u64::try_from(schedule.created_at_ms).unwrap_or(0),
-            created_on: schedule.created_on.clone(),
-            owner: self.scheduler.owner_name(schedule),
-            next_at_ms: next.and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
-        }
+/// A schedule on the wire: its owner among `live`, its next time after `now` by `timetable`,
+/// and why the caps hold it back, if they do.
+fn schedule_pb(
+    schedule: &Schedule,
+    timetable: &Timetable,
+    held: Option<&str>,
+    live: &[LiveNode],
+    now: i64,
+) -> pb::CronSchedule {
+    let next = timetable.next_after(now);
+    pb::CronSchedule {
+        id: schedule.id.clone(),
+        name: schedule.name.clone(),
+        schedule: schedule.expression.clone(),
+        timezone: schedule.timezone.clone(),
+        task: Some(pb::SubmitRequest::from(&schedule.task)),
+        overlap: schedule.overlap.to_string(),
+        catch_up_s: schedule.catch_up_s,
+        enabled: schedule.enabled,
+        created_at_ms: u64::try_from(schedule.created_at_ms).unwrap_or(0),
+        created_on: schedule.created_on.clone(),
+        owner: cron::owner_of(schedule, live)
+            .map(|node| node.name.clone())
+            .unwrap_or_default(),
+        next_at_ms: next.and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
+        held: held.unwrap_or_default().to_owned(),
     }
 }
 
@@ -89,6 +104,7 @@ impl From<CronError> for Status {
             CronError::Invalid(_) => Status::invalid_argument(message),
             CronError::NotFound(_) => Status::not_found(message),
             CronError::Exists(_) => Status::already_exists(message),
+            CronError::Full(_) => Status::resource_exhausted(message),
             CronError::Memory(memory) => memory.into(),
         }
     }
@@ -120,7 +136,7 @@ impl pb::cron_server::Cron for CronService {
         let creator = self.caller(&request)?;
         let r = request.into_inner();
         cron::check_name(&r.name)?;
-        Timetable::parse(&r.schedule, &r.timezone)?;
+        let timetable = Timetable::parse(&r.schedule, &r.timezone)?;
         let overlap: Overlap = r.overlap.parse()?;
         let task = r
             .task
@@ -153,16 +169,45 @@ impl pb::cron_server::Cron for CronService {
             origin: None,
         };
         let schedule = self.scheduler.add(schedule).await?;
-        Ok(Response::new(self.to_pb(&schedule)))
+        let now = chrono::Utc::now().timestamp_millis();
+        Ok(Response::new(schedule_pb(
+            &schedule,
+            &timetable,
+            None,
+            &self.scheduler.live(),
+            now,
+        )))
     }
 
     async fn list(
         &self,
-        _request: Request<pb::CronListRequest>,
+        request: Request<pb::CronListRequest>,
     ) -> Result<Response<pb::CronListResponse>, Status> {
-        let schedules = self.scheduler.schedules()?;
+        let r = request.into_inner();
+        if !r.after.is_empty() {
+            cron::check_name(&r.after)
+                .map_err(|e| Status::invalid_argument(format!("after: {e}")))?;
+        }
+        let limit = match r.limit {
+            0 => LIST_DEFAULT,
+            n => (n as usize).min(LIST_MAX),
+        };
+        let (page, next_after) = self.scheduler.table().page(&r.after, limit, LIST_BYTES)?;
+        let (live, now) = (self.scheduler.live(), chrono::Utc::now().timestamp_millis());
         Ok(Response::new(pb::CronListResponse {
-            schedules: schedules.iter().map(|s| self.to_pb(s)).collect(),
+            schedules: page
+                .iter()
+                .map(|s| {
+                    schedule_pb(
+                        &s.parsed.schedule,
+                        &s.parsed.timetable,
+                        s.held.as_deref(),
+                        &live,
+                        now,
+                    )
+                })
+                .collect(),
+            next_after: next_after.unwrap_or_default(),
         }))
     }
 
@@ -179,13 +224,14 @@ impl pb::cron_server::Cron for CronService {
         request: Request<pb::CronRunNowRequest>,
     ) -> Result<Response<pb::CronFiring>, Status> {
         let caller = self.caller(&request)?;
-        let schedule = self.scheduler.get(&request.into_inner().name)?;
+        let stored = self.scheduler.table().get(&request.into_inner().name)?;
+        let schedule = &stored.parsed.schedule;
         // The firing runs as the schedule's creator; whoever fires it by hand must be able to
         // run its task here too.
         self.may_run(caller.as_ref(), &schedule.task)?;
         let firing = self
             .scheduler
-            .fire(&schedule, chrono::Utc::now().timestamp_millis(), true)
+            .fire(schedule, chrono::Utc::now().timestamp_millis(), true)
             .await?;
         Ok(Response::new(firing_pb(&firing)))
     }
@@ -195,12 +241,12 @@ impl pb::cron_server::Cron for CronService {
         request: Request<pb::CronHistoryRequest>,
     ) -> Result<Response<pb::CronHistoryResponse>, Status> {
         let r = request.into_inner();
-        let schedule = self.scheduler.get(&r.name)?;
+        let stored = self.scheduler.table().get(&r.name)?;
         let limit = match r.limit {
             0 => 100,
             n => (n as usize).min(MAX_HISTORY),
         };
-        let firings = self.scheduler.history(&schedule.id)?;
+        let firings = self.scheduler.history(&stored.parsed.schedule.id)?;
         let skip = firings.len().saturating_sub(limit);
         Ok(Response::new(pb::CronHistoryResponse {
             firings: firings.iter().skip(skip).map(firing_pb).collect(),

@@ -256,6 +256,12 @@ mod tests {
         fn fail(&self, why: &str) {
             self.inner.fail(why);
         }
+        fn pause_writes(&self, why: &str) {
+            self.inner.pause_writes(why);
+        }
+        fn resume_writes(&self) {
+            self.inner.resume_writes();
+        }
     }
 
     /// Issue 16, point 3: replaying a task's history to a watcher reads the store a page at a

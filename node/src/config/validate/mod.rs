@@ -8,6 +8,7 @@
 //!   work and callers run within);
 //! - `keys.rs`: `[[http.keys]]` (the front door's named keys and their policies);
 //! - `approval.rs`: `[approval]` (which tool calls wait for a person);
+//! - `cron.rs`: `[cron]` (how many schedules the node keeps);
 //! - `mcp.rs`: `[[mcp]]` (the MCP servers whose tools the node offers);
 //! - `syntax.rs`: the shape of names and `host:port` peers, shared by the above.
 //!
@@ -15,6 +16,7 @@
 //! zero-config model's (only whether it is there).
 
 mod approval;
+mod cron;
 mod keys;
 mod limits;
 mod mcp;
@@ -58,6 +60,7 @@ impl RawConfig {
         let min_free_disk = node::min_free_disk(self.node.min_free_disk_mb, &origin)?;
         let connections = limits::connections(self.connections, &origin)?;
         let approval = approval::approval(self.approval, &origin)?;
+        let cron = cron::cron(self.cron, &origin)?;
         let mcp = mcp::servers(self.mcp, &origin)?;
 
         Ok(Config {
@@ -89,6 +92,7 @@ impl RawConfig {
             http,
             connections,
             approval,
+            cron,
             mcp,
         })
     }

@@ -111,11 +111,18 @@ enum Command {
     /// --role client`): writes ca.pem, mesh-cli.pem and mesh-cli.key (owner-only) into the
     /// operator's config dir (e.g. ~/.config/agentmesh).
     Join {
-        /// The token, `agentmesh-join:…`.
+        /// The token, `agentmesh-join:…`; `-` reads it from standard input. Better `-` or the
+        /// environment variable MESH_JOIN_TOKEN than the token itself: an argument shows in
+        /// `ps` and the shell's history.
+        #[arg(env = "MESH_JOIN_TOKEN", hide_env_values = true)]
         token: String,
         /// The name in the certificate. Default: `<host name>-cli`.
         #[arg(long)]
         name: Option<String>,
+        /// The key's algorithm: `ed25519` (the default), or `p256` for a client whose TLS
+        /// offers no Ed25519.
+        #[arg(long, value_name = "TYPE", default_value = "ed25519", value_parser = ["ed25519", "p256"])]
+        key_type: String,
     },
 }
 
@@ -251,7 +258,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keys(command) => keys::run(&cli.conn, command).await,
         Command::Approvals(command) => approvals::run(&cli.conn, command).await,
         Command::Token(join::TokenCommand::Create(args)) => join::create(args),
-        Command::Join { token, name } => join::join(&token, name).await,
+        Command::Join {
+            token,
+            name,
+            key_type,
+        } => {
+            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
+            join::join(&token, name, key_type).await
+        }
         Command::Ca(CaCommand::Init { dir }) => {
             let (cert, key) = ca::ca_init(&dir)?;
             println!(

@@ -270,7 +270,7 @@ impl Issuer {
 mod tests {
     use super::*;
     use mesh_identity::{
-        ca::{CA_CERT_FILE, CA_KEY_FILE, ca_init, new_key_and_csr},
+        ca::{CA_CERT_FILE, CA_KEY_FILE, KeyType, ca_init, new_key_and_csr},
         join::create_token,
     };
 
@@ -308,7 +308,7 @@ mod tests {
     }
 
     fn csr(name: &str) -> String {
-        new_key_and_csr(name).expect("csr").1
+        new_key_and_csr(name, KeyType::Ed25519).expect("csr").1
     }
 
     #[tokio::test]

@@ -87,12 +87,36 @@ impl std::str::FromStr for KeyType {
 }
 
 impl KeyType {
-    fn generate(self) -> Result<KeyPair, rcgen::Error> {
+    /// A new key of this type, whose PEM (`serialize_pem`) every TLS stack reads.
+    pub(crate) fn generate(self) -> Result<KeyPair, rcgen::Error> {
         match self {
-            Self::Ed25519 => KeyPair::generate_for(&rcgen::PKCS_ED25519),
+            Self::Ed25519 => ed25519_pkcs8_v1(),
             Self::P256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
         }
     }
+}
+
+/// The DER of an Ed25519 private key in PKCS#8 v1, the form of RFC 8410 section 7, up to the
+/// 32-byte seed that follows it: `SEQUENCE { INTEGER 0, SEQUENCE { OID 1.3.101.112 },
+/// OCTET STRING { OCTET STRING (32 bytes) } }`.
+const ED25519_PKCS8_V1_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+/// A new Ed25519 key serialized as PKCS#8 v1. ring (under rcgen) generates v2, with the public
+/// key appended, which OpenSSL 3.0, Python's `ssl` and `cryptography`, and grpcio refuse to
+/// read ("Could not read key"), so no curl, grpcurl or Python gRPC client could use a
+/// certificate the mesh issued. ring reads both forms, so keys written as v2 before still load.
+fn ed25519_pkcs8_v1() -> Result<KeyPair, rcgen::Error> {
+    use ring::rand::SecureRandom;
+    let mut der = Vec::with_capacity(ED25519_PKCS8_V1_PREFIX.len() + 32);
+    der.extend_from_slice(&ED25519_PKCS8_V1_PREFIX);
+    let mut seed = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut seed)
+        .map_err(|_| rcgen::Error::RingUnspecified)?;
+    der.extend_from_slice(&seed);
+    KeyPair::from_pkcs8_der_and_sign_algo(&der.as_slice().into(), &rcgen::PKCS_ED25519)
 }
 
 /// Issues `NAME.pem` / `NAME.key` in `dir`, signed by the CA in the same directory, for `role`
@@ -236,11 +260,11 @@ impl CaSigner {
     }
 }
 
-/// A new Ed25519 key and a certificate signing request for it, PEM: what a joining device sends
-/// (the key never leaves it).
-pub fn new_key_and_csr(name: &str) -> Result<(KeyPair, String), TlsError> {
+/// A new key of `key_type` and a certificate signing request for it, PEM: what a joining device
+/// sends (the key never leaves it).
+pub fn new_key_and_csr(name: &str, key_type: KeyType) -> Result<(KeyPair, String), TlsError> {
     validate_cert_name(name)?;
-    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+    let key = key_type.generate()?;
     let mut params = CertificateParams::default();
     params.distinguished_name = distinguished_name(name);
     let csr = params.serialize_request(&key)?;
@@ -357,6 +381,102 @@ mod tests {
             issue(dir.path(), "alpha", &[], CertRole::Node),
             Err(TlsError::Exists(_))
         ));
+    }
+
+    /// The DER of the PEM private key in `path`.
+    fn key_der(path: &Path) -> Vec<u8> {
+        use rustls::pki_types::{PrivateKeyDer, pem::PemObject};
+        let pem = read(path).expect("key file");
+        PrivateKeyDer::from_pem_slice(pem.as_bytes())
+            .expect("a PEM private key")
+            .secret_der()
+            .to_vec()
+    }
+
+    /// The version of a PKCS#8 `PrivateKeyInfo` (0: v1, 1: v2), the INTEGER after the outer
+    /// SEQUENCE's header.
+    fn pkcs8_version(der: &[u8]) -> u8 {
+        let header = match der[1] {
+            short if short < 0x80 => 2,
+            long => 2 + usize::from(long & 0x7f),
+        };
+        assert_eq!(
+            der[header..header + 2],
+            [0x02, 0x01],
+            "an INTEGER of one byte"
+        );
+        der[header + 2]
+    }
+
+    /// Regression (issue 26): Ed25519 keys were written as PKCS#8 v2 (with the public key), which
+    /// OpenSSL 3.0, Python's `ssl` and grpcio cannot read. Every key written now is v1: version
+    /// 0, and for Ed25519 exactly the 48 bytes of RFC 8410's form; and it still loads here.
+    #[test]
+    fn issued_keys_are_pkcs8_v1_and_load() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ca_init(dir.path()).expect("ca");
+        let (ed_cert, ed_key) = issue(dir.path(), "alpha", &[], CertRole::Node).expect("ed25519");
+        let der = key_der(&ed_key);
+        assert_eq!(der.len(), 48, "{der:02x?}");
+        assert_eq!(der[..16], ED25519_PKCS8_V1_PREFIX, "{der:02x?}");
+        let (p_cert, p_key) =
+            issue_with(dir.path(), "beta", &[], CertRole::Client, KeyType::P256).expect("p256");
+        let (_, csr) = new_key_and_csr("gamma", KeyType::Ed25519).expect("csr");
+        assert!(csr.contains("CERTIFICATE REQUEST"));
+        for (key, cert) in [(&ed_key, &ed_cert), (&p_key, &p_cert)] {
+            assert_eq!(pkcs8_version(&key_der(key)), 0, "{}", key.display());
+            let tls = crate::MeshTls::load(&crate::TlsFiles {
+                ca: dir.path().join(CA_CERT_FILE),
+                cert: cert.clone(),
+                key: key.clone(),
+            })
+            .expect("loads");
+            tls.origin_signer()
+                .expect("signs records")
+                .sign(b"x")
+                .expect("sign");
+        }
+        let ca_der = key_der(&dir.path().join(CA_KEY_FILE));
+        assert_eq!(pkcs8_version(&ca_der), 0, "the CA key is v1 too");
+    }
+
+    /// Keys written as PKCS#8 v2 before issue 26 still load, for TLS and for signing records:
+    /// nothing already stored is lost.
+    #[test]
+    fn a_key_written_as_pkcs8_v2_still_loads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ca_init(dir.path()).expect("ca");
+        let old = KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("ring's v2 key");
+        assert_eq!(pkcs8_version(&old.serialize_der()), 1, "v2 as before");
+        let mut params = CertificateParams::default();
+        params.distinguished_name = distinguished_name("old");
+        let csr = params
+            .serialize_request(&old)
+            .expect("csr")
+            .pem()
+            .expect("pem");
+        let ca = CaSigner::load(
+            &dir.path().join(CA_CERT_FILE),
+            &dir.path().join(CA_KEY_FILE),
+        )
+        .expect("ca");
+        let files = crate::TlsFiles {
+            ca: dir.path().join(CA_CERT_FILE),
+            cert: dir.path().join("old.pem"),
+            key: dir.path().join("old.key"),
+        };
+        fs::write(
+            &files.cert,
+            ca.sign_csr(&csr, "old", CertRole::Node).expect("sign"),
+        )
+        .expect("write");
+        fs::write(&files.key, old.serialize_pem()).expect("write");
+        let tls = crate::MeshTls::load(&files).expect("a v2 key loads");
+        tls.server_config(false).expect("serves with it");
+        tls.origin_signer()
+            .expect("signs records")
+            .sign(b"x")
+            .expect("sign");
     }
 
     #[test]

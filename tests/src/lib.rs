@@ -366,8 +366,10 @@ pub struct NodeOptions {
     /// `RUST_LOG` of the node; default: `MESH_TEST_LOG`, else `info,mesh_node=debug`. Benches
     /// set `info`, as a deployment runs, so debug logging does not weigh on what they measure.
     pub log: Option<String>,
-    /// Starts with `--join TOKEN`.
+    /// Starts with this join token, passed as [`NodeOptions::join_via`] says.
     pub join: Option<String>,
+    /// How the join token reaches the node.
+    pub join_via: TokenVia,
     /// No certificate files: the node uses the zero-config layout `<data_dir>/tls` (where a
     /// join stores its certificate).
     pub zero_config_tls: bool,
@@ -391,6 +393,7 @@ impl NodeOptions {
             issuer: false,
             log: None,
             join: None,
+            join_via: TokenVia::Argument,
             zero_config_tls: false,
         }
     }
@@ -411,6 +414,12 @@ impl NodeOptions {
     pub fn join(mut self, token: &str) -> Self {
         self.join = Some(token.into());
         self.zero_config_tls = true;
+        self
+    }
+
+    /// Passes the join token as `via` says instead of as `--join TOKEN`.
+    pub fn join_via(mut self, via: TokenVia) -> Self {
+        self.join_via = via;
         self
     }
 
@@ -470,6 +479,17 @@ impl NodeOptions {
         self.extra.push('\n');
         self
     }
+}
+
+/// How a join token reaches `mesh-node`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenVia {
+    /// `--join TOKEN`.
+    Argument,
+    /// `--join -`, and the token on standard input.
+    Stdin,
+    /// `MESH_JOIN_TOKEN=TOKEN`.
+    Environment,
 }
 
 /// A running `mesh-node` child process.
@@ -703,7 +723,7 @@ impl Harness {
         cmd.arg("--config")
             .arg(&config_path)
             .args(["--log-format", "json"])
-            .args(options.join.iter().flat_map(|token| ["--join", token]))
+            .env_remove("MESH_JOIN_TOKEN")
             .env(
                 "RUST_LOG",
                 options
@@ -715,7 +735,18 @@ impl Harness {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log)?);
+        if let Some(token) = &options.join {
+            match options.join_via {
+                TokenVia::Argument => cmd.args(["--join", token]),
+                TokenVia::Stdin => cmd.args(["--join", "-"]).stdin(Stdio::piped()),
+                TokenVia::Environment => cmd.env("MESH_JOIN_TOKEN", token),
+            };
+        }
         let mut child = cmd.spawn().context("start mesh-node")?;
+        if let (Some(token), Some(mut stdin)) = (&options.join, child.stdin.take()) {
+            use std::io::Write;
+            writeln!(stdin, "{token}").context("write the join token to mesh-node's stdin")?;
+        }
 
         let addr_file = data_dir.join("node.addr");
         let addr = wait_for(

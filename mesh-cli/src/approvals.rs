@@ -59,17 +59,21 @@ pub(crate) async fn run(conn: &ConnArgs, command: ApprovalsCommand) -> anyhow::R
         } => list(&mut client, all, task, limit, json).await,
         ApprovalsCommand::Approve { id, reason } => {
             let approval = decide(&mut client, &id, true, reason).await?;
-            println!(
+            show!(
                 "approved {id}: task {} on {} may call `{}`",
-                approval.task_id, approval.node, approval.tool
+                approval.task_id,
+                approval.node,
+                approval.tool
             );
             Ok(())
         }
         ApprovalsCommand::Deny { id, reason } => {
             let approval = decide(&mut client, &id, false, reason).await?;
-            println!(
+            show!(
                 "denied {id}: task {} on {} may not call `{}`; its model is told why and goes on without it",
-                approval.task_id, approval.node, approval.tool
+                approval.task_id,
+                approval.node,
+                approval.tool
             );
             Ok(())
         }
@@ -150,7 +154,7 @@ async fn list(
         return Ok(());
     }
     if approvals.is_empty() {
-        println!(
+        show!(
             "{}",
             if all {
                 "no approvals"
@@ -209,12 +213,14 @@ async fn list(
 pub(crate) fn on_requested(conn: &ConnArgs, channel: Channel, request: &pb::ApprovalRequested) {
     let id = request.approval_id.clone();
     let left = request.expires_at_ms.saturating_sub(unix_ms()) / 1000;
-    eprintln!(
+    eshow!(
         "? `{}` on {} waits for approval (id {id}, denied in {left} s unless decided): {}",
-        request.tool, request.node, request.arguments
+        request.tool,
+        request.node,
+        request.arguments
     );
     if !std::io::stdin().is_terminal() {
-        eprintln!(
+        eshow!(
             "  approve with `mesh-cli --node {node} approvals approve {id}`, or deny with `mesh-cli --node {node} approvals deny {id} --reason \"…\"`",
             node = conn.node
         );
@@ -231,7 +237,7 @@ pub(crate) fn on_requested(conn: &ConnArgs, channel: Channel, request: &pb::Appr
         };
         let mut client = pb::approvals_client::ApprovalsClient::new(channel);
         if let Err(e) = decide(&mut client, &id, approve, reason).await {
-            eprintln!("! could not decide {id}: {e}");
+            eshow!("! could not decide {id}: {e}");
         }
     });
 }

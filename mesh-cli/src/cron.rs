@@ -192,7 +192,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
                 .await
                 .map_err(fail)?
                 .into_inner();
-            println!(
+            show!(
                 "added `{}` ({}); owner {}, next {}",
                 added.name,
                 added.schedule,
@@ -260,7 +260,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
                 .remove(pb::CronRemoveRequest { name: name.clone() })
                 .await
                 .map_err(fail)?;
-            println!("removed `{name}`");
+            show!("removed `{name}`");
         }
         CronCommand::RunNow { name, json } => {
             let firing = client
@@ -271,9 +271,11 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
             if json {
                 println!("{}", serde_json::to_string_pretty(&firing_json(&firing))?);
             } else {
-                println!(
+                show!(
                     "fired {} ({}): task {}",
-                    firing.fire_id, firing.status, firing.task_id
+                    firing.fire_id,
+                    firing.status,
+                    firing.task_id
                 );
             }
         }

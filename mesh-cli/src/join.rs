@@ -2,6 +2,7 @@
 //! adding a device to the mesh with a join token instead of copying certificate files.
 
 use std::{
+    io::IsTerminal,
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     time::Duration,
@@ -11,8 +12,8 @@ use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand};
 use mesh_identity::{
     CertRole, bootstrap,
-    ca::{CA_CERT_FILE, CA_KEY_FILE, CaSigner},
-    join::{JoinToken, create_token, join_client},
+    ca::{CA_CERT_FILE, CA_KEY_FILE, CaSigner, KeyType},
+    join::{FROM_STDIN, create_token, join_client, read_token},
 };
 use serde_json::json;
 
@@ -22,8 +23,8 @@ pub(crate) enum TokenCommand {
     /// Create a join token: one line that lets a new device join the mesh.
     ///
     /// Run it where the mesh CA key is (by default the zero-config CA of this machine's node).
-    /// On the new device, `mesh-node --join TOKEN` (role node) or `mesh-cli join TOKEN` (role
-    /// client). The token pins the CA by its SHA-256, names the issuer to get the certificate
+    /// On the new device, `mesh-node --join -` (role node) or `mesh-cli join -` (role client),
+    /// pasting the token on standard input, or either with the token in MESH_JOIN_TOKEN. The token pins the CA by its SHA-256, names the issuer to get the certificate
     /// from, expires after --ttl and is good for --uses devices. Nothing is stored: the issuer
     /// checks it with a key derived from the CA key and counts its uses. Treat it like a
     /// password until it expires.
@@ -85,13 +86,13 @@ pub(crate) fn create(args: CreateArgs) -> anyhow::Result<()> {
             }))?
         );
     } else {
-        println!("{token}");
+        show!("{token}");
         let next = match role {
-            CertRole::Node => "mesh-node --join TOKEN",
-            CertRole::Client => "mesh-cli join TOKEN",
+            CertRole::Node => "mesh-node --join -",
+            CertRole::Client => "mesh-cli join -",
         };
-        eprintln!(
-            "a {role} token for {} device(s), valid for {}, redeemed at {issuer}; on the new device run `{next}`",
+        eshow!(
+            "a {role} token for {} device(s), valid for {}, redeemed at {issuer}; on the new device run `{next}` and paste it (or set MESH_JOIN_TOKEN to it and leave the token out)",
             claims.uses,
             humantime::format_duration(args.ttl)
         );
@@ -127,17 +128,24 @@ fn local_issuer(ca_dir: &Path) -> anyhow::Result<String> {
     Ok(SocketAddr::new(lan, addr.port()).to_string())
 }
 
-/// `mesh-cli join TOKEN`.
-pub(crate) async fn join(token: &str, name: Option<String>) -> anyhow::Result<()> {
-    let token: JoinToken = token.parse()?;
+/// `mesh-cli join TOKEN` (`-`: from standard input).
+pub(crate) async fn join(
+    token: &str,
+    name: Option<String>,
+    key_type: KeyType,
+) -> anyhow::Result<()> {
+    if token == FROM_STDIN && std::io::stdin().is_terminal() {
+        eprint!("paste the join token and press Enter: ");
+    }
+    let token = read_token(token, std::io::stdin().lock())?;
     let dir = bootstrap::user_config_dir()
         .ok_or_else(|| anyhow!("this platform has no config dir for mesh-cli's files"))?;
     let name = match name {
         Some(name) => name,
         None => default_name(),
     };
-    let files = join_client(&dir, &name, &token).await?;
-    println!(
+    let files = join_client(&dir, &name, &token, key_type).await?;
+    show!(
         "joined the mesh as client `{name}`\n  CA:          {}\n  certificate: {}\n  private key: {}",
         files.ca.display(),
         files.cert.display(),

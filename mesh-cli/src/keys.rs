@@ -188,7 +188,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                 out["key"] = json!(key);
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
-                println!(
+                show!(
                     "added key {} ({})\n\n  {key}\n\nthis is the only time it is shown: give it to its user now (Authorization: Bearer <key>, or x-api-key)",
                     added.name,
                     policy_cell(added.policy.as_ref())
@@ -200,7 +200,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                 .remove(pb::KeyRemoveRequest { name: name.clone() })
                 .await
                 .map_err(fail("Keys.Remove"))?;
-            println!("revoked key {name}; every node refuses it within seconds");
+            show!("revoked key {name}; every node refuses it within seconds");
         }
         KeysCommand::List { json } => {
             let keys = client
@@ -296,7 +296,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                     .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
                     .context("a reset time")
             };
-            println!(
+            show!(
                 "\nday resets {}, month {}, minute limits {} (tokens include running requests' reservations)",
                 when(first.day_resets_at_ms)?,
                 when(first.month_resets_at_ms)?,

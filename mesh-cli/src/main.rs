@@ -3,8 +3,32 @@
 //! Flags are defined in the clap types below (their doc comments are the `--help`); every
 //! command returns a `Result`, and errors are printed in one place, `main`. Exit codes: 0 ok,
 //! 1 the operation failed, 2 bad usage.
+//!
+//! Much of what it prints came from elsewhere: a model's answer, a tool call's arguments, a
+//! node's name, an error a node sent. All human output goes through [`show!`] and [`eshow!`]
+//! (and table cells through [`print_table`]), which escape control characters, so that text
+//! cannot move the cursor or rewrite what the operator reads, say before answering an approval.
+//! `--json` output is printed as is: JSON escapes control characters itself.
+
+/// `println!` for what a person reads: the text passes [`shown`].
+macro_rules! show {
+    () => {
+        println!()
+    };
+    ($($arg:tt)*) => {
+        println!("{}", $crate::shown(&format!($($arg)*)))
+    };
+}
+
+/// `eprintln!` for what a person reads: the text passes [`shown`].
+macro_rules! eshow {
+    ($($arg:tt)*) => {
+        eprintln!("{}", $crate::shown(&format!($($arg)*)))
+    };
+}
 
 use std::{
+    borrow::Cow,
     path::PathBuf,
     process::ExitCode,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -12,6 +36,7 @@ use std::{
 
 use anyhow::{Context, anyhow};
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use mesh_domain::text::{LineBreaks, escape_controls};
 use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, bootstrap, ca};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
@@ -111,11 +136,18 @@ enum Command {
     /// --role client`): writes ca.pem, mesh-cli.pem and mesh-cli.key (owner-only) into the
     /// operator's config dir (e.g. ~/.config/agentmesh).
     Join {
-        /// The token, `agentmesh-join:…`.
+        /// The token, `agentmesh-join:…`; `-` reads it from standard input. Better `-` or the
+        /// environment variable MESH_JOIN_TOKEN than the token itself: an argument shows in
+        /// `ps` and the shell's history.
+        #[arg(env = "MESH_JOIN_TOKEN", hide_env_values = true)]
         token: String,
         /// The name in the certificate. Default: `<host name>-cli`.
         #[arg(long)]
         name: Option<String>,
+        /// The key's algorithm: `ed25519` (the default), or `p256` for a client whose TLS
+        /// offers no Ed25519.
+        #[arg(long, value_name = "TYPE", default_value = "ed25519", value_parser = ["ed25519", "p256"])]
+        key_type: String,
     },
 }
 
@@ -167,6 +199,11 @@ enum CaCommand {
         /// offers no Ed25519 (Python's grpcio, on which `grpcio-reflection` runs).
         #[arg(long, value_name = "TYPE", default_value = "ed25519", value_parser = ["ed25519", "p256"])]
         key_type: String,
+        /// How long the certificate is valid, e.g. 8h or 30d (at most 825 days, the default).
+        /// Nodes refuse it once it expires and end its open connections and streams: a short
+        /// life suits a device lent for a day.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
     },
     /// Revoke a node's or client's certificate: signs a revocation with DIR/ca.key and sends it
     /// to the node (--node / MESH_NODE), which replicates it. Every node then refuses the
@@ -234,7 +271,7 @@ fn main() -> ExitCode {
         // Already reported on stdout (`run --json`).
         Err(e) if e.downcast_ref::<tasks::Reported>().is_some() => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eshow!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -251,15 +288,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Keys(command) => keys::run(&cli.conn, command).await,
         Command::Approvals(command) => approvals::run(&cli.conn, command).await,
         Command::Token(join::TokenCommand::Create(args)) => join::create(args),
-        Command::Join { token, name } => join::join(&token, name).await,
+        Command::Join {
+            token,
+            name,
+            key_type,
+        } => {
+            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
+            join::join(&token, name, key_type).await
+        }
         Command::Ca(CaCommand::Init { dir }) => {
             let (cert, key) = ca::ca_init(&dir)?;
-            println!(
+            show!(
                 "created mesh CA\n  certificate: {}\n  private key: {}",
                 cert.display(),
                 key.display()
             );
-            println!(
+            show!(
                 "next: mesh-cli ca issue --dir {} --role node --name <node>",
                 dir.display()
             );
@@ -275,14 +319,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             name,
             install: true,
             key_type,
+            ttl,
             ..
         }) => {
-            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
+            let options = issue_options(&key_type, ttl)?;
             let config_dir = bootstrap::user_config_dir().ok_or_else(|| {
                 anyhow!("this platform has no config dir to install into; use `ca issue` without --install and pass the files with --ca, --cert and --key")
             })?;
-            let files = bootstrap::install_client(&dir, &name, &config_dir, key_type)?;
-            println!(
+            let files = bootstrap::install_client(&dir, &name, &config_dir, options)?;
+            show!(
                 "installed client certificate for {name}; mesh-cli finds it without flags\n  CA certificate: {}\n  certificate:    {}\n  private key:    {}",
                 files.ca.display(),
                 files.cert.display(),
@@ -297,11 +342,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             role,
             install: false,
             key_type,
+            ttl,
         }) => {
             let role: CertRole = role.parse().map_err(|e: String| anyhow!(e))?;
-            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
-            let (cert, key) = ca::issue_with(&dir, &name, &sans, role, key_type)?;
-            println!(
+            let options = issue_options(&key_type, ttl)?;
+            let (cert, key) = ca::issue_with(&dir, &name, &sans, role, options)?;
+            show!(
                 "issued {role} certificate for {name}\n  certificate: {}\n  private key: {}",
                 cert.display(),
                 key.display()
@@ -309,6 +355,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// What `ca issue --key-type --ttl` asks for.
+fn issue_options(key_type: &str, ttl: Option<Duration>) -> anyhow::Result<ca::IssueOptions> {
+    Ok(ca::IssueOptions {
+        key_type: key_type.parse().map_err(|e: String| anyhow!(e))?,
+        validity: ttl.unwrap_or(ca::CERT_VALIDITY),
+    })
 }
 
 /// `ca revoke`: signs the revocation of `target` with the CA in `dir` and sends it to the node.
@@ -345,7 +399,7 @@ async fn revoke(
     } else {
         "already revoked"
     };
-    println!("{how} {name} (id {id}); every node refuses it within seconds of hearing of it");
+    show!("{how} {name} (id {id}); every node refuses it within seconds of hearing of it");
     Ok(())
 }
 
@@ -478,31 +532,31 @@ async fn show(conn: &ConnArgs, name: &str, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let text = |key: &str| node[key].as_str().unwrap_or_default().to_owned();
-    println!("name:       {}", text("name"));
-    println!("id:         {}", text("id"));
-    println!("address:    {}", text("addr"));
-    println!(
+    show!("name:       {}", text("name"));
+    show!("id:         {}", text("id"));
+    show!("address:    {}", text("addr"));
+    show!(
         "state:      {} (last seen {})",
         text("state"),
         ago(unix_ms(), node["last_seen_ms"].as_u64().unwrap_or(0))
     );
-    println!(
+    show!(
         "version:    {} (protocol {})",
         text("version"),
         node["protocol"]
     );
-    println!(
+    show!(
         "health:     {}",
         node["health"]["status"].as_str().unwrap_or_default()
     );
     for reason in node["health"]["reasons"].as_array().into_iter().flatten() {
-        println!("            - {}", reason.as_str().unwrap_or_default());
+        show!("            - {}", reason.as_str().unwrap_or_default());
     }
-    println!(
+    show!(
         "roles:      {}",
         join(&node["roles"], |v| v.as_str().map(str::to_owned))
     );
-    println!(
+    show!(
         "labels:     {}",
         node["labels"]
             .as_object()
@@ -513,16 +567,16 @@ async fn show(conn: &ConnArgs, name: &str, json: bool) -> anyhow::Result<()> {
                 .join(", "))
             .unwrap_or_default()
     );
-    println!("models:");
+    show!("models:");
     for m in node["models"].as_array().into_iter().flatten() {
-        println!(
+        show!(
             "  - {} ({} {})",
             m["name"].as_str().unwrap_or_default(),
             m["backend"].as_str().unwrap_or_default(),
             m["model"].as_str().unwrap_or_default()
         );
     }
-    println!(
+    show!(
         "personas:   {}",
         join(&node["personas"], |p| Some(format!(
             "{} ({})",
@@ -530,35 +584,36 @@ async fn show(conn: &ConnArgs, name: &str, json: bool) -> anyhow::Result<()> {
             p["role"].as_str()?
         )))
     );
-    println!(
+    show!(
         "cpus:       {} (load {:.2})",
         node["cpu_count"],
         node["cpu_load"].as_f64().unwrap_or(0.0)
     );
-    println!(
+    show!(
         "memory:     {} MiB available of {} MiB",
         node["memory_available_bytes"].as_u64().unwrap_or(0) >> 20,
         node["memory_total_bytes"].as_u64().unwrap_or(0) >> 20
     );
-    println!("gpus:");
+    show!("gpus:");
     for g in node["gpus"].as_array().into_iter().flatten() {
-        println!(
+        show!(
             "  - {} {} MiB ({})",
             g["name"].as_str().unwrap_or_default(),
             g["vram_mb"],
             g["source"].as_str().unwrap_or_default()
         );
     }
-    println!(
+    show!(
         "load:       {} running, {} queued",
-        node["load"]["running"], node["load"]["queued"]
+        node["load"]["running"],
+        node["load"]["queued"]
     );
-    println!("remote tier: {}", text("remote_max_tier"));
-    println!("mcp tools:");
+    show!("remote tier: {}", text("remote_max_tier"));
+    show!("mcp tools:");
     for tool in node["mcp_tools"].as_array().into_iter().flatten() {
         let description = tool["description"].as_str().unwrap_or_default();
         let first_line = description.lines().next().unwrap_or_default();
-        println!(
+        show!(
             "  - {} ({}) {}",
             tool["name"].as_str().unwrap_or_default(),
             tool["tier"].as_str().unwrap_or_default(),
@@ -694,9 +749,24 @@ pub(crate) fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// `text` as a terminal may show it: line breaks and tabs kept, every other control character
+/// escaped (ESC and with it CSI and OSC sequences, CR, backspace, C1 controls; see
+/// [`escape_controls`]).
+pub(crate) fn shown(text: &str) -> Cow<'_, str> {
+    escape_controls(text, LineBreaks::Keep)
+}
+
+/// Prints a table; each cell stays on its line (line breaks in it are escaped too).
 pub(crate) fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    let rows: Vec<[Cow<'_, str>; N]> = rows
+        .iter()
+        .map(|row| {
+            row.each_ref()
+                .map(|cell| escape_controls(cell, LineBreaks::Escape))
+        })
+        .collect();
     let mut widths = header.map(str::len);
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
@@ -710,7 +780,7 @@ pub(crate) fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N
         println!("{}", parts.join("  ").trim_end());
     };
     line(header.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
+    for row in &rows {
+        line(row.iter().map(AsRef::as_ref).collect());
     }
 }

@@ -121,9 +121,16 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
                 Some(r) if json => println!("{}", serde_json::to_string_pretty(&record_json(&r))?),
                 Some(r) if !r.tombstone => {
                     let mut out = std::io::stdout();
-                    out.write_all(&r.value)?;
-                    if !r.value.ends_with(b"\n") && std::io::IsTerminal::is_terminal(&out) {
-                        out.write_all(b"\n")?;
+                    // The exact bytes into a pipe or a file; on a terminal, the value (which
+                    // an agent may have written) as text with its control characters escaped.
+                    if std::io::IsTerminal::is_terminal(&out) {
+                        let text = String::from_utf8_lossy(&r.value);
+                        out.write_all(crate::shown(&text).as_bytes())?;
+                        if !r.value.ends_with(b"\n") {
+                            out.write_all(b"\n")?;
+                        }
+                    } else {
+                        out.write_all(&r.value)?;
                     }
                 }
                 _ => return Err(anyhow!("no key `{key}` in namespace `{namespace}`")),
@@ -177,7 +184,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
                     .collect();
                 print_table(&["KEY", "VALUE", "WRITTEN BY"], &rows);
                 if let Some(key) = next_after {
-                    eprintln!(
+                    eshow!(
                         "cut after {} records: more keys match; continue with --after {key}",
                         records.len()
                     );

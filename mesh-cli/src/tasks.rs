@@ -248,7 +248,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
             Some(Kind::OutputDelta(delta)) if stream_output => {
                 use std::io::Write;
                 let mut stdout = std::io::stdout();
-                stdout.write_all(delta.text.as_bytes()).ok();
+                stdout.write_all(crate::shown(&delta.text).as_bytes()).ok();
                 stdout.flush().ok();
                 streamed = true;
             }
@@ -263,7 +263,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
             }
             Some(kind) if !args.json => {
                 if let Some(line) = describe(&kind) {
-                    eprintln!("{line}");
+                    eshow!("{line}");
                 }
             }
             _ => {}
@@ -287,9 +287,9 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
         }
         println!("{}", serde_json::to_string_pretty(&object)?);
     } else if streamed {
-        println!();
+        show!();
     } else if let Some(done) = &completed {
-        println!("{}", done.output);
+        show!("{}", done.output);
     }
     match (completed, error) {
         (Some(_), _) => Ok(()),
@@ -377,7 +377,7 @@ pub(crate) async fn tasks(conn: &ConnArgs, args: TasksArgs) -> anyhow::Result<()
                 .map_err(|s| anyhow!("cancel {id}: {}", s.message()))?
                 .into_inner()
                 .status;
-            println!("{id}: {}", status_name(status));
+            show!("{id}: {}", status_name(status));
             Ok(())
         }
     }
@@ -483,21 +483,21 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    println!("task {id}");
+    show!("task {id}");
     let summary = client
         .list(pb::ListTasksRequest { limit: 1000 })
         .await
         .ok()
         .and_then(|r| r.into_inner().tasks.into_iter().find(|t| t.task_id == id));
     if let Some(t) = summary {
-        println!("  status:   {}", status_name(t.status));
-        println!("  target:   {} (tier {})", t.target, tier_or_read(t.tier));
+        show!("  status:   {}", status_name(t.status));
+        show!("  target:   {} (tier {})", t.target, tier_or_read(t.tier));
         let origin = if t.origin_node.is_empty() {
             "this node".to_owned()
         } else {
             t.origin_node.clone()
         };
-        println!(
+        show!(
             "  lineage:  origin {origin}, hops {}{}",
             t.hops,
             if t.parent_id.is_empty() {
@@ -507,17 +507,17 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
             }
         );
         if !t.route.is_empty() {
-            println!("  route:    {}", t.route.join(" → "));
+            show!("  route:    {}", t.route.join(" → "));
         }
         if let Some(e) = &t.evaluate {
-            println!(
+            show!(
                 "  evaluate: role {}, threshold {:.2}, at most {} attempts",
                 e.role,
                 e.threshold.unwrap_or(Evaluation::DEFAULT_THRESHOLD),
                 e.attempts.unwrap_or(Evaluation::DEFAULT_ATTEMPTS)
             );
         }
-        println!("  executed on: {}", t.executed_on);
+        show!("  executed on: {}", t.executed_on);
     }
     let mut output = String::new();
     for kind in events.iter().filter_map(|e| e.kind.as_ref()) {
@@ -525,13 +525,13 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
             Kind::OutputDelta(d) => output.push_str(&d.text),
             kind => {
                 if let Some(line) = describe(kind) {
-                    println!("  {line}");
+                    show!("  {line}");
                 }
             }
         }
     }
     if !output.is_empty() {
-        println!("output:\n{output}");
+        show!("output:\n{output}");
     }
     Ok(())
 }

@@ -8,14 +8,23 @@
 //! and no more. The certificate gets the token's role and the name the joiner asks for; only the
 //! public key comes from the CSR.
 //!
+//! Attempts are limited where they cost something, never before: a secret's MAC is checked
+//! first (an HMAC, cheaper than keeping count), so callers without a genuine token cannot spend
+//! the budget a real join needs. Genuine attempts are limited per caller address and over all
+//! callers (each costs a signature and a disk write); refused forgeries are limited per address
+//! too, apart from genuine ones, only so that a flood of them fills no log.
+//!
 //! It must not speak protobuf (that is `rpc::join`) or decide who may call it (every caller may:
 //! the token is the credential).
 
 use std::{
+    collections::HashMap,
+    net::IpAddr,
     sync::Arc,
     time::{Duration, Instant},
 };
 
+use mesh_domain::text::{LineBreaks, escape_controls};
 use mesh_identity::{
     CertRole, TlsError,
     ca::CaSigner,
@@ -29,11 +38,22 @@ use crate::{
 
 /// The local tree counting redemptions per token id.
 const TREE: &str = "join_redemptions";
-/// Most redemption attempts per [`RATE_WINDOW`], over all callers: a token's MAC cannot be
-/// guessed, so this only keeps a flood from costing signatures and disk writes.
+/// Most attempts with a genuine token (its MAC checks) per [`RATE_WINDOW`], over all callers:
+/// each costs a signature and a disk write. A token's MAC cannot be guessed, so only holders of
+/// a real (perhaps used-up or expired) token can spend it.
 pub const MAX_ATTEMPTS: u32 = 30;
-/// The window [`MAX_ATTEMPTS`] counts over.
+/// Most attempts with a genuine token per [`RATE_WINDOW`] from one caller address (an IPv6
+/// caller's /64): one holder of a leaked token cannot spend [`MAX_ATTEMPTS`] alone.
+pub const MAX_ATTEMPTS_PER_ADDRESS: u32 = 10;
+/// Most refused forgeries (a secret that is malformed or whose MAC does not check) per
+/// [`RATE_WINDOW`] from one caller address that are answered and logged as such; beyond, they
+/// are refused as `Busy`, logged at debug only. They never count against a genuine token.
+pub const MAX_FORGERIES_PER_ADDRESS: u32 = 30;
+/// The window the limits count over.
 pub const RATE_WINDOW: Duration = Duration::from_secs(60);
+/// Most caller addresses counted at once; when full, the one counted longest is forgotten
+/// (which only ever lets that address try again sooner).
+const MAX_ADDRESSES: usize = 4096;
 
 /// Why a redemption was refused.
 #[derive(Debug, thiserror::Error)]
@@ -61,10 +81,8 @@ pub enum RedeemError {
     /// The name or the CSR is not acceptable.
     #[error("{0}")]
     BadRequest(String),
-    /// Too many attempts in the last minute.
-    #[error(
-        "too many join attempts in the last minute (at most {MAX_ATTEMPTS}); try again shortly"
-    )]
+    /// Too many attempts in the last minute, from this caller or over all.
+    #[error("too many join attempts in the last minute; try again shortly")]
     Busy,
     /// The redemption count could not be kept.
     #[error("cannot record the redemption: {0}")]
@@ -95,21 +113,109 @@ pub struct Issued {
 }
 
 /// Counts attempts in fixed windows.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 struct RateWindow {
     start: Instant,
     attempts: u32,
 }
 
 impl RateWindow {
-    /// Whether one more attempt at `now` fits in the window.
-    fn admit(&mut self, now: Instant) -> bool {
-        if now.duration_since(self.start) >= RATE_WINDOW {
-            self.start = now;
-            self.attempts = 0;
+    fn new(now: Instant) -> Self {
+        Self {
+            start: now,
+            attempts: 0,
         }
-        self.attempts += 1;
-        self.attempts <= MAX_ATTEMPTS
+    }
+
+    /// Whether one more attempt at `now` fits in the window under `limit`.
+    fn admit(&mut self, now: Instant, limit: u32) -> bool {
+        if now.duration_since(self.start) >= RATE_WINDOW {
+            *self = Self::new(now);
+        }
+        self.attempts = self.attempts.saturating_add(1);
+        self.attempts <= limit
+    }
+}
+
+/// What a caller sent, as the limits tell it apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    /// A secret whose MAC checks.
+    Genuine,
+    /// A malformed secret, or one whose MAC does not check.
+    Forged,
+}
+
+/// One caller address's windows, genuine and forged attempts apart.
+#[derive(Debug, Clone, Copy)]
+struct AddressWindows {
+    genuine: RateWindow,
+    forged: RateWindow,
+}
+
+/// The limits on redemption attempts (see the module docs).
+#[derive(Debug)]
+struct Limits {
+    /// Genuine attempts over all callers.
+    genuine: RateWindow,
+    /// Per caller address (an IPv6 caller's /64); at most [`MAX_ADDRESSES`].
+    by_address: HashMap<IpAddr, AddressWindows>,
+}
+
+impl Limits {
+    fn new(now: Instant) -> Self {
+        Self {
+            genuine: RateWindow::new(now),
+            by_address: HashMap::new(),
+        }
+    }
+
+    /// Whether one more `attempt` from `from` (`None`: an address the transport did not say)
+    /// fits at `now`. A genuine one is counted against the global budget only once its
+    /// address admitted it, so one address over its limit spends nobody else's.
+    fn admit(&mut self, from: Option<IpAddr>, attempt: Attempt, now: Instant) -> bool {
+        let key = from.map_or(IpAddr::from([0, 0, 0, 0]), address_key);
+        if !self.by_address.contains_key(&key) && self.by_address.len() >= MAX_ADDRESSES {
+            self.by_address.retain(|_, w| {
+                now.duration_since(w.genuine.start.max(w.forged.start)) < RATE_WINDOW
+            });
+            if self.by_address.len() >= MAX_ADDRESSES
+                && let Some(oldest) = self
+                    .by_address
+                    .iter()
+                    .min_by_key(|(_, w)| w.genuine.start.max(w.forged.start))
+                    .map(|(ip, _)| *ip)
+            {
+                self.by_address.remove(&oldest);
+            }
+        }
+        let windows = self.by_address.entry(key).or_insert(AddressWindows {
+            genuine: RateWindow::new(now),
+            forged: RateWindow::new(now),
+        });
+        match attempt {
+            Attempt::Forged => windows.forged.admit(now, MAX_FORGERIES_PER_ADDRESS),
+            Attempt::Genuine => {
+                windows.genuine.admit(now, MAX_ATTEMPTS_PER_ADDRESS)
+                    && self.genuine.admit(now, MAX_ATTEMPTS)
+            }
+        }
+    }
+}
+
+/// The key an address is counted under: itself, or for IPv6 its /64 (one host usually holds a
+/// whole /64, so counting its addresses apart would give it 2^64 budgets).
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let mut octets = v6.octets();
+                octets[8..].fill(0);
+                IpAddr::from(octets)
+            }
+        },
     }
 }
 
@@ -120,7 +226,8 @@ pub struct Issuer {
     store: Arc<dyn Store>,
     /// One redemption at a time: reading a token's count and raising it are one step.
     redeeming: tokio::sync::Mutex<()>,
-    rate: std::sync::Mutex<RateWindow>,
+    /// How many attempts each caller, and all together, made lately.
+    limits: std::sync::Mutex<Limits>,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -140,10 +247,7 @@ impl Issuer {
             key,
             store,
             redeeming: tokio::sync::Mutex::new(()),
-            rate: std::sync::Mutex::new(RateWindow {
-                start: Instant::now(),
-                attempts: 0,
-            }),
+            limits: std::sync::Mutex::new(Limits::new(Instant::now())),
         }
     }
 
@@ -152,21 +256,34 @@ impl Issuer {
         self.ca.ca_pem()
     }
 
-    /// Redeems `secret` for a certificate named `name` for the key of `csr_pem`, now.
+    /// Redeems `secret` for a certificate named `name` for the key of `csr_pem`, now, for a
+    /// caller at `from`.
     pub async fn redeem(
         &self,
         secret: &str,
         name: &str,
         csr_pem: &str,
+        from: Option<IpAddr>,
     ) -> Result<Issued, RedeemError> {
-        let result = self.redeem_at(secret, name, csr_pem, unix_now()).await;
+        let result = self
+            .redeem_at(secret, name, csr_pem, from, unix_now(), Instant::now())
+            .await;
+        // The name is the caller's, unchecked when the secret is refused: escaped, so a name
+        // with a line break cannot write a line of its own into the log.
+        let name = escape_controls(name, LineBreaks::Escape);
         let outcome = match &result {
             Ok(issued) => {
-                tracing::info!(%name, role = %issued.role, "issued a certificate for a join token");
+                tracing::info!(%name, role = %issued.role, ?from, "issued a certificate for a join token");
                 "issued"
             }
+            Err(RedeemError::Busy) => {
+                tracing::debug!(%name, ?from, "refused a join token: too many attempts");
+                "busy"
+            }
             Err(e) => {
-                tracing::warn!(%name, error = %e, "refused a join token");
+                let error = e.to_string();
+                let error = escape_controls(&error, LineBreaks::Escape);
+                tracing::warn!(%name, ?from, %error, "refused a join token");
                 e.reason()
             }
         };
@@ -177,31 +294,28 @@ impl Issuer {
         result
     }
 
-    /// [`Issuer::redeem`] at Unix second `now`.
+    /// [`Issuer::redeem`] at Unix second `now` (and `instant`, for the limits).
     async fn redeem_at(
         &self,
         secret: &str,
         name: &str,
         csr_pem: &str,
+        from: Option<IpAddr>,
         now: u64,
+        instant: Instant,
     ) -> Result<Issued, RedeemError> {
-        let admitted = match self.rate.lock() {
-            Ok(mut rate) => rate.admit(Instant::now()),
-            Err(poisoned) => poisoned.into_inner().admit(Instant::now()),
+        let admit = |attempt| match self.limits.lock() {
+            Ok(mut limits) => limits.admit(from, attempt, instant),
+            Err(poisoned) => poisoned.into_inner().admit(from, attempt, instant),
         };
-        if !admitted {
+        let secret = match self.genuine(secret) {
+            Ok(secret) => secret,
+            Err(_) if !admit(Attempt::Forged) => return Err(RedeemError::Busy),
+            Err(e) => return Err(e),
+        };
+        if !admit(Attempt::Genuine) {
             return Err(RedeemError::Busy);
         }
-        if secret.len() > MAX_SECRET_BYTES {
-            return Err(RedeemError::Malformed(TokenError::Malformed(format!(
-                "secret: {} bytes, more than {MAX_SECRET_BYTES}",
-                secret.len()
-            ))));
-        }
-        let secret: Secret = secret.parse().map_err(RedeemError::Malformed)?;
-        self.key
-            .check(self.ca.fingerprint(), &secret)
-            .map_err(RedeemError::Forged)?;
         let claims = &secret.claims;
         if now > claims.expires {
             return Err(RedeemError::Expired {
@@ -227,6 +341,21 @@ impl Issuer {
             cert_pem,
             role: claims.role,
         })
+    }
+
+    /// The secret in `text`, if it is well-formed and its MAC checks.
+    fn genuine(&self, text: &str) -> Result<Secret, RedeemError> {
+        if text.len() > MAX_SECRET_BYTES {
+            return Err(RedeemError::Malformed(TokenError::Malformed(format!(
+                "secret: {} bytes, more than {MAX_SECRET_BYTES}",
+                text.len()
+            ))));
+        }
+        let secret: Secret = text.parse().map_err(RedeemError::Malformed)?;
+        self.key
+            .check(self.ca.fingerprint(), &secret)
+            .map_err(RedeemError::Forged)?;
+        Ok(secret)
     }
 
     /// Counts one redemption of `secret`, refusing it when its uses are gone; forgets tokens
@@ -270,7 +399,7 @@ impl Issuer {
 mod tests {
     use super::*;
     use mesh_identity::{
-        ca::{CA_CERT_FILE, CA_KEY_FILE, ca_init, new_key_and_csr},
+        ca::{CA_CERT_FILE, CA_KEY_FILE, KeyType, ca_init, new_key_and_csr},
         join::create_token,
     };
 
@@ -308,7 +437,25 @@ mod tests {
     }
 
     fn csr(name: &str) -> String {
-        new_key_and_csr(name).expect("csr").1
+        new_key_and_csr(name, KeyType::Ed25519).expect("csr").1
+    }
+
+    /// The caller address of the tests that do not vary it.
+    const CALLER: Option<IpAddr> = Some(IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1)));
+
+    impl Fixture {
+        /// [`Issuer::redeem_at`] from [`CALLER`], now.
+        async fn redeem_at(
+            &self,
+            secret: &str,
+            name: &str,
+            csr_pem: &str,
+            now: u64,
+        ) -> Result<Issued, RedeemError> {
+            self.issuer
+                .redeem_at(secret, name, csr_pem, CALLER, now, Instant::now())
+                .await
+        }
     }
 
     #[tokio::test]
@@ -317,13 +464,11 @@ mod tests {
         let secret = token(&f, CertRole::Node, 2).to_string();
         let now = unix_now();
         for name in ["one", "two"] {
-            f.issuer
-                .redeem_at(&secret, name, &csr(name), now)
+            f.redeem_at(&secret, name, &csr(name), now)
                 .await
                 .expect("within its uses");
         }
         let err = f
-            .issuer
             .redeem_at(&secret, "three", &csr("three"), now)
             .await
             .expect_err("used up");
@@ -337,7 +482,6 @@ mod tests {
         let secret = token(&f, CertRole::Node, 1);
         let late = secret.claims.expires + 5;
         let err = f
-            .issuer
             .redeem_at(&secret.to_string(), "a", &csr("a"), late)
             .await
             .expect_err("expired");
@@ -345,7 +489,6 @@ mod tests {
         let other = fixture();
         let foreign = token(&other, CertRole::Node, 1).to_string();
         let err = f
-            .issuer
             .redeem_at(&foreign, "a", &csr("a"), unix_now())
             .await
             .expect_err("foreign");
@@ -364,14 +507,12 @@ mod tests {
             ("ok", "x".repeat(MAX_CSR_BYTES + 1)),
         ] {
             let err = f
-                .issuer
                 .redeem_at(&secret, name, &csr_pem, now)
                 .await
                 .expect_err("bad request");
             assert!(matches!(err, RedeemError::BadRequest(_)), "{err}");
         }
         let issued = f
-            .issuer
             .redeem_at(&secret, "ok", &csr("ok"), now)
             .await
             .expect("still unused");
@@ -398,14 +539,119 @@ mod tests {
         assert_eq!(ids, vec![second.claims.id.clone()]);
     }
 
+    fn ip(text: &str) -> Option<IpAddr> {
+        Some(text.parse().expect("an address"))
+    }
+
     #[test]
-    fn attempts_are_capped_per_window() {
+    fn genuine_attempts_are_limited_per_address_and_over_all() {
         let start = Instant::now();
-        let mut rate = RateWindow { start, attempts: 0 };
-        for _ in 0..MAX_ATTEMPTS {
-            assert!(rate.admit(start));
+        let mut limits = Limits::new(start);
+        let (a, b, c, d) = (
+            ip("10.0.0.1"),
+            ip("10.0.0.2"),
+            ip("10.0.0.3"),
+            ip("10.0.0.4"),
+        );
+        for _ in 0..MAX_ATTEMPTS_PER_ADDRESS {
+            assert!(limits.admit(a, Attempt::Genuine, start));
         }
-        assert!(!rate.admit(start + Duration::from_secs(59)));
-        assert!(rate.admit(start + RATE_WINDOW), "a new window");
+        assert!(!limits.admit(a, Attempt::Genuine, start), "a's limit");
+        for from in [b, c] {
+            for _ in 0..MAX_ATTEMPTS_PER_ADDRESS {
+                assert!(limits.admit(from, Attempt::Genuine, start), "{from:?}");
+            }
+        }
+        // a's refused attempt spent nothing of the budget over all: a, b and c spent it.
+        assert!(
+            !limits.admit(d, Attempt::Genuine, start),
+            "the budget over all"
+        );
+        let later = start + RATE_WINDOW;
+        assert!(limits.admit(a, Attempt::Genuine, later), "a new window");
+        assert!(limits.admit(d, Attempt::Genuine, later), "a new window");
+    }
+
+    /// Regression (issue 26): the one budget of 30 attempts a minute was spent before the MAC
+    /// was checked, so 35 calls with a made-up secret locked a real join out for a minute.
+    #[test]
+    fn forgeries_never_spend_what_a_genuine_attempt_needs() {
+        let start = Instant::now();
+        let mut limits = Limits::new(start);
+        let a = ip("10.0.0.1");
+        let admitted = (0..100)
+            .filter(|_| limits.admit(a, Attempt::Forged, start))
+            .count();
+        assert_eq!(admitted, MAX_FORGERIES_PER_ADDRESS as usize, "answered");
+        assert!(
+            limits.admit(a, Attempt::Genuine, start),
+            "from the same address"
+        );
+        assert!(limits.admit(ip("10.0.0.2"), Attempt::Genuine, start));
+    }
+
+    #[test]
+    fn an_ipv6_caller_is_counted_by_its_64_and_a_mapped_ipv4_as_ipv4() {
+        let start = Instant::now();
+        let mut limits = Limits::new(start);
+        for host in 0..MAX_ATTEMPTS_PER_ADDRESS {
+            assert!(limits.admit(ip(&format!("2001:db8::{host:x}")), Attempt::Genuine, start));
+        }
+        assert!(
+            !limits.admit(ip("2001:db8::ffff:1"), Attempt::Genuine, start),
+            "same /64"
+        );
+        assert!(
+            limits.admit(ip("2001:db8:0:1::1"), Attempt::Genuine, start),
+            "another /64"
+        );
+        assert_eq!(
+            address_key("::ffff:10.0.0.1".parse().expect("ip")),
+            "10.0.0.1".parse::<IpAddr>().expect("ip")
+        );
+    }
+
+    #[test]
+    fn the_addresses_counted_are_bounded() {
+        let start = Instant::now();
+        let mut limits = Limits::new(start);
+        for n in 0..(MAX_ADDRESSES as u32 + 100) {
+            limits.admit(Some(IpAddr::from(n.to_be_bytes())), Attempt::Forged, start);
+        }
+        assert_eq!(limits.by_address.len(), MAX_ADDRESSES);
+        // Stale windows are dropped first.
+        let later = start + RATE_WINDOW;
+        limits.admit(ip("10.9.9.9"), Attempt::Forged, later);
+        assert_eq!(limits.by_address.len(), 1);
+    }
+
+    /// Regression (issue 26), through the issuer: forged and malformed secrets from one address
+    /// (past the point where they are only answered `Busy`) leave a real token from that
+    /// address, and the count of its uses, untouched.
+    #[tokio::test]
+    async fn a_flood_of_forged_secrets_does_not_lock_out_a_real_join() {
+        let f = fixture();
+        let other = fixture();
+        let forged = token(&other, CertRole::Node, 1).to_string();
+        let now = unix_now();
+        let mut busy = 0;
+        for n in 0..35 {
+            let secret = if n % 2 == 0 {
+                forged.as_str()
+            } else {
+                "nonsense"
+            };
+            match f.redeem_at(secret, "x", &csr("x"), now).await {
+                Err(RedeemError::Busy) => busy += 1,
+                Err(RedeemError::Forged(_) | RedeemError::Malformed(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(busy, 35 - MAX_FORGERIES_PER_ADDRESS);
+        assert_eq!(f.store.scan_prefix(TREE, b"").count(), 0);
+        let secret = token(&f, CertRole::Node, 1).to_string();
+        f.redeem_at(&secret, "real", &csr("real"), now)
+            .await
+            .expect("the real join");
     }
 }

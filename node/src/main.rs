@@ -3,7 +3,9 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, ValueEnum};
-use mesh_identity::join::{JoinToken, NodeJoin, join_node};
+use std::io::IsTerminal;
+
+use mesh_identity::join::{FROM_STDIN, JoinToken, NodeJoin, join_node, read_token};
 use mesh_node::{
     config::{Config, Overrides, TlsMode},
     server::{self, Node, StartError},
@@ -53,7 +55,9 @@ struct Args {
     /// is): generates this node's key here, gets its certificate from the issuer the token
     /// names (checking that issuer's CA against the token's pin first), stores both in
     /// `<data-dir>/tls`, and starts. Later starts need no token; with one again it does nothing
-    /// when the data dir already belongs to that mesh.
+    /// when the data dir already belongs to that mesh. `--join -` reads the token from standard
+    /// input; with MESH_JOIN_TOKEN set, `--join` is not needed. Both keep the token out of `ps`
+    /// and the shell's history, where a token given here shows.
     #[arg(
         long,
         value_name = "TOKEN",
@@ -96,7 +100,12 @@ fn main() -> ExitCode {
     let join = match args
         .join
         .as_deref()
-        .map(str::parse::<JoinToken>)
+        .map(|given| {
+            if given == FROM_STDIN && std::io::stdin().is_terminal() {
+                eprint!("paste the join token and press Enter: ");
+            }
+            read_token(given, std::io::stdin().lock())
+        })
         .transpose()
     {
         Ok(token) => token,

@@ -366,11 +366,15 @@ pub struct NodeOptions {
     /// `RUST_LOG` of the node; default: `MESH_TEST_LOG`, else `info,mesh_node=debug`. Benches
     /// set `info`, as a deployment runs, so debug logging does not weigh on what they measure.
     pub log: Option<String>,
-    /// Starts with `--join TOKEN`.
+    /// Starts with this join token, passed as [`NodeOptions::join_via`] says.
     pub join: Option<String>,
+    /// How the join token reaches the node.
+    pub join_via: TokenVia,
     /// No certificate files: the node uses the zero-config layout `<data_dir>/tls` (where a
     /// join stores its certificate).
     pub zero_config_tls: bool,
+    /// Logs in the human format instead of JSON (as a terminal or journald shows them).
+    pub human_log: bool,
 }
 
 impl NodeOptions {
@@ -391,7 +395,9 @@ impl NodeOptions {
             issuer: false,
             log: None,
             join: None,
+            join_via: TokenVia::Argument,
             zero_config_tls: false,
+            human_log: false,
         }
     }
 
@@ -414,9 +420,21 @@ impl NodeOptions {
         self
     }
 
+    /// Passes the join token as `via` says instead of as `--join TOKEN`.
+    pub fn join_via(mut self, via: TokenVia) -> Self {
+        self.join_via = via;
+        self
+    }
+
     /// Starts the node with the certificates in its data dir (after a join), not the harness's.
     pub fn zero_config_tls(mut self) -> Self {
         self.zero_config_tls = true;
+        self
+    }
+
+    /// Logs in the human format instead of JSON.
+    pub fn human_log(mut self) -> Self {
+        self.human_log = true;
         self
     }
 
@@ -470,6 +488,17 @@ impl NodeOptions {
         self.extra.push('\n');
         self
     }
+}
+
+/// How a join token reaches `mesh-node`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenVia {
+    /// `--join TOKEN`.
+    Argument,
+    /// `--join -`, and the token on standard input.
+    Stdin,
+    /// `MESH_JOIN_TOKEN=TOKEN`.
+    Environment,
 }
 
 /// A running `mesh-node` child process.
@@ -702,8 +731,11 @@ impl Harness {
         cmd.args(&line[1..]);
         cmd.arg("--config")
             .arg(&config_path)
-            .args(["--log-format", "json"])
-            .args(options.join.iter().flat_map(|token| ["--join", token]))
+            .args([
+                "--log-format",
+                if options.human_log { "human" } else { "json" },
+            ])
+            .env_remove("MESH_JOIN_TOKEN")
             .env(
                 "RUST_LOG",
                 options
@@ -715,7 +747,18 @@ impl Harness {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log)?);
+        if let Some(token) = &options.join {
+            match options.join_via {
+                TokenVia::Argument => cmd.args(["--join", token]),
+                TokenVia::Stdin => cmd.args(["--join", "-"]).stdin(Stdio::piped()),
+                TokenVia::Environment => cmd.env("MESH_JOIN_TOKEN", token),
+            };
+        }
         let mut child = cmd.spawn().context("start mesh-node")?;
+        if let (Some(token), Some(mut stdin)) = (&options.join, child.stdin.take()) {
+            use std::io::Write;
+            writeln!(stdin, "{token}").context("write the join token to mesh-node's stdin")?;
+        }
 
         let addr_file = data_dir.join("node.addr");
         let addr = wait_for(

@@ -469,3 +469,98 @@ fn a_tasks_deadline_ends_the_wait_and_cancels_the_approval() {
     .expect("cancelled");
     assert!(!marker.exists());
 }
+
+/// Whether `bytes` hold a character that acts on a terminal: ESC, CR, BEL, backspace, or the
+/// 8-bit CSI (U+009B).
+fn has_raw_controls(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    text.contains(['\u{1b}', '\r', '\u{7}', '\u{8}', '\u{9b}'])
+}
+
+/// Regression (issue 26): mesh-cli printed a model's answer and a tool call's arguments raw, so
+/// either could move the cursor and rewrite what the operator reads before typing `y`. Through
+/// a real `mesh-cli run` against a scripted model: the answer carries ESC sequences (clear the
+/// screen, an OSC title), a CR and a backspace; the arguments waiting for approval carry a CR
+/// (JSON lets one stand between tokens: the rest of the line would overwrite the command) and
+/// an 8-bit CSI (JSON lets one stand in a string; an ESC cannot, as the node refuses arguments
+/// that are not JSON). Every one is shown escaped, in `run`, `approvals ls` and `tasks show`;
+/// the answer's line breaks stay; `run --json` is JSON as before.
+#[test]
+fn mesh_cli_shows_control_characters_of_a_model_answer_and_of_approval_arguments_escaped() {
+    let fake = FakeOpenAi::start();
+    let harness = Harness::new().expect("harness");
+    let node = gated(&harness, &fake, "alpha", 300);
+    let marker = harness.path().join("ran");
+    let arguments = format!(
+        "{{\"note\": \"\u{9b}2K ls\",\r\"command\": \"touch {}\"}}",
+        marker.display()
+    );
+    let answer = "line one\nsafe\u{1b}[2J\u{1b}]0;owned\u{7} text\rEVIL\u{8}\u{8}";
+    fake.push([
+        Scripted::tool("shell_exec", &arguments),
+        Scripted::text(answer),
+    ]);
+    let caller = harness
+        .cli_command(
+            &node,
+            &["run", "--role", "chat", "--tier", "shell", "touch it"],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mesh-cli run");
+
+    let approval = pending(&harness, &node);
+    let id = approval["approval_id"].as_str().expect("id").to_owned();
+    let task = approval["task_id"].as_str().expect("task").to_owned();
+    // What a person reads before deciding: the list too.
+    let listed = harness
+        .cli(&node, &["approvals", "ls"])
+        .expect("approvals ls");
+    assert!(listed.status.success());
+    assert!(
+        !has_raw_controls(&listed.stdout),
+        "approvals ls: {:?}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
+    let (ok, _, stderr) = decide(&harness, &node, &["approve", &id]);
+    assert!(ok, "{stderr}");
+    let output = caller.wait_with_output().expect("mesh-cli run ends");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    );
+    assert_eq!(output.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(marker.exists(), "the approved call ran");
+    assert!(!has_raw_controls(&output.stdout), "{stdout:?}");
+    assert!(!has_raw_controls(&output.stderr), "{stderr:?}");
+    assert!(
+        stdout.contains(
+            r"line one
+safe\u{1b}[2J\u{1b}]0;owned\u{7} text\rEVIL\u{8}\u{8}"
+        ),
+        "the answer, escaped, its line break kept: {stdout:?}"
+    );
+    assert!(
+        stderr.contains(r#"{"note": "\u{9b}2K ls",\r"command": "touch"#),
+        "the arguments waiting for approval, escaped: {stderr:?}"
+    );
+
+    let shown = harness
+        .cli(&node, &["tasks", "show", &task])
+        .expect("tasks show");
+    assert!(shown.status.success());
+    assert!(
+        !has_raw_controls(&shown.stdout),
+        "tasks show: {:?}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+
+    // --json stays JSON, which escapes control characters itself: the answer comes back whole.
+    fake.push([Scripted::text(answer)]);
+    let (code, result) = harness
+        .run_json(&node, &["--role", "chat", "again"])
+        .expect("run --json");
+    assert_eq!(code, Some(0), "{result:#}");
+    assert_eq!(result["output"], answer);
+}

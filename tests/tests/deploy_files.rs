@@ -300,3 +300,29 @@ fn the_dockerfile_config_loads_and_its_ports_and_volume_are_the_nodes() {
     assert!(dockerfile.contains(&format!("VOLUME [\"{STATE_DIR}\"]")));
     assert!(dockerfile.contains("ENTRYPOINT [\"mesh-node\"]"));
 }
+
+/// Issue 26: the base images are pinned by digest, so a rebuild pulls exactly the images it
+/// was made with, not whatever their tags were last pushed to; and both are still build
+/// arguments, so an operator can move them on (`--build-arg RUST_IMAGE=…`).
+#[test]
+fn the_dockerfile_pins_its_base_images_by_digest() {
+    let dockerfile = fs::read_to_string(deploy_dir().join("Dockerfile")).expect("Dockerfile");
+    for (arg, tag) in [
+        ("RUST_IMAGE", "rust:1-bookworm"),
+        ("RUNTIME_IMAGE", "debian:bookworm-slim"),
+    ] {
+        let default = dockerfile
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("ARG {arg}=")))
+            .unwrap_or_else(|| panic!("`ARG {arg}=…` with a default"));
+        let digest = default
+            .strip_prefix(&format!("{tag}@sha256:"))
+            .unwrap_or_else(|| panic!("{arg} is `{default}`, not {tag}@sha256:…"));
+        assert!(
+            digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{arg}: `{digest}` is not a SHA-256"
+        );
+    }
+    assert!(dockerfile.contains("FROM ${RUST_IMAGE} AS builder"));
+    assert!(dockerfile.contains("FROM ${RUNTIME_IMAGE}\n"));
+}

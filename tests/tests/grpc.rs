@@ -3,7 +3,7 @@
 //! Postman), on the same mTLS port as the agentmesh services, and behind the same certificate
 //! gate.
 
-use std::process::Command;
+use std::{path::Path, process::Command};
 
 use mesh_identity::{TlsFiles, ca};
 use mesh_tests::{Harness, NodeOptions, python3};
@@ -62,13 +62,15 @@ async fn health_and_reflection_answer_over_mtls() {
     }
 }
 
-/// Lists the node's services with the official Python `grpcio-reflection` client, which speaks
-/// reflection v1alpha only, and looks one service up through it; with `cert` and `key` empty it
-/// calls without a client certificate. Prints `{"services": [...], "methods": [...]}` or
+/// The official Python clients on gRPC's own TLS (grpcio): `grpc_health.v1`'s `Health.Check`,
+/// then reflection v1alpha (the `grpcio-reflection` client speaks no other) listing the
+/// services and looking one up; with `cert` and `key` empty it calls without a client
+/// certificate. Prints `{"health": ..., "services": [...], "methods": [...]}` or
 /// `{"code": ..., "details": ...}`.
-const REFLECT_V1ALPHA: &str = r#"
+const GRPCIO_CLIENTS: &str = r#"
 import json, sys, grpc
 from google.protobuf.descriptor_pool import DescriptorPool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -76,100 +78,153 @@ addr, ca, cert, key = sys.argv[1:5]
 read = lambda path: open(path, "rb").read() if path else None
 credentials = grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
 with grpc.secure_channel(addr, credentials) as channel:
-    database = ProtoReflectionDescriptorDatabase(channel)
     try:
+        health = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=10
+        )
+        database = ProtoReflectionDescriptorDatabase(channel)
         services = list(database.get_services())
         node = DescriptorPool(database).FindServiceByName("agentmesh.v1.Node")
-        print(json.dumps({"services": services, "methods": [m.name for m in node.methods]}))
+        print(json.dumps({
+            "health": health_pb2.HealthCheckResponse.ServingStatus.Name(health.status),
+            "services": services,
+            "methods": [m.name for m in node.methods],
+        }))
     except grpc.RpcError as e:
         print(json.dumps({"code": e.code().name, "details": e.details()}))
 "#;
 
-/// A certificate with an ECDSA P-256 key for `name` in `role`, made as an operator makes one:
-/// `mesh-cli ca issue --key-type p256` with the harness CA. gRPC's own TLS stack (BoringSSL, in
-/// grpcio) offers no Ed25519 signatures, so it cannot handshake with the default Ed25519
-/// certificates, the node's included.
-fn p256_files(harness: &Harness, name: &str, role: &str) -> TlsFiles {
+/// `mesh-cli ca issue --role ROLE --name NAME` with the harness CA, with `--key-type` when
+/// given: a certificate made as an operator makes one.
+fn issued_files(harness: &Harness, name: &str, role: &str, key_type: Option<&str>) -> TlsFiles {
     let output = Command::new(mesh_tests::bin("mesh-cli"))
-        .args([
-            "ca",
-            "issue",
-            "--key-type",
-            "p256",
-            "--role",
-            role,
-            "--name",
-            name,
-            "--dir",
-        ])
+        .args(["ca", "issue", "--role", role, "--name", name])
+        .args(key_type.iter().flat_map(|t| ["--key-type", t]))
+        .arg("--dir")
         .arg(harness.ca_dir())
         .output()
         .expect("run mesh-cli");
     assert!(
         output.status.success(),
-        "mesh-cli ca issue --key-type p256 failed:\n{}",
+        "mesh-cli ca issue failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let files = TlsFiles {
+    TlsFiles {
         ca: harness.ca_dir().join(ca::CA_CERT_FILE),
         cert: harness.ca_dir().join(format!("{name}.pem")),
         key: harness.ca_dir().join(format!("{name}.key")),
-    };
-    let key = std::fs::read_to_string(&files.key).expect("key");
-    let key = rcgen::KeyPair::from_pem(&key).expect("a PEM key");
-    assert!(
-        key.is_compatible(&rcgen::PKCS_ECDSA_P256_SHA256),
-        "not a P-256 key"
-    );
-    files
+    }
 }
 
-fn reflect_v1alpha(addr: &str, ca: &str, cert: &str, key: &str) -> serde_json::Value {
+/// Runs [`GRPCIO_CLIENTS`] against `addr` presenting `files` (none: no client certificate).
+fn grpcio_clients(addr: &str, ca: &Path, files: Option<&TlsFiles>) -> serde_json::Value {
+    let path = |p: &Path| p.to_str().expect("utf-8 path").to_owned();
+    let (cert, key) = files.map_or_else(Default::default, |f| (path(&f.cert), path(&f.key)));
     let output = Command::new(python3())
-        .args(["-c", REFLECT_V1ALPHA, addr, ca, cert, key])
+        .args(["-c", GRPCIO_CLIENTS, addr, &path(ca), &cert, &key])
         .output()
-        .expect("run python3 (deploy/test.sh --setup-only installs grpcio-reflection)");
+        .expect("run python3 (deploy/test.sh --setup-only installs grpcio-reflection and grpcio-health-checking)");
     assert!(
         output.status.success(),
-        "the reflection client failed:\n{}",
+        "the grpcio clients failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).expect("json")
 }
 
-/// Regression: reflection v1alpha answered UNIMPLEMENTED, so the official grpcio-reflection
-/// client, older grpcurl and Postman could not list the services. A caller without a client
-/// certificate (the node is an issuer, so its handshake succeeds) is refused by the gate.
+/// grpcio's health and reflection clients work with the client certificates mesh-cli makes:
+/// `ca issue` with its default key (Ed25519) and with `--key-type p256`, and `mesh-cli join`.
+/// Regression (issue 26): the Ed25519 keys were PKCS#8 v2, which grpcio cannot read ("Failed to
+/// create security handshaker"). Regression: reflection v1alpha answered UNIMPLEMENTED, so the
+/// official grpcio-reflection client, older grpcurl and Postman could not list the services. A
+/// caller without a client certificate (the node is an issuer, so its handshake succeeds) is
+/// refused by the gate.
+///
+/// The node's own certificate is P-256 (`ca issue --role node --key-type p256`): BoringSSL, in
+/// grpcio, verifies no Ed25519 handshake signature, so it cannot talk to an Ed25519 server.
 #[test]
-fn reflection_v1alpha_lists_the_services_to_a_member_and_refuses_a_caller_without_a_certificate() {
+fn grpcio_health_and_reflection_work_with_client_certificates_mesh_cli_makes() {
     let harness = Harness::new().expect("harness");
     let mut options = NodeOptions::new("alpha").issuer();
-    options.tls = Some(p256_files(&harness, "alpha", "node"));
+    options.tls = Some(issued_files(&harness, "alpha", "node", Some("p256")));
     let node = harness.spawn(options).expect("alpha");
-    let client = p256_files(&harness, "grpc-tool", "client");
-    let path = |p: &std::path::Path| p.to_str().expect("utf-8 path").to_owned();
-    let (ca, cert, key) = (path(&client.ca), path(&client.cert), path(&client.key));
+    let ca = harness.ca_dir().join(ca::CA_CERT_FILE);
 
-    let listed = reflect_v1alpha(&node.addr, &ca, &cert, &key);
-    let services: Vec<&str> = listed["services"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no services: {listed}"))
-        .iter()
-        .filter_map(serde_json::Value::as_str)
-        .collect();
-    for expected in [
-        "agentmesh.v1.Node",
-        "agentmesh.v1.Tasks",
-        "agentmesh.v1.Models",
-        "grpc.health.v1.Health",
-    ] {
-        assert!(services.contains(&expected), "{expected} missing: {listed}");
-    }
+    let home = tempfile::tempdir().expect("tempdir");
+    let token = Command::new(mesh_tests::bin("mesh-cli"))
+        .args([
+            "token", "create", "--role", "client", "--issuer", &node.addr,
+        ])
+        .arg("--dir")
+        .arg(harness.ca_dir())
+        .output()
+        .expect("run mesh-cli");
+    assert!(token.status.success(), "token create");
+    let joined = Command::new(mesh_tests::bin("mesh-cli"))
+        .args(["join", "-", "--name", "joined-tool"])
+        .env("HOME", home.path())
+        .env("XDG_CONFIG_HOME", home.path().join("config"))
+        .env_remove("MESH_JOIN_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .expect("piped stdin")
+                .write_all(&token.stdout)?;
+            child.wait_with_output()
+        })
+        .expect("run mesh-cli join");
     assert!(
-        listed["methods"].as_array().is_some_and(|m| !m.is_empty()),
-        "the Node service's descriptor came through: {listed}"
+        joined.status.success(),
+        "mesh-cli join: {}",
+        String::from_utf8_lossy(&joined.stderr)
     );
 
-    let refused = reflect_v1alpha(&node.addr, &ca, "", "");
+    let clients = [
+        (
+            "ca issue (Ed25519)",
+            issued_files(&harness, "grpc-tool", "client", None),
+        ),
+        (
+            "ca issue --key-type p256",
+            issued_files(&harness, "grpc-tool-p256", "client", Some("p256")),
+        ),
+        (
+            "mesh-cli join (Ed25519)",
+            mesh_identity::bootstrap::user_cli_files(&home.path().join("config/agentmesh")),
+        ),
+    ];
+    for (what, files) in &clients {
+        let answer = grpcio_clients(&node.addr, &ca, Some(files));
+        assert_eq!(answer["health"], "SERVING", "{what}: {answer}");
+        let services: Vec<&str> = answer["services"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: no services: {answer}"))
+            .iter()
+            .filter_map(serde_json::Value::as_str)
+            .collect();
+        for expected in [
+            "agentmesh.v1.Node",
+            "agentmesh.v1.Tasks",
+            "agentmesh.v1.Models",
+            "grpc.health.v1.Health",
+        ] {
+            assert!(
+                services.contains(&expected),
+                "{what}: {expected} missing: {answer}"
+            );
+        }
+        assert!(
+            answer["methods"].as_array().is_some_and(|m| !m.is_empty()),
+            "{what}: the Node service's descriptor came through: {answer}"
+        );
+    }
+
+    let refused = grpcio_clients(&node.addr, &ca, None);
     assert_eq!(refused["code"], "UNAUTHENTICATED", "{refused}");
 }

@@ -15,7 +15,7 @@ use mesh_identity::{
     join::{JoinToken, unix_now},
 };
 use mesh_proto::v1 as pb;
-use mesh_tests::{Harness, Netns, NodeOptions, NodeProcess, bin, wait_for};
+use mesh_tests::{Harness, Netns, NodeOptions, NodeProcess, TokenVia, bin, wait_for};
 use rustls::pki_types::pem::PemObject;
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -428,4 +428,151 @@ fn a_node_joins_a_running_mesh_found_by_mdns_in_a_namespace() {
         source(&delta, "beta"),
     ];
     assert!(sources.contains(&"mdns".to_owned()), "{sources:?}");
+}
+
+/// Regression (issue 26): the issuer's one budget of 30 attempts a minute was spent before the
+/// MAC was checked, so 35 calls without a certificate and with a made-up secret locked a real
+/// join out for a minute; and the caller's name was logged as sent, so a name with a line break
+/// wrote a forged line into the issuer's log. Now the MAC comes first (forgeries are limited
+/// per address and apart), and the name is logged escaped.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_redemptions_lock_out_no_real_join_and_a_callers_name_is_logged_escaped() {
+    let h = Harness::new().expect("harness");
+    let alpha = h
+        .spawn(NodeOptions::new("alpha").issuer().human_log())
+        .expect("issuer");
+    let other = tempfile::tempdir().expect("tempdir");
+    ca::ca_init(other.path()).expect("other CA");
+    let other = CaSigner::load(
+        &other.path().join(ca::CA_CERT_FILE),
+        &other.path().join(ca::CA_KEY_FILE),
+    )
+    .expect("other CA");
+    let forged = mesh_identity::join::create_token(
+        &other,
+        CertRole::Node,
+        Duration::from_secs(600),
+        1,
+        &alpha.addr,
+    )
+    .expect("token")
+    .secret
+    .to_string();
+    let channel = certless(&h)
+        .connect(&alpha.addr)
+        .await
+        .expect("an issuer takes a caller without a certificate")
+        .channel;
+    let mut join = pb::join_client::JoinClient::new(channel);
+    let injected = "evil\nFORGED-LINE INFO mesh_node::issuer: issued a certificate";
+    let mut codes = Vec::new();
+    for n in 0..35 {
+        let refused = join
+            .redeem(pb::RedeemRequest {
+                secret: forged.clone(),
+                name: if n == 0 { injected.into() } else { "x".into() },
+                csr_pem: String::new(),
+            })
+            .await
+            .expect_err("a forged secret");
+        codes.push(refused.code());
+    }
+    assert!(
+        codes[..30]
+            .iter()
+            .all(|c| *c == tonic::Code::PermissionDenied),
+        "{codes:?}"
+    );
+    assert!(
+        codes[30..]
+            .iter()
+            .all(|c| *c == tonic::Code::ResourceExhausted),
+        "{codes:?}"
+    );
+
+    // A real join from the same address goes through at once.
+    let token = create_token(&h, &alpha, &[]);
+    let beta = h
+        .spawn(NodeOptions::new("beta").join(&token))
+        .expect("the real join");
+    h.wait_all_up(&[&alpha, &beta], DEADLINE).expect("joined");
+
+    let log = alpha.log_text();
+    assert!(
+        log.lines().all(|line| !line.starts_with("FORGED-LINE")),
+        "the name wrote a line of its own:\n{log}"
+    );
+    assert!(
+        log.contains(r"evil\nFORGED-LINE"),
+        "the name is logged, escaped:\n{log}"
+    );
+}
+
+/// A join token given on standard input (`--join -`) or in `MESH_JOIN_TOKEN` joins the node as
+/// one given as an argument does, and never shows in the process's command line, which every
+/// local user can read (`ps`, `/proc/PID/cmdline`); `mesh-cli join -` reads it from standard
+/// input too.
+#[test]
+fn a_join_token_on_stdin_or_in_the_environment_works_and_is_not_in_the_command_line() {
+    let h = Harness::new().expect("harness");
+    let alpha = h.spawn(NodeOptions::new("alpha").issuer()).expect("issuer");
+    let token = create_token(&h, &alpha, &["--uses", "2"]);
+    let secret = token
+        .split(':')
+        .nth(2)
+        .and_then(|rest| rest.split('@').next())
+        .expect("the secret part")
+        .to_owned();
+    let mut joined = Vec::new();
+    for (name, via) in [("beta", TokenVia::Stdin), ("gamma", TokenVia::Environment)] {
+        let node = h
+            .spawn(NodeOptions::new(name).join(&token).join_via(via))
+            .unwrap_or_else(|e| panic!("{name} joins with the token via {via:?}: {e}"));
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", node.pid())).expect("cmdline");
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(
+            !cmdline.contains(&secret) && !cmdline.contains("agentmesh-join:"),
+            "{via:?}: the token is in the command line: {cmdline}"
+        );
+        assert!(cmdline.contains("mesh-node"), "{cmdline}");
+        joined.push(node);
+    }
+    h.wait_all_up(&[&alpha, &joined[0], &joined[1]], DEADLINE)
+        .expect("both joined");
+
+    // mesh-cli join -: the token from standard input; nothing on stdin is refused, saying so.
+    let client = create_token(&h, &alpha, &["--role", "client"]);
+    let home = tempfile::tempdir().expect("tempdir");
+    let join = |stdin: &str| {
+        let mut child = Command::new(bin("mesh-cli"))
+            .args(["join", "-", "--name", "laptop"])
+            .env("HOME", home.path())
+            .env("XDG_CONFIG_HOME", home.path().join("config"))
+            .env_remove("MESH_JOIN_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run mesh-cli");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write the token");
+        child.wait_with_output().expect("mesh-cli join")
+    };
+    let empty = join("");
+    assert_eq!(empty.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&empty.stderr);
+    assert!(stderr.contains("standard input held no token"), "{stderr}");
+    let output = join(&format!("{client}\n"));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let files = mesh_identity::bootstrap::user_cli_files(&home.path().join("config/agentmesh"));
+    mesh_identity::MeshTls::load(&files).expect("the joined files load");
 }

@@ -3,19 +3,22 @@
 //! open connections are closed (its streams end), and a new connection fails in the TLS
 //! handshake, it shows as `revoked` in `mesh-cli status`, what it writes
 //! is not taken, and all of it holds after every node restarts. An entry the CA did not sign
-//! changes nothing. Real processes, real mTLS, loopback only, mDNS off.
+//! changes nothing. A certificate that expires is dropped the same way at its expiry (issue 26).
+//! Real processes, real mTLS, loopback only, mDNS off.
 
 use std::{
     process::Output,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use mesh_identity::{
     CertRole, Dialer, MeshTls, Revocation, TlsFiles, ca, revocation::certificate_id,
 };
+use mesh_node::rpc::accept::EXPIRED_CONNECTION_GRACE;
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess, unix_ms, wait_for};
 use prost::Message;
+use rustls::pki_types::pem::PemObject;
 use tokio::{io::AsyncReadExt, net::TcpStream, task::JoinHandle};
 use tokio_rustls::TlsConnector;
 
@@ -388,4 +391,169 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
             .success()
     );
     let _ = (alpha, beta, gamma);
+}
+
+/// Regression (issue 26): a certificate's expiry was checked only in the TLS handshake, so a
+/// connection opened before it expired kept its `WatchInfo` stream, and could go on calling,
+/// for as long as it stayed open. Now the node ends the stream when the certificate expires
+/// (`UNAUTHENTICATED`, saying why), refuses every later call on the connection, and closes the
+/// connection itself shortly after; another certificate's stream goes on. The certificate is
+/// made by `mesh-cli ca issue --ttl`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_streams_and_connections_of_a_certificate_that_expires_are_ended() {
+    let h = Harness::new().expect("harness");
+    let alpha = h.spawn(NodeOptions::new("alpha")).expect("alpha");
+    let issued = std::process::Command::new(mesh_tests::bin("mesh-cli"))
+        .args([
+            "ca",
+            "issue",
+            "--role",
+            "client",
+            "--name",
+            "lent-laptop",
+            "--ttl",
+            "6s",
+            "--dir",
+        ])
+        .arg(h.ca_dir())
+        .output()
+        .expect("mesh-cli ca issue");
+    assert!(issued.status.success(), "{}", stderr(&issued));
+    let short = h
+        .issue_as("lent-laptop", CertRole::Client)
+        .expect("the files");
+    let identity = MeshTls::load(&short)
+        .expect("still valid")
+        .identity()
+        .clone();
+    let expires =
+        UNIX_EPOCH + Duration::from_secs(u64::try_from(identity.not_after).expect("after 1970"));
+    assert!(
+        expires < SystemTime::now() + Duration::from_secs(7),
+        "--ttl 6s gave {:?}",
+        expires.duration_since(SystemTime::now())
+    );
+
+    // Its stream, an idle connection of it (one call made), a raw TLS connection of it, and a
+    // stream of a certificate that does not expire soon (the control).
+    let mut stream = client_as(&short, &alpha)
+        .await
+        .watch_info(pb::WatchInfoRequest {
+            hello: None,
+            interval_ms: 250,
+        })
+        .await
+        .expect("open WatchInfo")
+        .into_inner();
+    let streaming = tokio::spawn(async move {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return (tonic::Status::ok("ended cleanly"), SystemTime::now()),
+                Err(status) => return (status, SystemTime::now()),
+            }
+        }
+    });
+    let mut idle = client_as(&short, &alpha).await;
+    idle.get_info(pb::GetInfoRequest {})
+        .await
+        .expect("a call while valid");
+    let raw = raw_tls(&short, &alpha).await;
+    let control = watch_as(&h.issue("member").expect("member"), &alpha).await;
+
+    let deadline = expires
+        .duration_since(SystemTime::now())
+        .unwrap_or_default()
+        + Duration::from_secs(10);
+    let (status, ended) = tokio::time::timeout(deadline, streaming)
+        .await
+        .expect("the stream ended after the certificate expired")
+        .expect("stream task");
+    assert!(
+        ended >= expires + Duration::from_secs(1),
+        "ended {:?} before the expiry",
+        expires.duration_since(ended)
+    );
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("expired"), "{status:?}");
+    // The idle connection: no call goes through on it any more.
+    let refused = idle
+        .get_info(pb::GetInfoRequest {})
+        .await
+        .expect_err("a call after the expiry");
+    assert_ne!(refused.code(), tonic::Code::Ok);
+    // The raw connection is closed by the node (not kept open doing nothing).
+    let closed = tokio::time::timeout(EXPIRED_CONNECTION_GRACE + Duration::from_secs(10), raw)
+        .await
+        .expect("the node closed the connection")
+        .expect("reader task");
+    assert!(
+        closed >= expires + Duration::from_secs(1),
+        "closed {:?} before the expiry",
+        expires.duration_since(closed)
+    );
+    assert!(
+        !control.is_finished(),
+        "another certificate's stream goes on"
+    );
+    // And a new connection fails in the handshake, as before (mesh-cli itself would not even
+    // load the expired certificate: this client presents it anyway).
+    let read = |path: &std::path::Path| std::fs::read(path).expect("read");
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in rustls::pki_types::CertificateDer::pem_slice_iter(&read(&short.ca)) {
+        roots.add(ca.expect("ca pem")).expect("add the CA");
+    }
+    let chain = rustls::pki_types::CertificateDer::pem_slice_iter(&read(&short.cert))
+        .collect::<Result<Vec<_>, _>>()
+        .expect("cert pem");
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(&read(&short.key)).expect("key");
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .expect("client auth");
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(&alpha.addr).await.expect("TCP connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the client's side of the handshake");
+    let mut buf = [0_u8; 64];
+    let refused = tokio::time::timeout(WITHIN, tls.read(&mut buf))
+        .await
+        .expect("an answer")
+        .expect_err("an expired certificate's handshake is refused");
+    assert!(
+        refused.to_string().contains("CertificateExpired"),
+        "{refused}"
+    );
+}
+
+/// A TLS connection to `node` with the certificate `files` whose first bytes (the node's HTTP/2
+/// settings) were read; the task reads on until the node closes it, and returns when.
+async fn raw_tls(files: &TlsFiles, node: &NodeProcess) -> JoinHandle<SystemTime> {
+    let Dialer::Tls(config) = MeshTls::load(files).expect("load certificate").dialer() else {
+        panic!("a TLS dialer");
+    };
+    let tcp = TcpStream::connect(&node.addr).await.expect("TCP connect");
+    let name = rustls::pki_types::ServerName::try_from("agentmesh.invalid").expect("name");
+    let mut tls = TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .expect("handshake");
+    let mut buf = [0_u8; 256];
+    let n = tls.read(&mut buf).await.expect("the node's settings");
+    assert!(n > 0, "the node closed at once");
+    tokio::spawn(async move {
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return SystemTime::now(),
+                Ok(_) => {}
+            }
+        }
+    })
 }

@@ -11,7 +11,7 @@ use std::{
 
 use crate::{
     CertRole, TlsError,
-    ca::{CA_CERT_FILE, CA_KEY_FILE, KeyType, ca_init, issue, issue_at},
+    ca::{CA_CERT_FILE, CA_KEY_FILE, IssueOptions, ca_init, issue, issue_at},
     cert::CertIdentity,
     pem::{pem_certs, read, write_new},
     tls::TlsFiles,
@@ -58,7 +58,7 @@ pub fn install_client(
     ca_dir: &Path,
     name: &str,
     config_dir: &Path,
-    key_type: KeyType,
+    options: impl Into<IssueOptions>,
 ) -> Result<TlsFiles, TlsError> {
     let files = user_cli_files(config_dir);
     let ca_pem = read(&ca_dir.join(CA_CERT_FILE))?;
@@ -79,7 +79,7 @@ pub fn install_client(
         name,
         &[],
         CertRole::Client,
-        key_type,
+        options.into(),
         &files.cert,
         &files.key,
     )?;
@@ -197,7 +197,7 @@ pub fn remembered_issuer(data_dir: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MeshTls;
+    use crate::{MeshTls, ca::KeyType};
 
     /// Regression: after the upgrade to certificate roles, a zero-config node kept the local
     /// `mesh-cli` certificate it had made before, which has no role, so the operator on the

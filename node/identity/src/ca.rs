@@ -8,6 +8,7 @@ use std::{
     fs,
     net::IpAddr,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use rcgen::{
@@ -30,9 +31,10 @@ pub const CA_CERT_FILE: &str = "ca.pem";
 pub const CA_KEY_FILE: &str = "ca.key";
 
 /// How long a new CA is valid.
-const CA_VALIDITY_DAYS: i64 = 3650;
-/// How long an issued node or client certificate is valid.
-const CERT_VALIDITY_DAYS: i64 = 825;
+const CA_VALIDITY: Duration = Duration::from_secs(3650 * 24 * 3600);
+/// How long an issued node or client certificate is valid unless asked for less, and the most
+/// it may be asked for.
+pub const CERT_VALIDITY: Duration = Duration::from_secs(825 * 24 * 3600);
 
 /// Creates a new mesh CA in `dir`: `ca.pem` (share it with every node) and `ca.key` (keep it
 /// private). Refuses to overwrite an existing CA, since that would orphan every issued cert.
@@ -55,7 +57,7 @@ pub fn ca_init(dir: &Path) -> Result<(PathBuf, PathBuf), TlsError> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    set_validity(&mut params, CA_VALIDITY_DAYS);
+    set_validity(&mut params, CA_VALIDITY);
     let cert = params.self_signed(&key)?;
 
     write_new(&cert_path, cert.pem().as_bytes(), false)?;
@@ -87,10 +89,62 @@ impl std::str::FromStr for KeyType {
 }
 
 impl KeyType {
-    fn generate(self) -> Result<KeyPair, rcgen::Error> {
+    /// A new key of this type, whose PEM (`serialize_pem`) every TLS stack reads.
+    pub(crate) fn generate(self) -> Result<KeyPair, rcgen::Error> {
         match self {
-            Self::Ed25519 => KeyPair::generate_for(&rcgen::PKCS_ED25519),
+            Self::Ed25519 => ed25519_pkcs8_v1(),
             Self::P256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+        }
+    }
+}
+
+/// The DER of an Ed25519 private key in PKCS#8 v1, the form of RFC 8410 section 7, up to the
+/// 32-byte seed that follows it: `SEQUENCE { INTEGER 0, SEQUENCE { OID 1.3.101.112 },
+/// OCTET STRING { OCTET STRING (32 bytes) } }`.
+const ED25519_PKCS8_V1_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+/// A new Ed25519 key serialized as PKCS#8 v1. ring (under rcgen) generates v2, with the public
+/// key appended, which OpenSSL 3.0, Python's `ssl` and `cryptography`, and grpcio refuse to
+/// read ("Could not read key"), so no curl, grpcurl or Python gRPC client could use a
+/// certificate the mesh issued. ring reads both forms, so keys written as v2 before still load.
+fn ed25519_pkcs8_v1() -> Result<KeyPair, rcgen::Error> {
+    use ring::rand::SecureRandom;
+    let mut der = Vec::with_capacity(ED25519_PKCS8_V1_PREFIX.len() + 32);
+    der.extend_from_slice(&ED25519_PKCS8_V1_PREFIX);
+    let mut seed = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut seed)
+        .map_err(|_| rcgen::Error::RingUnspecified)?;
+    der.extend_from_slice(&seed);
+    KeyPair::from_pkcs8_der_and_sign_algo(&der.as_slice().into(), &rcgen::PKCS_ED25519)
+}
+
+/// How a certificate is issued: its key's algorithm and how long it is valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IssueOptions {
+    /// The key's algorithm.
+    pub key_type: KeyType,
+    /// How long from now it is valid: 1 second to [`CERT_VALIDITY`] (the default). A short
+    /// life suits a device lent for a day: nodes end its connections when it expires.
+    pub validity: Duration,
+}
+
+impl Default for IssueOptions {
+    fn default() -> Self {
+        Self {
+            key_type: KeyType::default(),
+            validity: CERT_VALIDITY,
+        }
+    }
+}
+
+impl From<KeyType> for IssueOptions {
+    fn from(key_type: KeyType) -> Self {
+        Self {
+            key_type,
+            ..Self::default()
         }
     }
 }
@@ -104,20 +158,20 @@ pub fn issue(
     sans: &[String],
     role: CertRole,
 ) -> Result<(PathBuf, PathBuf), TlsError> {
-    issue_with(dir, name, sans, role, KeyType::Ed25519)
+    issue_with(dir, name, sans, role, IssueOptions::default())
 }
 
-/// [`issue`] with a key of `key_type`.
+/// [`issue`] with a key of another type, or another validity.
 pub fn issue_with(
     dir: &Path,
     name: &str,
     sans: &[String],
     role: CertRole,
-    key_type: KeyType,
+    options: impl Into<IssueOptions>,
 ) -> Result<(PathBuf, PathBuf), TlsError> {
     let cert_path = dir.join(format!("{name}.pem"));
     let key_path = dir.join(format!("{name}.key"));
-    issue_at(dir, name, sans, role, key_type, &cert_path, &key_path)?;
+    issue_at(dir, name, sans, role, options.into(), &cert_path, &key_path)?;
     Ok((cert_path, key_path))
 }
 
@@ -128,19 +182,22 @@ pub(crate) fn issue_at(
     name: &str,
     sans: &[String],
     role: CertRole,
-    key_type: KeyType,
+    options: IssueOptions,
     cert_path: &Path,
     key_path: &Path,
 ) -> Result<(), TlsError> {
     validate_cert_name(name)?;
+    if options.validity < Duration::from_secs(1) || options.validity > CERT_VALIDITY {
+        return Err(TlsError::BadValidity(options.validity));
+    }
     for path in [cert_path, key_path] {
         if path.exists() {
             return Err(TlsError::Exists(path.to_owned()));
         }
     }
     let ca = CaSigner::load(&dir.join(CA_CERT_FILE), &dir.join(CA_KEY_FILE))?;
-    let key = key_type.generate()?;
-    let cert = leaf_params(name, sans, role)?.signed_by(&key, &ca.issuer)?;
+    let key = options.key_type.generate()?;
+    let cert = leaf_params(name, sans, role, options.validity)?.signed_by(&key, &ca.issuer)?;
 
     write_new(cert_path, cert.pem().as_bytes(), false)?;
     write_new(key_path, key.serialize_pem().as_bytes(), true)?;
@@ -231,16 +288,17 @@ impl CaSigner {
     pub fn sign_csr(&self, csr_pem: &str, name: &str, role: CertRole) -> Result<String, TlsError> {
         let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| TlsError::BadCsr(e.to_string()))?;
-        let cert = leaf_params(name, &[], role)?.signed_by(&csr.public_key, &self.issuer)?;
+        let cert = leaf_params(name, &[], role, CERT_VALIDITY)?
+            .signed_by(&csr.public_key, &self.issuer)?;
         Ok(cert.pem())
     }
 }
 
-/// A new Ed25519 key and a certificate signing request for it, PEM: what a joining device sends
-/// (the key never leaves it).
-pub fn new_key_and_csr(name: &str) -> Result<(KeyPair, String), TlsError> {
+/// A new key of `key_type` and a certificate signing request for it, PEM: what a joining device
+/// sends (the key never leaves it).
+pub fn new_key_and_csr(name: &str, key_type: KeyType) -> Result<(KeyPair, String), TlsError> {
     validate_cert_name(name)?;
-    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
+    let key = key_type.generate()?;
     let mut params = CertificateParams::default();
     params.distinguished_name = distinguished_name(name);
     let csr = params.serialize_request(&key)?;
@@ -250,8 +308,13 @@ pub fn new_key_and_csr(name: &str) -> Result<(KeyPair, String), TlsError> {
 /// What the CA certifies for `name` in `role`: the subject (CN = name, OU = the role), the
 /// names and the usages. A node certificate is valid as server and client certificate, with SANs
 /// `NAME`, `localhost`, `127.0.0.1`, `::1` and every extra `sans` entry; a client certificate
-/// only as a client certificate.
-fn leaf_params(name: &str, sans: &[String], role: CertRole) -> Result<CertificateParams, TlsError> {
+/// only as a client certificate. It is valid for `validity` from now.
+fn leaf_params(
+    name: &str,
+    sans: &[String],
+    role: CertRole,
+    validity: Duration,
+) -> Result<CertificateParams, TlsError> {
     validate_cert_name(name)?;
     let mut params = CertificateParams::default();
     params.distinguished_name = distinguished_name(name);
@@ -282,7 +345,7 @@ fn leaf_params(name: &str, sans: &[String], role: CertRole) -> Result<Certificat
         ],
         CertRole::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
     };
-    set_validity(&mut params, CERT_VALIDITY_DAYS);
+    set_validity(&mut params, validity);
     Ok(params)
 }
 
@@ -310,11 +373,11 @@ fn distinguished_name(common_name: &str) -> DistinguishedName {
     dn
 }
 
-fn set_validity(params: &mut CertificateParams, days: i64) {
+fn set_validity(params: &mut CertificateParams, validity: Duration) {
     let now = time::OffsetDateTime::now_utc();
     // Backdated an hour so a peer whose clock runs a little slow accepts it at once.
     params.not_before = now - time::Duration::hours(1);
-    params.not_after = now + time::Duration::days(days);
+    params.not_after = now + validity;
 }
 
 fn validate_cert_name(name: &str) -> Result<(), TlsError> {
@@ -359,6 +422,102 @@ mod tests {
         ));
     }
 
+    /// The DER of the PEM private key in `path`.
+    fn key_der(path: &Path) -> Vec<u8> {
+        use rustls::pki_types::{PrivateKeyDer, pem::PemObject};
+        let pem = read(path).expect("key file");
+        PrivateKeyDer::from_pem_slice(pem.as_bytes())
+            .expect("a PEM private key")
+            .secret_der()
+            .to_vec()
+    }
+
+    /// The version of a PKCS#8 `PrivateKeyInfo` (0: v1, 1: v2), the INTEGER after the outer
+    /// SEQUENCE's header.
+    fn pkcs8_version(der: &[u8]) -> u8 {
+        let header = match der[1] {
+            short if short < 0x80 => 2,
+            long => 2 + usize::from(long & 0x7f),
+        };
+        assert_eq!(
+            der[header..header + 2],
+            [0x02, 0x01],
+            "an INTEGER of one byte"
+        );
+        der[header + 2]
+    }
+
+    /// Regression (issue 26): Ed25519 keys were written as PKCS#8 v2 (with the public key), which
+    /// OpenSSL 3.0, Python's `ssl` and grpcio cannot read. Every key written now is v1: version
+    /// 0, and for Ed25519 exactly the 48 bytes of RFC 8410's form; and it still loads here.
+    #[test]
+    fn issued_keys_are_pkcs8_v1_and_load() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ca_init(dir.path()).expect("ca");
+        let (ed_cert, ed_key) = issue(dir.path(), "alpha", &[], CertRole::Node).expect("ed25519");
+        let der = key_der(&ed_key);
+        assert_eq!(der.len(), 48, "{der:02x?}");
+        assert_eq!(der[..16], ED25519_PKCS8_V1_PREFIX, "{der:02x?}");
+        let (p_cert, p_key) =
+            issue_with(dir.path(), "beta", &[], CertRole::Client, KeyType::P256).expect("p256");
+        let (_, csr) = new_key_and_csr("gamma", KeyType::Ed25519).expect("csr");
+        assert!(csr.contains("CERTIFICATE REQUEST"));
+        for (key, cert) in [(&ed_key, &ed_cert), (&p_key, &p_cert)] {
+            assert_eq!(pkcs8_version(&key_der(key)), 0, "{}", key.display());
+            let tls = crate::MeshTls::load(&crate::TlsFiles {
+                ca: dir.path().join(CA_CERT_FILE),
+                cert: cert.clone(),
+                key: key.clone(),
+            })
+            .expect("loads");
+            tls.origin_signer()
+                .expect("signs records")
+                .sign(b"x")
+                .expect("sign");
+        }
+        let ca_der = key_der(&dir.path().join(CA_KEY_FILE));
+        assert_eq!(pkcs8_version(&ca_der), 0, "the CA key is v1 too");
+    }
+
+    /// Keys written as PKCS#8 v2 before issue 26 still load, for TLS and for signing records:
+    /// nothing already stored is lost.
+    #[test]
+    fn a_key_written_as_pkcs8_v2_still_loads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        ca_init(dir.path()).expect("ca");
+        let old = KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("ring's v2 key");
+        assert_eq!(pkcs8_version(&old.serialize_der()), 1, "v2 as before");
+        let mut params = CertificateParams::default();
+        params.distinguished_name = distinguished_name("old");
+        let csr = params
+            .serialize_request(&old)
+            .expect("csr")
+            .pem()
+            .expect("pem");
+        let ca = CaSigner::load(
+            &dir.path().join(CA_CERT_FILE),
+            &dir.path().join(CA_KEY_FILE),
+        )
+        .expect("ca");
+        let files = crate::TlsFiles {
+            ca: dir.path().join(CA_CERT_FILE),
+            cert: dir.path().join("old.pem"),
+            key: dir.path().join("old.key"),
+        };
+        fs::write(
+            &files.cert,
+            ca.sign_csr(&csr, "old", CertRole::Node).expect("sign"),
+        )
+        .expect("write");
+        fs::write(&files.key, old.serialize_pem()).expect("write");
+        let tls = crate::MeshTls::load(&files).expect("a v2 key loads");
+        tls.server_config(false).expect("serves with it");
+        tls.origin_signer()
+            .expect("signs records")
+            .sign(b"x")
+            .expect("sign");
+    }
+
     #[test]
     fn bad_names_and_sans_are_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -371,5 +530,16 @@ mod tests {
             issue(dir.path(), "ok", &["bad san!".into()], CertRole::Node),
             Err(TlsError::BadSan(_))
         ));
+        for validity in [Duration::ZERO, CERT_VALIDITY + Duration::from_secs(1)] {
+            let options = IssueOptions {
+                validity,
+                ..IssueOptions::default()
+            };
+            let err = issue_with(dir.path(), "ok", &[], CertRole::Client, options)
+                .expect_err("validity out of bounds");
+            assert!(matches!(err, TlsError::BadValidity(_)), "{err}");
+            assert!(err.to_string().contains("--ttl"), "{err}");
+            assert!(!dir.path().join("ok.pem").exists(), "nothing written");
+        }
     }
 }

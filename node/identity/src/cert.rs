@@ -7,6 +7,8 @@
 //! extended key usage, so TLS itself refuses it on the serving side. A certificate issued
 //! before roles existed has no such OU: it is a legacy certificate, trusted least.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use mesh_domain::{CertRole, NodeId, Principal};
 use sha2::{Digest, Sha256};
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -67,6 +69,16 @@ fn role_of_unit(unit: &str) -> Option<CertRole> {
 }
 
 impl CertIdentity {
+    /// How long from `now` the certificate stays valid; `None` once it has expired. As TLS
+    /// (webpki) checks it: valid through the whole second `not_after`.
+    pub fn valid_for(&self, now: SystemTime) -> Option<Duration> {
+        let end = u64::try_from(self.not_after)
+            .ok()
+            .and_then(|secs| secs.checked_add(1))
+            .and_then(|secs| UNIX_EPOCH.checked_add(Duration::from_secs(secs)))?;
+        end.duration_since(now).ok().filter(|left| !left.is_zero())
+    }
+
     /// The holder of the certificate, as admission and the task lineage name it.
     pub fn principal(&self) -> Principal {
         Principal {
@@ -89,6 +101,33 @@ pub enum CertError {
 mod tests {
     use super::*;
     use rcgen::PublicKeyData;
+
+    #[test]
+    fn a_certificate_is_valid_through_the_second_of_its_not_after() {
+        let key = rcgen::KeyPair::generate().expect("generate key");
+        let cert = rcgen::CertificateParams::new(vec!["a".into()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("sign");
+        let identity = CertIdentity::from_der(cert.der()).expect("parse");
+        let end = UNIX_EPOCH
+            + Duration::from_secs(u64::try_from(identity.not_after).expect("after 1970"));
+        assert_eq!(
+            identity.valid_for(end - Duration::from_secs(10)),
+            Some(Duration::from_secs(11))
+        );
+        assert_eq!(
+            identity.valid_for(end + Duration::from_millis(400)),
+            Some(Duration::from_millis(600))
+        );
+        assert_eq!(identity.valid_for(end + Duration::from_secs(1)), None);
+        assert_eq!(identity.valid_for(end + Duration::from_secs(3600)), None);
+        let ancient = CertIdentity {
+            not_after: -5,
+            ..identity
+        };
+        assert_eq!(ancient.valid_for(UNIX_EPOCH), None);
+    }
 
     #[test]
     fn identity_is_the_hash_of_the_public_key_not_of_the_certificate() {

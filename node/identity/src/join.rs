@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{
     CertRole, DialError, Dialer, MeshTls, TlsError, TlsFiles, bootstrap,
-    ca::new_key_and_csr,
+    ca::{KeyType, new_key_and_csr},
     deadline::{DEADLINES, within},
     pem::{read, write_new},
     tls,
@@ -118,6 +118,9 @@ pub enum TokenError {
         "--issuer `{0}` is not HOST:PORT (an address of a node with the CA key that the new device can reach)"
     )]
     BadIssuer(String),
+    /// The token was to come from standard input, which could not be read.
+    #[error("cannot read the join token from standard input: {0}")]
+    Stdin(std::io::Error),
 }
 
 impl Claims {
@@ -208,6 +211,32 @@ pub fn create_token(
         secret: ca.token_key().mint(ca.fingerprint(), role, expires, uses)?,
         issuer: issuer.to_owned(),
     })
+}
+
+/// A token argument that means "read the token from standard input" (`--join -`).
+pub const FROM_STDIN: &str = "-";
+
+/// The token `given` on a command line or in an environment variable; [`FROM_STDIN`] reads it
+/// from `input` instead: its first line, at most [`MAX_TOKEN_BYTES`] and a line end. A token in
+/// an argument shows in `ps` and the shell's history; one on standard input or in the
+/// environment does not.
+pub fn read_token(given: &str, input: impl std::io::BufRead) -> Result<JoinToken, TokenError> {
+    use std::io::BufRead;
+    if given != FROM_STDIN {
+        return given.parse();
+    }
+    let mut line = String::new();
+    input
+        .take(MAX_TOKEN_BYTES as u64 + 2)
+        .read_line(&mut line)
+        .map_err(TokenError::Stdin)?;
+    if line.trim().is_empty() {
+        return Err(TokenError::Malformed(
+            "standard input held no token; pipe in the one line `mesh-cli token create` printed"
+                .into(),
+        ));
+    }
+    line.parse()
 }
 
 /// Seconds since the Unix epoch.
@@ -418,9 +447,10 @@ pub enum JoinError {
 
 /// Redeems `token` at its issuer for a certificate named `name`: fetches the CA unverified,
 /// checks it against the pin (refusing before the secret is sent when it differs), reconnects
-/// verifying the server against it, and sends the secret and a CSR for a fresh key.
-pub async fn redeem(token: &JoinToken, name: &str) -> Result<Joined, JoinError> {
-    let (key, csr_pem) = new_key_and_csr(name)?;
+/// verifying the server against it, and sends the secret and a CSR for a fresh key of
+/// `key_type`.
+pub async fn redeem(token: &JoinToken, name: &str, key_type: KeyType) -> Result<Joined, JoinError> {
+    let (key, csr_pem) = new_key_and_csr(name, key_type)?;
     let refused = |status: tonic::Status| JoinError::Refused {
         issuer: token.issuer.clone(),
         code: status.code(),
@@ -524,20 +554,21 @@ pub async fn join_node(
             pinned: token.ca_fingerprint.clone(),
         });
     }
-    let joined = redeem(token, name).await?;
+    let joined = redeem(token, name, KeyType::Ed25519).await?;
     std::fs::create_dir_all(&dir).map_err(|e| TlsError::io("create", &dir, e))?;
     store(&joined, &files)?;
     bootstrap::remember_issuer(data_dir, &token.issuer)?;
     Ok(NodeJoin::Joined)
 }
 
-/// Joins an operator's `mesh-cli`: redeems a `client` token and writes `ca.pem`, `mesh-cli.pem`
-/// and `mesh-cli.key` (readable by the owner only) into `config_dir` (see
-/// [`bootstrap::user_cli_files`]). Refuses to overwrite any of them.
+/// Joins an operator's `mesh-cli`: redeems a `client` token for a key of `key_type` and writes
+/// `ca.pem`, `mesh-cli.pem` and `mesh-cli.key` (readable by the owner only) into `config_dir`
+/// (see [`bootstrap::user_cli_files`]). Refuses to overwrite any of them.
 pub async fn join_client(
     config_dir: &Path,
     name: &str,
     token: &JoinToken,
+    key_type: KeyType,
 ) -> Result<TlsFiles, JoinError> {
     if token.secret.claims.role != CertRole::Client {
         return Err(JoinError::WrongRole {
@@ -551,7 +582,7 @@ pub async fn join_client(
             return Err(TlsError::Exists(path.clone()).into());
         }
     }
-    let joined = redeem(token, name).await?;
+    let joined = redeem(token, name, key_type).await?;
     std::fs::create_dir_all(config_dir).map_err(|e| TlsError::io("create", config_dir, e))?;
     store(&joined, &files)?;
     Ok(files)
@@ -706,7 +737,7 @@ mod tests {
     #[test]
     fn a_signed_csr_gets_the_role_and_name_the_issuer_gives_and_the_callers_key() {
         let (dir, ca) = signer();
-        let (key, csr) = new_key_and_csr("laptop").expect("csr");
+        let (key, csr) = new_key_and_csr("laptop", KeyType::Ed25519).expect("csr");
         let cert_pem = ca.sign_csr(&csr, "laptop", CertRole::Client).expect("sign");
         let files = TlsFiles {
             ca: dir.path().join(CA_CERT_FILE),

@@ -106,6 +106,9 @@ pub enum TlsError {
     /// A certificate name that cannot be used as a file name and DNS label.
     #[error("invalid certificate name `{0}`: use 1-63 letters, digits, `-`, `_` or `.`")]
     BadName(String),
+    /// A certificate validity out of bounds.
+    #[error("a certificate must be valid for 1 second to 825 days (--ttl), not {} s", .0.as_secs_f64())]
+    BadValidity(std::time::Duration),
     /// A SAN that is neither an IP address nor a DNS name.
     #[error("invalid --san `{0}`: expected an IP address or a DNS name")]
     BadSan(String),

@@ -7,7 +7,9 @@
 //! revoked is closed here: every accepted connection whose certificate has an id is registered
 //! (one entry per open connection, gone when it closes), and when the revoked set learns an id,
 //! every open connection of that id ends at once ([`RevocableStream`] fails its reads and
-//! writes, so hyper drops the connection and the socket closes). This module decides nothing
+//! writes, so hyper drops the connection and the socket closes). The verifier also refuses an
+//! expired certificate, but only in the handshake: a connection is closed the same way
+//! [`EXPIRED_CONNECTION_GRACE`] after its certificate expires. This module decides nothing
 //! about who may call what: that is the TLS verifier and [`super::gate`].
 //!
 //! Nothing is owed to a caller before its handshake is done, so a connection that has not
@@ -25,7 +27,7 @@ use std::{
     pin::Pin,
     sync::{Arc, Mutex},
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, SystemTime},
 };
 
 use mesh_domain::{NodeId, sync::MutexExt};
@@ -53,6 +55,11 @@ use crate::{
 /// Finished handshakes waiting for tonic to take them; tonic takes each at once, so this only
 /// smooths bursts.
 const HANDED_OVER: usize = 16;
+
+/// How long after its certificate expires a connection is closed. The certificate gate ends
+/// the connection's calls at the expiry itself, with a status that says why; closing the
+/// socket only after that lets the status reach the caller rather than a broken connection.
+pub const EXPIRED_CONNECTION_GRACE: Duration = Duration::from_secs(2);
 
 /// The bounds of one listener: how long a handshake may take, and the two caps.
 #[derive(Debug)]
@@ -207,14 +214,18 @@ async fn handshake(
         }
     };
     drop(handshaking);
-    let id = tls
+    let identity = tls
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|certs| certs.first())
-        .and_then(|cert| CertIdentity::from_der(cert).ok())
-        .map(|identity| identity.id);
-    let registration = id.map(|id| open.register(id));
+        .and_then(|cert| CertIdentity::from_der(cert).ok());
+    // The verifier has just checked the certificate's validity; a zero is only the rest of its
+    // last second.
+    let expires_in = identity
+        .as_ref()
+        .map(|identity| identity.valid_for(SystemTime::now()).unwrap_or_default());
+    let registration = identity.map(|identity| open.register(identity.id));
     if let Some(registration) = &registration
         && revoked.contains(&registration.id)
     {
@@ -222,9 +233,8 @@ async fn handshake(
         // revocation's sweep therefore missed.
         registration.closed.cancel();
     }
-    let _ = tx
-        .send(Ok(RevocableStream::new(tls, registration, slot)))
-        .await;
+    let watch = registration.zip(expires_in);
+    let _ = tx.send(Ok(RevocableStream::new(tls, watch, slot))).await;
 }
 
 /// A refused revoked certificate is worth the operator's eye; anything else (a port scanner, a
@@ -311,7 +321,8 @@ impl Drop for Registration {
     }
 }
 
-/// An accepted TLS connection that fails every read and write once its certificate is revoked.
+/// An accepted TLS connection that fails every read and write once its certificate is revoked,
+/// or [`EXPIRED_CONNECTION_GRACE`] after it expires.
 /// It reports the same connection info as the TLS stream it wraps, so handlers still read the
 /// caller's certificate (`peer_certs`) and address (`remote_addr`).
 #[derive(Debug)]
@@ -330,16 +341,23 @@ struct Watch {
     registration: Registration,
     /// Wakes the connection's task when it is closed, even while it waits idle for a read.
     closed: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Ends once the certificate has expired (and the grace after it has passed).
+    expired: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl RevocableStream {
+    /// `watch`: the connection's registration under its certificate's id, and how long the
+    /// certificate is still valid.
     fn new(
         inner: TlsStream<TcpStream>,
-        registration: Option<Registration>,
+        watch: Option<(Registration, Duration)>,
         slot: ConnectionSlot,
     ) -> Self {
-        let watch = registration.map(|registration| Watch {
+        let watch = watch.map(|(registration, expires_in)| Watch {
             closed: Box::pin(registration.closed.clone().cancelled_owned()),
+            expired: Box::pin(tokio::time::sleep(
+                expires_in.saturating_add(EXPIRED_CONNECTION_GRACE),
+            )),
             registration,
         });
         Self {
@@ -358,6 +376,12 @@ impl RevocableStream {
             return Err(io::Error::new(
                 io::ErrorKind::ConnectionAborted,
                 "the caller's certificate was revoked by the mesh CA",
+            ));
+        }
+        if watch.expired.is_elapsed() || watch.expired.as_mut().poll(cx).is_ready() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the caller's certificate has expired",
             ));
         }
         Ok(())

@@ -5,14 +5,17 @@
 //! joining device can reach `Join` (a certificate that is presented must chain to the mesh CA;
 //! TLS checks that). This layer, in front of every service, answers every other path
 //! `UNAUTHENTICATED` for such a caller. It answers every path `PERMISSION_DENIED` for a caller
-//! whose certificate the mesh CA revoked, and ends any response it is still streaming to a
-//! caller (a `WatchInfo`, a task's events) as soon as the caller's certificate is revoked. In
-//! insecure mode (no TLS) it lets everything through, as the node does then anyway.
+//! whose certificate the mesh CA revoked, and `UNAUTHENTICATED` for one whose certificate has
+//! expired (TLS checks expiry only in the handshake, and an HTTP/2 connection outlives it). It
+//! ends any response it is still streaming to a caller (a `WatchInfo`, a task's events) as soon
+//! as the caller's certificate is revoked or expires. In insecure mode (no TLS) it lets
+//! everything through, as the node does then anyway.
 
 use std::{
     future::Future,
     pin::Pin,
     task::{Context, Poll},
+    time::SystemTime,
 };
 
 use http_body::Frame;
@@ -30,6 +33,46 @@ const OPEN_SERVICE: &str = "/agentmesh.v1.Join/";
 
 /// What a revoked caller is told.
 const REVOKED: &str = "your certificate was revoked by the mesh CA; this mesh no longer accepts it (ask the mesh's operator for a new one)";
+
+/// What a caller whose certificate expired is told.
+const EXPIRED: &str = "your certificate has expired; this mesh no longer accepts it (ask the mesh's operator for a new one)";
+
+/// Why the gate refuses a caller with a certificate, or ends what it streams to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// The mesh CA revoked the certificate.
+    Revoked,
+    /// The certificate's time is up.
+    Expired,
+}
+
+impl Refusal {
+    /// Why `caller` may not call at `now`, if it may not.
+    fn of(caller: &CertIdentity, revoked: &RevokedSet, now: SystemTime) -> Option<Self> {
+        if revoked.contains(&caller.id) {
+            Some(Self::Revoked)
+        } else if caller.valid_for(now).is_none() {
+            Some(Self::Expired)
+        } else {
+            None
+        }
+    }
+
+    fn code(self) -> tonic::Code {
+        match self {
+            Self::Revoked => tonic::Code::PermissionDenied,
+            Self::Expired => tonic::Code::Unauthenticated,
+        }
+    }
+
+    /// The message, printable ASCII (so `grpc-message` may carry it as is).
+    fn message(self) -> &'static str {
+        match self {
+            Self::Revoked => REVOKED,
+            Self::Expired => EXPIRED,
+        }
+    }
+}
 
 /// Wraps every service of the server in a [`CertificateGate`].
 #[derive(Debug, Clone)]
@@ -60,7 +103,7 @@ impl<S> tower::Layer<S> for CertificateGateLayer {
 }
 
 /// Refuses a request without a client certificate unless it is for `Join`, and every request
-/// with a revoked one.
+/// with a revoked or expired one.
 #[derive(Debug, Clone)]
 pub struct CertificateGate<S> {
     inner: S,
@@ -88,13 +131,13 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let caller: Option<Option<NodeId>> = request
+        let caller: Option<Option<CertIdentity>> = request
             .extensions()
             .get::<TlsConnectInfo<TcpConnectInfo>>()
             .and_then(TlsConnectInfo::peer_certs)
             .and_then(|certs| certs.first().cloned())
             // A certificate TLS accepted but that does not parse has no id to revoke.
-            .map(|first| CertIdentity::from_der(&first).ok().map(|c| c.id));
+            .map(|first| CertIdentity::from_der(&first).ok());
         if !admits(self.tls, request.uri().path(), caller.is_some()) {
             let refusal = Status::unauthenticated(
                 "a client certificate from the mesh CA is required (only Join may be called without one)",
@@ -102,11 +145,11 @@ where
             .into_http();
             return Box::pin(async move { Ok(refusal) });
         }
-        let Some(Some(id)) = caller else {
+        let Some(Some(identity)) = caller else {
             return Box::pin(self.inner.call(request));
         };
-        if self.revoked.contains(&id) {
-            let refusal = Status::permission_denied(REVOKED).into_http();
+        if let Some(refusal) = Refusal::of(&identity, &self.revoked, SystemTime::now()) {
+            let refusal = Status::new(refusal.code(), refusal.message()).into_http();
             return Box::pin(async move { Ok(refusal) });
         }
         let revoked = self.revoked.clone();
@@ -114,13 +157,27 @@ where
         Box::pin(async move {
             let response = response.await?;
             Ok(response.map(|body| {
-                Body::new(EndsOnRevocation {
+                Body::new(EndsWhenRefused {
                     inner: body,
-                    revoked: Box::pin(until_revoked(revoked, id)),
+                    refused: Box::pin(until_refused(revoked, identity)),
                     ended: false,
                 })
             }))
         })
+    }
+}
+
+/// Resolves, saying why, once `caller` is revoked or its certificate expires.
+async fn until_refused(revoked: RevokedSet, caller: CertIdentity) -> Refusal {
+    let expired = async {
+        // The timer runs on the monotonic clock and expiry on the wall clock: check again.
+        while let Some(left) = caller.valid_for(SystemTime::now()) {
+            tokio::time::sleep(left).await;
+        }
+    };
+    tokio::select! {
+        () = until_revoked(revoked, caller.id.clone()) => Refusal::Revoked,
+        () = expired => Refusal::Expired,
     }
 }
 
@@ -138,16 +195,17 @@ async fn until_revoked(revoked: RevokedSet, id: NodeId) {
     }
 }
 
-/// A response body that ends with `PERMISSION_DENIED` as soon as the caller is revoked: a
-/// long-lived stream to a revoked certificate does not outlive its revocation.
-struct EndsOnRevocation {
+/// A response body that ends with the gate's refusal (`PERMISSION_DENIED` or
+/// `UNAUTHENTICATED`) as soon as the caller is revoked or its certificate expires: a long-lived
+/// stream to a certificate does not outlive it.
+struct EndsWhenRefused {
     inner: Body,
-    revoked: Pin<Box<dyn Future<Output = ()> + Send>>,
+    refused: Pin<Box<dyn Future<Output = Refusal> + Send>>,
     /// Set once the refusal's trailers went out; the body ends after them.
     ended: bool,
 }
 
-impl http_body::Body for EndsOnRevocation {
+impl http_body::Body for EndsWhenRefused {
     type Data = Bytes;
     type Error = Status;
 
@@ -158,15 +216,17 @@ impl http_body::Body for EndsOnRevocation {
         if self.ended {
             return Poll::Ready(None);
         }
-        if self.revoked.as_mut().poll(cx).is_ready() {
+        if let Poll::Ready(refusal) = self.refused.as_mut().poll(cx) {
             self.ended = true;
-            // grpc-message may carry printable ASCII as is, which REVOKED is.
             let mut trailers = http::HeaderMap::new();
             trailers.insert(
                 "grpc-status",
-                http::HeaderValue::from(tonic::Code::PermissionDenied as i32),
+                http::HeaderValue::from(refusal.code() as i32),
             );
-            trailers.insert("grpc-message", http::HeaderValue::from_static(REVOKED));
+            trailers.insert(
+                "grpc-message",
+                http::HeaderValue::from_static(refusal.message()),
+            );
             return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         }
         Pin::new(&mut self.inner).poll_frame(cx)
@@ -183,7 +243,55 @@ impl http_body::Body for EndsOnRevocation {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
     use super::*;
+
+    #[test]
+    fn a_revoked_or_expired_certificate_is_refused_and_says_why() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        mesh_identity::ca::ca_init(dir.path()).expect("ca");
+        let (cert, key) =
+            mesh_identity::ca::issue(dir.path(), "laptop", &[], mesh_identity::CertRole::Client)
+                .expect("issue");
+        let tls = mesh_identity::MeshTls::load(&mesh_identity::TlsFiles {
+            ca: dir.path().join(mesh_identity::ca::CA_CERT_FILE),
+            cert,
+            key,
+        })
+        .expect("load");
+        let caller = tls.identity().clone();
+        let revoked = tls.revoked().clone();
+        let end =
+            UNIX_EPOCH + Duration::from_secs(u64::try_from(caller.not_after).expect("after 1970"));
+        assert_eq!(Refusal::of(&caller, &revoked, SystemTime::now()), None);
+        assert_eq!(
+            Refusal::of(&caller, &revoked, end),
+            None,
+            "valid through its last second"
+        );
+        assert_eq!(
+            Refusal::of(&caller, &revoked, end + Duration::from_secs(1)),
+            Some(Refusal::Expired)
+        );
+        revoked
+            .insert(mesh_identity::Revocation {
+                id: caller.id.clone(),
+                name: "laptop".into(),
+                revoked_at_ms: 1,
+                reason: String::new(),
+            })
+            .expect("revoke");
+        for now in [SystemTime::now(), end + Duration::from_secs(1)] {
+            assert_eq!(Refusal::of(&caller, &revoked, now), Some(Refusal::Revoked));
+        }
+        for refusal in [Refusal::Revoked, Refusal::Expired] {
+            assert!(
+                refusal.message().bytes().all(|b| (0x20..0x7f).contains(&b)),
+                "grpc-message carries printable ASCII as is"
+            );
+        }
+    }
 
     #[test]
     fn only_join_is_open_to_a_caller_without_a_certificate() {

@@ -64,10 +64,11 @@ impl pb::join_server::Join for JoinService {
         &self,
         request: Request<pb::RedeemRequest>,
     ) -> Result<Response<pb::RedeemResponse>, Status> {
+        let from = request.remote_addr().map(|addr| addr.ip());
         let request = request.into_inner();
         let issued = self
             .issuer
-            .redeem(&request.secret, &request.name, &request.csr_pem)
+            .redeem(&request.secret, &request.name, &request.csr_pem, from)
             .await?;
         Ok(Response::new(pb::RedeemResponse {
             cert_pem: issued.cert_pem,

@@ -25,6 +25,7 @@ use tokio::sync::mpsc;
 use crate::discovery::PeerSource;
 
 pub mod adverts;
+pub mod budget;
 pub mod envelope;
 pub mod icmp;
 pub mod swim;

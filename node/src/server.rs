@@ -294,6 +294,9 @@ impl Node {
             source,
             hint: " (membership's UDP socket, on the same port as gRPC: free that UDP port)",
         })?);
+        if let Err(e) = swim::enlarge_receive_buffer(&socket) {
+            tracing::warn!(error = %e, "cannot enlarge the membership socket's receive buffer; a datagram flood may crowd out members' probes sooner");
+        }
         if let Err(e) = crate::peers::icmp::enable(&socket) {
             tracing::warn!(error = %e, "cannot receive ICMP errors on the membership socket; a crashed peer is found by the probes alone (~1 s later)");
         }

@@ -75,7 +75,13 @@ impl std::fmt::Debug for HostilePeer {
 impl HostilePeer {
     /// A new member called `name`, with a node certificate of `harness`'s CA.
     pub fn new(harness: &Harness, name: &str) -> anyhow::Result<Self> {
-        let tls = MeshTls::load(&harness.issue(name)?)?;
+        Self::with_files(&harness.issue(name)?)
+    }
+
+    /// A member presenting the certificate and key in `files` (one a test made, such as a
+    /// second certificate for a name already issued).
+    pub fn with_files(files: &mesh_identity::TlsFiles) -> anyhow::Result<Self> {
+        let tls = MeshTls::load(files)?;
         let signer = tls.origin_signer()?;
         Ok(Self { tls, signer })
     }

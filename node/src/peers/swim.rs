@@ -46,7 +46,7 @@ use tokio::{io::Interest, net::UdpSocket, sync::mpsc, task::JoinSet, time::Insta
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    LinkError, PeerLink, PeerTable,
+    LinkError, NameTaken, PeerLink, PeerTable,
     adverts::{AdvertGuard, Dropped},
     budget::{FailingSources, TokenBucket},
     envelope::{MAX_DATAGRAM, Opener, Refusal, Sealer},
@@ -76,7 +76,8 @@ const FETCH_BACKOFF_FIRST: Duration = Duration::from_millis(250);
 /// (refused, timed out: a busy or starting node): the member is alive in SWIM, so it is
 /// expected to answer soon.
 const FETCH_BACKOFF_MAX: Duration = Duration::from_secs(4);
-/// Longest wait before fetching again a `NodeInfo` that was not the member's own.
+/// Longest wait before fetching again a `NodeInfo` that was refused (not the member's own, or
+/// a name another live node holds).
 const FETCH_BACKOFF_INVALID: Duration = Duration::from_secs(60);
 /// How often the table's states are brought in line with foca's (suspicion is not notified).
 const SYNC_EVERY: Duration = Duration::from_millis(250);
@@ -352,6 +353,14 @@ impl DropCounters {
 pub fn enlarge_receive_buffer(socket: &UdpSocket) -> std::io::Result<()> {
     nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::RcvBuf, &RECEIVE_BUFFER)
         .map_err(std::io::Error::from)
+}
+
+/// Why a member's fetched `NodeInfo` is not in the table.
+enum Ignored {
+    /// The fetch failed, or its answer was not the member's.
+    Link(LinkError),
+    /// Another live node holds its name.
+    Name(NameTaken),
 }
 
 /// A finished list of a member's members (see [`REPAIR_EVERY`]).
@@ -1114,18 +1123,24 @@ impl Run<'_> {
         result: Result<(NodeInfo, Duration), LinkError>,
     ) {
         let (id, addr) = (member.id.clone(), member.addr);
+        // Found where discovery pointed, or through another member.
+        let source = self
+            .announced
+            .get(&addr)
+            .map_or(PeerSource::Exchange, |(_, source)| *source);
+        let result = result.map_err(Ignored::Link).and_then(|(info, rtt)| {
+            let table = &self.parts.table;
+            match table.beat(info, &addr.to_string(), source) {
+                Ok(()) => Ok(rtt),
+                Err(taken) => Err(Ignored::Name(taken)),
+            }
+        });
         let state = self.fetched.entry(id.clone()).or_default();
         state.fetching = false;
         match result {
-            Ok((info, rtt)) => {
+            Ok(rtt) => {
                 state.at = Some((member.bump, version));
                 state.retry = None;
-                // Found where discovery pointed, or through another member.
-                let source = self
-                    .announced
-                    .get(&addr)
-                    .map_or(PeerSource::Exchange, |(_, source)| *source);
-                self.parts.table.beat(info, &addr.to_string(), source);
                 self.parts.table.set_rtt(&id, rtt);
                 if !self.alive(&id) {
                     self.parts
@@ -1135,20 +1150,25 @@ impl Run<'_> {
             }
             Err(e) => {
                 // Tried again by the sync tick, backing off: 250 ms, doubling up to 4 s (60 s
-                // for a member whose answer was not its own).
+                // for a member whose answer was refused).
                 let most = match e {
-                    LinkError::Invalid(_) => FETCH_BACKOFF_INVALID,
-                    _ => FETCH_BACKOFF_MAX,
+                    Ignored::Link(LinkError::Invalid(_)) | Ignored::Name(_) => {
+                        FETCH_BACKOFF_INVALID
+                    }
+                    Ignored::Link(_) => FETCH_BACKOFF_MAX,
                 };
                 let wait = state
                     .retry
                     .map_or(FETCH_BACKOFF_FIRST, |(_, last)| (last * 2).min(most));
                 state.retry = Some((Instant::now() + wait, wait));
                 match e {
-                    LinkError::Invalid(why) => {
+                    Ignored::Link(LinkError::Invalid(why)) => {
                         tracing::warn!(peer = %id.short(), %addr, "ignoring member: its NodeInfo is not its own ({why})")
                     }
-                    other => {
+                    Ignored::Name(taken) => {
+                        tracing::warn!(peer = %id.short(), %addr, "ignoring member: {taken}; stop one of the two nodes, or give one another name and a certificate for it")
+                    }
+                    Ignored::Link(other) => {
                         tracing::debug!(peer = %id.short(), %addr, error = %other, "fetch NodeInfo")
                     }
                 }

@@ -46,7 +46,8 @@ pub(crate) struct TaskArgs {
     /// Require a node label, KEY=VALUE; repeatable.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     labels: Vec<(String, String)>,
-    /// Run only on the node with this name.
+    /// Run only on this node: its name, or its id (whole, or its first 12 or more hex digits,
+    /// as `mesh-cli status` shows them).
     #[arg(long, value_name = "NODE")]
     on: Option<String>,
     /// Have a model of this role (on whichever node serves it) score each answer from 0 to 1

@@ -6,7 +6,8 @@
 //! each token id has been redeemed, in the local tree `join_redemptions` (never replicated: a
 //! token names one issuer), until the token expires; so a token is good for its `uses` devices
 //! and no more. The certificate gets the token's role and the name the joiner asks for; only the
-//! public key comes from the CSR.
+//! public key comes from the CSR. A node certificate is not issued for a name this node or a live
+//! member holds ([`PeerTable::holder_of`]): its holder's peers would refuse the newcomer anyway.
 //!
 //! Attempts are limited where they cost something, never before: a secret's MAC is checked
 //! first (an HMAC, cheaper than keeping count), so callers without a genuine token cannot spend
@@ -33,6 +34,7 @@ use mesh_identity::{
 
 use crate::{
     metrics::{labels, metrics},
+    peers::{NameTaken, PeerTable},
     storage::{self, Store, StoreError, Write},
 };
 
@@ -81,6 +83,15 @@ pub enum RedeemError {
     /// The name or the CSR is not acceptable.
     #[error("{0}")]
     BadRequest(String),
+    /// A node certificate for a name a live node holds.
+    #[error(
+        "cannot issue a node certificate for `{}`: {taken}. Join under another name (--name), or stop that node (and revoke its certificate with `mesh-cli ca revoke` if it is gone for good) first",
+        taken.name
+    )]
+    NameInUse {
+        /// Who holds the name.
+        taken: NameTaken,
+    },
     /// Too many attempts in the last minute, from this caller or over all.
     #[error("too many join attempts in the last minute; try again shortly")]
     Busy,
@@ -94,6 +105,7 @@ impl RedeemError {
     fn reason(&self) -> &'static str {
         match self {
             Self::Malformed(_) | Self::BadRequest(_) => "malformed",
+            Self::NameInUse { .. } => "name_in_use",
             Self::Forged(_) => "forged",
             Self::Expired { .. } => "expired",
             Self::UsedUp { .. } => "used_up",
@@ -224,6 +236,8 @@ pub struct Issuer {
     ca: CaSigner,
     key: TokenKey,
     store: Arc<dyn Store>,
+    /// Who holds which name (this node and its live peers).
+    names: Arc<PeerTable>,
     /// One redemption at a time: reading a token's count and raising it are one step.
     redeeming: tokio::sync::Mutex<()>,
     /// How many attempts each caller, and all together, made lately.
@@ -239,13 +253,15 @@ impl std::fmt::Debug for Issuer {
 }
 
 impl Issuer {
-    /// An issuer signing with `ca`, counting redemptions in `store`.
-    pub fn new(ca: CaSigner, store: Arc<dyn Store>) -> Self {
+    /// An issuer signing with `ca`, counting redemptions in `store`, refusing node names that
+    /// `names` says are held.
+    pub fn new(ca: CaSigner, store: Arc<dyn Store>, names: Arc<PeerTable>) -> Self {
         let key = ca.token_key();
         Self {
             ca,
             key,
             store,
+            names,
             redeeming: tokio::sync::Mutex::new(()),
             limits: std::sync::Mutex::new(Limits::new(Instant::now())),
         }
@@ -328,6 +344,11 @@ impl Issuer {
                 csr_pem.len()
             )));
         }
+        if claims.role == CertRole::Node
+            && let Some(taken) = self.names.holder_of(name)
+        {
+            return Err(RedeemError::NameInUse { taken });
+        }
         // Signed before the use is counted, so a bad name or CSR does not use the token up.
         let cert_pem = self
             .ca
@@ -403,11 +424,14 @@ mod tests {
         join::create_token,
     };
 
+    use mesh_domain::NodeId;
+
     use crate::storage::SledStore;
 
     struct Fixture {
         _dir: tempfile::TempDir,
         issuer: Issuer,
+        names: Arc<PeerTable>,
         store: Arc<dyn Store>,
         ca_dir: std::path::PathBuf,
     }
@@ -420,8 +444,11 @@ mod tests {
             CaSigner::load(&ca_dir.join(CA_CERT_FILE), &ca_dir.join(CA_KEY_FILE)).expect("load");
         let db = sled::Config::new().temporary(true).open().expect("sled");
         let store: Arc<dyn Store> = Arc::new(SledStore::new(db));
+        let me = NodeId::from_spki_der(b"issuer");
+        let names = Arc::new(PeerTable::for_node(me, "issuer".into()));
         Fixture {
-            issuer: Issuer::new(ca, store.clone()),
+            issuer: Issuer::new(ca, store.clone(), names.clone()),
+            names,
             store,
             ca_dir,
             _dir: dir,
@@ -517,6 +544,50 @@ mod tests {
             .await
             .expect("still unused");
         assert_eq!(issued.role, CertRole::Client, "the token's role");
+    }
+
+    /// Issue 26: a node certificate is not issued for a name this node or a live member
+    /// holds, and the refusal does not use the token up; a client may share a node's name.
+    #[tokio::test]
+    async fn a_node_name_in_use_is_refused_and_the_token_kept() {
+        let f = fixture();
+        let mut member = crate::capabilities::test_support::test_capabilities().snapshot();
+        member.name = "beta".into();
+        member.id = NodeId::from_spki_der(b"beta");
+        f.names
+            .beat(
+                member.clone(),
+                "beta:7700",
+                crate::discovery::PeerSource::Static,
+            )
+            .expect("free");
+        let secret = token(&f, CertRole::Node, 1).to_string();
+        let now = unix_now();
+        for name in ["beta", "issuer"] {
+            let err = f
+                .issuer
+                .redeem_at(&secret, name, &csr(name), now)
+                .await
+                .expect_err("in use");
+            assert!(matches!(err, RedeemError::NameInUse { .. }), "{err}");
+            let message = err.to_string();
+            assert!(
+                message.contains(&format!("`{name}`")) && message.contains("--name"),
+                "{message}"
+            );
+        }
+        let client = token(&f, CertRole::Client, 1).to_string();
+        f.issuer
+            .redeem_at(&client, "beta", &csr("beta"), now)
+            .await
+            .expect("a client is no member: the name is not in its way");
+        // Once beta is down its name is free again (a reinstalled device joins as itself).
+        f.names
+            .mark(&member.id, mesh_domain::PeerState::Down, "SWIM");
+        f.issuer
+            .redeem_at(&secret, "beta", &csr("beta"), now)
+            .await
+            .expect("the token was not used up, and beta is down");
     }
 
     #[tokio::test]

@@ -61,6 +61,9 @@ pub struct Metrics {
     pub adverts_dropped: Family<Labels, Counter>,
     /// Membership (SWIM) datagrams dropped before they could change anything, by reason.
     pub swim_dropped: Family<Labels, Counter>,
+    /// Membership datagrams whose certificate and signature were checked (what the screen let
+    /// through; a stale, replayed or malformed datagram never gets that far).
+    pub swim_signature_checks: Counter,
     /// Front-door requests admitted on this node, by `key` (its name) and `model`.
     pub http_key_requests: Family<Labels, Counter>,
     /// Tokens the models reported for front-door requests on this node, by `key`, `model` and
@@ -165,8 +168,14 @@ impl Metrics {
         let swim_dropped = Family::default();
         registry.register(
             "swim_dropped",
-            "Membership datagrams dropped unread, by reason (malformed, certificate, revoked, bad_signature, stale, replayed, impersonation)",
+            "Membership datagrams dropped unread, by reason (malformed, certificate, revoked, bad_signature, stale, replayed, impersonation; throttled: its source sent too many that failed; busy: the queue for signature checks was full, or the checks strangers get were used up)",
             swim_dropped.clone(),
+        );
+        let swim_signature_checks = Counter::default();
+        registry.register(
+            "swim_signature_checks",
+            "Membership datagrams whose certificate and signature were checked (those the checks without cryptography let through)",
+            swim_signature_checks.clone(),
         );
         let http_key_requests = Family::default();
         registry.register(
@@ -189,6 +198,7 @@ impl Metrics {
         Self {
             registry,
             swim_dropped,
+            swim_signature_checks,
             http_key_requests,
             http_key_tokens,
             http_key_refusals,

@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, watch};
 use crate::discovery::PeerSource;
 
 pub mod adverts;
+pub mod budget;
 pub mod envelope;
 pub mod icmp;
 pub mod swim;
@@ -126,7 +127,28 @@ impl Peer {
     }
 }
 
+/// A peer's `NodeInfo` refused because its name is held by this node or by another live peer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the name `{name}` is held by {} ({}); a node name belongs to one live node at a time",
+    if *own { "this node" } else { "a live member" },
+    holder.short()
+)]
+pub struct NameTaken {
+    /// The name claimed.
+    pub name: String,
+    /// Who holds it.
+    pub holder: NodeId,
+    /// Whether the holder is this node.
+    pub own: bool,
+}
+
 /// The node's view of the fleet, keyed by node id.
+///
+/// A name belongs to one live node: a `NodeInfo` whose name this node or an `up` or `suspect`
+/// peer holds is refused ([`PeerTable::beat`]), so `--on NAME` names one node. First come,
+/// first served: a node that held the name and went down gets it back only once the other
+/// holder is down too.
 #[derive(Debug, Default)]
 pub struct PeerTable {
     peers: RwLock<HashMap<NodeId, Peer>>,
@@ -134,6 +156,8 @@ pub struct PeerTable {
     unreachable: Mutex<Option<mpsc::Sender<NodeId>>>,
     /// Counts changes of who is live and as what ([`PeerTable::liveness`]).
     liveness: watch::Sender<u64>,
+    /// This node's id and name (`None` in tests that need no own name).
+    own: Option<(NodeId, String)>,
 }
 
 /// Most unreachable reports waiting for membership; past it more are dropped (membership's own
@@ -150,6 +174,48 @@ impl PeerTable {
 
     fn live_set_changed(&self) {
         self.liveness.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// The table of the node `id` named `name`: no peer may claim that name.
+    pub fn for_node(id: NodeId, name: String) -> Self {
+        Self {
+            own: Some((id, name)),
+            ..Self::default()
+        }
+    }
+
+    /// Who holds `name` now, other than `except`: this node, or an `up` or `suspect` peer.
+    fn holder_in(
+        &self,
+        peers: &HashMap<NodeId, Peer>,
+        name: &str,
+        except: Option<&NodeId>,
+    ) -> Option<NameTaken> {
+        let taken = |holder: &NodeId, own| NameTaken {
+            name: name.to_owned(),
+            holder: holder.clone(),
+            own,
+        };
+        if let Some((own, own_name)) = &self.own
+            && own_name == name
+            && except != Some(own)
+        {
+            return Some(taken(own, true));
+        }
+        peers
+            .values()
+            .find(|p| {
+                p.info.name == name
+                    && except != Some(&p.info.id)
+                    && matches!(p.state, PeerState::Up | PeerState::Suspect)
+            })
+            .map(|p| taken(&p.info.id, false))
+    }
+
+    /// Who holds `name` now: this node or a live (`up` or `suspect`) peer; `None` when it is
+    /// free (what the issuer asks before it issues a node certificate).
+    pub fn holder_of(&self, name: &str) -> Option<NameTaken> {
+        self.holder_in(&self.peers.read_unpoisoned(), name, None)
     }
 
     /// The reports of [`PeerTable::report_unreachable`], from now on (a later call takes them
@@ -180,14 +246,19 @@ impl PeerTable {
     }
 
     /// Records a fetched `NodeInfo`: the peer is up, with this info. A revoked peer stays
-    /// revoked.
-    pub fn beat(&self, info: NodeInfo, addr: &str, source: PeerSource) {
+    /// revoked. Refused when another live node holds the name: the peer's row, if any, is
+    /// removed (it is in no one's way, and nothing routes to it).
+    pub fn beat(&self, info: NodeInfo, addr: &str, source: PeerSource) -> Result<(), NameTaken> {
         let mut peers = self.peers.write_unpoisoned();
         if peers
             .get(&info.id)
             .is_some_and(|p| p.state == PeerState::Revoked)
         {
-            return;
+            return Ok(());
+        }
+        if let Some(taken) = self.holder_in(&peers, &info.name, Some(&info.id)) {
+            peers.remove(&info.id);
+            return Err(taken);
         }
         let id = info.id.clone();
         let rtt_ms = peers.get(&id).and_then(|p| p.rtt_ms);
@@ -219,6 +290,7 @@ impl PeerTable {
                 tracing::info!(peer = %peers[&id].info.name, id = %id.short(), addr, "peer joined")
             }
         }
+        Ok(())
     }
 
     /// Notes that a datagram of `id` was heard now (`last_seen_ms`).
@@ -232,6 +304,15 @@ impl PeerTable {
     /// revoked peer: nothing membership hears brings it back.
     pub fn mark(&self, id: &NodeId, state: PeerState, why: &str) {
         let mut peers = self.peers.write_unpoisoned();
+        // A peer that comes back while another live node holds its name stays as it is; its
+        // next `NodeInfo` is refused and removes it.
+        if state == PeerState::Up
+            && let Some(peer) = peers.get(id)
+            && peer.state != PeerState::Up
+            && self.holder_in(&peers, &peer.info.name, Some(id)).is_some()
+        {
+            return;
+        }
         if let Some(peer) = peers.get_mut(id)
             && peer.state != state
             && (peer.state != PeerState::Revoked || why == REVOKED)
@@ -342,12 +423,16 @@ mod tests {
         let table = PeerTable::default();
         let alpha = info("alpha");
         let id = alpha.id.clone();
-        table.beat(alpha, "127.0.0.1:1", PeerSource::Static);
+        table
+            .beat(alpha, "127.0.0.1:1", PeerSource::Static)
+            .expect("free");
         table.mark(&id, PeerState::Suspect, "SWIM");
         assert_eq!(table.get(&id).expect("present").state, PeerState::Suspect);
         table.revoke(&id);
         table.mark(&id, PeerState::Up, "SWIM");
-        table.beat(info("alpha"), "127.0.0.1:1", PeerSource::Static);
+        table
+            .beat(info("alpha"), "127.0.0.1:1", PeerSource::Static)
+            .expect("still revoked, not refused");
         assert_eq!(table.get(&id).expect("present").state, PeerState::Revoked);
     }
 
@@ -357,7 +442,9 @@ mod tests {
         let mut reports = table.unreachable_reports();
         let alpha = info("alpha");
         let id = alpha.id.clone();
-        table.beat(alpha, "127.0.0.1:1", PeerSource::Static);
+        table
+            .beat(alpha, "127.0.0.1:1", PeerSource::Static)
+            .expect("free");
         table.report_unreachable("127.0.0.1:2");
         assert_eq!(table.get(&id).expect("present").state, PeerState::Up);
         table.report_unreachable("127.0.0.1:1");
@@ -376,30 +463,100 @@ mod tests {
         let mut live = table.liveness();
         let alpha = info("alpha");
         let id = alpha.id.clone();
-        table.beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static);
+        table.beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static).expect("free");
         assert!(live.has_changed().expect("open"), "joined");
         live.mark_unchanged();
         let mut busier = alpha.clone();
         busier.load.running = 3;
-        table.beat(busier, "127.0.0.1:1", PeerSource::Static);
+        table.beat(busier, "127.0.0.1:1", PeerSource::Static).expect("free");
         assert!(!live.has_changed().expect("open"), "only its load changed");
         table.mark(&id, PeerState::Down, "SWIM");
         assert!(live.has_changed().expect("open"), "down");
         live.mark_unchanged();
-        table.beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static);
+        table.beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static).expect("free");
         assert!(live.has_changed().expect("open"), "up again");
         live.mark_unchanged();
         let mut writer = alpha;
         writer.remote_max_tier = mesh_domain::Tier::Write;
-        table.beat(writer, "127.0.0.1:1", PeerSource::Static);
+        table.beat(writer, "127.0.0.1:1", PeerSource::Static).expect("free");
         assert!(live.has_changed().expect("open"), "another remote_max_tier");
+    }
+
+    /// `name` under another key: what a second certificate issued for the same name presents.
+    fn twin(name: &str) -> NodeInfo {
+        NodeInfo {
+            id: NodeId::from_spki_der(format!("{name} again").as_bytes()),
+            ..info(name)
+        }
+    }
+
+    /// Issue 26: a name belongs to one live node. A second member claiming a live peer's name,
+    /// or this node's, is refused and not listed; once the holder is down the name is free.
+    #[test]
+    fn a_second_live_member_with_a_name_already_held_is_refused() {
+        let me = info("me");
+        let table = PeerTable::for_node(me.id.clone(), me.name.clone());
+        let alpha = info("alpha");
+        table
+            .beat(alpha.clone(), "a:1", PeerSource::Static)
+            .expect("free");
+        let refused = table
+            .beat(twin("alpha"), "b:1", PeerSource::Static)
+            .expect_err("alpha is up");
+        assert_eq!((&refused.holder, refused.own), (&alpha.id, false));
+        assert!(
+            refused.to_string().contains("held by a live member"),
+            "{refused}"
+        );
+        let refused = table
+            .beat(twin("me"), "c:1", PeerSource::Static)
+            .expect_err("this node's name");
+        assert!(
+            refused.own && refused.to_string().contains("this node"),
+            "{refused}"
+        );
+        assert_eq!(table.snapshot().len(), 1, "neither is listed");
+        assert_eq!(
+            table.holder_of("alpha").map(|t| t.holder),
+            Some(alpha.id.clone())
+        );
+        assert_eq!(table.holder_of("me").map(|t| t.holder), Some(me.id.clone()));
+        assert_eq!(table.holder_of("beta"), None);
+
+        // A suspect still holds its name; a peer that is down does not.
+        table.mark(&alpha.id, PeerState::Suspect, "SWIM");
+        assert!(
+            table
+                .beat(twin("alpha"), "b:1", PeerSource::Static)
+                .is_err()
+        );
+        table.mark(&alpha.id, PeerState::Down, "SWIM");
+        table
+            .beat(twin("alpha"), "b:1", PeerSource::Static)
+            .expect("the holder is down");
+        // The first holder comes back: not up while the name is held, and its next NodeInfo
+        // is refused and removes it.
+        table.mark(&alpha.id, PeerState::Up, "alive (SWIM)");
+        assert_eq!(table.get(&alpha.id).expect("listed").state, PeerState::Down);
+        assert!(
+            table
+                .beat(alpha.clone(), "a:1", PeerSource::Static)
+                .is_err()
+        );
+        assert!(table.get(&alpha.id).is_none());
+        // The holder itself may change its info at will.
+        table
+            .beat(twin("alpha"), "b:2", PeerSource::Static)
+            .expect("its own name");
     }
 
     #[test]
     fn snapshot_is_sorted_by_name() {
         let table = PeerTable::default();
         for name in ["gamma", "alpha", "beta"] {
-            table.beat(info(name), "x:1", PeerSource::Mdns);
+            table
+                .beat(info(name), "x:1", PeerSource::Mdns)
+                .expect("free");
         }
         let names: Vec<_> = table.snapshot().into_iter().map(|p| p.info.name).collect();
         assert_eq!(names, ["alpha", "beta", "gamma"]);

@@ -2,7 +2,9 @@
 //! snapshot of the fleet, with no I/O, so it is tested table-driven and benchmarked directly.
 //!
 //! Hard filters, in order (the first that fails is the reason a node is excluded): the node is
-//! up; it is the node asked for (`on`); it serves the role, model or persona; it has a GPU and
+//! up; it is the node asked for (`on`: its name, else its id or a prefix of at least 12 hex
+//! digits that no other node's id starts with, [`requested`]); it serves the role, model or
+//! persona; it has a GPU and
 //! enough VRAM when required; it carries the required labels; it accepts the task's tier (for
 //! remote nodes, their `security.remote_max_tier`); its queue is not full.
 //!
@@ -47,6 +49,77 @@ pub struct Ranked<'a> {
     pub verdict: Result<f64, String>,
 }
 
+/// Which node a task's `on` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requested<'a> {
+    /// The node(s) of this name (a name is held by one live node, but a node that is down may
+    /// still be listed under it).
+    Name(&'a str),
+    /// The node of this id (given whole, or as a prefix only its id starts with).
+    Id(&'a NodeId),
+    /// A prefix several nodes' ids start with.
+    Ambiguous {
+        /// The prefix.
+        prefix: &'a str,
+        /// How many ids start with it.
+        count: usize,
+    },
+    /// No node of that name, id or id prefix.
+    Nobody(&'a str),
+}
+
+/// Shortest id prefix `on` may give: the short id `mesh-cli status` shows. A shorter one would be
+/// easy to make a key for (a node that is away, named `cafe`, must not be reachable as `--on
+/// cafe` by whoever made a key whose id starts with `cafe`).
+pub const MIN_ID_PREFIX: usize = NodeId::SHORT_LEN;
+
+/// What `on` names among `candidates`: a name first (names are what users type), else a whole
+/// id, else an id prefix of at least [`MIN_ID_PREFIX`] hex digits.
+pub fn requested<'a>(on: &'a str, candidates: &[Candidate<'a>]) -> Requested<'a> {
+    if candidates.iter().any(|c| c.info.name == on) {
+        return Requested::Name(on);
+    }
+    let hex = on.len() >= MIN_ID_PREFIX
+        && on
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if !hex {
+        return Requested::Nobody(on);
+    }
+    let mut ids = candidates
+        .iter()
+        .map(|c| &c.info.id)
+        .filter(|id| id.as_str().starts_with(on));
+    let Some(first) = ids.next() else {
+        return Requested::Nobody(on);
+    };
+    // The same id twice is one node (it cannot be listed twice); several ids are ambiguous.
+    let others = ids.filter(|id| *id != first).count();
+    if others == 0 {
+        Requested::Id(first)
+    } else {
+        Requested::Ambiguous {
+            prefix: on,
+            count: others + 1,
+        }
+    }
+}
+
+impl Requested<'_> {
+    /// Why `info` is not the node asked for, or `None` when it is.
+    fn excludes(&self, info: &NodeInfo) -> Option<String> {
+        match self {
+            Self::Name(name) if info.name == *name => None,
+            Self::Id(id) if info.id == **id => None,
+            Self::Name(on) | Self::Nobody(on) => Some(format!("not the requested node `{on}`")),
+            Self::Id(id) => Some(format!("not the requested node `{}`", id.short())),
+            Self::Ambiguous { prefix, count } => Some(format!(
+                "`{prefix}` starts the ids of {count} nodes; give more of the id"
+            )),
+        }
+    }
+}
+
 /// Ranks `candidates` for a task: eligible ones best first, then the excluded ones by name.
 pub fn rank<'a>(
     target: &Target,
@@ -54,10 +127,11 @@ pub fn rank<'a>(
     require: &Requirements,
     candidates: &[Candidate<'a>],
 ) -> Vec<Ranked<'a>> {
+    let on = require.on.as_deref().map(|on| requested(on, candidates));
     let mut ranked: Vec<(Ranked<'a>, Key)> = candidates
         .iter()
         .map(|c| {
-            let verdict = exclusion(target, tier, require, c);
+            let verdict = exclusion(target, tier, on.as_ref(), require, c);
             let key = Key::of(c, target);
             let ranked = Ranked {
                 node: &c.info.name,
@@ -138,6 +212,7 @@ fn fleet<'a>(own: &'a NodeInfo, peers: &'a [Peer]) -> impl Iterator<Item = Candi
 fn exclusion(
     target: &Target,
     tier: Tier,
+    on: Option<&Requested<'_>>,
     require: &Requirements,
     c: &Candidate<'_>,
 ) -> Option<String> {
@@ -145,10 +220,8 @@ fn exclusion(
     if c.state != PeerState::Up {
         return Some(c.state.as_str().to_owned());
     }
-    if let Some(on) = &require.on
-        && *on != info.name
-    {
-        return Some(format!("not the requested node `{on}`"));
+    if let Some(why) = on.and_then(|on| on.excludes(info)) {
+        return Some(why);
     }
     match target {
         Target::Role(role) => {
@@ -388,6 +461,107 @@ mod tests {
         assert_eq!(reason(&ranked, "full"), "queue full (4 waiting)");
         assert_eq!(reason(&ranked, "down"), "down");
         assert_eq!(ranked.len(), 5, "every node is listed");
+    }
+
+    /// A node of name `name` whose id is `id` (64 hex digits).
+    fn with_id(name: &str, id: &str) -> NodeInfo {
+        NodeInfo {
+            id: NodeId::parse(id).expect("an id"),
+            ..node(name, &["coder"], &[], (0, 0))
+        }
+    }
+
+    /// Issue 26: `on` takes a name, a whole id, or an id prefix of at least 12 hex digits that
+    /// only one node's id starts with; a name wins over an id prefix, and a short or shared
+    /// prefix picks nobody (each node excluded with the reason).
+    #[test]
+    fn on_takes_a_name_an_id_or_a_unique_id_prefix() {
+        let a = with_id("a", &format!("{}{}", "abcdef012345", "0".repeat(52)));
+        let b = with_id("b", &format!("{}{}", "abcdef012346", "0".repeat(52)));
+        // A node named like a hex prefix of another's id.
+        let named_hex = with_id("abcdef012346", &"9".repeat(64));
+        let candidates = vec![up(&a, true), up(&b, false)];
+        let coder = Target::Role("coder".into());
+        let ranked_on = |on: &str, candidates: &[Candidate<'_>]| -> Vec<String> {
+            let require = Requirements {
+                on: Some(on.into()),
+                ..Requirements::default()
+            };
+            names(&rank(&coder, Tier::Read, &require, candidates))
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+        };
+        for (on, expected) in [
+            ("b", vec!["b"]),
+            (b.id.as_str(), vec!["b"]),
+            ("abcdef012346", vec!["b"]),
+            ("abcdef0123460", vec!["b"]),
+            ("abcdef012345", vec!["a"]),
+            // Shared by both, or shorter than a short id: nobody.
+            ("abcdef01234", vec![]),
+            ("abcdef", vec![]),
+            ("ABCDEF012346", vec![]),
+            ("c", vec![]),
+        ] {
+            assert_eq!(ranked_on(on, &candidates), expected, "on = {on}");
+        }
+        let require = Requirements {
+            on: Some("abcdef01234".into()),
+            ..Requirements::default()
+        };
+        let ranked = rank(&coder, Tier::Read, &require, &candidates);
+        assert_eq!(reason(&ranked, "a"), "not the requested node `abcdef01234`");
+        let shared = vec![up(&a, true), up(&b, false), up(&b, false)];
+        assert_eq!(
+            requested("abcdef012346", &shared),
+            Requested::Id(&b.id),
+            "one node listed twice is one node"
+        );
+        let c = with_id("c", &format!("{}{}", "abcdef0123", "f".repeat(54)));
+        let long = vec![up(&a, true), up(&b, false), up(&c, false)];
+        let twelve = "abcdef012300";
+        assert!(matches!(requested(twelve, &long), Requested::Nobody(_)));
+        let ranked = rank(
+            &coder,
+            Tier::Read,
+            &Requirements {
+                on: Some("abcdef0123".into()),
+                ..Requirements::default()
+            },
+            &long,
+        );
+        assert_eq!(reason(&ranked, "b"), "not the requested node `abcdef0123`");
+        // A name is what users type: it wins over another node's id prefix.
+        let with_named = vec![up(&a, true), up(&b, false), up(&named_hex, false)];
+        assert_eq!(ranked_on("abcdef012346", &with_named), ["abcdef012346"]);
+    }
+
+    #[test]
+    fn ambiguous_id_prefixes_are_named_as_such() {
+        let a = with_id("a", &format!("{}{}", "abcdef0123456", "0".repeat(51)));
+        let b = with_id("b", &format!("{}{}", "abcdef0123456", "1".repeat(51)));
+        let candidates = vec![up(&a, true), up(&b, false)];
+        assert_eq!(
+            requested("abcdef012345", &candidates),
+            Requested::Ambiguous {
+                prefix: "abcdef012345",
+                count: 2
+            }
+        );
+        let ranked = rank(
+            &Target::Role("coder".into()),
+            Tier::Read,
+            &Requirements {
+                on: Some("abcdef0123456".into()),
+                ..Requirements::default()
+            },
+            &candidates,
+        );
+        assert_eq!(
+            reason(&ranked, "b"),
+            "`abcdef0123456` starts the ids of 2 nodes; give more of the id"
+        );
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::{
 
 use mesh_domain::{HealthStatus, NodeId};
 use mesh_identity::{
-    CertRole, Dialer, MeshTls, OriginSigner, OriginVerifier, RevokedSet, TlsError, TlsFiles,
-    bootstrap,
+    CertIdentity, CertRole, Dialer, MeshTls, OriginSigner, OriginVerifier, RevokedSet, TlsError,
+    TlsFiles, bootstrap,
     ca::{self, CaSigner},
 };
 use tokio::{
@@ -123,6 +123,27 @@ pub enum StartError {
     /// A configured front-door key cannot be used (its key file).
     #[error(transparent)]
     Keys(#[from] api_keys::KeysError),
+    /// The node was given a name that is not its certificate's: its peers would refuse its
+    /// `NodeInfo`, so it does not start as someone it cannot prove to be.
+    #[error(
+        "this node is named `{name}` (node.name in {file}, or --name), but its certificate was issued to `{issued}`; peers refuse a node whose name is not its certificate's. Set `name = \"{issued}\"` under [node] (or drop node.name and --name), or give this node a certificate issued for `{name}`: `mesh-cli ca issue --role node --name {name}` where the CA key is, or `mesh-node --join TOKEN` into a fresh data dir"
+    )]
+    NameNotCertificates {
+        /// The name given.
+        name: String,
+        /// The name the certificate was issued for.
+        issued: String,
+        /// The config file (the name was given there or with `--name`).
+        file: String,
+    },
+    /// The certificate carries no usable node name.
+    #[error(
+        "this node's certificate {problem}; issue one with `mesh-cli ca issue --role node --name NAME`"
+    )]
+    CertificateName {
+        /// What is wrong with it.
+        problem: String,
+    },
 }
 
 /// How often a node collects its own front-door usage records of past months.
@@ -232,7 +253,7 @@ pub struct Node {
 
 impl Node {
     /// Starts a node on an already-bound listener.
-    pub async fn start(config: Config, listener: TcpListener) -> Result<Self, StartError> {
+    pub async fn start(mut config: Config, listener: TcpListener) -> Result<Self, StartError> {
         let addr = listener.local_addr().map_err(|source| StartError::Bind {
             addr: config.listen.addr,
             source,
@@ -258,6 +279,9 @@ impl Node {
             TlsMode::Mtls(files) => load_tls(files)?,
             TlsMode::Bootstrap => load_tls(&bootstrap_tls(&config.data_dir, &config.name)?)?,
         };
+        if let Some(tls) = &mesh_tls {
+            config.name = node_name(&config, tls.identity())?;
+        }
         let id = signer.id().clone();
         let issuer_ca = issuer_ca(&config)?;
 
@@ -273,7 +297,7 @@ impl Node {
         // timeout inside; instant on hosts without nvidia-smi).
         caps.probe_gpus().await;
 
-        let peers = Arc::new(PeerTable::default());
+        let peers = Arc::new(PeerTable::for_node(id.clone(), config.name.clone()));
         let (events_tx, events_rx) = mpsc::channel(1024);
         let leaving = CancellationToken::new();
         let background = CancellationToken::new();
@@ -294,6 +318,9 @@ impl Node {
             source,
             hint: " (membership's UDP socket, on the same port as gRPC: free that UDP port)",
         })?);
+        if let Err(e) = swim::enlarge_receive_buffer(&socket) {
+            tracing::warn!(error = %e, "cannot enlarge the membership socket's receive buffer; a datagram flood may crowd out members' probes sooner");
+        }
         if let Err(e) = crate::peers::icmp::enable(&socket) {
             tracing::warn!(error = %e, "cannot receive ICMP errors on the membership socket; a crashed peer is found by the probes alone (~1 s later)");
         }
@@ -383,7 +410,7 @@ impl Node {
         let issuer = issuer_ca.map(|ca| {
             tracing::info!("this node is an issuer: add a device with `mesh-cli token create`, then `mesh-node --join TOKEN` on it");
             let store: Arc<dyn Store> = store.clone();
-            Arc::new(Issuer::new(ca, store))
+            Arc::new(Issuer::new(ca, store, peers.clone()))
         });
         let channels = PeerChannels::new(dialer.clone()).reporting_to(peers.clone());
         let (memory, memory_writes) = Memory::open(
@@ -878,6 +905,44 @@ fn load_tls(files: &TlsFiles) -> Result<Identity, StartError> {
     Ok((Some(tls), signer, verifier, fingerprint))
 }
 
+/// The name this node runs under: the one its certificate was issued for, which is what its
+/// peers check its `NodeInfo` against. A host name that differs gives way to it (logged); a
+/// name the user gave (`node.name`, `--name`) that differs is an error naming both fixes.
+fn node_name(config: &Config, certificate: &CertIdentity) -> Result<String, StartError> {
+    let Some(issued) = certificate.common_name.as_deref() else {
+        return Err(StartError::CertificateName {
+            problem: "names no node (it has no common name)".into(),
+        });
+    };
+    if !crate::config::is_valid_node_name(issued) {
+        return Err(StartError::CertificateName {
+            problem: format!(
+                "is issued to `{issued}`, which is not a valid node name (1-63 ASCII letters, digits, `-` or `_`)"
+            ),
+        });
+    }
+    if issued == config.name {
+        return Ok(config.name.clone());
+    }
+    if config.name_from_host {
+        tracing::info!(
+            host = %config.name,
+            name = issued,
+            "this node runs as `{issued}`, the name its certificate was issued for, not as its host name `{}`; set node.name to say so and silence this",
+            config.name
+        );
+        return Ok(issued.to_owned());
+    }
+    Err(StartError::NameNotCertificates {
+        name: config.name.clone(),
+        issued: issued.to_owned(),
+        file: config.source.as_ref().map_or_else(
+            || "no config file".into(),
+            |path| path.display().to_string(),
+        ),
+    })
+}
+
 /// Zero-config TLS: a CA of this node's own under `<data_dir>/tls`, created on first start with
 /// a certificate for the node and one for the local `mesh-cli`.
 fn bootstrap_tls(data_dir: &Path, name: &str) -> Result<TlsFiles, StartError> {
@@ -1118,5 +1183,65 @@ mod tests {
             );
         }
         node.shutdown().await;
+    }
+
+    /// A config naming the node `name` (`None`: no name given, the host's), and a certificate
+    /// issued to `issued`.
+    fn named(name: Option<&str>, issued: Option<&str>) -> (Config, CertIdentity) {
+        let file = std::path::Path::new("node.toml");
+        let text = name.map_or_else(String::new, |n| format!("[node]\nname = \"{n}\"\n"));
+        let config = crate::config::RawConfig::parse(&text, file)
+            .expect("parse")
+            .validate(Some(file), &Overrides::default())
+            .expect("valid");
+        let certificate = CertIdentity {
+            id: NodeId::from_spki_der(b"key"),
+            fingerprint: String::new(),
+            common_name: issued.map(str::to_owned),
+            role: Some(CertRole::Node),
+            not_after: 0,
+        };
+        (config, certificate)
+    }
+
+    /// Issue 26: a node runs under its certificate's name. A host name gives way to it; a name
+    /// the user gave that differs stops the start, naming both and the fixes.
+    #[test]
+    fn a_node_runs_under_its_certificates_name() {
+        let (config, cert) = named(Some("alpha"), Some("alpha"));
+        assert_eq!(node_name(&config, &cert).expect("the same"), "alpha");
+
+        let (config, cert) = named(None, Some("alpha"));
+        assert!(config.name_from_host);
+        assert_eq!(
+            node_name(&config, &cert).expect("the host's gives way"),
+            "alpha"
+        );
+
+        let (config, cert) = named(Some("a"), Some("evil"));
+        let refused = node_name(&config, &cert).expect_err("given, and not the certificate's");
+        let message = refused.to_string();
+        for part in [
+            "named `a`",
+            "node.toml",
+            "issued to `evil`",
+            "name = \"evil\"",
+            "mesh-cli ca issue --role node --name a",
+            "mesh-node --join TOKEN",
+        ] {
+            assert!(message.contains(part), "`{part}` missing: {message}");
+        }
+
+        let (config, cert) = named(None, None);
+        let message = node_name(&config, &cert).expect_err("no name").to_string();
+        assert!(message.contains("names no node"), "{message}");
+        let (config, cert) = named(None, Some("gpu.lan"));
+        let message = node_name(&config, &cert)
+            .expect_err("not a node name")
+            .to_string();
+        assert!(
+            message.contains("`gpu.lan`, which is not a valid node name"),
+            "{message}"
+        );
     }
 }

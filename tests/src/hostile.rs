@@ -13,8 +13,12 @@
 //! says (endless "more" answers, huge maps, slow or never-answered pushes), counting the calls
 //! and how many ran at once ([`Calls`]) so a test can show the victim's calls stay bounded.
 //!
-//! It is test code: it never listens anywhere but 127.0.0.1, and it stops when its
-//! [`HostileServer`] is dropped.
+//! [`MembershipFlood`] is the stranger on the LAN: no certificate, only one datagram of a real
+//! member seen on the wire, which it turns into a flood at nodes' membership ports (copies of
+//! the member's certificate with made-up signatures, stale copies, replays, garbage).
+//!
+//! It is test code: it never listens or sends anywhere but 127.0.0.1, and it stops when its
+//! [`HostileServer`] (or [`MembershipFlood`]) is dropped.
 
 use std::{
     collections::HashMap,
@@ -71,7 +75,13 @@ impl std::fmt::Debug for HostilePeer {
 impl HostilePeer {
     /// A new member called `name`, with a node certificate of `harness`'s CA.
     pub fn new(harness: &Harness, name: &str) -> anyhow::Result<Self> {
-        let tls = MeshTls::load(&harness.issue(name)?)?;
+        Self::with_files(&harness.issue(name)?)
+    }
+
+    /// A member presenting the certificate and key in `files` (one a test made, such as a
+    /// second certificate for a name already issued).
+    pub fn with_files(files: &mesh_identity::TlsFiles) -> anyhow::Result<Self> {
+        let tls = MeshTls::load(files)?;
         let signer = tls.origin_signer()?;
         Ok(Self { tls, signer })
     }
@@ -554,4 +564,172 @@ fn swim_member(
             membership.run(&mut events, leave).await;
         });
     }))
+}
+
+/// What a [`MembershipFlood`] sent, by kind.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FloodSent {
+    /// Copies of the member's datagram stamped now, with a made-up signature (half of them
+    /// under the member's run, half under made-up runs): each passes every check that needs no
+    /// cryptography.
+    pub forged: u64,
+    /// Copies stamped an hour ago, with a made-up signature.
+    pub stale: u64,
+    /// The member's datagram itself, again.
+    pub replayed: u64,
+    /// Random bytes, and the datagram cut short.
+    pub garbage: u64,
+}
+
+impl FloodSent {
+    /// Every datagram sent.
+    pub fn total(&self) -> u64 {
+        self.forged + self.stale + self.replayed + self.garbage
+    }
+}
+
+/// What a [`MembershipFlood`] sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloodMix {
+    /// Every kind in [`FloodSent`] in turn.
+    Everything,
+    /// Only forged copies stamped now: the most a node can be made to check.
+    Forged,
+}
+
+/// A stranger flooding membership ports from one thread, as fast as it can, from `sources` UDP
+/// sockets in turn (each a source the nodes count failures of); see the module doc. Stops on
+/// [`MembershipFlood::stop`] or drop.
+#[derive(Debug)]
+pub struct MembershipFlood {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<FloodSent>>,
+}
+
+/// Where the stamp sits in a membership datagram (after the magic and the run).
+const STAMP_AT: std::ops::Range<usize> = 12..20;
+/// Where the run sits.
+const RUN_AT: std::ops::Range<usize> = 4..12;
+
+impl MembershipFlood {
+    /// Starts flooding `targets` with what `seen` (one sealed datagram of a member, as captured
+    /// on the wire) makes possible.
+    pub fn start(
+        seen: Vec<u8>,
+        targets: Vec<SocketAddr>,
+        sources: usize,
+        mix: FloodMix,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            seen.len() > 100 && seen.starts_with(b"AMS1"),
+            "not a membership datagram"
+        );
+        anyhow::ensure!(!targets.is_empty() && sources > 0, "nothing to flood");
+        let sockets = (0..sources)
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0"))
+            .collect::<Result<Vec<_>, _>>()
+            .context("bind the flood's sockets")?;
+        // The layout: magic, run, stamp, cert_len u16, cert, payload_len u16, payload, sig_len
+        // u8, sig (node/src/peers/envelope.rs).
+        let u16_at = |at: usize| -> Option<usize> {
+            Some(usize::from(u16::from_be_bytes([
+                *seen.get(at)?,
+                *seen.get(at + 1)?,
+            ])))
+        };
+        let payload_len_at = 22 + u16_at(20).context("cert_len")?;
+        let sig_len_at = payload_len_at + 2 + u16_at(payload_len_at).context("payload_len")?;
+        let sig_len = usize::from(*seen.get(sig_len_at).context("sig_len")?);
+        anyhow::ensure!(
+            sig_len_at + 1 + sig_len == seen.len() && sig_len >= 8,
+            "not a sealed datagram's layout"
+        );
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut sent = FloodSent::default();
+            let (mut forged, mut stale) = (seen.clone(), seen.clone());
+            let mut garbage = vec![0u8; seen.len()];
+            let sig_at = seen.len() - sig_len;
+            let mut n: u64 = 0;
+            let mut now_us = 0;
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                for _ in 0..1024 {
+                    if n.is_multiple_of(1024) {
+                        now_us = crate::unix_ms() * 1000;
+                    }
+                    n += 1;
+                    // Different bytes every time: a made-up signature, a counter in garbage.
+                    let noise = n.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_be_bytes();
+                    let kind = match mix {
+                        FloodMix::Everything => n % 4,
+                        FloodMix::Forged => 0,
+                    };
+                    let datagram: &[u8] = match kind {
+                        0 => {
+                            sent.forged += 1;
+                            forged[STAMP_AT].copy_from_slice(&now_us.to_be_bytes());
+                            if n.is_multiple_of(8) {
+                                forged[RUN_AT].copy_from_slice(&noise);
+                            } else {
+                                forged[RUN_AT].copy_from_slice(&seen[RUN_AT]);
+                            }
+                            forged[sig_at..sig_at + 8].copy_from_slice(&noise);
+                            &forged
+                        }
+                        1 => {
+                            sent.stale += 1;
+                            let hour_ago = now_us.saturating_sub(3_600_000_000) + n % 1000;
+                            stale[STAMP_AT].copy_from_slice(&hour_ago.to_be_bytes());
+                            stale[sig_at..sig_at + 8].copy_from_slice(&noise);
+                            &stale
+                        }
+                        2 => {
+                            sent.replayed += 1;
+                            &seen
+                        }
+                        _ => {
+                            sent.garbage += 1;
+                            for chunk in garbage.chunks_mut(8) {
+                                chunk.copy_from_slice(&noise[..chunk.len()]);
+                            }
+                            if n % 8 == 3 {
+                                &seen[..seen.len() / 2]
+                            } else {
+                                &garbage
+                            }
+                        }
+                    };
+                    let socket = &sockets[(n as usize / targets.len()) % sockets.len()];
+                    let target = targets[(n as usize) % targets.len()];
+                    // Refused (ICMP), or the kernel's buffers full: a flood does not care.
+                    let _ = socket.send_to(datagram, target);
+                }
+            }
+            sent
+        });
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the flood; what it sent.
+    pub fn stop(mut self) -> FloodSent {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> FloodSent {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|thread| thread.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for MembershipFlood {
+    fn drop(&mut self) {
+        self.halt();
+    }
 }

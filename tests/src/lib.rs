@@ -375,6 +375,9 @@ pub struct NodeOptions {
     pub zero_config_tls: bool,
     /// Logs in the human format instead of JSON (as a terminal or journald shows them).
     pub human_log: bool,
+    /// No `node.name` in the config: the node's name is its host's (its certificate is still
+    /// issued under `name`).
+    pub unnamed: bool,
 }
 
 impl NodeOptions {
@@ -398,7 +401,14 @@ impl NodeOptions {
             join_via: TokenVia::Argument,
             zero_config_tls: false,
             human_log: false,
+            unnamed: false,
         }
+    }
+
+    /// Leaves `node.name` out of the config, so the node is named by its host.
+    pub fn unnamed(mut self) -> Self {
+        self.unnamed = true;
+        self
     }
 
     /// Makes the node an issuer: it holds the harness CA's key and redeems join tokens.
@@ -663,6 +673,26 @@ impl Harness {
         })
     }
 
+    /// Another node certificate for `name` (a new key) from the harness CA, in a directory of
+    /// its own: what a CA that issues a name twice hands out.
+    pub fn issue_again(&self, name: &str) -> anyhow::Result<TlsFiles> {
+        let dir = self.path().join(unique("again-"));
+        fs::create_dir_all(&dir)?;
+        let ca = ca::CaSigner::load(
+            &self.ca_dir.join(ca::CA_CERT_FILE),
+            &self.ca_dir.join(ca::CA_KEY_FILE),
+        )?;
+        let (key, csr) = ca::new_key_and_csr(name)?;
+        let files = TlsFiles {
+            ca: self.ca_dir.join(ca::CA_CERT_FILE),
+            cert: dir.join(format!("{name}.pem")),
+            key: dir.join(format!("{name}.key")),
+        };
+        fs::write(&files.cert, ca.sign_csr(&csr, name, CertRole::Node)?)?;
+        fs::write(&files.key, key.serialize_pem())?;
+        Ok(files)
+    }
+
     /// An mTLS channel to `node` with a member certificate of the harness CA.
     pub async fn member_channel(
         &self,
@@ -689,10 +719,14 @@ impl Harness {
         let _ = fs::remove_file(data_dir.join("node.addr"));
         let _ = fs::remove_file(data_dir.join("http.addr"));
         let mut config = String::new();
+        writeln!(config, "[node]")?;
+        if !options.unnamed {
+            writeln!(config, "name = {:?}", options.name)?;
+        }
         writeln!(
             config,
-            "[node]\nname = {:?}\nlisten = {:?}\ndata_dir = {:?}\n{}",
-            options.name, options.listen, data_dir, options.node_keys
+            "listen = {:?}\ndata_dir = {:?}\n{}",
+            options.listen, data_dir, options.node_keys
         )?;
         writeln!(
             config,

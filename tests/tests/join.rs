@@ -43,9 +43,14 @@ fn create_token(h: &Harness, issuer: &NodeProcess, args: &[&str]) -> String {
 /// `mesh-node --join TOKEN` on a fresh data dir, expected to fail: its stderr. A node that
 /// joins instead runs until killed, so it is given a deadline.
 fn join_fails(dir: &Path, token: &str) -> String {
+    join_fails_as(dir, "newcomer", token)
+}
+
+/// [`join_fails`] for a node named `name`.
+fn join_fails_as(dir: &Path, name: &str, token: &str) -> String {
     let stderr = dir.join("stderr");
     let mut child = Command::new(bin("mesh-node"))
-        .args(["--name", "newcomer", "--listen", "127.0.0.1:0", "--no-mdns"])
+        .args(["--name", name, "--listen", "127.0.0.1:0", "--no-mdns"])
         .arg("--data-dir")
         .arg(dir)
         .args(["--join", token])
@@ -124,6 +129,48 @@ fn a_node_joins_with_a_token_and_rejoins_without_it_and_the_token_is_then_used_u
     let stderr = join_fails(fresh.path(), &token);
     assert!(stderr.contains("already been used"), "{stderr}");
     assert!(!fresh.path().join("tls").join("newcomer.pem").exists());
+}
+
+/// Issue 26: the issuer does not issue a node certificate for a name it or a live member
+/// holds (its holder's peers would refuse the newcomer), says so with the way out, and the
+/// token is not used up: the same token then joins a node under a free name.
+#[test]
+fn the_issuer_refuses_a_name_a_live_member_holds_and_keeps_the_token() {
+    let h = Harness::new().expect("harness");
+    let alpha = h.spawn(NodeOptions::new("alpha").issuer()).expect("issuer");
+    let beta = h
+        .spawn(NodeOptions::new("beta").peer(&alpha.addr))
+        .expect("beta");
+    h.wait_all_up(&[&alpha, &beta], DEADLINE)
+        .expect("alpha and beta");
+    let token = create_token(&h, &alpha, &["--ttl", "10m"]);
+    for name in ["beta", "alpha"] {
+        let fresh = tempfile::tempdir().expect("tempdir");
+        let stderr = join_fails_as(fresh.path(), name, &token);
+        let refusal = format!("cannot issue a node certificate for `{name}`");
+        for part in [refusal.as_str(), "held by", "--name"] {
+            assert!(stderr.contains(part), "`{part}` missing:\n{stderr}");
+        }
+        assert!(
+            !fresh
+                .path()
+                .join("tls")
+                .join(format!("{name}.pem"))
+                .exists()
+        );
+    }
+    assert!(
+        alpha
+            .metrics()
+            .expect("metrics")
+            .contains(r#"agentmesh_join_redemptions_total{outcome="name_in_use"} 2"#),
+        "both refusals counted"
+    );
+    let gamma = h
+        .spawn(NodeOptions::new("gamma").join(&token))
+        .expect("the one use is still there");
+    h.wait_all_up(&[&alpha, &beta, &gamma], DEADLINE)
+        .expect("gamma joined");
 }
 
 #[test]

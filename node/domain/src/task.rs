@@ -288,7 +288,8 @@ impl TaskSpec {
             len("require.labels", k, 63)?;
             len("require.labels", v, 253)?;
         }
-        len("on", self.require.on.as_deref().unwrap_or(""), 63)?;
+        // A node name (at most 63) or a node id (64 hex digits).
+        len("on", self.require.on.as_deref().unwrap_or(""), 64)?;
         if let Some(id) = &self.lineage.task_id {
             check_task_id("lineage.task_id", id)?;
         }
@@ -322,7 +323,7 @@ pub struct Requirements {
     pub min_vram_mb: Option<u64>,
     /// Labels that must match.
     pub labels: BTreeMap<String, String>,
-    /// Only this node (by name).
+    /// Only this node: its name, or its id or an id prefix (`router::requested` resolves it).
     pub on: Option<String>,
 }
 

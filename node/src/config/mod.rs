@@ -39,6 +39,7 @@ pub use types::{
     HttpKey, KeySecret, Listen, McpConfig, McpTransport, ModelConfig, PersonaConfig, TaskLimits,
     TlsMode,
 };
+pub use validate::is_valid_name as is_valid_node_name;
 
 impl Config {
     /// Loads `path` (or nothing, for zero-config), applies `overrides`, and validates.

@@ -14,8 +14,12 @@ use mesh_identity::TlsFiles;
 pub struct Config {
     /// The file it came from, if any (for messages).
     pub source: Option<PathBuf>,
-    /// Node name (mDNS instance name).
+    /// Node name (mDNS instance name). A node with a certificate runs under its certificate's
+    /// name (`server` checks them against each other at start).
     pub name: String,
+    /// Whether `name` is the host name, not `node.name` or `--name`: then a certificate issued
+    /// for another name wins without a word of the user's being overruled.
+    pub name_from_host: bool,
     /// Where the gRPC server listens.
     pub listen: Listen,
     /// Where the node keeps its state.

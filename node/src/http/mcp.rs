@@ -184,7 +184,8 @@ struct RunTask {
     /// Run it only on a node whose labels include these (at most 32).
     #[serde(default)]
     labels: BTreeMap<String, String>,
-    /// Run it only on this node (by name).
+    /// Run it only on this node: its name, or its id (whole, or the first 12 or more hex
+    /// digits).
     on: Option<String>,
 }
 

@@ -819,7 +819,9 @@ mod tests {
         info.name = "peer".into();
         info.memory_seq = memory_seq;
         let table = Arc::new(PeerTable::default());
-        table.beat(info, "peer:7700", crate::discovery::PeerSource::Static);
+        table
+            .beat(info, "peer:7700", crate::discovery::PeerSource::Static)
+            .expect("the name is free");
         let (tx, mut rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let (replicated, stop) = (memory.clone(), cancel.clone());
@@ -862,11 +864,13 @@ mod tests {
             let mut info = crate::capabilities::test_support::test_capabilities().snapshot();
             info.id = id(&format!("peer{n}"));
             info.name = format!("peer{n}");
-            table.beat(
-                info,
-                &format!("peer{n}:7700"),
-                crate::discovery::PeerSource::Static,
-            );
+            table
+                .beat(
+                    info,
+                    &format!("peer{n}:7700"),
+                    crate::discovery::PeerSource::Static,
+                )
+                .expect("the name is free");
         }
         let fake = Arc::new(Fake::default());
         let (tx, mut rx) = mpsc::unbounded_channel();

@@ -1,15 +1,23 @@
 //! The authenticated datagram every SWIM message travels in. A node seals each message with its
 //! certificate, a stamp and a signature by its node key ([`Sealer`]); a receiver opens it
-//! ([`Opener`]): the certificate must chain to the mesh CA and be a node's (the same check as
-//! for a replicated record's origin, [`OriginVerifier::learn`]), must not be revoked, the
-//! signature must verify over the whole datagram, and the stamp must be within
-//! [`REPLAY_WINDOW`] of the receiver's clock and above every stamp this sender used before. So
-//! a forged, unsigned, altered, replayed or other-mesh datagram is refused with a reason (the
-//! caller counts it) before membership reads a byte of it.
+//! ([`Opener`]) in two steps, so that what is cheap to refuse is refused before any
+//! cryptography:
 //!
-//! Each datagram carries its sender's certificate (~500 bytes), so a receiver needs no earlier
-//! contact to check it, and a node met through gossip first can be checked at its first
-//! datagram. This module only seals and opens; it decides nothing about membership.
+//! 1. [`Opener::screen`] checks what costs no cryptography: the magic and the lengths, the
+//!    stamp within [`REPLAY_WINDOW`] of the receiver's clock, and, when the certificate is one
+//!    already verified, that it is not revoked and that the stamp is above every stamp of this
+//!    sender's run (the replay mark). A stale, replayed or malformed datagram costs a few
+//!    comparisons and one lookup.
+//! 2. [`Opener::verify`] does the rest: the certificate must chain to the mesh CA and be a
+//!    node's (the same check as for a replicated record's origin, [`OriginVerifier::learn`]),
+//!    must not be revoked, the signature must verify over the whole datagram, and only then
+//!    does the stamp raise the sender's replay mark.
+//!
+//! So a forged, unsigned, altered, replayed or other-mesh datagram is refused with a reason (the
+//! caller counts it) before membership reads a byte of it. Each datagram carries its sender's
+//! certificate (~500 bytes), so a receiver needs no earlier contact to check it, and a node met
+//! through gossip first can be checked at its first datagram. This module only seals and opens;
+//! it decides nothing about membership, nor when a check runs (membership does).
 //!
 //! Layout (integers big-endian):
 //! `"AMS1" | run u64 | stamp u64 (Unix µs) | cert_len u16 | cert | payload_len u16 | payload |
@@ -19,7 +27,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -33,9 +44,14 @@ pub const MAGIC: &[u8; 4] = b"AMS1";
 pub const REPLAY_WINDOW: Duration = Duration::from_secs(30);
 /// Largest datagram accepted (a certificate of at most 4 KiB plus a foca packet).
 pub const MAX_DATAGRAM: usize = 8 * 1024;
-/// Most runs of senders whose last stamp is remembered; past it the memory starts over, which
-/// reopens nothing older than [`REPLAY_WINDOW`].
-const MAX_SENDERS: usize = 4096;
+/// Most certificates whose senders' replay marks are remembered; past it the certificate whose
+/// newest stamp is oldest is forgotten first (a sender silent for longer than
+/// [`REPLAY_WINDOW`] needs no mark: its old datagrams are stale).
+pub const MAX_SENDERS: usize = 4096;
+/// Most runs remembered per certificate; past it the run whose stamp is oldest is forgotten.
+/// A node draws a new run at every start, so one certificate holds several runs only across
+/// restarts; and a holder of one certificate who makes up runs churns only its own marks.
+pub const RUNS_PER_SENDER: usize = 4;
 
 /// Why a datagram was refused; [`Refusal::reason`] is its metric label.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,9 +76,9 @@ pub enum Refusal {
     /// The signature does not verify (forged or altered).
     #[error("membership datagram from {0}: signature does not verify")]
     BadSignature(String),
-    /// The stamp is outside the replay window.
-    #[error("membership datagram from {0}: stamp {1} µs is outside the replay window")]
-    Stale(String, u64),
+    /// The stamp is outside the replay window (checked before anything says who sent it).
+    #[error("membership datagram stamped {0} µs, outside the replay window")]
+    Stale(u64),
     /// The stamp is not above the last one of this sender (a replay within the window).
     #[error("membership datagram from {0}: replayed (stamp not above the sender's last)")]
     Replayed(String),
@@ -76,7 +92,7 @@ impl Refusal {
             Self::Certificate(_) | Self::Foreign { .. } => "certificate",
             Self::Revoked(_) => "revoked",
             Self::BadSignature(_) => "bad_signature",
-            Self::Stale(..) => "stale",
+            Self::Stale(_) => "stale",
             Self::Replayed(_) => "replayed",
         }
     }
@@ -170,12 +186,15 @@ pub struct Opened<'a> {
     pub payload: &'a [u8],
 }
 
-/// Opens datagrams: checks certificate, revocation, signature and stamp.
-#[derive(Debug)]
-pub struct Opener {
-    verifier: Arc<OriginVerifier>,
-    /// The highest stamp accepted from each run of each sender.
-    last: Mutex<HashMap<(NodeId, u64), u64>>,
+/// A datagram's parts, as its layout says (nothing checked but the lengths).
+struct Parts<'a> {
+    run: u64,
+    stamp: u64,
+    cert: &'a [u8],
+    payload: &'a [u8],
+    /// Everything the signature covers.
+    signed: &'a [u8],
+    signature: &'a [u8],
 }
 
 /// Reads `n` bytes at `*at`, advancing it.
@@ -200,17 +219,9 @@ fn u16_at(data: &[u8], at: &mut usize) -> Result<usize, Refusal> {
     Ok(usize::from(u16::from_be_bytes([bytes[0], bytes[1]])))
 }
 
-impl Opener {
-    /// Opens with `verifier` (the mesh CA and its revocations; the memory uses the same one).
-    pub fn new(verifier: Arc<OriginVerifier>) -> Self {
-        Self {
-            verifier,
-            last: Mutex::default(),
-        }
-    }
-
-    /// Checks `datagram`; the payload and its sender, or why it is refused.
-    pub fn open<'a>(&self, datagram: &'a [u8]) -> Result<Opened<'a>, Refusal> {
+impl<'a> Parts<'a> {
+    /// Splits `datagram` by its layout: magic, lengths, no trailing bytes.
+    fn of(datagram: &'a [u8]) -> Result<Self, Refusal> {
         if datagram.len() > MAX_DATAGRAM {
             return Err(Refusal::Malformed("larger than 8 KiB"));
         }
@@ -230,7 +241,117 @@ impl Opener {
         if at != datagram.len() {
             return Err(Refusal::Malformed("trailing bytes"));
         }
+        Ok(Self {
+            run,
+            stamp,
+            cert,
+            payload,
+            signed,
+            signature,
+        })
+    }
 
+    /// Refuses a stamp outside the replay window around `now` (Unix µs).
+    fn check_window(&self, now: u64) -> Result<(), Refusal> {
+        let window = u64::try_from(REPLAY_WINDOW.as_micros()).unwrap_or(u64::MAX);
+        if now.abs_diff(self.stamp) > window {
+            return Err(Refusal::Stale(self.stamp));
+        }
+        Ok(())
+    }
+}
+
+/// The replay marks of one certificate's sender: the highest stamp accepted from each of its
+/// runs (at most [`RUNS_PER_SENDER`]).
+#[derive(Debug)]
+struct Marks {
+    /// The node id the certificate speaks for (verified when the certificate was first met).
+    id: NodeId,
+    /// `(run, highest stamp)`.
+    runs: Vec<(u64, u64)>,
+}
+
+impl Marks {
+    /// The highest stamp accepted from `run`, if any.
+    fn of(&self, run: u64) -> Option<u64> {
+        self.runs.iter().find(|(r, _)| *r == run).map(|(_, s)| *s)
+    }
+
+    /// The newest stamp accepted from any run (what eviction orders by).
+    fn newest(&self) -> u64 {
+        self.runs.iter().map(|(_, s)| *s).max().unwrap_or(0)
+    }
+
+    /// Raises `run`'s mark to `stamp`, forgetting the oldest run when there is no room.
+    fn raise(&mut self, run: u64, stamp: u64) {
+        if let Some(mark) = self.runs.iter_mut().find(|(r, _)| *r == run) {
+            mark.1 = stamp;
+            return;
+        }
+        if self.runs.len() >= RUNS_PER_SENDER
+            && let Some(oldest) = (0..self.runs.len()).min_by_key(|i| self.runs[*i].1)
+        {
+            self.runs.swap_remove(oldest);
+        }
+        self.runs.push((run, stamp));
+    }
+}
+
+/// Opens datagrams: [`Opener::screen`] without cryptography, then [`Opener::verify`].
+#[derive(Debug)]
+pub struct Opener {
+    verifier: Arc<OriginVerifier>,
+    /// Replay marks by certificate (DER), for certificates that verified: looked up without
+    /// hashing or parsing the certificate the way verifying it would.
+    marks: Mutex<HashMap<Box<[u8]>, Marks>>,
+    /// Datagrams [`Opener::verify`] checked with cryptography (certificate and signature).
+    checks: AtomicU64,
+}
+
+impl Opener {
+    /// Opens with `verifier` (the mesh CA and its revocations; the memory uses the same one).
+    pub fn new(verifier: Arc<OriginVerifier>) -> Self {
+        Self {
+            verifier,
+            marks: Mutex::default(),
+            checks: AtomicU64::new(0),
+        }
+    }
+
+    /// Checks `datagram` and opens it: [`Opener::screen`] then [`Opener::verify`].
+    pub fn open<'a>(&self, datagram: &'a [u8]) -> Result<Opened<'a>, Refusal> {
+        self.screen(datagram)?;
+        self.verify(datagram)
+    }
+
+    /// The checks that cost no cryptography: layout, stamp window, and for a certificate
+    /// verified before, revocation and the replay mark. Returns the sender when its
+    /// certificate is known (its datagrams may come from a member), `None` for a certificate
+    /// met for the first time (or forgotten). A datagram that passes still needs
+    /// [`Opener::verify`].
+    pub fn screen(&self, datagram: &[u8]) -> Result<Option<NodeId>, Refusal> {
+        let parts = Parts::of(datagram)?;
+        parts.check_window(now_us())?;
+        let marks = self.marks.lock_unpoisoned();
+        let Some(known) = marks.get(parts.cert) else {
+            return Ok(None);
+        };
+        if self.verifier.revoked().contains(&known.id) {
+            return Err(Refusal::Revoked(known.id.short().to_owned()));
+        }
+        if known.of(parts.run).is_some_and(|seen| parts.stamp <= seen) {
+            return Err(Refusal::Replayed(known.id.short().to_owned()));
+        }
+        Ok(Some(known.id.clone()))
+    }
+
+    /// The checks that cost cryptography, for a datagram [`Opener::screen`] let through: the
+    /// certificate (chain, role, revocation), the signature, and then the replay mark, which
+    /// only a verified stamp raises (so a forger cannot push a sender's mark ahead).
+    pub fn verify<'a>(&self, datagram: &'a [u8]) -> Result<Opened<'a>, Refusal> {
+        let parts = Parts::of(datagram)?;
+        self.checks.fetch_add(1, Ordering::Relaxed);
+        let cert = parts.cert;
         let sender = self.verifier.learn(cert).map_err(|e| match e {
             OriginError::NotFromCa(_) => match CertIdentity::from_der(cert) {
                 Ok(presented) => Refusal::Foreign {
@@ -246,27 +367,59 @@ impl Opener {
             return Err(Refusal::Revoked(short));
         }
         self.verifier
-            .verify(&sender, stamp / 1_000_000, signed, signature)
+            .verify(
+                &sender,
+                parts.stamp / 1_000_000,
+                parts.signed,
+                parts.signature,
+            )
             .map_err(|e| match e {
                 OriginError::BadSignature(_) => Refusal::BadSignature(short.clone()),
                 other => Refusal::Certificate(other),
             })?;
-        // Only a signed stamp moves the sender's mark, so a forger cannot push it ahead.
-        let window = u64::try_from(REPLAY_WINDOW.as_micros()).unwrap_or(u64::MAX);
-        if now_us().abs_diff(stamp) > window {
-            return Err(Refusal::Stale(short, stamp));
+        // Screened before it waited for this check; the wait is bounded, but not by this code.
+        parts.check_window(now_us())?;
+        let mut marks = self.marks.lock_unpoisoned();
+        if let Some(known) = marks.get_mut(parts.cert) {
+            // Two copies of one datagram may both pass the screen before either is verified.
+            if known.of(parts.run).is_some_and(|seen| parts.stamp <= seen) {
+                return Err(Refusal::Replayed(short));
+            }
+            known.raise(parts.run, parts.stamp);
+        } else {
+            if marks.len() >= MAX_SENDERS {
+                forget_oldest(&mut marks);
+            }
+            marks.insert(
+                parts.cert.into(),
+                Marks {
+                    id: sender.clone(),
+                    runs: vec![(parts.run, parts.stamp)],
+                },
+            );
         }
-        let mut last = self.last.lock_unpoisoned();
-        let key = (sender, run);
-        if last.get(&key).is_some_and(|seen| stamp <= *seen) {
-            return Err(Refusal::Replayed(short));
-        }
-        if last.len() >= MAX_SENDERS && !last.contains_key(&key) {
-            last.clear();
-        }
-        last.insert(key.clone(), stamp);
-        let sender = key.0;
-        Ok(Opened { sender, payload })
+        Ok(Opened {
+            sender,
+            payload: parts.payload,
+        })
+    }
+
+    /// How many datagrams [`Opener::verify`] has checked with cryptography.
+    pub fn signature_checks(&self) -> u64 {
+        self.checks.load(Ordering::Relaxed)
+    }
+}
+
+/// Forgets the certificate whose newest stamp is oldest (a scan, run only when a certificate
+/// not yet known verifies while [`MAX_SENDERS`] are remembered: each costs a signature check
+/// first, and only certificates of the mesh CA get that far).
+fn forget_oldest(marks: &mut HashMap<Box<[u8]>, Marks>) {
+    let oldest = marks
+        .iter()
+        .min_by_key(|(_, m)| m.newest())
+        .map(|(cert, _)| cert.clone());
+    if let Some(cert) = oldest {
+        marks.remove(&cert);
     }
 }
 
@@ -325,6 +478,140 @@ mod tests {
         let old = now_us() - 2 * u64::try_from(REPLAY_WINDOW.as_micros()).expect("fits");
         let datagram = sealer.seal_at(b"ping", old).expect("seal");
         assert_eq!(opener.open(&datagram).expect_err("stale").reason(), "stale");
+    }
+
+    /// A datagram with `sealed`'s certificate, run and `stamp`, and a signature of random
+    /// bytes: what anyone who saw one datagram of a node can make.
+    fn forged_copy(sealed: &[u8], stamp: u64) -> Vec<u8> {
+        let mut forged = sealed.to_vec();
+        forged[12..20].copy_from_slice(&stamp.to_be_bytes());
+        let sig_len = usize::from(forged[forged.len() - 65]);
+        assert_eq!(sig_len, 64, "an Ed25519 signature");
+        let at = forged.len() - 64;
+        forged[at..].copy_from_slice(&[0x5a; 64]);
+        forged
+    }
+
+    /// Issue 26: what is cheap to refuse is refused before any cryptography. A stale datagram
+    /// (of an hour ago, with a real node's certificate and a made-up signature), a replay, and
+    /// malformed ones cost no signature check; a fresh forged copy costs one, and is refused.
+    #[test]
+    fn stale_replayed_and_malformed_datagrams_cost_no_signature_check() {
+        let (sealer, opener) = self_certified();
+        let first = sealer.seal(b"ping").expect("seal");
+        assert_eq!(opener.screen(&first), Ok(None), "a certificate not met yet");
+        opener.verify(&first).expect("opens");
+        let checks = opener.signature_checks();
+        assert_eq!(checks, 1);
+
+        let hour_ago = now_us() - 3_600_000_000;
+        for (what, datagram, reason) in [
+            ("stale", forged_copy(&first, hour_ago), "stale"),
+            (
+                "from the future",
+                forged_copy(&first, now_us() + 3_600_000_000),
+                "stale",
+            ),
+            ("replayed", first.clone(), "replayed"),
+            (
+                "below the mark",
+                forged_copy(&first, now_us() - 1_000_000),
+                "replayed",
+            ),
+            ("wrong magic", [b"XXXX", &first[4..]].concat(), "malformed"),
+            ("truncated", first[..first.len() - 1].to_vec(), "malformed"),
+        ] {
+            let refused = opener.open(&datagram).expect_err(what);
+            assert_eq!(refused.reason(), reason, "{what}: {refused}");
+        }
+        assert_eq!(
+            opener.signature_checks(),
+            checks,
+            "no signature check for what the screen refuses"
+        );
+
+        let fresh = forged_copy(&first, now_us());
+        assert_eq!(opener.screen(&fresh), Ok(Some(sealer.id().clone())));
+        let refused = opener.verify(&fresh).expect_err("a made-up signature");
+        assert_eq!(refused.reason(), "bad_signature");
+        assert_eq!(opener.signature_checks(), checks + 1);
+        // The forgery raised no mark: the sender's next datagram opens.
+        assert!(opener.open(&sealer.seal(b"ack").expect("seal")).is_ok());
+    }
+
+    /// Issue 26: two copies of one datagram that both pass the screen before either is
+    /// verified (it runs apart from the check) open once.
+    #[test]
+    fn two_copies_screened_before_either_is_verified_open_once() {
+        let (sealer, opener) = self_certified();
+        opener
+            .open(&sealer.seal(b"hello").expect("seal"))
+            .expect("known");
+        let datagram = sealer.seal(b"ping").expect("seal");
+        assert!(opener.screen(&datagram).is_ok());
+        assert!(opener.screen(&datagram).is_ok());
+        assert!(opener.verify(&datagram).is_ok());
+        assert_eq!(
+            opener.verify(&datagram).expect_err("twice").reason(),
+            "replayed"
+        );
+    }
+
+    /// Issue 26: past [`MAX_SENDERS`] the sender silent longest is forgotten, not every mark
+    /// at once, so a live sender's datagrams stay refused as replays.
+    #[test]
+    fn past_the_cap_the_oldest_sender_is_forgotten_not_every_mark() {
+        let (alpha, opener) = self_certified();
+        let (beta, _) = self_certified();
+        let seen = alpha.seal(b"ping").expect("seal");
+        opener.open(&seen).expect("alpha");
+        {
+            let mut marks = opener.marks.lock_unpoisoned();
+            let hour_ago = now_us() - 3_600_000_000;
+            for n in 0..MAX_SENDERS - 1 {
+                marks.insert(
+                    format!("certificate {n}").into_bytes().into(),
+                    Marks {
+                        id: NodeId::from_spki_der(&n.to_be_bytes()),
+                        runs: vec![(1, hour_ago + n as u64)],
+                    },
+                );
+            }
+            assert_eq!(marks.len(), MAX_SENDERS);
+        }
+        opener
+            .open(&beta.seal(b"ping").expect("seal"))
+            .expect("beta");
+        let marks = opener.marks.lock_unpoisoned();
+        assert_eq!(marks.len(), MAX_SENDERS);
+        assert!(
+            !marks.contains_key(&b"certificate 0"[..]),
+            "the oldest is forgotten"
+        );
+        assert!(marks.contains_key(&b"certificate 1"[..]));
+        drop(marks);
+        assert_eq!(
+            opener.open(&seen).expect_err("still a replay").reason(),
+            "replayed"
+        );
+    }
+
+    /// Issue 26: made-up runs of one certificate replace only that certificate's oldest run.
+    #[test]
+    fn a_certificate_keeps_its_newest_runs() {
+        let mut marks = Marks {
+            id: NodeId::from_spki_der(b"alpha"),
+            runs: Vec::new(),
+        };
+        for run in 0..RUNS_PER_SENDER as u64 {
+            marks.raise(run, 100 + run);
+        }
+        marks.raise(0, 200);
+        marks.raise(99, 300);
+        assert_eq!(marks.runs.len(), RUNS_PER_SENDER);
+        assert_eq!(marks.of(1), None, "the oldest run is forgotten");
+        assert_eq!((marks.of(0), marks.of(99)), (Some(200), Some(300)));
+        assert_eq!(marks.newest(), 300);
     }
 
     #[test]

@@ -13,6 +13,16 @@
 //! announces itself there. On shutdown the node leaves (a goodbye every member hears), so peers
 //! mark it down at once.
 //!
+//! A received datagram is screened on the loop, without cryptography
+//! ([`super::envelope::Opener::screen`]: layout, stamp window, replay mark), and its source's
+//! failures are counted ([`super::budget`]); what passes waits for its certificate and
+//! signature check on a task of its own ([`check_signatures`]), in one of two bounded queues:
+//! one for datagrams from a live member's address with that member's certificate, served
+//! first, one for everyone else, which gets at most [`STRANGER_CHECKS_PER_SECOND`]. A full
+//! queue drops the datagram. So the loop that answers probes never spends a signature check on
+//! a stranger, a flood of made-up signatures cannot delay the members' probes and acks behind
+//! it, and what it costs is bounded however many sources it comes from.
+//!
 //! This module decides membership only; it routes nothing and trusts nothing a datagram says
 //! before [`super::envelope::Opener`] has checked who sealed it.
 
@@ -29,14 +39,16 @@ use foca::{
     AccumulatingRuntime, BroadcastHandler, Codec, Config, Foca, Invalidates, OwnedNotification,
     PostcardCodec, State, Timer,
 };
-use mesh_domain::{NodeId, NodeInfo, PeerState, sync::MutexExt};
+use mesh_domain::{NodeId, NodeInfo, PeerState, sync::MutexExt, throttle::LogThrottle};
+use prometheus_client::metrics::counter::Counter;
 use rand::{rngs::StdRng, seq::IndexedRandom};
 use tokio::{io::Interest, net::UdpSocket, sync::mpsc, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    LinkError, PeerLink, PeerTable,
+    LinkError, NameTaken, PeerLink, PeerTable,
     adverts::{AdvertGuard, Dropped},
+    budget::{FailingSources, TokenBucket},
     envelope::{MAX_DATAGRAM, Opener, Refusal, Sealer},
     icmp,
 };
@@ -64,7 +76,8 @@ const FETCH_BACKOFF_FIRST: Duration = Duration::from_millis(250);
 /// (refused, timed out: a busy or starting node): the member is alive in SWIM, so it is
 /// expected to answer soon.
 const FETCH_BACKOFF_MAX: Duration = Duration::from_secs(4);
-/// Longest wait before fetching again a `NodeInfo` that was not the member's own.
+/// Longest wait before fetching again a `NodeInfo` that was refused (not the member's own, or
+/// a name another live node holds).
 const FETCH_BACKOFF_INVALID: Duration = Duration::from_secs(60);
 /// How often the table's states are brought in line with foca's (suspicion is not notified).
 const SYNC_EVERY: Duration = Duration::from_millis(250);
@@ -80,6 +93,31 @@ const REPAIR_EVERY: Duration = Duration::from_secs(30);
 const REPAIR_AGAIN: Duration = Duration::from_secs(3);
 /// Most members announced to after one list (a member's list is not trusted to be short).
 const MAX_REPAIR_ANNOUNCES: usize = 256;
+/// Datagrams from live members waiting for their signature check; past it they are dropped.
+/// Members send a few a second each, so this fills only if a member's address is spoofed.
+const MEMBER_QUEUE: usize = 256;
+/// Datagrams from anyone else (an announce, a node not yet a member, a flood) waiting for their
+/// signature check; past it they are dropped. Checked only when no member's datagram waits.
+const STRANGER_QUEUE: usize = 64;
+/// Signature checks per second for datagrams from anyone but a live member (announces of
+/// nodes joining, a flood from many ports), all together, and how many at once: a join needs a
+/// few, and at ~60 µs a check this is a few per cent of a core at most.
+pub const STRANGER_CHECKS_PER_SECOND: f64 = 1000.0;
+/// See [`STRANGER_CHECKS_PER_SECOND`].
+const STRANGER_CHECKS_BURST: f64 = 256.0;
+/// Checked datagrams waiting for the loop (the checker waits when it is full).
+const CHECKED_QUEUE: usize = 64;
+/// Most datagrams read at one wake-up of the loop (a flood is read in batches, not one select
+/// per datagram); the loop then sends, fires timers and looks at everything else.
+const RECEIVE_BATCH: usize = 64;
+/// The membership socket's receive buffer: a flood the loop reads a little slower than it
+/// comes (a busy machine) fills the kernel's buffer, which then drops what comes next, members'
+/// probes as much as the flood; 4 MiB holds about 2,000 datagrams, a few milliseconds of a
+/// flood. The kernel caps it at `net.core.rmem_max` (often 208 KiB; raise it for more).
+const RECEIVE_BUFFER: usize = 4 << 20;
+/// At most one log line per this long about dropped datagrams (with the count since the last):
+/// a flood must not flood the log.
+const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// A member's identity in foca: who, where, and which run of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -289,12 +327,40 @@ pub fn lan_config() -> Config {
     config
 }
 
-/// Counts a refused datagram.
-fn dropped(reason: &str) {
-    metrics()
-        .swim_dropped
-        .get_or_create(&labels(&[("reason", reason)]))
-        .inc();
+/// The `agentmesh_swim_dropped_total` counter of each reason, each looked up once: a flood is
+/// counted tens of thousands of times a second.
+#[derive(Debug, Default)]
+struct DropCounters(Vec<(&'static str, Counter)>);
+
+impl DropCounters {
+    /// Counts a datagram dropped for `reason`.
+    fn inc(&mut self, reason: &'static str) {
+        if let Some((_, counter)) = self.0.iter().find(|(r, _)| *r == reason) {
+            counter.inc();
+            return;
+        }
+        let counter = metrics()
+            .swim_dropped
+            .get_or_create(&labels(&[("reason", reason)]))
+            .clone();
+        counter.inc();
+        self.0.push((reason, counter));
+    }
+}
+
+/// Asks for a receive buffer of [`RECEIVE_BUFFER`] on the membership socket (the kernel caps
+/// it at `net.core.rmem_max`).
+pub fn enlarge_receive_buffer(socket: &UdpSocket) -> std::io::Result<()> {
+    nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::RcvBuf, &RECEIVE_BUFFER)
+        .map_err(std::io::Error::from)
+}
+
+/// Why a member's fetched `NodeInfo` is not in the table.
+enum Ignored {
+    /// The fetch failed, or its answer was not the member's.
+    Link(LinkError),
+    /// Another live node holds its name.
+    Name(NameTaken),
 }
 
 /// A finished list of a member's members (see [`REPAIR_EVERY`]).
@@ -330,6 +396,68 @@ struct Run<'a> {
     versions: Versions,
     /// Nodes of other meshes already named in the log.
     foreign: ForeignNodes,
+    /// Refused datagrams per source: a source out of tokens gets nothing checked.
+    failing: FailingSources,
+    /// Signature checks left for strangers' datagrams.
+    stranger_checks: TokenBucket,
+    /// Where screened datagrams wait for their signature check.
+    to_check: Queues,
+    /// The checked datagrams, opened or refused.
+    checked: mpsc::Receiver<Checked>,
+    /// The signature checker ([`check_signatures`]), stopped with the run (also when a panic
+    /// ends it: the set aborts it on drop).
+    checker: JoinSet<()>,
+    /// When the next line about dropped datagrams is due.
+    drop_log: LogThrottle,
+    /// What dropped datagrams are counted in.
+    drops: DropCounters,
+}
+
+/// A screened datagram waiting for its signature check.
+#[derive(Debug)]
+struct Job {
+    datagram: Box<[u8]>,
+    from: SocketAddr,
+}
+
+/// The two queues of [`Job`]s; see the module doc.
+#[derive(Debug)]
+struct Queues {
+    members: mpsc::Sender<Job>,
+    strangers: mpsc::Sender<Job>,
+}
+
+/// A checked datagram: its sender and the foca message inside, or why it is refused.
+#[derive(Debug)]
+struct Checked {
+    from: SocketAddr,
+    result: Result<(NodeId, Vec<u8>), Refusal>,
+}
+
+/// Checks the certificate and signature of each queued datagram, members' first, and hands the
+/// result to the loop; ends when the loop's side of any queue is gone.
+async fn check_signatures(
+    opener: Arc<Opener>,
+    mut members: mpsc::Receiver<Job>,
+    mut strangers: mpsc::Receiver<Job>,
+    checked: mpsc::Sender<Checked>,
+) {
+    loop {
+        let job = tokio::select! {
+            biased;
+            Some(job) = members.recv() => job,
+            Some(job) = strangers.recv() => job,
+            else => return,
+        };
+        metrics().swim_signature_checks.inc();
+        let result = opener
+            .verify(&job.datagram)
+            .map(|opened| (opened.sender, opened.payload.to_vec()));
+        let from = job.from;
+        if checked.send(Checked { from, result }).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// How many nodes of other meshes are remembered (and so named once each); past that, more are
@@ -375,6 +503,16 @@ impl Membership {
             PostcardCodec,
             versions.clone(),
         );
+        let (members, members_rx) = mpsc::channel(MEMBER_QUEUE);
+        let (strangers, strangers_rx) = mpsc::channel(STRANGER_QUEUE);
+        let (checked_tx, checked) = mpsc::channel(CHECKED_QUEUE);
+        let mut checker = JoinSet::new();
+        checker.spawn(check_signatures(
+            self.opener.clone(),
+            members_rx,
+            strangers_rx,
+            checked_tx,
+        ));
         Run {
             parts: self,
             foca,
@@ -393,6 +531,17 @@ impl Membership {
             version: 0,
             versions,
             foreign: ForeignNodes::default(),
+            failing: FailingSources::default(),
+            stranger_checks: TokenBucket::full(
+                STRANGER_CHECKS_PER_SECOND,
+                STRANGER_CHECKS_BURST,
+                Instant::now().into_std(),
+            ),
+            to_check: Queues { members, strangers },
+            checked,
+            checker,
+            drop_log: LogThrottle::new(DROP_LOG_EVERY),
+            drops: DropCounters::default(),
         }
     }
 
@@ -419,11 +568,21 @@ impl Membership {
             tokio::select! {
                 () = cancel.cancelled() => break,
                 received = self.socket.recv_from(&mut buf) => match received {
-                    Ok((len, from)) => run.receive(&buf[..len], from),
+                    Ok((len, from)) => {
+                        run.screen(&buf[..len], from);
+                        // The rest of what is waiting, up to a batch, without a select each.
+                        for _ in 1..RECEIVE_BATCH {
+                            let Ok((len, from)) = self.socket.try_recv_from(&mut buf) else {
+                                break;
+                            };
+                            run.screen(&buf[..len], from);
+                        }
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "receive membership datagram");
                     }
                 },
+                Some(checked) = run.checked.recv() => run.deliver(checked),
                 () = sleep_until(next_timer) => run.fire_timers(),
                 event = events.recv() => match event {
                     None => break,
@@ -468,6 +627,7 @@ impl Membership {
             tracing::debug!(error = %e, "leave the cluster");
         }
         run.drain().await;
+        run.checker.abort_all();
         tracing::info!("left the mesh (goodbye sent to the members)");
     }
 }
@@ -508,45 +668,98 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 impl Run<'_> {
-    /// Opens a datagram and hands it to foca if it passes.
-    fn receive(&mut self, datagram: &[u8], from: SocketAddr) {
-        let opened = match self.parts.opener.open(datagram) {
+    /// Screens a received datagram without cryptography and queues it for its signature check
+    /// (a live member's in the members' queue), or drops it and counts why.
+    fn screen(&mut self, datagram: &[u8], from: SocketAddr) {
+        let known = match self.parts.opener.screen(datagram) {
+            Ok(known) => known,
+            Err(refusal) => return self.refused(&refusal, from, true),
+        };
+        let now = Instant::now().into_std();
+        if !self.failing.admits(from, now) {
+            return self.drop_unchecked("throttled", from);
+        }
+        let member = known.is_some_and(|id| {
+            self.foca
+                .iter_members()
+                .any(|m| m.id().addr == from && m.id().id == id)
+        });
+        let queue = if member {
+            &self.to_check.members
+        } else if self.stranger_checks.take(now) {
+            &self.to_check.strangers
+        } else {
+            return self.drop_unchecked("busy", from);
+        };
+        let job = Job {
+            datagram: datagram.into(),
+            from,
+        };
+        if queue.try_send(job).is_err() {
+            self.drop_unchecked("busy", from);
+        }
+    }
+
+    /// A datagram dropped before its signature check for want of room (`busy`) or because its
+    /// source fails too often (`throttled`).
+    fn drop_unchecked(&mut self, reason: &'static str, from: SocketAddr) {
+        self.drops.inc(reason);
+        if let Some(count) = self.drop_log.note(std::time::Instant::now()) {
+            tracing::debug!(reason, %from, count, "membership datagrams dropped unchecked");
+        }
+    }
+
+    /// Counts a refused datagram against its source and names a node of another mesh once.
+    /// `screened`: refused by the screen, at no cost, so possibly at a flood's rate: logged at
+    /// most every [`DROP_LOG_EVERY`]; one refused after its check is logged each time (a source
+    /// gets few checks: [`FailingSources`]).
+    fn refused(&mut self, refusal: &Refusal, from: SocketAddr, screened: bool) {
+        self.drops.inc(refusal.reason());
+        self.failing.failed(from, Instant::now().into_std());
+        if let Refusal::Foreign { name, fingerprint } = refusal
+            && self.foreign.first_meeting(name, fingerprint)
+        {
+            tracing::warn!(
+                node = name.as_str(),
+                addr = %from,
+                "`{name}` at {from} belongs to another mesh (its certificate is not from this mesh's CA); to bring it in, run `mesh-cli token create --role node` where this mesh's CA key is and start it with `mesh-node --join TOKEN`"
+            );
+        }
+        if !screened {
+            tracing::debug!(%refusal, %from, "membership datagram dropped");
+        } else if let Some(count) = self.drop_log.note(std::time::Instant::now()) {
+            tracing::debug!(%refusal, %from, count, "membership datagrams dropped by the screen");
+        }
+    }
+
+    /// A checked datagram: handed to foca if it opened and speaks for its sealer.
+    fn deliver(&mut self, checked: Checked) {
+        let (sender, payload) = match checked.result {
             Ok(opened) => opened,
-            Err(refusal) => {
-                dropped(refusal.reason());
-                if let Refusal::Foreign { name, fingerprint } = &refusal
-                    && self.foreign.first_meeting(name, fingerprint)
-                {
-                    tracing::warn!(
-                        node = name.as_str(),
-                        addr = %from,
-                        "`{name}` at {from} belongs to another mesh (its certificate is not from this mesh's CA); to bring it in, run `mesh-cli token create --role node` where this mesh's CA key is and start it with `mesh-node --join TOKEN`"
-                    );
-                }
-                tracing::debug!(%refusal, "membership datagram dropped");
-                return;
-            }
+            Err(refusal) => return self.refused(&refusal, checked.from, false),
         };
         // The message must speak for its sealer: nobody announces, acks or leaves as another.
-        let header: Result<foca::Header<Member>, _> = PostcardCodec.decode_header(opened.payload);
-        match header {
-            Ok(header) if header.src.id == opened.sender => {}
+        let header: Result<foca::Header<Member>, _> =
+            PostcardCodec.decode_header(payload.as_slice());
+        let failed = match header {
+            Ok(header) if header.src.id == sender => None,
             Ok(_) => {
-                dropped("impersonation");
-                tracing::debug!(sender = %opened.sender.short(), "membership datagram names another node as its source");
-                return;
+                tracing::debug!(sender = %sender.short(), "membership datagram names another node as its source");
+                Some("impersonation")
             }
-            Err(_) => {
-                dropped("malformed");
-                return;
-            }
-        }
-        if self.parts.table.is_revoked(&opened.sender) {
-            dropped("revoked");
+            Err(_) => Some("malformed"),
+        };
+        if let Some(reason) = failed {
+            self.drops.inc(reason);
+            self.failing.failed(checked.from, Instant::now().into_std());
             return;
         }
-        self.parts.table.heard(&opened.sender);
-        if let Err(e) = self.foca.handle_data(opened.payload, &mut self.runtime) {
+        if self.parts.table.is_revoked(&sender) {
+            self.drops.inc("revoked");
+            return;
+        }
+        self.parts.table.heard(&sender);
+        if let Err(e) = self.foca.handle_data(payload.as_slice(), &mut self.runtime) {
             tracing::debug!(error = %e, "membership message");
         }
     }
@@ -910,18 +1123,24 @@ impl Run<'_> {
         result: Result<(NodeInfo, Duration), LinkError>,
     ) {
         let (id, addr) = (member.id.clone(), member.addr);
+        // Found where discovery pointed, or through another member.
+        let source = self
+            .announced
+            .get(&addr)
+            .map_or(PeerSource::Exchange, |(_, source)| *source);
+        let result = result.map_err(Ignored::Link).and_then(|(info, rtt)| {
+            let table = &self.parts.table;
+            match table.beat(info, &addr.to_string(), source) {
+                Ok(()) => Ok(rtt),
+                Err(taken) => Err(Ignored::Name(taken)),
+            }
+        });
         let state = self.fetched.entry(id.clone()).or_default();
         state.fetching = false;
         match result {
-            Ok((info, rtt)) => {
+            Ok(rtt) => {
                 state.at = Some((member.bump, version));
                 state.retry = None;
-                // Found where discovery pointed, or through another member.
-                let source = self
-                    .announced
-                    .get(&addr)
-                    .map_or(PeerSource::Exchange, |(_, source)| *source);
-                self.parts.table.beat(info, &addr.to_string(), source);
                 self.parts.table.set_rtt(&id, rtt);
                 if !self.alive(&id) {
                     self.parts
@@ -931,20 +1150,25 @@ impl Run<'_> {
             }
             Err(e) => {
                 // Tried again by the sync tick, backing off: 250 ms, doubling up to 4 s (60 s
-                // for a member whose answer was not its own).
+                // for a member whose answer was refused).
                 let most = match e {
-                    LinkError::Invalid(_) => FETCH_BACKOFF_INVALID,
-                    _ => FETCH_BACKOFF_MAX,
+                    Ignored::Link(LinkError::Invalid(_)) | Ignored::Name(_) => {
+                        FETCH_BACKOFF_INVALID
+                    }
+                    Ignored::Link(_) => FETCH_BACKOFF_MAX,
                 };
                 let wait = state
                     .retry
                     .map_or(FETCH_BACKOFF_FIRST, |(_, last)| (last * 2).min(most));
                 state.retry = Some((Instant::now() + wait, wait));
                 match e {
-                    LinkError::Invalid(why) => {
+                    Ignored::Link(LinkError::Invalid(why)) => {
                         tracing::warn!(peer = %id.short(), %addr, "ignoring member: its NodeInfo is not its own ({why})")
                     }
-                    other => {
+                    Ignored::Name(taken) => {
+                        tracing::warn!(peer = %id.short(), %addr, "ignoring member: {taken}; stop one of the two nodes, or give one another name and a certificate for it")
+                    }
+                    Ignored::Link(other) => {
                         tracing::debug!(peer = %id.short(), %addr, error = %other, "fetch NodeInfo")
                     }
                 }

@@ -43,6 +43,7 @@ impl From<RedeemError> for Status {
             RedeemError::Forged(_) | RedeemError::Expired { .. } | RedeemError::UsedUp { .. } => {
                 Status::permission_denied(message)
             }
+            RedeemError::NameInUse { .. } => Status::already_exists(message),
             RedeemError::Busy => Status::resource_exhausted(message),
             RedeemError::Store(e) => super::store_status(&e, message),
         }

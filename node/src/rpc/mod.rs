@@ -458,8 +458,12 @@ impl NodeLink {
     }
 
     /// A channel to member `id` at `addr`, refused when the certificate presented there is a
-    /// client's or another node's.
-    async fn member_channel(&self, addr: &str, id: &NodeId) -> Result<PeerClient, LinkError> {
+    /// client's or another node's; with the certificate's identity (`None` without TLS).
+    async fn member_channel(
+        &self,
+        addr: &str,
+        id: &NodeId,
+    ) -> Result<(PeerClient, Option<CertIdentity>), LinkError> {
         let connection = self
             .dialer
             .connect(addr)
@@ -480,7 +484,10 @@ impl NodeLink {
                 )));
             }
         }
-        Ok(PeerClient::new(connection.channel).with_deadlines(self.deadlines))
+        Ok((
+            PeerClient::new(connection.channel).with_deadlines(self.deadlines),
+            connection.peer,
+        ))
     }
 }
 
@@ -491,13 +498,31 @@ impl PeerLink for NodeLink {
         id: &'a NodeId,
     ) -> BoxFuture<'a, Result<NodeInfo, LinkError>> {
         Box::pin(async move {
-            let info = self.member_channel(addr, id).await?.info().await?;
+            let (mut client, presented) = self.member_channel(addr, id).await?;
+            let info = client.info().await?;
             if info.id != *id {
                 return Err(LinkError::Invalid(format!(
                     "GetInfo at {addr} answered for {}, not for member {}",
                     info.id.short(),
                     id.short()
                 )));
+            }
+            // A node's name is the one its certificate was issued for, so `--on NAME` can only
+            // reach the holder of that certificate (issue 26: a certificate issued to `evil`
+            // with `name = "a"` in its config got every task meant for `a`).
+            if let Some(presented) = presented
+                && presented.common_name.as_deref() != Some(info.name.as_str())
+            {
+                return Err(LinkError::Invalid(match presented.common_name {
+                    Some(cn) => format!(
+                        "it calls itself `{}`, but its certificate was issued to `{cn}`",
+                        info.name
+                    ),
+                    None => format!(
+                        "it calls itself `{}`, but its certificate names no node (no common name)",
+                        info.name
+                    ),
+                }));
             }
             Ok(info)
         })
@@ -509,7 +534,7 @@ impl PeerLink for NodeLink {
         id: &'a NodeId,
     ) -> BoxFuture<'a, Result<Vec<(NodeId, String)>, LinkError>> {
         Box::pin(async move {
-            let view = self.member_channel(addr, id).await?.list_peers().await?;
+            let view = self.member_channel(addr, id).await?.0.list_peers().await?;
             Ok(view
                 .peers
                 .into_iter()

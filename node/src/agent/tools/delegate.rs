@@ -47,7 +47,7 @@ impl Tool for Delegate {
                     "model": {"type": "string"},
                     "persona": {"type": "string"},
                     "tier": {"type": "string", "enum": ["read", "write", "shell"], "description": "default read; at most this task's tier"},
-                    "on": {"type": "string", "description": "a node name"},
+                    "on": {"type": "string", "description": "a node name, or a node id (at least its first 12 hex digits)"},
                 },
                 "required": ["prompt"],
             }),

@@ -26,6 +26,8 @@ mod syntax;
 
 use std::path::Path;
 
+pub use syntax::is_valid_name;
+
 use crate::config::{
     error::{ConfigError, Origin},
     raw::{Overrides, RawConfig},
@@ -66,6 +68,7 @@ impl RawConfig {
         Ok(Config {
             source: path.map(Path::to_owned),
             name: node_section.name,
+            name_from_host: node_section.name_from_host,
             listen: node_section.listen,
             data_dir: node_section.data_dir,
             min_free_disk,

@@ -27,6 +27,8 @@ use crate::config::{
 pub(super) struct NodeSection {
     /// `node.name` or `--name`, else the host name.
     pub(super) name: String,
+    /// Whether `name` is the host name (neither `node.name` nor `--name` was given).
+    pub(super) name_from_host: bool,
     /// `node.listen` or `--listen`, else the default port with fallback.
     pub(super) listen: Listen,
     /// `node.data_dir` or `--data-dir`, else the platform's data dir.
@@ -43,11 +45,9 @@ pub(super) fn node(
     overrides: &Overrides,
     origin: &Origin,
 ) -> Result<NodeSection, ConfigError> {
-    let name = overrides
-        .name
-        .clone()
-        .or_else(|| raw.name.clone())
-        .unwrap_or_else(default_name);
+    let given = overrides.name.clone().or_else(|| raw.name.clone());
+    let name_from_host = given.is_none();
+    let name = given.unwrap_or_else(default_name);
     if !is_valid_name(&name) {
         return Err(origin.invalid(
             "node.name",
@@ -105,6 +105,7 @@ pub(super) fn node(
 
     Ok(NodeSection {
         name,
+        name_from_host,
         listen,
         data_dir,
         labels,
@@ -515,6 +516,24 @@ mod tests {
         }
     }
 
+    /// Issue 26: whether the name was given or is the host's decides what a certificate of
+    /// another name does at start (see `server::node_name`).
+    #[test]
+    fn a_name_nobody_gave_is_the_host_name_and_says_so() {
+        let path = Path::new("node.toml");
+        let given = RawConfig::parse("[node]\nname = \"file\"", path)
+            .expect("parse")
+            .validate(Some(path), &Overrides::default())
+            .expect("valid");
+        assert!(!given.name_from_host);
+        let host = RawConfig::parse("[node]\n", path)
+            .expect("parse")
+            .validate(Some(path), &Overrides::default())
+            .expect("valid");
+        assert!(host.name_from_host);
+        assert_eq!(host.name, crate::config::defaults::default_name());
+    }
+
     #[test]
     fn flags_override_the_file() {
         let path = Path::new("node.toml");
@@ -533,6 +552,7 @@ mod tests {
         };
         let config = raw.validate(Some(path), &overrides).expect("valid");
         assert_eq!(config.name, "flag");
+        assert!(!config.name_from_host);
         assert_eq!(config.listen.addr.port(), 0);
         assert_eq!(config.discovery.static_peers, vec!["a:1", "b:2"]);
         assert!(!config.discovery.mdns);

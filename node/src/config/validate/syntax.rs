@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use crate::config::defaults::MAX_NAME_LEN;
 
 /// 1 to [`MAX_NAME_LEN`] ASCII letters, digits, `-` or `_`.
-pub(super) fn is_valid_name(name: &str) -> bool {
+pub fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name

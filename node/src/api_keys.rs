@@ -1574,6 +1574,69 @@ mod tests {
     }
 
     #[cfg(unix)]
+    /// Issue 26, item 1: a key is stored only with the calling operator's own signed
+    /// statement of exactly this key, signed now (every node checks it again before storing
+    /// the record; `memory::writers`).
+    #[tokio::test]
+    async fn a_key_is_added_only_with_its_operators_own_statement_of_it() {
+        use mesh_domain::CertRole;
+        use mesh_identity::{CertIdentity, OriginSigner, statement::sign};
+
+        let mesh = crate::memory::test_support::CaMesh::new("keys-me");
+        let keys = Keys::new(mesh.memory.clone(), &http(Vec::new(), &[])).expect("keys");
+        let ada = mesh.member("ada", CertRole::Client);
+        let bob = mesh.member("bob", CertRole::Client);
+        let node = mesh.member("laptop", CertRole::Node);
+        let by = CertIdentity::from_der(ada.certificate())
+            .expect("certificate")
+            .principal();
+        let hash = hex::encode(key_sha256("sk-mesh-signed"));
+        let statement = |by: &OriginSigner, name: &str, signed_ms: u64| {
+            let statement = KeyStatement {
+                name: name.into(),
+                sha256: hash.clone(),
+                policy: KeyPolicy::default(),
+                signed_ms,
+            };
+            sign(
+                by,
+                StatementKind::KeyAdd,
+                serde_json::to_vec(&statement).expect("json"),
+            )
+            .expect("sign")
+        };
+        let now = unix_ms();
+        for (what, grant) in [
+            ("no statement", None),
+            ("a node's", Some(statement(&node, "k", now))),
+            ("another person's", Some(statement(&bob, "k", now))),
+            ("another key's", Some(statement(&ada, "other", now))),
+            (
+                "an old one",
+                Some(statement(&ada, "k", now - 2 * MAX_SIGNING_SKEW_MS)),
+            ),
+        ] {
+            let refused = keys
+                .add("k", &hash, KeyPolicy::default(), Some(&by), grant)
+                .await;
+            assert!(
+                matches!(refused, Err(KeysError::Statement(_))),
+                "{what}: {refused:?}"
+            );
+        }
+        assert!(keys.authenticate("sk-mesh-signed").expect("read").is_none());
+        keys.add(
+            "k",
+            &hash,
+            KeyPolicy::default(),
+            Some(&by),
+            Some(statement(&ada, "k", now)),
+        )
+        .await
+        .expect("the operator's own statement");
+        assert!(keys.authenticate("sk-mesh-signed").expect("read").is_some());
+    }
+
     #[test]
     fn a_key_file_must_be_the_owners_alone_and_hold_a_key() {
         use std::os::unix::fs::PermissionsExt;

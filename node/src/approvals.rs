@@ -451,7 +451,11 @@ impl Approvals {
         if status != Status::Pending {
             return Err(settled(&record, status));
         }
-        if let Some((_, decision)) = self.decision(id)? {
+        // A decision the running node would ignore (not a person's signed act on this call)
+        // settles nothing.
+        if let Some((_, decision)) = self.decision(id)?
+            && self.judge(&record, decision.clone()).is_ok()
+        {
             return Err(ApprovalError::Settled {
                 id: id.to_owned(),
                 status: if decision.approved {
@@ -1099,9 +1103,18 @@ mod tests {
             assert!(!waiting.is_finished(), "{reason}: the call still waits");
             assert_eq!(shown(&approvals, &id).status, Status::Pending, "{reason}");
         }
-        // Ada may approve `write` here: her signed approval runs the call.
-        let genuine = forged(Some(grant(&ada_key, &record, true, "fine")));
-        write_decision(&approvals, &id, &genuine).await;
+        // The ignored decisions settle nothing: Ada (who may approve `write` here) decides,
+        // and her signed approval runs the call.
+        approvals
+            .decide(
+                &id,
+                true,
+                Some(ada.clone()),
+                "fine",
+                Some(grant(&ada_key, &record, true, "fine")),
+            )
+            .await
+            .expect("decided over the ignored ones");
         let outcome = (&mut waiting).await.expect("waited");
         assert!(outcome.approved, "{outcome:?}");
         assert_eq!(shown(&approvals, &id).decided_by, Some(ada.clone()));

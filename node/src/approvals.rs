@@ -1136,6 +1136,40 @@ mod tests {
         assert!(outcome.reason.contains("does not accept"), "{outcome:?}");
     }
 
+    /// `--insecure`: nobody has a certificate, so decisions are taken as they come, unsigned.
+    #[tokio::test]
+    async fn in_insecure_mode_a_decision_needs_no_signature() {
+        let (_dir, memory) = crate::memory::test_support::open_memory(
+            &crate::memory::test_support::id("approvals-insecure"),
+            crate::memory::MemoryOptions::default(),
+        );
+        let admission = Arc::new(Admission::new(
+            test_capabilities(),
+            Arc::default(),
+            Tier::Write,
+        ));
+        let approvals = Approvals::new(
+            memory,
+            admission,
+            "me".into(),
+            ApprovalConfig::default(),
+            false,
+        );
+        let pending = approvals
+            .request(call("file_write", "{}", Tier::Write))
+            .await
+            .expect("asked");
+        let id = pending.approval().id.clone();
+        let waiting = tokio::spawn(pending.wait());
+        approvals
+            .decide(&id, true, None, "ok", None)
+            .await
+            .expect("decided");
+        let outcome = waiting.await.expect("waited");
+        assert!(outcome.approved, "{outcome:?}");
+        assert_eq!(shown(&approvals, &id).status, Status::Approved);
+    }
+
     #[tokio::test]
     async fn an_undecided_call_expires_and_a_dropped_one_is_cancelled_and_frees_its_slot() {
         let (_mesh, approvals) = approvals(ApprovalConfig {

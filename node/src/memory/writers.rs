@@ -698,6 +698,65 @@ mod tests {
         )));
     }
 
+    /// `--insecure`: without a CA nobody signs statements, so decisions and keys are taken
+    /// unsigned; what names its writer still comes only from that writer.
+    #[tokio::test]
+    async fn without_a_ca_no_statement_is_asked_for_but_writers_are_still_checked() {
+        use crate::memory::{
+            MemoryOptions,
+            test_support::{certificate, id, open_memory, signed},
+        };
+        let (me, writer, other) = (id("insecure-me"), id("insecure-w"), id("insecure-o"));
+        let (_dir, memory) = open_memory(&me, MemoryOptions::default());
+        let apply = |origin: &NodeId, ns: &str, key: &str, value: &[u8]| {
+            let entry = signed(Entry {
+                namespace: ns.into(),
+                key: key.into(),
+                record: Record {
+                    value: value.to_vec(),
+                    hlc: uhlc::system_time_clock().as_u64(),
+                    origin: origin.clone(),
+                    seq: 1,
+                    tombstone: false,
+                    signature: Vec::new(),
+                },
+            });
+            memory
+                .apply_from(Some(origin), &[entry], &certificate(origin))
+                .pop()
+                .expect("one result")
+        };
+        let approval = tagged_uuid(&writer).to_string();
+        let decision = br#"{"approved": true, "by": null, "reason": "", "at_ms": 0}"#;
+        assert!(applied(apply(
+            &other,
+            APPROVALS,
+            &keys::decision_key(&approval),
+            decision
+        )));
+        let key = json(&RuntimeKey {
+            sha256: "ab".repeat(32),
+            policy: KeyPolicy::default(),
+            created_ms: 0,
+            grant: None,
+        })
+        .expect("json");
+        assert!(applied(apply(&other, HTTP_KEYS, "k", &key)));
+        let request = serde_json::json!({"id": approval, "node_id": writer}).to_string();
+        assert!(refused_by_rule(apply(
+            &other,
+            APPROVALS,
+            &approval,
+            request.as_bytes()
+        )));
+        assert!(applied(apply(
+            &writer,
+            APPROVALS,
+            &approval,
+            request.as_bytes()
+        )));
+    }
+
     /// A record a writer rule refuses is its origin's, and no copy of it will pass: a push
     /// still moves the sender's frontier past it, so replication does not stall on it.
     #[tokio::test]

@@ -1,15 +1,25 @@
 //! `mesh-cli approvals`: tool calls waiting for a person, from any node of the mesh, and the
-//! decision on one; and the inline question `mesh-cli run` asks in a terminal.
+//! decision on one; and the inline question `mesh-cli run` asks in a terminal. A decision is
+//! the operator's own act: mesh-cli signs a statement of the call as the node shows it and of
+//! the decision with the key of its certificate, and the node running the call checks it.
 
 use std::io::{BufRead, IsTerminal};
 
-use anyhow::anyhow;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
 use clap::Subcommand;
+use mesh_domain::statement::{ApprovalStatement, StatementKind};
+use mesh_identity::{OriginSigner, statement::sign};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::{ConnArgs, ago, channel, print_table, unix_ms};
+use crate::{ConnArgs, ago, channel, print_table, signer, unix_ms};
+
+/// How long a decision waits for the approval to reach the node asked (a call waiting on
+/// another node replicates within a second or two).
+const FETCH_WAIT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ApprovalsCommand {
@@ -50,6 +60,10 @@ pub(crate) enum ApprovalsCommand {
 
 pub(crate) async fn run(conn: &ConnArgs, command: ApprovalsCommand) -> anyhow::Result<()> {
     let mut client = pb::approvals_client::ApprovalsClient::new(channel(conn).await?);
+    let signer = match &command {
+        ApprovalsCommand::Ls { .. } => None,
+        ApprovalsCommand::Approve { .. } | ApprovalsCommand::Deny { .. } => signer(conn)?,
+    };
     match command {
         ApprovalsCommand::Ls {
             all,
@@ -58,7 +72,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: ApprovalsCommand) -> anyhow::R
             json,
         } => list(&mut client, all, task, limit, json).await,
         ApprovalsCommand::Approve { id, reason } => {
-            let approval = decide(&mut client, &id, true, reason).await?;
+            let approval = decide(&mut client, signer.as_ref(), &id, true, reason).await?;
             show!(
                 "approved {id}: task {} on {} may call `{}`",
                 approval.task_id,
@@ -68,7 +82,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: ApprovalsCommand) -> anyhow::R
             Ok(())
         }
         ApprovalsCommand::Deny { id, reason } => {
-            let approval = decide(&mut client, &id, false, reason).await?;
+            let approval = decide(&mut client, signer.as_ref(), &id, false, reason).await?;
             show!(
                 "denied {id}: task {} on {} may not call `{}`; its model is told why and goes on without it",
                 approval.task_id,
@@ -80,22 +94,78 @@ pub(crate) async fn run(conn: &ConnArgs, command: ApprovalsCommand) -> anyhow::R
     }
 }
 
-/// Sends a decision; the error says why the node refused it.
+/// Sends a decision, signed by `signer` (none with --insecure) as a statement of the call as
+/// the node shows it; the error says why the node refused it.
 async fn decide(
     client: &mut pb::approvals_client::ApprovalsClient<Channel>,
+    signer: Option<&OriginSigner>,
     id: &str,
     approve: bool,
     reason: String,
 ) -> anyhow::Result<pb::Approval> {
+    let grant = match signer {
+        Some(signer) => {
+            let approval = fetch(client, id).await?;
+            let statement = ApprovalStatement {
+                approval_id: approval.approval_id,
+                task_id: approval.task_id,
+                node_id: approval.node_id,
+                tool: approval.tool,
+                tier: tier_or_read(approval.tier),
+                arguments_sha256: approval.arguments_sha256,
+                expires_ms: approval.expires_at_ms,
+                approve,
+                reason: reason.clone(),
+            };
+            let signed = sign(
+                signer,
+                StatementKind::ApprovalDecision,
+                serde_json::to_vec(&statement)?,
+            )
+            .context("sign the decision with mesh-cli's key")?;
+            Some(pb::SignedStatement::from(&signed))
+        }
+        None => None,
+    };
     client
         .decide(pb::DecideRequest {
             approval_id: id.to_owned(),
             approve,
             reason,
+            grant,
         })
         .await
         .map(tonic::Response::into_inner)
         .map_err(|s| anyhow!("{}", s.message()))
+}
+
+/// The approval `id` as the node shows it, waiting up to [`FETCH_WAIT`] for it to get there.
+async fn fetch(
+    client: &mut pb::approvals_client::ApprovalsClient<Channel>,
+    id: &str,
+) -> anyhow::Result<pb::Approval> {
+    let deadline = tokio::time::Instant::now() + FETCH_WAIT;
+    loop {
+        let found = client
+            .list(pb::ListApprovalsRequest {
+                approval_id: id.to_owned(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| anyhow!("{}", s.message()))?
+            .into_inner()
+            .approvals
+            .pop();
+        match found {
+            Some(approval) => return Ok(approval),
+            None if tokio::time::Instant::now() >= deadline => {
+                return Err(anyhow!(
+                    "no approval with id `{id}` on this node (`mesh-cli approvals ls` lists the pending ones)"
+                ));
+            }
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
 }
 
 fn status_name(status: i32) -> &'static str {
@@ -115,9 +185,11 @@ fn approval_json(a: &pb::Approval) -> Value {
         "task_id": a.task_id,
         "tool": a.tool,
         "arguments": a.arguments,
+        "arguments_sha256": a.arguments_sha256,
         "tier": tier_or_read(a.tier).to_string(),
         "node": a.node,
         "node_id": a.node_id,
+        "called_from": a.called_from,
         "created_at_ms": a.created_at_ms,
         "expires_at_ms": a.expires_at_ms,
         "status": status_name(a.status),
@@ -140,6 +212,7 @@ async fn list(
             all,
             task_id: task.unwrap_or_default(),
             limit,
+            approval_id: String::new(),
         })
         .await
         .map_err(|s| anyhow!("{}", s.message()))?
@@ -178,10 +251,15 @@ async fn list(
                 }
                 _ => ago(now, a.decided_at_ms),
             };
+            let node = if a.called_from.is_empty() {
+                a.node.clone()
+            } else {
+                format!("{} (for {})", a.node, a.called_from)
+            };
             [
                 a.approval_id.clone(),
                 a.task_id.clone(),
-                a.node.clone(),
+                node,
                 a.tool.clone(),
                 arguments,
                 tier_or_read(a.tier).to_string(),
@@ -231,12 +309,19 @@ pub(crate) fn on_requested(conn: &ConnArgs, channel: Channel, request: &pb::Appr
     std::thread::spawn(move || {
         let _ = answer.send(ask());
     });
+    let signer = match signer(conn) {
+        Ok(signer) => signer,
+        Err(e) => {
+            eshow!("! cannot sign a decision: {e:#}");
+            return;
+        }
+    };
     tokio::spawn(async move {
         let Ok(Some((approve, reason))) = answered.await else {
             return;
         };
         let mut client = pb::approvals_client::ApprovalsClient::new(channel);
-        if let Err(e) = decide(&mut client, &id, approve, reason).await {
+        if let Err(e) = decide(&mut client, signer.as_ref(), &id, approve, reason).await {
             eshow!("! could not decide {id}: {e}");
         }
     });

@@ -3,12 +3,17 @@
 
 use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand};
+use mesh_domain::{
+    KeyPolicy,
+    statement::{KeyStatement, StatementKind},
+};
+use mesh_identity::statement::sign;
 use mesh_proto::v1 as pb;
 use rand::TryRng;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::{ConnArgs, channel, print_table};
+use crate::{ConnArgs, channel, print_table, signer, unix_ms};
 
 /// How a key made here starts (the node's `api_keys::KEY_PREFIX`).
 const KEY_PREFIX: &str = "sk-mesh-";
@@ -174,11 +179,34 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                 requests_per_minute: args.requests_per_minute,
                 tokens_per_minute: args.tokens_per_minute,
             };
+            let sha256 = hex::encode(Sha256::digest(key.as_bytes()));
+            // The operator's own statement of the key, which every node checks before it
+            // stores it (none with --insecure, where nobody has a key to sign with).
+            let grant = match signer(conn)? {
+                Some(signer) => {
+                    let statement = KeyStatement {
+                        name: args.name.clone(),
+                        sha256: sha256.clone(),
+                        policy: KeyPolicy::try_from(policy.clone())
+                            .map_err(|s| anyhow!("{}", s.message()))?,
+                        signed_ms: unix_ms(),
+                    };
+                    let signed = sign(
+                        &signer,
+                        StatementKind::KeyAdd,
+                        serde_json::to_vec(&statement)?,
+                    )
+                    .context("sign the key with mesh-cli's key")?;
+                    Some(pb::SignedStatement::from(&signed))
+                }
+                None => None,
+            };
             let added = client
                 .add(pb::KeyAddRequest {
                     name: args.name,
-                    sha256: hex::encode(Sha256::digest(key.as_bytes())),
+                    sha256,
                     policy: Some(policy),
+                    grant,
                 })
                 .await
                 .map_err(fail("Keys.Add"))?

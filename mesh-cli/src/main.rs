@@ -37,7 +37,7 @@ use std::{
 use anyhow::{Context, anyhow};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mesh_domain::text::{LineBreaks, escape_controls};
-use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, bootstrap, ca};
+use mesh_identity::{CertRole, Dialer, MeshTls, OriginSigner, TlsFiles, bootstrap, ca};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
 
@@ -681,8 +681,16 @@ fn node_json(
 /// The dialer the flags ask for. Without --ca/--cert/--key (or their `MESH_*` variables), the
 /// first place of [`bootstrap::cli_file_places`] that holds a certificate.
 fn dialer(conn: &ConnArgs) -> anyhow::Result<Dialer> {
+    Ok(match tls(conn)? {
+        Some(tls) => tls.dialer(),
+        None => Dialer::Plain,
+    })
+}
+
+/// mesh-cli's certificate and key (`None` with --insecure).
+fn tls(conn: &ConnArgs) -> anyhow::Result<Option<MeshTls>> {
     if conn.insecure {
-        return Ok(Dialer::Plain);
+        return Ok(None);
     }
     let files = match (&conn.ca, &conn.cert, &conn.key) {
         (Some(ca), Some(cert), Some(key)) => TlsFiles {
@@ -692,7 +700,16 @@ fn dialer(conn: &ConnArgs) -> anyhow::Result<Dialer> {
         },
         _ => found_cli_files()?,
     };
-    Ok(MeshTls::load(&files)?.dialer())
+    Ok(Some(MeshTls::load(&files)?))
+}
+
+/// What signs the operator's statements (a decision on an approval, a key): the key of
+/// mesh-cli's own certificate (`None` with --insecure, where nobody has one).
+pub(crate) fn signer(conn: &ConnArgs) -> anyhow::Result<Option<OriginSigner>> {
+    tls(conn)?
+        .map(|tls| tls.origin_signer())
+        .transpose()
+        .context("use mesh-cli's key to sign")
 }
 
 /// The first of mesh-cli's places that holds a certificate; the error lists every place looked

@@ -28,9 +28,10 @@ use std::{
 
 use chrono::{DateTime, Datelike, Months, NaiveDate, Utc};
 use mesh_domain::{
-    KeyPolicy, Target, Usage,
-    api_key::check_key_name,
+    KeyPolicy, Principal, Target, Usage,
+    api_key::{KEYS_REQUIRED, MAX_SIGNING_SKEW_MS, RuntimeKey, check_key_name},
     keys::{HTTP_KEY_USAGE, HTTP_KEYS},
+    statement::{KeyStatement, Signed, StatementKind},
     time::now_ms as unix_ms,
 };
 use serde::{Deserialize, Serialize};
@@ -45,10 +46,6 @@ use crate::{
 
 /// How a key made by `mesh-cli keys add` starts.
 pub const KEY_PREFIX: &str = "sk-mesh-";
-/// The record in `http_keys` that says keys were added at run time (no key name can be it):
-/// from then on every front door of the fleet needs a key, also once the keys are removed, so
-/// revoking the last key never opens the door to everyone.
-const KEYS_REQUIRED: &str = "!required";
 /// Most keys the fleet keeps in the memory: each request's authentication reads them all.
 pub const MAX_RUNTIME_KEYS: usize = 1000;
 /// Most tokens a request reserves against a token limit when it is admitted: the capped
@@ -84,6 +81,10 @@ pub enum KeysError {
     /// A name, hash or policy that is not valid.
     #[error("{0}")]
     Invalid(String),
+    /// The operator's signed statement of the key is missing, does not verify, or says
+    /// something else than the request.
+    #[error("{0}")]
+    Statement(String),
     /// The fleet holds [`MAX_RUNTIME_KEYS`] keys.
     #[error(
         "the fleet holds {MAX_RUNTIME_KEYS} keys added at run time, the most it keeps: remove unused ones (`mesh-cli keys rm NAME`)"
@@ -102,17 +103,6 @@ pub enum KeysError {
     /// The memory failed.
     #[error(transparent)]
     Memory(#[from] MemoryError),
-}
-
-/// A key added at run time, as the memory stores it (JSON).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredKey {
-    /// The key's SHA-256, hex.
-    sha256: String,
-    /// What it may do.
-    policy: KeyPolicy,
-    /// When it was added (Unix ms).
-    created_ms: u64,
 }
 
 /// Where a key is defined.
@@ -433,7 +423,7 @@ impl Keys {
 
     /// The keys added at run time, by name (a record that does not decode is skipped and
     /// logged: one bad record must not lock every key out).
-    fn runtime_keys(&self) -> Result<Vec<(String, StoredKey)>, MemoryError> {
+    fn runtime_keys(&self) -> Result<Vec<(String, RuntimeKey)>, MemoryError> {
         Ok(self
             .memory
             .list(HTTP_KEYS, "", MAX_RUNTIME_KEYS + 2)?
@@ -475,12 +465,16 @@ impl Keys {
     }
 
     /// Adds a key known by its SHA-256 (`sha256_hex`, 64 hex digits): the key itself never
-    /// reaches the node.
+    /// reaches the node. With a CA, `grant` must be the caller's (`by`) own signed
+    /// [`KeyStatement`] of this name, hash and policy, signed now; it is stored with the key,
+    /// and every node checks it before it stores the key (the memory's writer rules).
     pub async fn add(
         &self,
         name: &str,
         sha256_hex: &str,
         policy: KeyPolicy,
+        by: Option<&Principal>,
+        grant: Option<Signed>,
     ) -> Result<KeyInfo, KeysError> {
         check_key_name(name).map_err(KeysError::Invalid)?;
         let hash = hex::decode(sha256_hex)
@@ -488,6 +482,7 @@ impl Keys {
             .filter(|bytes| bytes.len() == 32)
             .ok_or_else(|| KeysError::Invalid("sha256: must be 64 hex digits".into()))?;
         check_policy(&policy)?;
+        let grant = self.check_grant(name, &hex::encode(&hash), &policy, by, grant)?;
         if self.configured.iter().any(|key| key.name == name) {
             return Err(KeysError::InConfig(name.to_owned()));
         }
@@ -498,10 +493,11 @@ impl Keys {
         if existing.len() >= MAX_RUNTIME_KEYS {
             return Err(KeysError::Full);
         }
-        let stored = StoredKey {
+        let stored = RuntimeKey {
             sha256: hex::encode(hash),
             policy,
             created_ms: unix_ms(),
+            grant,
         };
         if !self.required()? {
             self.memory
@@ -516,6 +512,52 @@ impl Keys {
             policy: stored.policy,
             created_ms: stored.created_ms,
         })
+    }
+
+    /// The statement a key is stored with: with a CA, `by`'s own signed statement of exactly
+    /// this key, signed within [`MAX_SIGNING_SKEW_MS`] of now; without one (insecure mode),
+    /// none.
+    fn check_grant(
+        &self,
+        name: &str,
+        sha256: &str,
+        policy: &KeyPolicy,
+        by: Option<&Principal>,
+        grant: Option<Signed>,
+    ) -> Result<Option<Signed>, KeysError> {
+        let (Some(by), true) = (by, self.memory.has_ca()) else {
+            return Ok(None);
+        };
+        let grant = grant.ok_or_else(|| {
+            KeysError::Statement(
+                "grant: a key must come with its operator's statement, signed with their own client key (mesh-cli keys add does it; upgrade an older mesh-cli)".into(),
+            )
+        })?;
+        let statement: KeyStatement = grant.parse().map_err(KeysError::Statement)?;
+        let now = unix_ms();
+        if statement.signed_ms.abs_diff(now) > MAX_SIGNING_SKEW_MS {
+            return Err(KeysError::Statement(format!(
+                "grant: signed at {} ms, more than {} s from this node's clock; check the clocks and add the key again",
+                statement.signed_ms,
+                MAX_SIGNING_SKEW_MS / 1000
+            )));
+        }
+        let signer = self
+            .memory
+            .verify_statement(StatementKind::KeyAdd, &grant, statement.signed_ms)
+            .map_err(|e| KeysError::Statement(format!("grant: {e}")))?;
+        if signer.id != by.id {
+            return Err(KeysError::Statement(
+                "grant: signed with another certificate than the one this call comes with".into(),
+            ));
+        }
+        if statement.name != name || statement.sha256 != sha256 || &statement.policy != policy {
+            return Err(KeysError::Statement(
+                "grant: the signed statement names another key, hash or policy than the request"
+                    .into(),
+            ));
+        }
+        Ok(Some(grant))
     }
 
     /// Revokes a key added at run time: every node refuses it once the tombstone reaches it.
@@ -1304,6 +1346,8 @@ mod tests {
                     requests_per_minute: Some(3),
                     ..KeyLimits::default()
                 }),
+                None,
+                None,
             )
             .await
             .expect("added");
@@ -1317,11 +1361,17 @@ mod tests {
         assert_eq!(grant.name, "new");
         assert_eq!(grant.policy.limits.requests_per_minute, Some(3));
         assert!(matches!(
-            fleet.b.add("new", &hash, KeyPolicy::default()).await,
+            fleet
+                .b
+                .add("new", &hash, KeyPolicy::default(), None, None)
+                .await,
             Err(KeysError::Exists(_))
         ));
         assert!(matches!(
-            fleet.b.add("team", &hash, KeyPolicy::default()).await,
+            fleet
+                .b
+                .add("team", &hash, KeyPolicy::default(), None, None)
+                .await,
             Err(KeysError::InConfig(_))
         ));
         assert!(matches!(
@@ -1329,7 +1379,10 @@ mod tests {
             Err(KeysError::InConfig(_))
         ));
         assert!(matches!(
-            fleet.b.add("x", "abc", KeyPolicy::default()).await,
+            fleet
+                .b
+                .add("x", "abc", KeyPolicy::default(), None, None)
+                .await,
             Err(KeysError::Invalid(_))
         ));
         let names: Vec<(String, KeySource)> = fleet
@@ -1406,7 +1459,7 @@ mod tests {
         let hash = hex::encode(key_sha256("sk-mesh-only"));
         fleet
             .a
-            .add("only", &hash, KeyPolicy::default())
+            .add("only", &hash, KeyPolicy::default(), None, None)
             .await
             .expect("add");
         fleet.replicate(&fleet.a, &fleet.b).await;
@@ -1521,6 +1574,69 @@ mod tests {
     }
 
     #[cfg(unix)]
+    /// Issue 26, item 1: a key is stored only with the calling operator's own signed
+    /// statement of exactly this key, signed now (every node checks it again before storing
+    /// the record; `memory::writers`).
+    #[tokio::test]
+    async fn a_key_is_added_only_with_its_operators_own_statement_of_it() {
+        use mesh_domain::CertRole;
+        use mesh_identity::{CertIdentity, OriginSigner, statement::sign};
+
+        let mesh = crate::memory::test_support::CaMesh::new("keys-me");
+        let keys = Keys::new(mesh.memory.clone(), &http(Vec::new(), &[])).expect("keys");
+        let ada = mesh.member("ada", CertRole::Client);
+        let bob = mesh.member("bob", CertRole::Client);
+        let node = mesh.member("laptop", CertRole::Node);
+        let by = CertIdentity::from_der(ada.certificate())
+            .expect("certificate")
+            .principal();
+        let hash = hex::encode(key_sha256("sk-mesh-signed"));
+        let statement = |by: &OriginSigner, name: &str, signed_ms: u64| {
+            let statement = KeyStatement {
+                name: name.into(),
+                sha256: hash.clone(),
+                policy: KeyPolicy::default(),
+                signed_ms,
+            };
+            sign(
+                by,
+                StatementKind::KeyAdd,
+                serde_json::to_vec(&statement).expect("json"),
+            )
+            .expect("sign")
+        };
+        let now = unix_ms();
+        for (what, grant) in [
+            ("no statement", None),
+            ("a node's", Some(statement(&node, "k", now))),
+            ("another person's", Some(statement(&bob, "k", now))),
+            ("another key's", Some(statement(&ada, "other", now))),
+            (
+                "an old one",
+                Some(statement(&ada, "k", now - 2 * MAX_SIGNING_SKEW_MS)),
+            ),
+        ] {
+            let refused = keys
+                .add("k", &hash, KeyPolicy::default(), Some(&by), grant)
+                .await;
+            assert!(
+                matches!(refused, Err(KeysError::Statement(_))),
+                "{what}: {refused:?}"
+            );
+        }
+        assert!(keys.authenticate("sk-mesh-signed").expect("read").is_none());
+        keys.add(
+            "k",
+            &hash,
+            KeyPolicy::default(),
+            Some(&by),
+            Some(statement(&ada, "k", now)),
+        )
+        .await
+        .expect("the operator's own statement");
+        assert!(keys.authenticate("sk-mesh-signed").expect("read").is_some());
+    }
+
     #[test]
     fn a_key_file_must_be_the_owners_alone_and_hold_a_key() {
         use std::os::unix::fs::PermissionsExt;

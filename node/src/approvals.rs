@@ -5,18 +5,28 @@
 //! calls in the replicated system namespace `approvals`, so every node lists them and takes a
 //! decision for any of them:
 //! - `<approval id>`: the [`Approval`], the request and what became of it, written only by the
-//!   node running the task ([`Approvals::request`], then the outcome);
-//! - `<approval id>/decision`: a [`Decision`], written only by the node that took
-//!   `Approvals.Decide` ([`Approvals::decide`]), which replicates to the running node.
+//!   node running the call ([`Approvals::request`], then the outcome), whose short id ends the
+//!   approval's id (the memory's writer rules refuse it from any other node);
+//! - `<approval id>/decision`: a [`Decision`], written by the node that took
+//!   `Approvals.Decide` ([`Approvals::decide`]), which replicates to the running node. It
+//!   carries the decider's own act: an [`ApprovalStatement`] of the call as they were shown it
+//!   and what they decided, signed with the key of their client certificate.
 //!
 //! The running node waits on a [`Pending`] ([`Pending::wait`]): it re-reads the decision each
 //! time its memory changes (no polling) until the approval's timeout, when the call is denied.
+//! Before it acts on a decision it checks the statement itself (chain to the mesh CA, client
+//! role, not revoked, signature, and that it is about this very call: id, task, node, tool,
+//! tier, SHA-256 of the full arguments, expiry); a decision that fails is ignored, not taken as
+//! a denial (a forger must not be able to deny either), counted, and the call goes on waiting.
 //! Who may decide is asked of `admission` ([`Admission::may_approve`]), both where the decision
 //! is taken and where it is acted on. A `Pending` dropped before it is decided (the task was
-//! cancelled, hit its deadline, or the node stopped) marks its approval cancelled.
+//! cancelled, hit its deadline, the caller of `Tools.Call` went away, or the node stopped)
+//! marks its approval cancelled. [`Approvals::gate`] is the whole wait as a tool call makes it:
+//! asked, reported, decided, reported.
 //!
-//! This module does not run tools or emit task events (that is `agent`), and speaks no
-//! protobuf (that is `rpc::approvals`).
+//! This module does not run tools (that is `agent`, and `rpc::tools` for `Tools.Call`) and
+//! speaks no protobuf (that is `rpc::approvals`); the task events it describes go where its
+//! caller sends them.
 
 use std::{
     collections::HashSet,
@@ -24,13 +34,23 @@ use std::{
     time::Duration,
 };
 
-use mesh_domain::{Principal, Tier, keys::APPROVALS, sync::MutexExt, text::truncate, time::now_ms};
+use mesh_domain::{
+    EventKind, Principal, Tier,
+    id::tagged_uuid,
+    keys::{APPROVALS, decision_key},
+    statement::{ApprovalStatement, Signed, StatementKind},
+    sync::MutexExt,
+    text::truncate,
+    time::now_ms,
+};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
 use crate::{
     admission::{Admission, ApproverError},
     config::ApprovalConfig,
     memory::{Memory, MemoryError},
+    metrics::{labels, metrics},
 };
 
 /// Longest arguments kept with an approval (and shown in its event); longer ones are cut.
@@ -116,12 +136,19 @@ pub struct Approval {
     pub tool: String,
     /// The arguments as the model wrote them, cut at [`MAX_ARGUMENTS`].
     pub arguments: String,
+    /// SHA-256 (hex) of the full arguments, which a decider's statement names.
+    #[serde(default)]
+    pub arguments_sha256: String,
     /// The tier the call counts as.
     pub tier: Tier,
-    /// The node running the task, by name.
+    /// The node running the call, by name.
     pub node: String,
-    /// The node running the task, by id.
+    /// The node running the call, by id.
     pub node_id: String,
+    /// Who asked this node to run the call through `Tools.Call`, as their certificate reads
+    /// (the node of the calling task, or a client); empty for this node's own task.
+    #[serde(default)]
+    pub called_from: String,
     /// When it was asked for (unix ms).
     pub created_ms: u64,
     /// When it is denied unless decided (unix ms).
@@ -145,19 +172,55 @@ impl Approval {
             status => status,
         }
     }
+
+    /// What a person deciding this call signs: the call as it is stored, and the decision.
+    pub fn statement(&self, approve: bool, reason: &str) -> ApprovalStatement {
+        ApprovalStatement {
+            approval_id: self.id.clone(),
+            task_id: self.task_id.clone(),
+            node_id: self.node_id.clone(),
+            tool: self.tool.clone(),
+            tier: self.tier,
+            arguments_sha256: self.arguments_sha256.clone(),
+            expires_ms: self.expires_ms,
+            approve,
+            reason: reason.to_owned(),
+        }
+    }
 }
 
 /// A decision, as stored under `<approval id>/decision` by the node that took it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Decision {
-    /// Whether the call may run.
+    /// Whether the call may run (as the node that took it read the statement).
     pub approved: bool,
-    /// Who decided (`None` only in insecure mode, where callers have no certificates).
+    /// Who decided, as the node that took it read the caller's certificate (`None` only in
+    /// insecure mode, where callers have no certificates). The running node believes the
+    /// certificate in `grant`, not this.
     pub by: Option<Principal>,
     /// Why.
     pub reason: String,
     /// When (unix ms).
     pub at_ms: u64,
+    /// The decider's [`ApprovalStatement`], signed with their client certificate's key; `None`
+    /// only in insecure mode.
+    #[serde(default)]
+    pub grant: Option<Signed>,
+}
+
+/// A gated call, as the node that runs it asks for approval of it.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    /// The task that makes the call (the calling task's, for a `Tools.Call`).
+    pub task_id: &'a str,
+    /// The tool called.
+    pub tool: &'a str,
+    /// Its arguments, as the model wrote them.
+    pub arguments: &'a str,
+    /// The tier it counts as.
+    pub tier: Tier,
+    /// Who asked through `Tools.Call` (empty for this node's own task).
+    pub called_from: &'a str,
 }
 
 /// How a gated call was decided, for the agent: the model sees the reason when denied.
@@ -200,14 +263,13 @@ pub enum ApprovalError {
     /// The caller may not decide.
     #[error(transparent)]
     Approver(#[from] ApproverError),
+    /// The caller's signed statement is missing, does not verify, or is not about this call
+    /// as this node holds it.
+    #[error("{0}")]
+    Statement(String),
     /// The memory failed.
     #[error(transparent)]
     Memory(#[from] MemoryError),
-}
-
-/// The key of an approval's decision.
-fn decision_key(id: &str) -> String {
-    format!("{id}/decision")
 }
 
 /// Checks an approval id from a caller: a canonical UUID, so it cannot name another key.
@@ -269,18 +331,13 @@ impl Approvals {
         &self.inner.policy
     }
 
-    /// Asks for approval of a call of `tool` (counting as `tier`) by task `task_id`: stores the
-    /// request, which replicates, and returns what to wait on. Refused when
-    /// `approval.max_pending` calls wait here already.
-    pub async fn request(
-        &self,
-        task_id: &str,
-        tool: &str,
-        arguments: &str,
-        tier: Tier,
-    ) -> Result<Pending, ApprovalError> {
+    /// Asks for approval of `call`: stores the request, which replicates, and returns what to
+    /// wait on. Refused when `approval.max_pending` calls wait here already.
+    pub async fn request(&self, call: Call<'_>) -> Result<Pending, ApprovalError> {
         let max = self.inner.policy.config.max_pending;
-        let id = uuid::Uuid::now_v7().to_string();
+        let own = self.inner.memory.own_id();
+        // Its id names this node: no other node can write at it (the memory's writer rules).
+        let id = tagged_uuid(own).to_string();
         {
             let mut pending = self.inner.pending.lock_unpoisoned();
             if pending.len() >= max {
@@ -295,12 +352,14 @@ impl Approvals {
             approvals: self.clone(),
             record: Approval {
                 id,
-                task_id: task_id.to_owned(),
-                tool: truncate(tool, 64).to_owned(),
-                arguments: truncate(arguments, MAX_ARGUMENTS).to_owned(),
-                tier,
+                task_id: call.task_id.to_owned(),
+                tool: truncate(call.tool, 64).to_owned(),
+                arguments: truncate(call.arguments, MAX_ARGUMENTS).to_owned(),
+                arguments_sha256: hex::encode(Sha256::digest(call.arguments.as_bytes())),
+                tier: call.tier,
                 node: self.inner.node.clone(),
-                node_id: self.inner.memory.own_id().to_string(),
+                node_id: own.to_string(),
+                called_from: truncate(call.called_from, 256).to_owned(),
                 created_ms: now,
                 expires_ms: now.saturating_add(timeout),
                 status: Status::Pending,
@@ -309,6 +368,7 @@ impl Approvals {
                 decided_ms: None,
             },
             settled: false,
+            ignored: None,
         };
         self.sweep().await;
         self.store(&pending.record).await.inspect_err(|_| {
@@ -322,15 +382,55 @@ impl Approvals {
         Ok(pending)
     }
 
+    /// Asks for approval of `call` and waits for the decision, reporting both as task events
+    /// (`ApprovalRequested`, `ApprovalDecided`) to `report`: `Ok` when approved, else what the
+    /// model is told (`denied: …`). Dropping the returned future (the task was cancelled or
+    /// hit its deadline, a `Tools.Call` caller went away) marks the approval cancelled.
+    pub async fn gate(
+        &self,
+        call: Call<'_>,
+        report: &(dyn Fn(EventKind) + Sync),
+    ) -> Result<(), String> {
+        let pending = self
+            .request(call)
+            .await
+            .map_err(|e| format!("denied: {e}"))?;
+        let approval = pending.approval();
+        report(EventKind::ApprovalRequested {
+            approval_id: approval.id.clone(),
+            tool: approval.tool.clone(),
+            arguments: approval.arguments.clone(),
+            node: approval.node.clone(),
+            expires_at_ms: approval.expires_ms,
+        });
+        let approval_id = approval.id.clone();
+        let outcome = pending.wait().await;
+        report(EventKind::ApprovalDecided {
+            approval_id,
+            approved: outcome.approved,
+            by: outcome.by,
+            reason: outcome.reason.clone(),
+        });
+        if outcome.approved {
+            Ok(())
+        } else if outcome.reason.is_empty() {
+            Err("denied: a person refused this call".into())
+        } else {
+            Err(format!("denied: {}", outcome.reason))
+        }
+    }
+
     /// Records a decision on approval `id` by `by` (`None` only in insecure mode), after
-    /// checking that it is pending and that `by` may decide it. The node running the task
-    /// acts on it once it replicates there.
+    /// checking that it is pending, that `by` may decide it, and that `grant` is `by`'s own
+    /// signed statement of this decision on this call as this node holds it. The node running
+    /// the call checks the statement again before it acts on it.
     pub async fn decide(
         &self,
         id: &str,
         approve: bool,
         by: Option<Principal>,
         reason: &str,
+        grant: Option<Signed>,
     ) -> Result<Approval, ApprovalError> {
         check_id(id)?;
         if reason.len() > MAX_REASON {
@@ -351,7 +451,11 @@ impl Approvals {
         if status != Status::Pending {
             return Err(settled(&record, status));
         }
-        if let Some(decision) = self.decision(id)? {
+        // A decision the running node would ignore (not a person's signed act on this call)
+        // settles nothing.
+        if let Some((_, decision)) = self.decision(id)?
+            && self.judge(&record, decision.clone()).is_ok()
+        {
             return Err(ApprovalError::Settled {
                 id: id.to_owned(),
                 status: if decision.approved {
@@ -362,11 +466,40 @@ impl Approvals {
                 by: decision.by.map(|p| format!(" by {p}")).unwrap_or_default(),
             });
         }
+        let grant = match (by.as_ref(), grant) {
+            (Some(by), Some(grant)) => {
+                let signer = self
+                    .inner
+                    .memory
+                    .verify_statement(StatementKind::ApprovalDecision, &grant, now_ms())
+                    .map_err(|e| ApprovalError::Statement(format!("statement: {e}")))?;
+                if signer.id != by.id {
+                    return Err(ApprovalError::Statement(
+                        "statement: signed with another certificate than the one this call comes with; sign your own decision".into(),
+                    ));
+                }
+                let statement: ApprovalStatement =
+                    grant.parse().map_err(ApprovalError::Statement)?;
+                if statement != record.statement(approve, reason) {
+                    return Err(ApprovalError::Statement(format!(
+                        "statement: it is not this decision on approval `{id}` as this node holds it (the call's id, task, node, tool, tier, arguments or expiry, or the decision and reason, differ); fetch the approval again and sign what it shows"
+                    )));
+                }
+                Some(grant)
+            }
+            (Some(_), None) => {
+                return Err(ApprovalError::Statement(
+                    "statement: a decision must be signed with the decider's own client key (mesh-cli approvals approve/deny does it; upgrade an older mesh-cli)".into(),
+                ));
+            }
+            (None, _) => None,
+        };
         let decision = Decision {
             approved: approve,
             by,
             reason: reason.to_owned(),
             at_ms: now_ms(),
+            grant,
         };
         let value = serde_json::to_vec(&decision)
             .map_err(|e| ApprovalError::Invalid(format!("encode the decision: {e}")))?;
@@ -375,6 +508,18 @@ impl Approvals {
             .put(APPROVALS, &decision_key(id), Some(value))
             .await?;
         Ok(record)
+    }
+
+    /// The approval `id`, as this node holds it.
+    pub fn get(&self, id: &str) -> Result<Approval, ApprovalError> {
+        check_id(id)?;
+        let now = now_ms();
+        self.read(id)?
+            .map(|mut approval| {
+                approval.status = approval.status_at(now);
+                approval
+            })
+            .ok_or_else(|| ApprovalError::NotFound(id.to_owned()))
     }
 
     /// Approvals newest first: only pending ones unless `all`, only `task_id`'s when given, at
@@ -423,14 +568,14 @@ impl Approvals {
             .and_then(|r| serde_json::from_slice(&r.value).ok()))
     }
 
-    /// The decision taken on `id`, if any.
-    fn decision(&self, id: &str) -> Result<Option<Decision>, ApprovalError> {
+    /// The decision taken on `id`, if any, with the stamp of the record that holds it.
+    fn decision(&self, id: &str) -> Result<Option<(u64, Decision)>, ApprovalError> {
         Ok(self
             .inner
             .memory
             .get(APPROVALS, &decision_key(id))?
             .filter(|r| !r.tombstone)
-            .and_then(|r| serde_json::from_slice(&r.value).ok()))
+            .and_then(|r| Some((r.hlc, serde_json::from_slice(&r.value).ok()?))))
     }
 
     async fn store(&self, record: &Approval) -> Result<(), ApprovalError> {
@@ -492,43 +637,66 @@ impl Approvals {
         self.inner.pending.lock_unpoisoned().remove(&record.id);
     }
 
-    /// What to do with `decision` on this node: a denial stands whoever made it; an approval
-    /// only from someone this node lets approve the call ([`Admission::may_approve`]).
-    fn judge(&self, record: &Approval, decision: Decision) -> Outcome {
-        let by = decision
-            .by
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default();
-        if !decision.approved {
-            return Outcome {
-                approved: false,
-                by,
-                reason: decision.reason,
-            };
-        }
-        let refused = match &decision.by {
-            Some(principal) => self
+    /// What to do with `decision` on `record`'s call, here: `Err` (the reason it is counted
+    /// under, and why) when the decider's signed statement is missing, does not verify, or is
+    /// not about this very call (the call goes on waiting); else a denial stands, and an
+    /// approval only from someone this node lets approve the call
+    /// ([`Admission::may_approve`]). In insecure mode nobody signs: decisions are taken as
+    /// they come.
+    fn judge(
+        &self,
+        record: &Approval,
+        decision: Decision,
+    ) -> Result<(Outcome, Option<Principal>), (&'static str, String)> {
+        let (by, approved, reason) = if self.inner.tls {
+            let grant = decision
+                .grant
+                .ok_or(("unsigned", "it carries no signed statement".to_owned()))?;
+            let signer = self
                 .inner
+                .memory
+                .verify_statement(StatementKind::ApprovalDecision, &grant, now_ms())
+                .map_err(|e| (e.reason(), e.to_string()))?;
+            let statement: ApprovalStatement = grant.parse().map_err(|e| ("malformed", e))?;
+            if statement != record.statement(statement.approve, &statement.reason) {
+                return Err((
+                    "mismatch",
+                    format!("{signer} signed a decision on another call"),
+                ));
+            }
+            (Some(signer), statement.approve, statement.reason)
+        } else {
+            (decision.by, decision.approved, decision.reason)
+        };
+        let name = by.as_ref().map(ToString::to_string).unwrap_or_default();
+        if !approved {
+            let outcome = Outcome {
+                approved: false,
+                by: name,
+                reason,
+            };
+            return Ok((outcome, by));
+        }
+        let refused = by.as_ref().and_then(|principal| {
+            self.inner
                 .admission
                 .may_approve(principal, record.tier)
                 .err()
-                .map(|e| e.to_string()),
-            None if self.inner.tls => Some("the approval carries no certificate".into()),
-            None => None,
-        };
-        match refused {
+                .map(|e| e.to_string())
+        });
+        let outcome = match refused {
             Some(why) => Outcome {
                 approved: false,
-                by,
+                by: name,
                 reason: format!("an approval this node does not accept: {why}"),
             },
             None => Outcome {
                 approved: true,
-                by,
-                reason: decision.reason,
+                by: name,
+                reason,
             },
-        }
+        };
+        Ok((outcome, by))
     }
 }
 
@@ -553,6 +721,9 @@ pub struct Pending {
     record: Approval,
     /// Whether its outcome is stored (nothing left to do on drop).
     settled: bool,
+    /// The stamp of the last decision record ignored, so it is counted and logged once, not at
+    /// every change of the memory.
+    ignored: Option<u64>,
 }
 
 impl Pending {
@@ -572,17 +743,26 @@ impl Pending {
         let outcome = loop {
             changes.borrow_and_update();
             match approvals.decision(&self.record.id) {
-                Ok(Some(decision)) => {
-                    let by = decision.by.clone();
-                    let outcome = approvals.judge(&self.record, decision);
-                    self.record.status = if outcome.approved {
-                        Status::Approved
-                    } else {
-                        Status::Denied
-                    };
-                    self.record.decided_by = by;
-                    break outcome;
-                }
+                Ok(Some((stamp, _))) if self.ignored == Some(stamp) => {}
+                Ok(Some((stamp, decision))) => match approvals.judge(&self.record, decision) {
+                    Ok((outcome, by)) => {
+                        self.record.status = if outcome.approved {
+                            Status::Approved
+                        } else {
+                            Status::Denied
+                        };
+                        self.record.decided_by = by;
+                        break outcome;
+                    }
+                    Err((reason, why)) => {
+                        self.ignored = Some(stamp);
+                        metrics()
+                            .approval_decisions_ignored
+                            .get_or_create(&labels(&[("reason", reason)]))
+                            .inc();
+                        tracing::warn!(approval = %self.record.id, reason, %why, "ignored a decision on an approval: the call goes on waiting for one its decider signed");
+                    }
+                },
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(approval = %self.record.id, error = %e, "read an approval's decision")
@@ -645,33 +825,53 @@ impl Drop for Pending {
 
 #[cfg(test)]
 mod tests {
-    use mesh_domain::{CertRole, NodeId};
+    use mesh_domain::CertRole;
+    use mesh_identity::{CertIdentity, OriginSigner, statement::sign};
 
     use super::*;
-    use crate::{
-        capabilities::test_support::test_capabilities,
-        memory::{MemoryOptions, test_support},
-    };
+    use crate::{capabilities::test_support::test_capabilities, memory::test_support::CaMesh};
 
-    /// Approvals on a fresh memory, for a node whose `client_max_tier` is `write`; the temp
-    /// dir holds the memory.
-    fn approvals(config: ApprovalConfig) -> (tempfile::TempDir, Approvals) {
-        let (dir, memory) =
-            test_support::open_memory(&test_support::id("approvals-me"), MemoryOptions::default());
+    /// Approvals on the memory of a node of a mesh with a CA, whose `client_max_tier` is
+    /// `write`; the mesh holds the memory and issues the people who decide.
+    fn approvals(config: ApprovalConfig) -> (CaMesh, Approvals) {
+        let mesh = CaMesh::new("approvals-me");
         let admission = Arc::new(Admission::new(
             test_capabilities(),
             Arc::default(),
             Tier::Write,
         ));
-        let approvals = Approvals::new(memory, admission, "me".into(), config, true);
-        (dir, approvals)
+        let approvals = Approvals::new(mesh.memory.clone(), admission, "me".into(), config, true);
+        (mesh, approvals)
     }
 
-    fn who(name: &str, role: CertRole) -> Principal {
-        Principal {
-            id: NodeId::from_spki_der(name.as_bytes()),
-            name: name.into(),
-            role: Some(role),
+    /// A new member of `mesh`, and who its certificate says it is.
+    fn member(mesh: &CaMesh, name: &str, role: CertRole) -> (OriginSigner, Principal) {
+        let signer = mesh.member(name, role);
+        let who = CertIdentity::from_der(signer.certificate())
+            .expect("certificate")
+            .principal();
+        (signer, who)
+    }
+
+    /// `by`'s signed statement of `approve` on `approval` with `reason`.
+    fn grant(by: &OriginSigner, approval: &Approval, approve: bool, reason: &str) -> Signed {
+        let statement = approval.statement(approve, reason);
+        sign(
+            by,
+            StatementKind::ApprovalDecision,
+            serde_json::to_vec(&statement).expect("json"),
+        )
+        .expect("sign")
+    }
+
+    /// A call of `tool` at `tier` by task `task`, from this node's own task.
+    fn call<'a>(tool: &'a str, arguments: &'a str, tier: Tier) -> Call<'a> {
+        Call {
+            task_id: "task",
+            tool,
+            arguments,
+            tier,
+            called_from: "",
         }
     }
 
@@ -685,23 +885,61 @@ mod tests {
             .expect("listed")
     }
 
+    /// Writes `decision` on approval `id` straight into this node's memory, as a replicated
+    /// record would arrive had the writer rules let it through.
+    async fn write_decision(approvals: &Approvals, id: &str, decision: &Decision) {
+        approvals
+            .inner
+            .memory
+            .put(
+                APPROVALS,
+                &decision_key(id),
+                Some(serde_json::to_vec(decision).expect("json")),
+            )
+            .await
+            .expect("written");
+    }
+
+    fn ignored(reason: &str) -> u64 {
+        metrics()
+            .approval_decisions_ignored
+            .get_or_create(&labels(&[("reason", reason)]))
+            .get()
+    }
+
     #[tokio::test]
     async fn an_approval_by_a_client_lets_the_call_run_and_is_recorded() {
-        let (_dir, approvals) = approvals(ApprovalConfig::default());
+        let (mesh, approvals) = approvals(ApprovalConfig::default());
+        let arguments = format!(
+            r#"{{"path": "x", "text": "{}"}}"#,
+            "y".repeat(2 * MAX_ARGUMENTS)
+        );
         let pending = approvals
-            .request("task", "file_write", r#"{"path": "x"}"#, Tier::Write)
+            .request(call("file_write", &arguments, Tier::Write))
             .await
             .expect("asked");
-        let id = pending.approval().id.clone();
+        let record = pending.approval().clone();
+        let id = record.id.clone();
+        assert!(
+            mesh_domain::id::is_tagged_by(&id, approvals.inner.memory.own_id()),
+            "its id names this node: {id}"
+        );
+        assert_eq!(record.arguments.len(), MAX_ARGUMENTS, "cut");
+        assert_eq!(
+            record.arguments_sha256,
+            hex::encode(Sha256::digest(arguments.as_bytes())),
+            "the hash is of the full arguments"
+        );
         assert_eq!(approvals.list(false, None, 10).expect("list").len(), 1);
         assert_eq!(
             approvals.list(false, Some("other task"), 10).expect("list"),
             []
         );
         let waiting = tokio::spawn(pending.wait());
-        let ada = who("ada", CertRole::Client);
+        let (ada_key, ada) = member(&mesh, "ada", CertRole::Client);
+        let signed = grant(&ada_key, &record, true, "looks fine");
         approvals
-            .decide(&id, true, Some(ada.clone()), "looks fine")
+            .decide(&id, true, Some(ada.clone()), "looks fine", Some(signed))
             .await
             .expect("decided");
         let outcome = waiting.await.expect("waited");
@@ -712,7 +950,15 @@ mod tests {
         assert_eq!(stored.decided_by, Some(ada.clone()));
         assert_eq!(stored.reason, "looks fine");
         assert!(approvals.list(false, None, 10).expect("list").is_empty());
-        let again = approvals.decide(&id, false, Some(ada), "").await;
+        let again = approvals
+            .decide(
+                &id,
+                false,
+                Some(ada),
+                "",
+                Some(grant(&ada_key, &record, false, "")),
+            )
+            .await;
         assert!(
             matches!(again, Err(ApprovalError::Settled { .. })),
             "{again:?}"
@@ -721,20 +967,26 @@ mod tests {
 
     #[tokio::test]
     async fn a_node_or_a_client_below_the_calls_tier_may_not_decide() {
-        let (_dir, approvals) = approvals(ApprovalConfig::default());
+        let (mesh, approvals) = approvals(ApprovalConfig::default());
         let shell = approvals
-            .request("task", "shell_exec", "{}", Tier::Shell)
+            .request(call("shell_exec", "{}", Tier::Shell))
             .await
             .expect("asked");
-        let id = shell.approval().id.clone();
-        for (by, approve) in [
-            (Some(who("laptop", CertRole::Node)), true),
-            (Some(who("laptop", CertRole::Node)), false),
+        let record = shell.approval().clone();
+        let id = record.id.clone();
+        let (laptop_key, laptop) = member(&mesh, "laptop", CertRole::Node);
+        let (ada_key, ada) = member(&mesh, "ada", CertRole::Client);
+        for (by, key, approve) in [
+            (Some(laptop.clone()), &laptop_key, true),
+            (Some(laptop), &laptop_key, false),
             // This node's client_max_tier is `write`: its clients may not approve `shell`.
-            (Some(who("ada", CertRole::Client)), true),
-            (None, true),
+            (Some(ada), &ada_key, true),
+            (None, &ada_key, true),
         ] {
-            let refused = approvals.decide(&id, approve, by.clone(), "").await;
+            let signed = grant(key, &record, approve, "");
+            let refused = approvals
+                .decide(&id, approve, by.clone(), "", Some(signed))
+                .await;
             assert!(
                 matches!(refused, Err(ApprovalError::Approver(_))),
                 "{by:?}: {refused:?}"
@@ -743,62 +995,194 @@ mod tests {
         assert!(approvals.decision(&id).expect("read").is_none());
         assert_eq!(shown(&approvals, &id).status, Status::Pending);
         let unknown = uuid::Uuid::now_v7().to_string();
-        let missing = approvals.decide(&unknown, true, None, "").await;
+        let missing = approvals.decide(&unknown, true, None, "", None).await;
         assert!(
             matches!(missing, Err(ApprovalError::NotFound(_))),
             "{missing:?}"
         );
         let long = approvals
-            .decide(&id, false, None, &"x".repeat(MAX_REASON + 1))
+            .decide(&id, false, None, &"x".repeat(MAX_REASON + 1), None)
             .await;
         assert!(matches!(long, Err(ApprovalError::Invalid(_))), "{long:?}");
     }
 
-    /// The running node checks the approver again before a call runs: an approval written
-    /// straight into the namespace in a node's name (by a compromised node, say) is a denial.
+    /// Issue 26, item 1: `Approvals.Decide` takes only the caller's own signed statement of this
+    /// very decision on this very call.
     #[tokio::test]
-    async fn the_running_node_refuses_an_approval_whose_approver_may_not_approve() {
-        let (_dir, approvals) = approvals(ApprovalConfig::default());
+    async fn a_decision_must_come_with_the_callers_own_statement_of_it() {
+        let (mesh, approvals) = approvals(ApprovalConfig::default());
         let pending = approvals
-            .request("task", "file_write", "{}", Tier::Write)
+            .request(call("file_write", r#"{"path": "x"}"#, Tier::Write))
+            .await
+            .expect("asked");
+        let record = pending.approval().clone();
+        let id = record.id.clone();
+        let (ada_key, ada) = member(&mesh, "ada", CertRole::Client);
+        let (bob_key, _) = member(&mesh, "bob", CertRole::Client);
+        let other_call = Approval {
+            arguments_sha256: hex::encode(Sha256::digest(b"{}")),
+            ..record.clone()
+        };
+        for (what, signed) in [
+            ("no statement", None),
+            ("another person's", Some(grant(&bob_key, &record, true, ""))),
+            ("a denial", Some(grant(&ada_key, &record, false, ""))),
+            (
+                "another reason",
+                Some(grant(&ada_key, &record, true, "other")),
+            ),
+            (
+                "other arguments",
+                Some(grant(&ada_key, &other_call, true, "")),
+            ),
+        ] {
+            let refused = approvals
+                .decide(&id, true, Some(ada.clone()), "", signed)
+                .await;
+            assert!(
+                matches!(refused, Err(ApprovalError::Statement(_))),
+                "{what}: {refused:?}"
+            );
+        }
+        assert!(approvals.decision(&id).expect("read").is_none());
+        drop(pending);
+    }
+
+    /// Issue 26, item 1: the running node acts only on a decision whose signed statement it
+    /// verifies itself. A decision written into the namespace by a node (the forgery of the
+    /// issue: any node certificate could push one naming any client) is ignored and counted,
+    /// not taken as a denial, and the call waits on; a person's signed denial stands, and
+    /// their signed approval counts only from someone this node lets approve the call.
+    #[tokio::test]
+    async fn the_running_node_ignores_a_decision_it_cannot_verify_and_waits_for_a_signed_one() {
+        let (mesh, approvals) = approvals(ApprovalConfig::default());
+        let pending = approvals
+            .request(call("file_write", "{}", Tier::Write))
+            .await
+            .expect("asked");
+        let record = pending.approval().clone();
+        let id = record.id.clone();
+        let mut waiting = tokio::spawn(pending.wait());
+        let (rogue_key, _) = member(&mesh, "rogue", CertRole::Node);
+        let (ada_key, ada) = member(&mesh, "ada", CertRole::Client);
+        let forged = |grant: Option<Signed>| Decision {
+            approved: true,
+            by: Some(ada.clone()),
+            reason: String::new(),
+            at_ms: now_ms(),
+            grant,
+        };
+        let elsewhere = Approval {
+            id: tagged_uuid(approvals.inner.memory.own_id()).to_string(),
+            ..record.clone()
+        };
+        let mut altered = grant(&ada_key, &record, false, "");
+        altered.statement = serde_json::to_vec(&record.statement(true, "")).expect("json");
+        for (reason, decision) in [
+            ("unsigned", forged(None)),
+            (
+                "certificate",
+                forged(Some(grant(&rogue_key, &record, true, ""))),
+            ),
+            (
+                "mismatch",
+                forged(Some(grant(&ada_key, &elsewhere, true, ""))),
+            ),
+            ("signature", forged(Some(altered))),
+        ] {
+            let before = ignored(reason);
+            write_decision(&approvals, &id, &decision).await;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while ignored(reason) == before {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{reason}: not counted"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(!waiting.is_finished(), "{reason}: the call still waits");
+            assert_eq!(shown(&approvals, &id).status, Status::Pending, "{reason}");
+        }
+        // The ignored decisions settle nothing: Ada (who may approve `write` here) decides,
+        // and her signed approval runs the call.
+        approvals
+            .decide(
+                &id,
+                true,
+                Some(ada.clone()),
+                "fine",
+                Some(grant(&ada_key, &record, true, "fine")),
+            )
+            .await
+            .expect("decided over the ignored ones");
+        let outcome = (&mut waiting).await.expect("waited");
+        assert!(outcome.approved, "{outcome:?}");
+        assert_eq!(shown(&approvals, &id).decided_by, Some(ada.clone()));
+
+        // A person whose certificate may not approve `shell` here: a denial, as before.
+        let shell = approvals
+            .request(call("shell_exec", "{}", Tier::Shell))
+            .await
+            .expect("asked");
+        let record = shell.approval().clone();
+        write_decision(
+            &approvals,
+            &record.id,
+            &forged(Some(grant(&ada_key, &record, true, ""))),
+        )
+        .await;
+        let outcome = shell.wait().await;
+        assert!(!outcome.approved, "{outcome:?}");
+        assert!(outcome.reason.contains("does not accept"), "{outcome:?}");
+    }
+
+    /// `--insecure`: nobody has a certificate, so decisions are taken as they come, unsigned.
+    #[tokio::test]
+    async fn in_insecure_mode_a_decision_needs_no_signature() {
+        let (_dir, memory) = crate::memory::test_support::open_memory(
+            &crate::memory::test_support::id("approvals-insecure"),
+            crate::memory::MemoryOptions::default(),
+        );
+        let admission = Arc::new(Admission::new(
+            test_capabilities(),
+            Arc::default(),
+            Tier::Write,
+        ));
+        let approvals = Approvals::new(
+            memory,
+            admission,
+            "me".into(),
+            ApprovalConfig::default(),
+            false,
+        );
+        let pending = approvals
+            .request(call("file_write", "{}", Tier::Write))
             .await
             .expect("asked");
         let id = pending.approval().id.clone();
-        let forged = Decision {
-            approved: true,
-            by: Some(who("rogue", CertRole::Node)),
-            reason: String::new(),
-            at_ms: now_ms(),
-        };
+        let waiting = tokio::spawn(pending.wait());
         approvals
-            .inner
-            .memory
-            .put(
-                APPROVALS,
-                &decision_key(&id),
-                Some(serde_json::to_vec(&forged).expect("json")),
-            )
+            .decide(&id, true, None, "ok", None)
             .await
-            .expect("written");
-        let outcome = pending.wait().await;
-        assert!(!outcome.approved, "{outcome:?}");
-        assert!(outcome.reason.contains("client certificate"), "{outcome:?}");
-        assert_eq!(shown(&approvals, &id).status, Status::Denied);
+            .expect("decided");
+        let outcome = waiting.await.expect("waited");
+        assert!(outcome.approved, "{outcome:?}");
+        assert_eq!(shown(&approvals, &id).status, Status::Approved);
     }
 
     #[tokio::test]
     async fn an_undecided_call_expires_and_a_dropped_one_is_cancelled_and_frees_its_slot() {
-        let (_dir, approvals) = approvals(ApprovalConfig {
+        let (_mesh, approvals) = approvals(ApprovalConfig {
             timeout: Duration::from_millis(200),
             max_pending: 1,
             ..ApprovalConfig::default()
         });
         let first = approvals
-            .request("task", "file_write", "{}", Tier::Write)
+            .request(call("file_write", "{}", Tier::Write))
             .await
             .expect("asked");
         let full = approvals
-            .request("task", "file_write", "{}", Tier::Write)
+            .request(call("file_write", "{}", Tier::Write))
             .await;
         assert!(matches!(full, Err(ApprovalError::Full(1))), "{full:?}");
         let expired = first.approval().id.clone();
@@ -808,7 +1192,7 @@ mod tests {
         assert_eq!(shown(&approvals, &expired).status, Status::Expired);
 
         let dropped = approvals
-            .request("task", "file_write", "{}", Tier::Write)
+            .request(call("file_write", "{}", Tier::Write))
             .await
             .expect("the expired call's slot is free");
         let id = dropped.approval().id.clone();
@@ -823,7 +1207,7 @@ mod tests {
         }
         assert!(approvals.list(false, None, 10).expect("list").is_empty());
         approvals
-            .request("task", "file_write", "{}", Tier::Write)
+            .request(call("file_write", "{}", Tier::Write))
             .await
             .expect("the cancelled call's slot is free");
     }
@@ -881,9 +1265,11 @@ mod tests {
             task_id: "t".into(),
             tool: "shell_exec".into(),
             arguments: "{}".into(),
+            arguments_sha256: String::new(),
             tier: Tier::Shell,
             node: "n".into(),
             node_id: "x".into(),
+            called_from: String::new(),
             created_ms: 10,
             expires_ms: 20,
             status: Status::Pending,

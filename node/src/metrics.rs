@@ -44,8 +44,13 @@ pub struct Metrics {
     pub join_redemptions: Family<Labels, Counter>,
     /// Replicated records refused before they were applied, by `reason`: `signature` (does not
     /// verify), `certificate` (no certificate of the mesh vouches for the origin), `expired`
-    /// (written after the origin's certificate expired).
+    /// (written after the origin's certificate expired), `revoked`, `revocation`,
+    /// `namespaces`, `writer` (a system namespace its origin may not write).
     pub memory_records_refused: Family<Labels, Counter>,
+    /// Decisions on approvals of this node that it ignored (the call goes on waiting), by
+    /// `reason`: `unsigned`, `malformed`, `certificate`, `revoked`, `signature` (the decider's
+    /// signed statement does not verify), `mismatch` (it is about another call).
+    pub approval_decisions_ignored: Family<Labels, Counter>,
     /// Open connections by `listener` (`grpc`, `http`) and `state` (`open`: all of them;
     /// `handshaking`: gRPC TLS handshakes in progress).
     pub connections: Family<Labels, Gauge>,
@@ -138,8 +143,14 @@ impl Metrics {
         let memory_records_refused = Family::default();
         registry.register(
             "memory_records_refused",
-            "Replicated memory records refused because their origin's signature does not vouch for them, or because they would create a namespace past memory.max_namespaces, by reason",
+            "Replicated memory records refused because their origin's signature does not vouch for them, their origin was revoked, they would create a namespace past memory.max_namespaces, or their origin may not write them (writer), by reason",
             memory_records_refused.clone(),
+        );
+        let approval_decisions_ignored = Family::default();
+        registry.register(
+            "approval_decisions_ignored",
+            "Decisions on this node's approvals that it ignored because the decider's signed statement is missing, does not verify or is about another call (unsigned, malformed, certificate, revoked, signature, mismatch)",
+            approval_decisions_ignored.clone(),
         );
         let connections = Family::default();
         registry.register(
@@ -216,6 +227,7 @@ impl Metrics {
             lag_seconds,
             tokens_per_second,
             memory_records_refused,
+            approval_decisions_ignored,
         }
     }
 

@@ -711,10 +711,11 @@ impl Node {
             .add_service(
                 KeysService::new(keys, admission.clone(), mesh_tls.is_some()).into_server(),
             )
-            .add_service(ApprovalsService::new(approvals, mesh_tls.is_some()).into_server())
+            .add_service(ApprovalsService::new(approvals.clone(), mesh_tls.is_some()).into_server())
             .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server())
             .add_service(
-                ToolsService::new(mcp_hub, admission.clone(), mesh_tls.is_some()).into_server(),
+                ToolsService::new(mcp_hub, admission.clone(), approvals, mesh_tls.is_some())
+                    .into_server(),
             )
             .add_optional_service(issuer.map(|issuer| JoinService::new(issuer).into_server()));
         let stop = serve.clone();

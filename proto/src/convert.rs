@@ -9,6 +9,7 @@ use mesh_domain::{
     Load, ModelInfo, NodeId, NodeInfo, PeerState, PersonaInfo, Principal, Requirements, Resources,
     Target, TaskError, TaskEvent, TaskSpec, TaskStatus, Tier, Usage,
     mcp::{self, McpToolInfo},
+    statement::Signed,
     task::MAX_TIMEOUT_S,
 };
 use tonic::Status;
@@ -90,6 +91,27 @@ impl TryFrom<pb::Principal> for Principal {
                 _ => None,
             },
         })
+    }
+}
+
+impl From<&Signed> for pb::SignedStatement {
+    fn from(signed: &Signed) -> Self {
+        Self {
+            statement: signed.statement.clone(),
+            signature: signed.signature.clone(),
+            certificate: signed.certificate.clone(),
+        }
+    }
+}
+
+/// Sizes are checked where the statement is verified (`mesh_identity::statement`).
+impl From<pb::SignedStatement> for Signed {
+    fn from(signed: pb::SignedStatement) -> Self {
+        Self {
+            statement: signed.statement,
+            signature: signed.signature,
+            certificate: signed.certificate,
+        }
     }
 }
 

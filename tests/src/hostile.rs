@@ -112,6 +112,50 @@ impl HostilePeer {
         self.forged(&self.id(), key, value, hlc, seq)
     }
 
+    /// A record of any namespace (a system one, say) in its own name, stamped `hlc`, with
+    /// sequence `seq`, signed: genuinely its own write, whatever the namespace's rules say.
+    pub fn write(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: &[u8],
+        hlc: u64,
+        seq: u64,
+    ) -> pb::MemoryRecord {
+        let mut record = pb::MemoryRecord {
+            namespace: namespace.into(),
+            key: key.into(),
+            value: value.to_vec(),
+            hlc,
+            origin: self.id(),
+            seq,
+            tombstone: false,
+            signature: Vec::new(),
+        };
+        if let Err(e) = crate::sign_record(&self.signer, &mut record) {
+            eprintln!("hostile peer: sign {namespace}/{key}: {e}");
+        }
+        record
+    }
+
+    /// Pushes `records` to `node` through `Memory.Push`, with its certificate, as a node
+    /// pushes its own writes.
+    pub async fn push(
+        &self,
+        node: &NodeProcess,
+        records: Vec<pb::MemoryRecord>,
+    ) -> anyhow::Result<pb::MemoryPushResponse> {
+        let mut client = pb::memory_client::MemoryClient::new(self.channel(node).await?);
+        Ok(client
+            .push(pb::MemoryPushRequest {
+                records,
+                node: String::new(),
+                certificates: vec![self.signer.certificate().to_vec()],
+            })
+            .await?
+            .into_inner())
+    }
+
     /// A `notes` record in `origin`'s name, signed with this peer's key: a forgery unless
     /// `origin` is its own id.
     pub fn forged(

@@ -54,6 +54,15 @@ pub fn sign_record(signer: &OriginSigner, record: &mut pb::MemoryRecord) -> anyh
     Ok(())
 }
 
+/// The `[[mcp]]` entry of `mcp-server-time` (from PyPI, in the tests' venv) over stdio, its
+/// tools counted as `read`.
+pub fn mcp_time_server() -> String {
+    format!(
+        "[[mcp]]\nname = \"time\"\ncommand = {:?}\nargs = [\"-m\", \"mcp_server_time\", \"--local-timezone\", \"UTC\"]\ntier = \"read\"\n",
+        python3()
+    )
+}
+
 /// Path of a workspace binary (`mesh-node`, `mesh-cli`) next to the test executable.
 pub fn bin(name: &str) -> PathBuf {
     // Tests run from target/<profile>/deps, bench binaries from target/<profile>.

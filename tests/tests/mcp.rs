@@ -22,14 +22,6 @@ use serde_json::{Value, json};
 /// Starting Python MCP servers and learning a peer's tools takes a few seconds.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// The `[[mcp]]` entry of `mcp-server-time` over stdio, its tools counted as `read`.
-fn time_server() -> String {
-    format!(
-        "[[mcp]]\nname = \"time\"\ncommand = {:?}\nargs = [\"-m\", \"mcp_server_time\", \"--local-timezone\", \"UTC\"]\ntier = \"read\"\n",
-        python3()
-    )
-}
-
 /// A laptop with the fake model and no MCP, and a `tools` node hosting `mcp` (no model), which
 /// dials the laptop; returns once the laptop sees the tools node offer `tool`.
 fn fleet(
@@ -135,7 +127,12 @@ fn run_ok(harness: &Harness, node: &NodeProcess, args: &[&str]) -> Value {
 fn a_task_on_a_laptop_without_mcp_uses_the_time_tool_hosted_on_another_node() {
     let fake = FakeOpenAi::start();
     let harness = Harness::new().expect("harness");
-    let (laptop, tools) = fleet(&harness, &fake, &time_server(), "time__get_current_time");
+    let (laptop, tools) = fleet(
+        &harness,
+        &fake,
+        &mesh_tests::mcp_time_server(),
+        "time__get_current_time",
+    );
     assert!(
         advertised(&harness, &laptop, "laptop").is_empty(),
         "the laptop hosts no MCP tool"
@@ -363,7 +360,12 @@ fn the_embedded_model_calls_a_tool_hosted_on_another_node_after_an_approval() {
 fn a_crashed_stdio_server_is_named_in_health_restarted_and_used_again() {
     let fake = FakeOpenAi::start();
     let harness = Harness::new().expect("harness");
-    let (laptop, tools) = fleet(&harness, &fake, &time_server(), "time__get_current_time");
+    let (laptop, tools) = fleet(
+        &harness,
+        &fake,
+        &mesh_tests::mcp_time_server(),
+        "time__get_current_time",
+    );
     let first = child_of(tools.pid(), "mcp_server_time").expect("the server runs under tools");
     let killed = Command::new("kill")
         .args(["-KILL", &first.to_string()])

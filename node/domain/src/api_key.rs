@@ -9,6 +9,35 @@ use serde::{Deserialize, Serialize};
 /// Longest key name.
 pub const MAX_KEY_NAME: usize = 64;
 
+/// The record in the `http_keys` namespace that says keys were added at run time (no key name
+/// can be it): from then on every front door of the fleet needs a key, also once the keys are
+/// removed, so revoking the last key never opens the door to everyone. It is never deleted.
+pub const KEYS_REQUIRED: &str = "!required";
+
+/// How far apart the time an operator signed a key ([`KeyStatement::signed_ms`]) and the stamp
+/// of the record that stores it may be (10 minutes): a statement replayed later makes a record
+/// stamped long ago, which loses to the key's removal.
+///
+/// [`KeyStatement::signed_ms`]: crate::statement::KeyStatement::signed_ms
+pub const MAX_SIGNING_SKEW_MS: u64 = 10 * 60 * 1000;
+
+/// A key added at run time, as the replicated memory stores it (JSON under the key's name in
+/// `http_keys`): the hash and policy the node uses, and the operator's signed statement of
+/// them, which every node checks before it stores the record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeKey {
+    /// The key's SHA-256, hex.
+    pub sha256: String,
+    /// What it may do.
+    pub policy: KeyPolicy,
+    /// When it was added (Unix ms).
+    pub created_ms: u64,
+    /// The operator's [`KeyStatement`](crate::statement::KeyStatement) of name, hash and
+    /// policy; `None` only in insecure mode, where nobody has a certificate.
+    #[serde(default)]
+    pub grant: Option<crate::statement::Signed>,
+}
+
 /// What a key may do: which models and roles it may ask for, and how much.
 ///
 /// Stored as JSON in the replicated memory; fields a newer node adds are ignored by an older

@@ -56,6 +56,40 @@ impl fmt::Display for NodeId {
     }
 }
 
+/// A new id for a record only `writer` may write: a UUIDv7 (so ids sort by time) whose last 12
+/// hex digits are the writer's short id, where a version-1 UUID keeps its node. A node applying
+/// a replicated record whose key is such an id checks that the record's origin is the node the
+/// id names ([`is_tagged_by`]): another node cannot write at the id, since its certificate
+/// speaks for another id (finding a key pair whose id shares those 48 bits takes about 2^47
+/// tries, and then a certificate of the mesh CA for it). Of the other 26 bits, 16 count the
+/// process's ids (so its ids of one millisecond differ) and 10 are random.
+pub fn tagged_uuid(writer: &NodeId) -> uuid::Uuid {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    /// Tells apart this process's ids of one millisecond.
+    static COUNTER: AtomicU16 = AtomicU16::new(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes();
+    // Ten random bits from a fresh UUIDv7's random tail, for ids of two runs of the node.
+    let random = uuid::Uuid::now_v7().as_bytes()[14..].to_vec();
+    // Bytes 6-15 of the UUID; the builder keeps the low nibble of the first and the low six
+    // bits of the third (the rest is version and variant), and the last six are the tag.
+    let mut tail = [0u8; 10];
+    tail[0] = random.first().copied().unwrap_or(0);
+    tail[1] = count[1];
+    tail[2] = random.get(1).copied().unwrap_or(0);
+    tail[3] = count[0];
+    let short = hex::decode(writer.short()).unwrap_or_default();
+    for (byte, tag) in tail[4..].iter_mut().zip(short) {
+        *byte = tag;
+    }
+    uuid::Builder::from_unix_timestamp_millis(crate::time::now_ms(), &tail).into_uuid()
+}
+
+/// Whether `id` (a UUID, hyphenated or not, or any text ending in hex digits) ends with
+/// `writer`'s short id: whether [`tagged_uuid`] could have made it for `writer`.
+pub fn is_tagged_by(id: &str, writer: &NodeId) -> bool {
+    id.len() > NodeId::SHORT_LEN && id.ends_with(writer.short())
+}
+
 /// The hex form, as on the wire.
 impl serde::Serialize for NodeId {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -89,5 +123,28 @@ mod tests {
         assert!(NodeId::parse(&"a".repeat(63)).is_err());
         assert!(NodeId::parse(&format!("{}g", "a".repeat(63))).is_err());
         assert!(NodeId::parse("").is_err());
+    }
+
+    #[test]
+    fn a_tagged_uuid_names_its_writer_and_no_other_node() {
+        let writer = NodeId::from_spki_der(b"writer");
+        let other = NodeId::from_spki_der(b"other");
+        let id = tagged_uuid(&writer);
+        assert_eq!(id.get_version_num(), 7, "still a UUIDv7: {id}");
+        let text = id.hyphenated().to_string();
+        assert!(is_tagged_by(&text, &writer), "{text}");
+        assert!(is_tagged_by(&id.simple().to_string(), &writer));
+        assert!(!is_tagged_by(&text, &other));
+        assert!(
+            !is_tagged_by(writer.short(), &writer),
+            "nothing but the tag"
+        );
+        let many: std::collections::HashSet<_> =
+            (0..10_000).map(|_| tagged_uuid(&writer)).collect();
+        assert_eq!(
+            many.len(),
+            10_000,
+            "a node's ids differ, also within a millisecond"
+        );
     }
 }

@@ -1,6 +1,10 @@
 //! Names in the shared memory: which namespaces and keys are valid, and how large a value may
 //! be. The memory, the wire contract (a task's session is a key) and the config (local
-//! namespaces) all check names here.
+//! namespaces) all check names here. Also the keys of the system namespaces whose writer a key
+//! names (a session's turns, a stored response, an approval, a node's key usage), which the
+//! memory's writer rules read and the services that write them make.
+
+use crate::{NodeId, id::is_tagged_by};
 
 /// Longest namespace name.
 pub const MAX_NAMESPACE: usize = 64;
@@ -13,7 +17,7 @@ pub const MAX_VALUE: usize = 1024 * 1024;
 pub const CRON_SCHEDULES: &str = "cron";
 /// Namespace of the cron firings (key: `schedule id/scheduled ms`).
 pub const CRON_FIRINGS: &str = "cron_firings";
-/// Namespace of the conversation sessions (key: session name).
+/// Namespace of the conversation sessions (key: [`turn_key`], one record per turn).
 pub const SESSIONS: &str = "sessions";
 /// Namespace of the certificates the mesh CA revoked (key: certificate id; value: the
 /// CA-signed entry, written only through `Node.Revoke`).
@@ -50,6 +54,76 @@ pub const SYSTEM_NAMESPACES: &[&str] = &[
 /// whoever holds a certificate.
 pub const PRIVATE_NAMESPACES: &[&str] = &[RESPONSES, HTTP_KEYS];
 
+/// Digits of a session turn's time: unix ms, zero-padded so turns sort by time.
+const TURN_TIME_DIGITS: usize = 20;
+
+/// The key of one turn of `session` in [`SESSIONS`], written by `writer`: `<session>/<unix ms,
+/// 20 digits>-<task id>-<writer's short id>`. The task id keeps two turns of the same
+/// millisecond apart; the writer's short id says which node may write the turn (see
+/// [`is_turn_of`]).
+pub fn turn_key(session: &str, at_ms: u64, task_id: &str, writer: &NodeId) -> String {
+    format!(
+        "{session}/{at_ms:0TURN_TIME_DIGITS$}-{task_id}-{}",
+        writer.short()
+    )
+}
+
+/// Whether `name` (what follows `<session>/`) is a turn's: 20 digits, `-`, then no `/` (so
+/// the turns of a session named `a/b` are not read as `a`'s).
+pub fn is_turn_name(name: &str) -> bool {
+    name.len() > TURN_TIME_DIGITS + 1
+        && name.as_bytes()[..TURN_TIME_DIGITS]
+            .iter()
+            .all(u8::is_ascii_digit)
+        && name.as_bytes()[TURN_TIME_DIGITS] == b'-'
+        && !name.contains('/')
+}
+
+/// Whether `key` of [`SESSIONS`] is a turn [`turn_key`] made for `writer`.
+pub fn is_turn_of(key: &str, writer: &NodeId) -> bool {
+    key.rsplit_once('/').is_some_and(|(session, name)| {
+        !session.is_empty()
+            && is_turn_name(name)
+            && name
+                .strip_suffix(writer.short())
+                .is_some_and(|rest| rest.ends_with('-'))
+    })
+}
+
+/// How a stored response's id starts.
+pub const RESPONSE_ID_PREFIX: &str = "resp_";
+
+/// A new id of a response stored by `writer` in [`RESPONSES`]: `resp_` and a UUIDv7 in hex whose
+/// last 12 digits are the writer's short id ([`crate::id::tagged_uuid`]).
+pub fn response_id(writer: &NodeId) -> String {
+    format!(
+        "{RESPONSE_ID_PREFIX}{}",
+        crate::id::tagged_uuid(writer).simple()
+    )
+}
+
+/// Whether `key` of [`RESPONSES`] is an id [`response_id`] made for `writer`.
+pub fn is_response_of(key: &str, writer: &NodeId) -> bool {
+    key.strip_prefix(RESPONSE_ID_PREFIX).is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && is_tagged_by(hex, writer)
+    })
+}
+
+/// The key of an approval's decision in [`APPROVALS`].
+pub fn decision_key(approval_id: &str) -> String {
+    format!("{approval_id}/decision")
+}
+
+/// Whether `key` of [`HTTP_KEY_USAGE`] is one of `writer`'s records (`<name>/<day>/<node id>`).
+pub fn is_usage_of(key: &str, writer: &NodeId) -> bool {
+    key.rsplit_once('/')
+        .is_some_and(|(rest, node)| node == writer.as_str() && rest.contains('/'))
+}
+
 /// A namespace or key that is not valid; the message says what a valid one looks like.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -80,4 +154,45 @@ pub fn check_key(key: &str) -> Result<(), InvalidName> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_that_name_their_writer_name_no_other_node() {
+        let writer = NodeId::from_spki_der(b"writer");
+        let other = NodeId::from_spki_der(b"other");
+        let turn = turn_key("ada/x", 1, "task", &writer);
+        assert!(turn.starts_with("ada/x/00000000000000000001-task-"));
+        assert!(is_turn_of(&turn, &writer));
+        assert!(!is_turn_of(&turn, &other));
+        assert!(
+            !is_turn_of("ada", &writer),
+            "the single record of an old session"
+        );
+        assert!(!is_turn_of(
+            &format!("ada/0001-{}", writer.short()),
+            &writer
+        ));
+        assert!(is_turn_name("00000000000000000001-task"));
+        assert!(!is_turn_name("x/00000000000000000001-task"));
+        assert!(!is_turn_name("0001-task"));
+
+        let response = response_id(&writer);
+        assert!(is_response_of(&response, &writer), "{response}");
+        assert!(!is_response_of(&response, &other));
+        assert!(!is_response_of(&format!("x{response}"), &writer));
+        assert!(!is_response_of(
+            &format!("resp_{}", writer.short()),
+            &writer
+        ));
+
+        let usage = format!("k/2025-01-01/{writer}");
+        assert!(is_usage_of(&usage, &writer));
+        assert!(!is_usage_of(&usage, &other));
+        assert!(!is_usage_of(&format!("k/{writer}"), &writer));
+        assert_eq!(decision_key("a"), "a/decision");
+    }
 }

@@ -17,6 +17,8 @@
 //!   vector per text).
 //! - [`api_key`]: a front-door API key's name rules and [`KeyPolicy`] ([`KeyLimits`]).
 //! - [`keys`]: which namespaces and keys of the shared memory are valid.
+//! - [`statement`]: what an operator signs with their own key (a decision on an approval, a
+//!   front-door key), as it travels and is stored ([`statement::Signed`]).
 //! - [`time`], [`text`], [`sync`], [`future`], [`throttle`]: small helpers every layer needs
 //!   once.
 //!
@@ -32,6 +34,7 @@ pub mod id;
 pub mod keys;
 pub mod mcp;
 pub mod node;
+pub mod statement;
 pub mod sync;
 pub mod target;
 pub mod task;

@@ -33,7 +33,8 @@ pub struct Deadlines {
     pub chat_idle: Duration,
     /// A whole forwarded chat, first byte to answer.
     pub chat: Duration,
-    /// One `Tools.Call`: an MCP tool run on a peer.
+    /// Each message of one `Tools.CallStream`: an MCP tool run on a peer, and before it the
+    /// wait for the host's approval when its policy names the tool.
     pub tool: Duration,
 }
 
@@ -50,7 +51,9 @@ pub struct Deadlines {
 ///   chunk of a non-streaming model.
 /// - `chat` 600 s: a chat falls through a chain of models, each with its own timeout.
 /// - `tool` 630 s: longer than the longest call a host allows an MCP tool (`[[mcp]] timeout_s`,
-///   at most 600 s), which the host enforces and answers with `UNAVAILABLE`.
+///   at most 600 s), which the host enforces and answers with `UNAVAILABLE`, and than the
+///   longest wait for its approval (`approval.timeout_s`, at most 540 s), after which the host
+///   sends its decision.
 pub const DEADLINES: Deadlines = Deadlines {
     unary: Duration::from_secs(10),
     sync: Duration::from_secs(30),

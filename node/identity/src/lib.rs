@@ -11,6 +11,8 @@
 //! - [`origin`]: records that say who wrote them: signing this node's records with its key
 //!   ([`OriginSigner`]) and verifying any record against its origin's certificate
 //!   ([`OriginVerifier`]).
+//! - [`statement`]: a person's signed acts: an operator's client certificate signs a statement
+//!   (an approval decision, a front-door key) and any node checks it ([`StatementError`]).
 //! - [`revocation`]: certificates the mesh CA revoked: the CA-signed entry (`mesh-cli ca
 //!   revoke`) and the set every node checks certificates against ([`RevokedSet`]).
 //! - [`dial`]: opening gRPC channels to nodes over mTLS (or plain TCP) ([`Dialer`]).
@@ -32,6 +34,7 @@ pub mod join;
 pub mod origin;
 mod pem;
 pub mod revocation;
+pub mod statement;
 pub mod tls;
 
 use std::{
@@ -44,6 +47,7 @@ pub use dial::{CertificateRefusal, DialError, Dialer};
 pub use mesh_domain::CertRole;
 pub use origin::{OriginError, OriginSigner, OriginVerifier};
 pub use revocation::{Revocation, RevocationError, RevokedSet};
+pub use statement::StatementError;
 pub use tls::{MeshTls, TlsFiles};
 
 /// Installs the `ring` crypto provider as rustls's process default. Call once at the top of

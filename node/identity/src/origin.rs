@@ -27,6 +27,7 @@ use ring::signature::{ECDSA_P256_SHA256_ASN1, ED25519, UnparsedPublicKey, Verifi
 use rustls::{
     RootCertStore,
     pki_types::{CertificateDer, UnixTime},
+    server::{WebPkiClientVerifier, danger::ClientCertVerifier},
 };
 use sha2::{Digest, Sha256};
 use x509_parser::{
@@ -169,6 +170,9 @@ pub struct OriginVerifier {
     /// The mesh CA; `None` for an `--insecure` node, which checks only that a certificate's key
     /// is the origin's (nobody can sign in another node's name, but anybody can join).
     anchors: Option<MeshServerVerifier>,
+    /// The mesh CA as it vouches for client certificates (which have no server-auth usage),
+    /// for the statements operators sign (see [`crate::statement`]); `None` without a CA.
+    clients: Option<Arc<dyn ClientCertVerifier>>,
     /// Verified keys by origin.
     keys: Mutex<HashMap<NodeId, OriginKey>>,
     /// The certificates the mesh CA revoked (shared with the node's TLS), whose later records
@@ -187,8 +191,13 @@ impl std::fmt::Debug for OriginVerifier {
 impl OriginVerifier {
     /// A verifier that accepts certificates chaining to `roots` (the mesh CA).
     pub fn new(roots: Arc<RootCertStore>, revoked: RevokedSet) -> Result<Self, crate::TlsError> {
+        let clients =
+            WebPkiClientVerifier::builder_with_provider(roots.clone(), crate::tls::provider())
+                .build()
+                .map_err(|e| crate::TlsError::Config(e.to_string()))?;
         Ok(Self {
             anchors: Some(MeshServerVerifier::new(roots)?),
+            clients: Some(clients),
             keys: Mutex::default(),
             revoked,
         })
@@ -199,10 +208,22 @@ impl OriginVerifier {
         &self.revoked
     }
 
+    /// The mesh CA's check of client certificates; `None` without a CA.
+    pub(crate) fn clients(&self) -> Option<&Arc<dyn ClientCertVerifier>> {
+        self.clients.as_ref()
+    }
+
+    /// Whether certificates are checked against a mesh CA (false for an `--insecure` node,
+    /// which has none, and takes callers' and writers' word for who they are).
+    pub fn has_ca(&self) -> bool {
+        self.anchors.is_some()
+    }
+
     /// A verifier without a CA (`--insecure`): a certificate only has to carry the origin's key.
     pub fn self_certified() -> Self {
         Self {
             anchors: None,
+            clients: None,
             keys: Mutex::default(),
             // No CA, so no revocation can be checked: the set stays empty.
             revoked: RevokedSet::new(&[]),
@@ -322,6 +343,19 @@ fn checked_until(
         }
         Err(_) => Err(OriginError::NotFromCa(id.to_owned())),
     }
+}
+
+/// Checks `signature` over `message` against the key of `certificate` (DER), whatever it
+/// vouches for: the caller checks the certificate itself.
+pub(crate) fn verify_raw(
+    certificate: &[u8],
+    message: &[u8],
+    signature: &[u8],
+) -> Result<(), OriginError> {
+    let (algorithm, key) = public_key(certificate)?;
+    UnparsedPublicKey::new(algorithm, &key)
+        .verify(message, signature)
+        .map_err(|_| OriginError::BadSignature("the certificate's key".into()))
 }
 
 /// The signature algorithm and raw public key of a certificate's key.

@@ -499,7 +499,7 @@ impl ClientCertVerifier for MeshClientVerifier {
     }
 }
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(ring::default_provider())
 }
 

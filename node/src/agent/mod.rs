@@ -20,7 +20,9 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use mesh_domain::{
     Answer, ChatRequest, ChatResponse, EventKind, Message, Role, Target, TaskError, TaskSpec, Tier,
-    ToolCall, ToolChoice, ToolSpec, Usage, keys::SESSIONS, text::truncate,
+    ToolCall, ToolChoice, ToolSpec, Usage,
+    keys::{SESSIONS, is_turn_name, turn_key},
+    text::truncate,
 };
 use serde_json::Value;
 
@@ -28,8 +30,10 @@ use self::{
     hooks::{CallFacts, HookInput, Hooks, LoopState, Outcome, Stage, Verdict},
     tools::{ToolContext, ToolRegistry},
 };
+use tokio::sync::mpsc;
+
 use crate::{
-    approvals::Approvals,
+    approvals::{Approvals, Call as GatedCall},
     chat::{ChainObserver, fall_through},
     config::{PersonaConfig, TaskLimits},
     llm::{ChatModel, ModelError, ModelRegistry},
@@ -47,26 +51,6 @@ pub trait EventSink: Send + Sync {
 /// Most turns a session keeps: saving one more deletes the oldest (a turn is one record, so a
 /// long session neither grows one record without bound nor loads an unbounded history).
 pub const MAX_SESSION_TURNS: usize = 50;
-/// Digits of a turn key's time: unix ms, zero-padded so keys sort by time.
-const TURN_TIME_DIGITS: usize = 20;
-
-/// The key of one turn of `session`: `<session>/<unix ms, 20 digits>-<task id>`; the task id
-/// keeps two turns of the same millisecond (on two nodes) apart.
-fn turn_key(session: &str, at_ms: u64, task_id: &str) -> String {
-    format!("{session}/{at_ms:0TURN_TIME_DIGITS$}-{task_id}")
-}
-
-/// Whether `name` (what follows `<session>/`) is a turn's: 20 digits, `-`, then no `/` (so
-/// the turns of a session named `a/b` are not read as `a`'s).
-fn is_turn_name(name: &str) -> bool {
-    name.len() > TURN_TIME_DIGITS + 1
-        && name.as_bytes()[..TURN_TIME_DIGITS]
-            .iter()
-            .all(u8::is_ascii_digit)
-        && name.as_bytes()[TURN_TIME_DIGITS] == b'-'
-        && !name.contains('/')
-}
-
 /// The messages of one stored turn (or of a session's earlier single record).
 fn decode_turn(session: &str, value: &[u8]) -> Result<Vec<Message>, TaskError> {
     serde_json::from_slice(value).map_err(|e| TaskError::Internal {
@@ -262,9 +246,13 @@ impl AgentRuntime {
             ..LoopState::default()
         };
         let mut usage = Usage::default();
+        // What tools report while they run (a peer's approval of a tool it hosts), emitted as
+        // the task's events by `tool_call`, which drains it while each call runs.
+        let (relay, mut relayed) = mpsc::channel(RELAYED_EVENTS);
         let ctx = ToolContext {
             task_id: events.task_id().to_owned(),
             spec: spec.clone(),
+            events: Some(relay),
         };
 
         for round in 1..=max_rounds {
@@ -311,7 +299,14 @@ impl AgentRuntime {
             let mut interventions = Vec::new();
             for call in &response.tool_calls {
                 let result = self
-                    .tool_call(&ctx, call, &mut state, events, &mut interventions)
+                    .tool_call(
+                        &ctx,
+                        call,
+                        &mut state,
+                        events,
+                        &mut relayed,
+                        &mut interventions,
+                    )
                     .await?;
                 messages.push(Message::tool_result(&call.id, result));
             }
@@ -398,7 +393,12 @@ impl AgentRuntime {
         turn: &[Message],
     ) -> Result<(), String> {
         let value = serde_json::to_vec(turn).map_err(|e| format!("encode the turn: {e}"))?;
-        let key = turn_key(session, mesh_domain::time::now_ms(), task_id);
+        let key = turn_key(
+            session,
+            mesh_domain::time::now_ms(),
+            task_id,
+            self.memory.own_id(),
+        );
         self.memory
             .put(SESSIONS, &key, Some(value))
             .await
@@ -414,13 +414,16 @@ impl AgentRuntime {
         Ok(())
     }
 
-    /// Runs one tool call through the supervisor; returns what the model sees.
+    /// Runs one tool call through the supervisor; returns what the model sees. What the tool
+    /// reports while it runs (`relayed`: a peer's approval of an MCP tool it hosts) becomes
+    /// the task's events.
     async fn tool_call(
         &self,
         ctx: &ToolContext,
         call: &ToolCall,
         state: &mut LoopState,
         events: &dyn EventSink,
+        relayed: &mut mpsc::Receiver<EventKind>,
         interventions: &mut Vec<String>,
     ) -> Result<String, TaskError> {
         events.emit(EventKind::ToolCalled {
@@ -481,15 +484,26 @@ impl AgentRuntime {
             (Ok(()), Some(_), Some(_), Some(tier), Some(approvals))
                 if approvals.policy().needs(&call.name, tier) =>
             {
-                approve(approvals, ctx, call, tier, events).await
+                // The task is `input_required` while it waits; a cancellation or the
+                // deadline drops the wait, which marks the approval cancelled.
+                let call = GatedCall {
+                    task_id: &ctx.task_id,
+                    tool: &call.name,
+                    arguments: &call.arguments,
+                    tier,
+                    called_from: "",
+                };
+                approvals.gate(call, &|kind| events.emit(kind)).await
             }
             (run, ..) => run,
         };
         let (ok, ran, output) = match (run, tool, parsed.as_ref()) {
-            (Ok(()), Some(tool), Some(args)) => match tool.call(args, ctx).await {
-                Ok(output) => (true, true, output),
-                Err(error) => (false, true, format!("error: {error}")),
-            },
+            (Ok(()), Some(tool), Some(args)) => {
+                match relaying(tool.call(args, ctx), relayed, events).await {
+                    Ok(output) => (true, true, output),
+                    Err(error) => (false, true, format!("error: {error}")),
+                }
+            }
             (Err(refusal), ..) => (false, false, refusal),
             // The gate refuses unknown tools and the guard malformed arguments before this.
             (Ok(()), ..) => (
@@ -519,43 +533,28 @@ impl AgentRuntime {
     }
 }
 
-/// Asks for approval of `call` and waits for the decision (the task is `input_required`
-/// meanwhile): `Ok` when approved, else what the model is told (`denied: …`). A task cancelled
-/// or past its deadline drops this wait, which marks the approval cancelled.
-async fn approve(
-    approvals: &Approvals,
-    ctx: &ToolContext,
-    call: &ToolCall,
-    tier: Tier,
+/// Most events a tool may have reported and the task not yet emitted; a tool reporting more
+/// waits (a tool reports a couple per call).
+const RELAYED_EVENTS: usize = 16;
+
+/// Awaits `call` (a tool running), emitting what it reports on `relayed` meanwhile as the
+/// task's events, and what is left once it ends.
+async fn relaying<T>(
+    call: impl std::future::Future<Output = T>,
+    relayed: &mut mpsc::Receiver<EventKind>,
     events: &dyn EventSink,
-) -> Result<(), String> {
-    let pending = approvals
-        .request(&ctx.task_id, &call.name, &call.arguments, tier)
-        .await
-        .map_err(|e| format!("denied: {e}"))?;
-    let approval = pending.approval();
-    events.emit(EventKind::ApprovalRequested {
-        approval_id: approval.id.clone(),
-        tool: approval.tool.clone(),
-        arguments: approval.arguments.clone(),
-        node: approval.node.clone(),
-        expires_at_ms: approval.expires_ms,
-    });
-    let approval_id = approval.id.clone();
-    let outcome = pending.wait().await;
-    events.emit(EventKind::ApprovalDecided {
-        approval_id,
-        approved: outcome.approved,
-        by: outcome.by,
-        reason: outcome.reason.clone(),
-    });
-    if outcome.approved {
-        Ok(())
-    } else if outcome.reason.is_empty() {
-        Err("denied: a person refused this call".into())
-    } else {
-        Err(format!("denied: {}", outcome.reason))
+) -> T {
+    tokio::pin!(call);
+    let result = loop {
+        tokio::select! {
+            result = &mut call => break result,
+            Some(kind) = relayed.recv() => events.emit(kind),
+        }
+    };
+    while let Ok(kind) = relayed.try_recv() {
+        events.emit(kind);
     }
+    result
 }
 
 /// Turns a chain's progress into task events.
@@ -917,9 +916,6 @@ mod tests {
         let last = format!("answer {}", turns - 1);
         assert_eq!(texts.last(), Some(&last.as_str()));
         assert_eq!(runtime.session_history("ada/x").expect("history").len(), 2);
-        assert!(is_turn_name("00000000000000000001-task"));
-        assert!(!is_turn_name("x/00000000000000000001-task"));
-        assert!(!is_turn_name("0001-task"));
     }
 
     /// Issue 16, point 6: a turn that cannot be saved (here the disk is below the node's

@@ -436,6 +436,7 @@ impl MeshTools {
                 tier,
                 ..TaskSpec::new(name, Target::Role("mcp".into()))
             },
+            events: None,
         };
         let output = tool.call(&args, &context).await.map_err(CallError::Tool)?;
         Ok(CallToolResult::success(vec![ContentBlock::text(output)]))

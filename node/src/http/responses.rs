@@ -27,7 +27,7 @@ use axum::{
 use mesh_domain::{
     BoxFuture, ChatRequest, ChatResponse, Message, ResponseFormat, Role, Sampling, ToolCall,
     ToolSpec, Usage,
-    keys::{MAX_VALUE, RESPONSES},
+    keys::{MAX_VALUE, RESPONSE_ID_PREFIX, RESPONSES, response_id},
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
@@ -660,7 +660,7 @@ struct Head {
 impl Head {
     /// The id's unique part, shared by the ids of the answer's items.
     fn suffix(&self) -> &str {
-        self.id.trim_start_matches("resp_")
+        self.id.trim_start_matches(RESPONSE_ID_PREFIX)
     }
 
     fn message_id(&self) -> String {
@@ -787,7 +787,7 @@ pub async fn create(
         .collect();
     let run = gateway::start(&door, &caller, Call::new(request.model.clone(), chat)).await?;
     let head = Head {
-        id: format!("resp_{}", uuid::Uuid::now_v7().simple()),
+        id: response_id(door.memory.own_id()),
         created_at: unix_s(),
         model: request.model,
         instructions: request.instructions,

@@ -52,6 +52,17 @@ pub enum MemoryError {
     /// A record written by a revoked certificate after its revocation.
     #[error("record refused: its origin {0} was revoked by the mesh CA before writing it")]
     Revoked(String),
+    /// A replicated record of a system namespace that its origin may not write (see
+    /// `writers`).
+    #[error("record refused: {place} may not be written by node {origin}: {why}")]
+    Writer {
+        /// `namespace/key`.
+        place: String,
+        /// The writing node (its short id).
+        origin: String,
+        /// The rule it breaks.
+        why: String,
+    },
     /// A write would create a namespace past the node's bound on namespaces.
     #[error(
         "namespace `{namespace}` would be new, and this node already holds {limit} namespaces, the most it keeps (memory.max_namespaces): write into an existing namespace, or raise memory.max_namespaces in the node's config"
@@ -67,6 +78,17 @@ pub enum MemoryError {
         "this node was out of touch longer than memory.tombstone_window_s and is resyncing; ask another node"
     )]
     Resyncing,
+}
+
+impl MemoryError {
+    /// Whether a replicated record refused with this error still counts as received, so that
+    /// replication moves past it: a writer rule's refusal is of a record its origin really
+    /// wrote, and no copy of it will ever be accepted. Every other refusal (a signature that
+    /// does not verify, a stamp too far ahead) may be of a bad copy, or pass later, so the
+    /// record is asked for again.
+    pub fn counts_as_received(&self) -> bool {
+        matches!(self, Self::Writer { .. })
+    }
 }
 
 /// Whether a caller outside the node's own services (a client or node over `Memory.Put` and

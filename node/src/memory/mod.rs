@@ -32,6 +32,8 @@
 //! - `signatures`: signing own records, verifying every peer's record against its origin's
 //!   certificate before it is applied, keeping origins' certificates to relay them, counting
 //!   and logging refusals, and the upgrade of a store written before records were signed.
+//! - `writers`: who may write each system namespace, checked on every peer's record after its
+//!   signature.
 //! - `push`: the per-peer bounded push queues ([`replicate`]'s back-pressure: one push in
 //!   flight per peer; a full queue marks the peer for a sync).
 //! - `sync`: the `Sync` exchange ([`SyncRequest`], [`SyncBatch`], [`answer_sync`],
@@ -39,7 +41,7 @@
 //!   [`replicate`].
 //!
 //! Imports point one way: `record` and `error` at the bottom, then `store`, which names no
-//! sibling above it; `clock`, `frontier`, `gc`, `signatures` and `sync` name `store` (and `gc`
+//! sibling above it; `clock`, `frontier`, `gc`, `signatures`, `writers` and `sync` name `store` (and `gc`
 //! names `frontier`), never the reverse; `push` names `store` and `record` only (it is handed
 //! the call that sends a batch), and `sync` names it. `store` reaches them by calling methods only. This file
 //! declares and re-exports; it defines nothing.
@@ -56,6 +58,7 @@ mod store;
 mod sync;
 #[cfg(test)]
 pub(crate) mod test_support;
+mod writers;
 
 pub use error::{MemoryError, readable_by_callers, writable_by_callers};
 pub use record::{Entry, MAX_SIGNATURE, Record};

@@ -71,9 +71,7 @@ impl Memory {
     }
 
     /// Checks a peer's record (its origin's signature already verified) against the
-    /// revocations: refused when its origin is revoked and it is stamped after the revocation;
-    /// a record of namespace `revocations` must be a CA-signed entry for the certificate its
-    /// key names, and is believed at once.
+    /// revocations: refused when its origin is revoked and it is stamped after the revocation.
     pub(super) fn check_revocations(&self, entry: &Entry) -> Result<(), MemoryError> {
         let record = &entry.record;
         if let Some(at) = self.revoked().revoked_at(&record.origin)
@@ -81,11 +79,15 @@ impl Memory {
         {
             return Err(MemoryError::Revoked(record.origin.short().to_owned()));
         }
-        if entry.namespace == REVOCATIONS {
-            let revocation = self.revocation_in(entry)?;
-            if self.revoked().insert(revocation.clone())? {
-                log_revoked(&revocation);
-            }
+        Ok(())
+    }
+
+    /// The writer rule of namespace `revocations` (see `writers`): a record must be a
+    /// CA-signed entry for the certificate its key names, and is believed at once.
+    pub(super) fn believe_revocation(&self, entry: &Entry) -> Result<(), MemoryError> {
+        let revocation = self.revocation_in(entry)?;
+        if self.revoked().insert(revocation.clone())? {
+            log_revoked(&revocation);
         }
         Ok(())
     }

@@ -182,6 +182,7 @@ impl Memory {
                 checked
                     .map_err(MemoryError::Unverified)
                     .and_then(|()| self.check_revocations(entry))
+                    .and_then(|()| self.check_writer(entry))
                     .inspect_err(|e| {
                         let reason = refusal_reason(e);
                         refused.entry((origin, reason)).or_insert((0, e.clone())).0 += 1;
@@ -196,7 +197,7 @@ impl Memory {
             if self.first_refusal_in_a_while(from, origin) {
                 tracing::warn!(
                     peer = from.map_or("(undeclared)", NodeId::short), origin = %origin.short(), records = count, reason, %error,
-                    "refused replicated records: the origin's signature does not vouch for them (the peer sent records in another node's name that it cannot prove), or the origin was revoked before writing them"
+                    "refused replicated records: the origin's signature does not vouch for them (the peer sent records in another node's name that it cannot prove), the origin was revoked before writing them, or it may not write them (a system namespace's writer rule)"
                 );
             }
         }
@@ -275,6 +276,7 @@ fn refusal_reason(error: &MemoryError) -> &'static str {
         MemoryError::Revoked(_) => return "revoked",
         MemoryError::Revocation(_) => return "revocation",
         MemoryError::TooManyNamespaces { .. } => return "namespaces",
+        MemoryError::Writer { .. } => return "writer",
         MemoryError::Invalid(_)
         | MemoryError::FromTheFuture { .. }
         | MemoryError::Corrupt(_)

@@ -208,7 +208,16 @@ impl Memory {
             .iter()
             .zip(self.apply_from(sender, entries, certificates))
         {
-            match result {
+            // A record a writer rule refused still follows the sender's last write: held.
+            let received = match &result {
+                Ok(stored) => Ok(*stored),
+                Err(e) if e.counts_as_received() => {
+                    refused.push(format!("{}/{}: {e}", entry.namespace, entry.key));
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            };
+            match received {
                 Ok(stored) => {
                     applied += u32::from(stored);
                     if let Some(sender) = sender
@@ -264,6 +273,8 @@ pub async fn sync_from(
             match result {
                 Ok(true) => applied += 1,
                 Ok(false) => {}
+                // Refused by a writer rule: its origin wrote it, and no copy will pass.
+                Err(e) if e.counts_as_received() => {}
                 // Refused (logged where it was refused: a stamp too far ahead, or a signature
                 // that does not verify): keep the watermark below it, so the record is fetched
                 // again at the next sync (once the clocks agree), and a genuine copy relayed
@@ -346,7 +357,7 @@ pub async fn resync_from(
         let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
         applied += results.iter().filter(|r| matches!(r, Ok(true))).count();
         for (entry, result) in batch.entries.iter().zip(&results) {
-            if result.is_err() {
+            if result.as_ref().is_err_and(|e| !e.counts_as_received()) {
                 refused.insert(entry.record.origin.clone());
             }
         }

@@ -86,6 +86,57 @@ pub(crate) fn open_memory(
     (dir, memory)
 }
 
+/// A node's memory in a mesh with a CA of its own (in a temporary directory), for tests of
+/// what only a CA can vouch for: operators' signed statements, the writer rules that check
+/// them. More members' signers are issued with [`CaMesh::member`].
+pub(crate) struct CaMesh {
+    dir: tempfile::TempDir,
+    /// The node's memory.
+    pub(crate) memory: Arc<Memory>,
+}
+
+impl CaMesh {
+    /// A fresh CA and the memory of its node `own`.
+    pub(crate) fn new(own: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        mesh_identity::ca::ca_init(&dir.path().join("ca")).expect("ca");
+        let tls = member_tls(dir.path(), own, mesh_domain::CertRole::Node);
+        let db: Arc<dyn Store> = Arc::new(SledStore::new(
+            sled::open(dir.path().join("db")).expect("db"),
+        ));
+        let (memory, _writes) = Memory::open(
+            db,
+            Arc::new(tls.origin_signer().expect("signer")),
+            Arc::new(tls.origin_verifier().expect("verifier")),
+            MemoryOptions::default(),
+        );
+        Self { dir, memory }
+    }
+
+    /// The signer of a new member `name` of this mesh, a node or a person's client.
+    pub(crate) fn member(&self, name: &str, role: mesh_domain::CertRole) -> OriginSigner {
+        member_tls(self.dir.path(), name, role)
+            .origin_signer()
+            .expect("signer")
+    }
+}
+
+/// The TLS material of a new member `name` of the mesh whose CA is in `dir/ca`.
+fn member_tls(
+    dir: &std::path::Path,
+    name: &str,
+    role: mesh_domain::CertRole,
+) -> mesh_identity::MeshTls {
+    let ca = dir.join("ca");
+    let (cert, key) = mesh_identity::ca::issue(&ca, name, &[], role).expect("issue");
+    mesh_identity::MeshTls::load(&mesh_identity::TlsFiles {
+        ca: ca.join(mesh_identity::ca::CA_CERT_FILE),
+        cert,
+        key,
+    })
+    .expect("load")
+}
+
 /// Peers reached in-process: `addr` is the peer's id.
 #[derive(Debug, Default)]
 pub(crate) struct InProcess(pub(crate) std::sync::Mutex<BTreeMap<String, Arc<Memory>>>);

@@ -1,8 +1,8 @@
 //! The `agentmesh.v1.Approvals` service: translates the wire format for `approvals::Approvals`
 //! and reads who calls. Who may decide is not decided here: `Approvals::decide` asks
-//! `Admission::may_approve` (a client certificate allowed the call's tier). Anyone with a
-//! certificate may list approvals. In insecure mode there are no identities, and every caller
-//! may decide.
+//! `Admission::may_approve` (a client certificate allowed the call's tier) and checks the
+//! caller's signed statement of the decision. Anyone with a certificate may list approvals. In
+//! insecure mode there are no identities, and every caller may decide.
 
 use mesh_domain::task::check_task_id;
 use mesh_proto::v1 as pb;
@@ -45,6 +45,7 @@ impl From<ApprovalError> for Status {
             ApprovalError::Invalid(_) => Status::invalid_argument(message),
             ApprovalError::Full(_) => Status::resource_exhausted(message),
             ApprovalError::Approver(_) => Status::permission_denied(message),
+            ApprovalError::Statement(_) => Status::invalid_argument(message),
             ApprovalError::Memory(memory) => memory.into(),
         }
     }
@@ -66,6 +67,8 @@ fn approval_pb(approval: &Approval) -> pb::Approval {
         task_id: approval.task_id.clone(),
         tool: approval.tool.clone(),
         arguments: approval.arguments.clone(),
+        arguments_sha256: approval.arguments_sha256.clone(),
+        called_from: approval.called_from.clone(),
         tier: pb::Tier::from(approval.tier) as i32,
         node: approval.node.clone(),
         node_id: approval.node_id.clone(),
@@ -102,9 +105,16 @@ impl pb::approvals_server::Approvals for ApprovalsService {
             0 => DEFAULT_LIST,
             n => n as usize,
         };
-        let approvals = self
-            .approvals
-            .list(request.all, task_id.as_deref(), limit)?;
+        let approvals = if request.approval_id.is_empty() {
+            self.approvals
+                .list(request.all, task_id.as_deref(), limit)?
+        } else {
+            match self.approvals.get(&request.approval_id) {
+                Ok(approval) => vec![approval],
+                Err(ApprovalError::NotFound(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            }
+        };
         Ok(Response::new(pb::ListApprovalsResponse {
             approvals: approvals.iter().map(approval_pb).collect(),
         }))
@@ -127,6 +137,7 @@ impl pb::approvals_server::Approvals for ApprovalsService {
                 request.approve,
                 by.clone(),
                 &request.reason,
+                request.grant.map(Into::into),
             )
             .await?;
         tracing::info!(

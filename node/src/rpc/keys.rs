@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use mesh_domain::{CertRole, KeyPolicy, Tier};
+use mesh_domain::{CertRole, KeyPolicy, Principal, Tier};
 use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -45,10 +45,11 @@ impl KeysService {
             .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)
     }
 
-    /// Refuses a caller who may not add or remove keys.
-    fn operator<T>(&self, request: &Request<T>) -> Result<(), Status> {
+    /// Refuses a caller who may not add or remove keys; returns who it is (`None` in insecure
+    /// mode).
+    fn operator<T>(&self, request: &Request<T>) -> Result<Option<Principal>, Status> {
         if !self.tls {
-            return Ok(());
+            return Ok(None);
         }
         let principal = super::caller_identity(request)?.principal();
         if principal.role != Some(CertRole::Client) {
@@ -57,8 +58,9 @@ impl KeysService {
             )));
         }
         self.admission
-            .allows(Tier::Shell, &Caller::Certificate(principal), None)
-            .map_err(|e| Status::permission_denied(format!("{OPERATORS_ONLY}; {e}")))
+            .allows(Tier::Shell, &Caller::Certificate(principal.clone()), None)
+            .map_err(|e| Status::permission_denied(format!("{OPERATORS_ONLY}; {e}")))?;
+        Ok(Some(principal))
     }
 }
 
@@ -70,7 +72,7 @@ impl From<KeysError> for Status {
             KeysError::NotFound(_) => Status::not_found(message),
             KeysError::Exists(_) => Status::already_exists(message),
             KeysError::InConfig(_) => Status::failed_precondition(message),
-            KeysError::Invalid(_) => Status::invalid_argument(message),
+            KeysError::Invalid(_) | KeysError::Statement(_) => Status::invalid_argument(message),
             KeysError::Full => Status::resource_exhausted(message),
             KeysError::KeyFile { .. } => Status::internal(message),
             KeysError::Memory(memory) => memory.into(),
@@ -121,13 +123,22 @@ impl pb::keys_server::Keys for KeysService {
         &self,
         request: Request<pb::KeyAddRequest>,
     ) -> Result<Response<pb::KeyInfo>, Status> {
-        self.operator(&request)?;
+        let by = self.operator(&request)?;
         let r = request.into_inner();
         let policy = match r.policy {
             Some(policy) => KeyPolicy::try_from(policy)?,
             None => KeyPolicy::default(),
         };
-        let key = self.keys.add(&r.name, &r.sha256, policy).await?;
+        let key = self
+            .keys
+            .add(
+                &r.name,
+                &r.sha256,
+                policy,
+                by.as_ref(),
+                r.grant.map(Into::into),
+            )
+            .await?;
         tracing::info!(key = %key.name, "front-door key added");
         Ok(Response::new(info_pb(&key)))
     }

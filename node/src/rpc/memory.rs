@@ -91,9 +91,10 @@ impl From<MemoryError> for Status {
             MemoryError::Storage(store) => super::store_status(&store, message),
             MemoryError::Resyncing => Status::failed_precondition(message),
             MemoryError::TooManyNamespaces { .. } => Status::resource_exhausted(message),
-            MemoryError::Reserved(_) | MemoryError::Private(_) | MemoryError::Revoked(_) => {
-                Status::permission_denied(message)
-            }
+            MemoryError::Reserved(_)
+            | MemoryError::Private(_)
+            | MemoryError::Revoked(_)
+            | MemoryError::Writer { .. } => Status::permission_denied(message),
             MemoryError::Revocation(revocation) => match revocation {
                 // (listed in full so a new kind of refusal gets its status here)
                 mesh_identity::RevocationError::Malformed(_) => Status::invalid_argument(message),

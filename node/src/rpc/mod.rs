@@ -809,7 +809,7 @@ mod tests {
         };
         fails_in_time("Tools.Call", {
             use crate::agent::tools::RemoteTools;
-            tools.call(&silent, &call)
+            tools.call(&silent, &call, None)
         })
         .await;
 

@@ -109,7 +109,7 @@ fn bench(runs: usize) -> anyhow::Result<()> {
         };
         let remote_call = || async {
             let started = Instant::now();
-            let output = remote.call(&host.addr, &call).await?;
+            let output = remote.call(&host.addr, &call, None).await?;
             anyhow::ensure!(output.text.contains("Europe/Paris"), "{}", output.text);
             anyhow::Ok(started.elapsed().as_secs_f64() * 1000.0)
         };

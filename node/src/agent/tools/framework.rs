@@ -7,8 +7,9 @@
 
 pub use mesh_domain::chat::MAX_TOOL_OUTPUT;
 pub(crate) use mesh_domain::chat::cap_tool_output as cap;
-use mesh_domain::{BoxFuture, TaskSpec, Tier, ToolSpec};
+use mesh_domain::{BoxFuture, EventKind, TaskSpec, Tier, ToolSpec};
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 /// A tool.
 pub trait Tool: Send + Sync + std::fmt::Debug {
@@ -36,6 +37,10 @@ pub struct ToolContext {
     pub task_id: String,
     /// The task's spec (tier, lineage, deadline).
     pub spec: TaskSpec,
+    /// Where a tool reports what happens while it runs, as the task's events (a peer's
+    /// approval of an MCP tool it hosts); `None` when nobody follows (the front door's MCP
+    /// server).
+    pub events: Option<mpsc::Sender<EventKind>>,
 }
 
 pub(crate) fn str_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, String> {
@@ -55,6 +60,7 @@ pub(crate) mod test_support {
         ToolContext {
             task_id: "t".into(),
             spec: TaskSpec::new("", Target::Role("chat".into())),
+            events: None,
         }
     }
 }

@@ -5,16 +5,18 @@
 //! [`RemoteTools`] port (`Tools.Call`, implemented by `rpc`), to the least loaded up peer that
 //! has it, the next one only when a peer cannot be reached at all.
 //!
-//! It must not decide who may call a tool: the supervisor's tier gate did before the call, and
-//! the hosting node's `admission` does again for a call from elsewhere.
+//! It must not decide who may call a tool: the supervisor's tier gate and this node's approval
+//! policy did before the call, and the hosting node's `admission` and its own approval policy
+//! do again for a call from elsewhere (whose approval events it passes on to the task).
 
 use std::{collections::BTreeSet, sync::Arc};
 
 use mesh_domain::{
-    BoxFuture, McpToolInfo, PeerState, Principal, Tier, ToolSpec,
+    BoxFuture, EventKind, McpToolInfo, PeerState, Principal, Tier, ToolSpec,
     mcp::{self, MAX_ARGUMENTS_BYTES},
 };
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 use crate::{
     agent::tools::framework::{Tool, ToolContext},
@@ -48,13 +50,15 @@ pub enum RemoteToolError {
     Failed(String),
 }
 
-/// Calls MCP tools hosted on peers (a port: `rpc` implements it with `Tools.Call`).
+/// Calls MCP tools hosted on peers (a port: `rpc` implements it with `Tools.CallStream`).
 pub trait RemoteTools: Send + Sync + std::fmt::Debug {
-    /// Runs `call` on the peer at `addr`.
+    /// Runs `call` on the peer at `addr`, sending what the peer reports meanwhile (its
+    /// approval gate's `ApprovalRequested` and `ApprovalDecided`) to `events`.
     fn call<'a>(
         &'a self,
         addr: &'a str,
         call: &'a RemoteCall,
+        events: Option<&'a mpsc::Sender<EventKind>>,
     ) -> BoxFuture<'a, Result<McpOutput, RemoteToolError>>;
 }
 
@@ -164,7 +168,7 @@ impl FleetTools {
         };
         let mut unreachable = Vec::new();
         for addr in &hosts {
-            match self.remote.call(addr, &call).await {
+            match self.remote.call(addr, &call, ctx.events.as_ref()).await {
                 Ok(output) => return Ok(output),
                 Err(RemoteToolError::Failed(message)) => return Err(message),
                 Err(RemoteToolError::Unreachable(message)) => {

@@ -98,6 +98,27 @@ pub fn python3() -> PathBuf {
     venv
 }
 
+/// Runs `tests/python/mcp_client.py` (its doc says what `ops` may be) against the `/mcp` of
+/// `node`'s front door, with `key` as a bearer key: the script's answer.
+pub fn mcp_client(node: &NodeProcess, key: Option<&str>, ops: &Value) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/mcp_client.py");
+    let url = format!("{}/mcp", node.http_url().expect("front door"));
+    let output = Command::new(python3())
+        .arg(script)
+        .arg(&url)
+        .arg(key.unwrap_or("-"))
+        .arg(ops.to_string())
+        .output()
+        .expect("run python3 (deploy/test.sh --setup-only installs `mcp`)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "mcp_client.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
 /// How often [`wait_for`] polls.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 
@@ -357,6 +378,8 @@ pub struct NodeOptions {
     pub wrapper: Vec<String>,
     /// `http.api_keys` of the front door (which listens on an ephemeral loopback port).
     pub http_keys: Vec<String>,
+    /// More keys of the `[http]` table, as TOML lines.
+    pub http_lines: String,
     /// The `[security]` table, as TOML lines. Default: `client_max_tier = "shell"`, so the
     /// harness's client certificate (the tests' operator) may run any tier; tests of the caps
     /// set their own.
@@ -387,6 +410,7 @@ impl NodeOptions {
             node_keys: String::new(),
             wrapper: Vec::new(),
             http_keys: Vec::new(),
+            http_lines: String::new(),
             security: "client_max_tier = \"shell\"\n".into(),
             issuer: false,
             log: None,
@@ -429,6 +453,13 @@ impl NodeOptions {
     /// Requires one of these bearer keys at the front door.
     pub fn http_keys(mut self, keys: &[&str]) -> Self {
         self.http_keys = keys.iter().map(|k| (*k).to_owned()).collect();
+        self
+    }
+
+    /// Adds a key of the `[http]` table, e.g. `allowed_origins = ["http://localhost:3000"]`.
+    pub fn http(mut self, line: &str) -> Self {
+        self.http_lines.push_str(line);
+        self.http_lines.push('\n');
         self
     }
 
@@ -682,8 +713,8 @@ impl Harness {
         }
         writeln!(
             config,
-            "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n",
-            options.http_keys
+            "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n{}",
+            options.http_keys, options.http_lines
         )?;
         writeln!(config, "[security]\n{}", options.security)?;
         config.push_str(&options.extra);

@@ -16,6 +16,7 @@
 //! - [`embed`]: embeddings: [`EmbedRequest`] (texts, bounded) and [`EmbedResponse`] (one
 //!   vector per text).
 //! - [`api_key`]: a front-door API key's name rules and [`KeyPolicy`] ([`KeyLimits`]).
+//! - [`origin`]: web origins and host names in the one form the front door compares them in.
 //! - [`keys`]: which namespaces and keys of the shared memory are valid.
 //! - [`time`], [`text`], [`sync`], [`future`], [`throttle`]: small helpers every layer needs
 //!   once.
@@ -32,6 +33,7 @@ pub mod id;
 pub mod keys;
 pub mod mcp;
 pub mod node;
+pub mod origin;
 pub mod sync;
 pub mod target;
 pub mod task;

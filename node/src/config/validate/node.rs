@@ -321,10 +321,40 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         }
         _ => {}
     }
+    let allowed_hosts = raw
+        .allowed_hosts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            mesh_domain::origin::host_port(text).ok_or_else(|| {
+                origin.invalid(
+                    &format!("http.allowed_hosts[{i}]"),
+                    format!("is `{text}`, not a host name"),
+                    "write a name or address as clients put it in `Host`, with or without a port: `mesh.example.com`, `mesh-node:7780`, `[fd00::5]`",
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let allowed_origins = raw
+        .allowed_origins
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            mesh_domain::origin::origin(text).ok_or_else(|| {
+                origin.invalid(
+                    &format!("http.allowed_origins[{i}]"),
+                    format!("is `{text}`, not a web origin"),
+                    "write the origin of the page as a browser sends it, `scheme://host[:port]` with no path: `https://chat.example.com`, `http://localhost:3000` (`null` and `*` are not allowed)",
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(HttpConfig {
         listen,
         api_keys: raw.api_keys,
         keys,
+        allowed_hosts,
+        allowed_origins,
     })
 }
 
@@ -449,6 +479,43 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("choose one"), "{message}");
+    }
+
+    #[test]
+    fn allowed_hosts_and_origins_are_read_into_one_form_and_bad_ones_named() {
+        let http = parse(
+            "[http]\nallowed_hosts = [\"Mesh-Node:7780\", \"mesh.example.com\"]\nallowed_origins = [\"HTTPS://Chat.Example.com:443\"]\n",
+        )
+        .expect("valid")
+        .http;
+        assert_eq!(http.allowed_hosts[0].host, "mesh-node");
+        assert_eq!(http.allowed_hosts[0].port, Some(7780));
+        assert_eq!(http.allowed_hosts[1].port, None);
+        assert_eq!(http.allowed_origins, ["https://chat.example.com"]);
+        assert!(
+            parse("[http]\n")
+                .expect("valid")
+                .http
+                .allowed_origins
+                .is_empty()
+        );
+        for (text, named) in [
+            (
+                "allowed_hosts = [\"ok\", \"http://x\"]",
+                "`http.allowed_hosts[1]` is `http://x`, not a host name",
+            ),
+            (
+                "allowed_origins = [\"null\"]",
+                "`http.allowed_origins[0]` is `null`, not a web origin",
+            ),
+            (
+                "allowed_origins = [\"https://a.example/app\"]",
+                "`http.allowed_origins[0]`",
+            ),
+        ] {
+            let message = err(&format!("[http]\n{text}\n"));
+            assert!(message.contains(named), "{text}: {message}");
+        }
     }
 
     #[test]

@@ -421,7 +421,9 @@ fn settled(h: &Harness, node: &NodeProcess, name: &str, requests: u64) -> Value 
 /// cancelled, though the backend had served its model calls, so a key whose budget those
 /// calls had spent kept getting answers. Both are charged now: what the backend reported, and
 /// for the call that failed or was cut off the estimate of its prompt; and then a request
-/// that no longer fits in what the key has left is refused, before any model is called.
+/// that no longer fits in what the key has left is refused, before any model is called. The
+/// tasks enter a laptop without models and run on the gpu, so what the gpu spent comes back
+/// with its outcome, also for the task cancelled on the laptop.
 #[test]
 fn failed_and_cancelled_mcp_tasks_are_charged_and_a_spent_key_is_then_refused() {
     const LIMIT: u64 = 20_000;
@@ -433,15 +435,17 @@ fn failed_and_cancelled_mcp_tasks_are_charged_and_a_spent_key_is_then_refused() 
         "[[http.keys]]\nname = \"agent\"\nkey_sha256 = \"{}\"\nmcp = true\nmax_tokens_per_day = {LIMIT}\n",
         sha256_hex(key)
     );
-    let gpu = h
-        .spawn(NodeOptions::new("gpu").extra(&fake.node_config(&keys)))
-        .expect("gpu");
+    let laptop = h
+        .spawn(NodeOptions::new("laptop").extra(&keys))
+        .expect("laptop");
+    let gpu = gpu(&h, &fake, &laptop, "");
+    h.wait_all_up(&[&laptop, &gpu], DEADLINE).expect("mesh");
     let task = |prompt: &str, give_up_after_s: Option<u64>| {
         let mut op = json!({"op": "call", "tool": "run_task", "args": {"prompt": prompt, "model": "m"}, "progress": true});
         if let Some(s) = give_up_after_s {
             op["give_up_after_s"] = json!(s);
         }
-        mcp_client(&gpu, Some(key), &json!([op]))["results"][0].clone()
+        mcp_client(&laptop, Some(key), &json!([op]))["results"][0].clone()
     };
 
     // A task that fails: a tool round the backend reports 250 tokens for, then a 500.
@@ -457,7 +461,7 @@ fn failed_and_cancelled_mcp_tasks_are_charged_and_a_spent_key_is_then_refused() 
             .is_some_and(|t| t.contains("failed")),
         "{failed}"
     );
-    let usage = settled(&h, &gpu, "agent", 1);
+    let usage = settled(&h, &laptop, "agent", 1);
     let today = &usage["today"]["m"];
     assert!(
         today["prompt_tokens"].as_u64().unwrap_or(0) > 200
@@ -473,7 +477,7 @@ fn failed_and_cancelled_mcp_tasks_are_charged_and_a_spent_key_is_then_refused() 
     ]);
     let cancelled = task("look around again", Some(3));
     assert_eq!(cancelled["gave_up"], true, "{cancelled}");
-    let usage = settled(&h, &gpu, "agent", 2);
+    let usage = settled(&h, &laptop, "agent", 2);
     let today = &usage["today"]["m"];
     assert!(
         today["prompt_tokens"].as_u64().unwrap_or(0) > 400
@@ -486,7 +490,7 @@ fn failed_and_cancelled_mcp_tasks_are_charged_and_a_spent_key_is_then_refused() 
     let before = fake.requests().len();
     let long = "x".repeat(19_600);
     let body = json!({"model": "m", "messages": [{"role": "user", "content": long}]}).to_string();
-    let (status, headers, answer) = post(&gpu, Some(key), &body);
+    let (status, headers, answer) = post(&laptop, Some(key), &body);
     assert_eq!(status, 429, "{answer}");
     assert!(answer.contains("max_tokens_per_day"), "{answer}");
     assert!(headers.contains("retry-after: "), "{headers}");

@@ -524,6 +524,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::api_keys::Keys;
 
     /// An edit of a valid call.
     type Edit = Box<dyn FnOnce(&mut Call)>;
@@ -586,26 +587,51 @@ mod tests {
         }
     }
 
-    /// A peer whose model answers every chat at once with 3 prompt and 4 completion tokens.
-    #[derive(Debug)]
-    struct Answering;
+    /// How the peer's model answers every chat, at once.
+    #[derive(Debug, Clone, Copy)]
+    enum Peer {
+        /// "ok", reporting 3 prompt and 4 completion tokens.
+        Answering,
+        /// 40 bytes of text, reporting no usage.
+        Unreported,
+        /// 40 bytes of text streamed, then a failure.
+        Failing,
+    }
 
-    impl crate::chat::RemoteChat for Answering {
+    /// What [`Peer::Unreported`] and [`Peer::Failing`] write.
+    const WRITTEN: &str = "0123456789012345678901234567890123456789";
+
+    impl crate::chat::RemoteChat for Peer {
         fn chat<'a>(
             &'a self,
             _addr: &'a str,
             _target: &'a Target,
             _request: &'a ChatRequest,
-            _deltas: &'a mpsc::UnboundedSender<String>,
+            deltas: &'a mpsc::UnboundedSender<String>,
         ) -> BoxFuture<'a, Result<ChatResponse, crate::chat::RemoteChatError>> {
-            Box::pin(async {
+            Box::pin(async move {
+                let (content, usage) = match self {
+                    Self::Answering => (
+                        "ok",
+                        Some(Usage {
+                            prompt_tokens: 3,
+                            completion_tokens: 4,
+                        }),
+                    ),
+                    Self::Unreported => (WRITTEN, None),
+                    Self::Failing => {
+                        let _ = deltas.send(WRITTEN.into());
+                        return Err(crate::chat::RemoteChatError {
+                            message: "the peer's model broke off".into(),
+                            streamed: true,
+                            invalid_request: false,
+                        });
+                    }
+                };
                 Ok(ChatResponse {
                     model: "m".into(),
-                    content: "ok".into(),
-                    usage: Some(Usage {
-                        prompt_tokens: 3,
-                        completion_tokens: 4,
-                    }),
+                    content: content.into(),
+                    usage,
                     ..ChatResponse::default()
                 })
             })
@@ -621,26 +647,19 @@ mod tests {
         }
     }
 
-    /// Regression: a streaming client hangs up as soon as it has the last choice (after
-    /// `[DONE]`), which raced the gateway's count of the ended choices, so a completed call
-    /// was sometimes charged as abandoned (its whole reservation) instead of the tokens the
-    /// model reported. Seen as a flaky keys test in CI. Two threads, so the client and the
-    /// gateway race as they do in the node.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_call_whose_client_hangs_up_after_the_last_answer_is_charged_what_it_spent() {
+    /// A chat service whose every chat goes to a peer answering as `peer`, the keys of a node
+    /// (in the returned temp dir) and a grant of key `k` with a large day budget.
+    fn keyed(peer: Peer, tag: &str) -> (tempfile::TempDir, Arc<ChatService>, Arc<Keys>, KeyGrant) {
         use crate::{
             admission::Admission as Placer,
-            api_keys::{KeySource, Keys},
+            api_keys::KeySource,
             capabilities::test_support::test_capabilities,
             config::{HttpConfig, Listen},
             llm::ModelRegistry,
             memory::{MemoryOptions, test_support},
-            router::Destination,
         };
-        let (_dir, memory) = test_support::open_memory(
-            &test_support::id("gateway-hang-up"),
-            MemoryOptions::default(),
-        );
+        let (dir, memory) =
+            test_support::open_memory(&test_support::id(tag), MemoryOptions::default());
         let http = HttpConfig {
             listen: Listen {
                 addr: "127.0.0.1:0".parse().expect("addr"),
@@ -658,7 +677,7 @@ mod tests {
                 Arc::default(),
                 mesh_domain::Tier::Read,
             )),
-            Arc::new(Answering),
+            Arc::new(peer),
         ));
         let keys = Arc::new(Keys::new(memory, &http).expect("keys"));
         let grant = KeyGrant {
@@ -673,34 +692,67 @@ mod tests {
                 ..Default::default()
             },
         };
+        (dir, chat, keys, grant)
+    }
+
+    /// A one-choice chat of "hi", admitted for `grant`, run on the peer.
+    async fn run_one(chat: &Arc<ChatService>, keys: &Arc<Keys>, grant: &KeyGrant) -> Run {
+        let mut call = Call::new(
+            "m".into(),
+            ChatRequest {
+                messages: vec![Message::text(Role::User, "hi")],
+                ..ChatRequest::default()
+            },
+        );
+        let ask = Ask {
+            prompt: prompt_token_bound(&call.chat.messages, &call.chat.tools),
+            completion: None,
+            choices: 1,
+        };
+        let charge = keys.admit(grant, &call.model, ask).await.expect("admitted");
+        assert!(
+            charge.reserved() > 7,
+            "the call reserves more than it spends"
+        );
+        call.chat.sampling.max_tokens = charge.max_tokens();
+        let placement = Placement::Remote(vec![crate::router::Destination {
+            name: "gpu".into(),
+            addr: "gpu".into(),
+        }]);
+        run_placed(Arc::clone(chat), call, placement, Some(charge))
+    }
+
+    /// Key `k`'s usage of `m` today, once `requests` requests are settled (none reserved).
+    async fn settled(keys: &Keys, requests: u64) -> crate::api_keys::ModelCount {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let usage = keys.usage().expect("usage");
+            let usage = usage
+                .into_iter()
+                .find(|u| u.name == "k")
+                .expect("k counted");
+            let count = usage.today.get("m").copied().unwrap_or_default();
+            if (count.requests == requests && usage.reserved_today == 0)
+                || std::time::Instant::now() > deadline
+            {
+                assert_eq!(usage.reserved_today, 0, "never settled");
+                return count;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await; // poll again until the deadline
+        }
+    }
+
+    /// Regression: a streaming client hangs up as soon as it has the last choice (after
+    /// `[DONE]`), which raced the gateway's count of the ended choices, so a completed call
+    /// was sometimes charged as abandoned (its whole reservation) instead of the tokens the
+    /// model reported. Seen as a flaky keys test in CI. Two threads, so the client and the
+    /// gateway race as they do in the node.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_whose_client_hangs_up_after_the_last_answer_is_charged_what_it_spent() {
+        let (_dir, chat, keys, grant) = keyed(Peer::Answering, "gateway-hang-up");
         const CALLS: u64 = 20;
         for _ in 0..CALLS {
-            let mut call = Call::new(
-                "m".into(),
-                ChatRequest {
-                    messages: vec![Message::text(Role::User, "hi")],
-                    ..ChatRequest::default()
-                },
-            );
-            let ask = Ask {
-                prompt: prompt_token_bound(&call.chat.messages, &call.chat.tools),
-                completion: None,
-                choices: 1,
-            };
-            let charge = keys
-                .admit(&grant, &call.model, ask)
-                .await
-                .expect("admitted");
-            assert!(
-                charge.reserved() > 7,
-                "the call reserves more than it spends"
-            );
-            call.chat.sampling.max_tokens = charge.max_tokens();
-            let placement = Placement::Remote(vec![Destination {
-                name: "gpu".into(),
-                addr: "gpu".into(),
-            }]);
-            let mut run = run_placed(Arc::clone(&chat), call, placement, Some(charge));
+            let mut run = run_one(&chat, &keys, &grant).await;
             while let Some(event) = run.next().await {
                 if matches!(event, Event::Done { .. }) {
                     break;
@@ -709,27 +761,35 @@ mod tests {
             // The client hangs up with the answer in hand.
             drop(run);
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let usage = loop {
-            let usage = keys.usage().expect("usage");
-            let usage = usage
-                .into_iter()
-                .find(|u| u.name == "k")
-                .expect("k counted");
-            let settled = usage.today.get("m").map_or(0, |c| c.prompt_tokens) == 3 * CALLS;
-            if settled || std::time::Instant::now() > deadline {
-                break usage;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await; // poll again until the deadline
-        };
-        assert_eq!(usage.today["m"].requests, CALLS);
-        assert_eq!(usage.today["m"].prompt_tokens, 3 * CALLS);
+        let count = settled(&keys, CALLS).await;
+        assert_eq!(count.prompt_tokens, 3 * CALLS);
         assert_eq!(
-            usage.today["m"].completion_tokens,
+            count.completion_tokens,
             4 * CALLS,
             "a completed call was charged as abandoned"
         );
-        assert_eq!(usage.tokens_today, 7 * CALLS);
+    }
+
+    /// Issue 26, item 4: a chat choice that failed, and an answer from a backend that reports
+    /// no usage, were charged nothing. The first is charged the estimate of its prompt and of
+    /// the text it streamed before it failed, the second the estimate of its prompt and answer.
+    #[tokio::test]
+    async fn a_failed_choice_and_an_answer_without_usage_are_charged_estimates() {
+        let prompt =
+            mesh_domain::chat::estimate_prompt_tokens(&[Message::text(Role::User, "hi")], &[]);
+        let written = estimate_text_tokens(WRITTEN.len());
+        assert_eq!(written, 10);
+        for (peer, failed) in [(Peer::Unreported, false), (Peer::Failing, true)] {
+            let (_dir, chat, keys, grant) = keyed(peer, "gateway-estimates");
+            let run = run_one(&chat, &keys, &grant).await;
+            assert_eq!(run.finish().await.is_err(), failed, "{peer:?}");
+            let count = settled(&keys, 1).await;
+            assert_eq!(
+                (count.prompt_tokens, count.completion_tokens),
+                (prompt, written),
+                "{peer:?}"
+            );
+        }
     }
 
     #[test]

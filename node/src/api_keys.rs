@@ -1215,6 +1215,21 @@ mod tests {
         }
     }
 
+    /// Two nodes knowing the key `team` (`sk-team-0123456789`) with `limits`, and its grant.
+    fn team(limits: KeyLimits, tag: &str) -> (Fleet, KeyGrant) {
+        let config = http(
+            vec![configured("team", "sk-team-0123456789", limited(limits))],
+            &[],
+        );
+        let fleet = Fleet::new(&config, tag);
+        let grant = fleet
+            .a
+            .authenticate("sk-team-0123456789")
+            .expect("read")
+            .expect("the configured key");
+        (fleet, grant)
+    }
+
     /// Two nodes' key registries with the same config, and a link to pull between them.
     struct Fleet {
         _dirs: Vec<tempfile::TempDir>,
@@ -1268,23 +1283,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_day_budget_holds_whichever_node_is_used_and_names_when_it_resets() {
-        let config = http(
-            vec![configured(
-                "team",
-                "sk-team-0123456789",
-                limited(KeyLimits {
-                    max_tokens_per_day: Some(100),
-                    ..KeyLimits::default()
-                }),
-            )],
-            &[],
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(100),
+                ..KeyLimits::default()
+            },
+            "budget",
         );
-        let fleet = Fleet::new(&config, "budget");
-        let grant = fleet
-            .a
-            .authenticate("sk-team-0123456789")
-            .expect("read")
-            .expect("the configured key");
         // Node A: no max_tokens asked, so the model may write what the day has left.
         let first = fleet
             .a
@@ -1341,23 +1346,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_running_request_reserves_its_tokens_so_concurrent_ones_see_them() {
-        let config = http(
-            vec![configured(
-                "team",
-                "sk-team-0123456789",
-                limited(KeyLimits {
-                    max_tokens_per_day: Some(100),
-                    ..KeyLimits::default()
-                }),
-            )],
-            &[],
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(100),
+                ..KeyLimits::default()
+            },
+            "reserve",
         );
-        let fleet = Fleet::new(&config, "reserve");
-        let grant = fleet
-            .a
-            .authenticate("sk-team-0123456789")
-            .expect("read")
-            .expect("key");
         let running = fleet
             .a
             .admit_at(&grant, "m1", asks(Some(80), 1), NOW)
@@ -1402,23 +1397,13 @@ mod tests {
     async fn concurrent_requests_on_a_node_cannot_spend_past_a_token_limit() {
         const LIMIT: u64 = 100_000;
         const PROMPT: u64 = 300;
-        let config = http(
-            vec![configured(
-                "team",
-                "sk-team-0123456789",
-                limited(KeyLimits {
-                    max_tokens_per_day: Some(LIMIT),
-                    ..KeyLimits::default()
-                }),
-            )],
-            &[],
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(LIMIT),
+                ..KeyLimits::default()
+            },
+            "concurrent",
         );
-        let fleet = Fleet::new(&config, "concurrent");
-        let grant = fleet
-            .a
-            .authenticate("sk-team-0123456789")
-            .expect("read")
-            .expect("key");
         let ask = Ask {
             prompt: PROMPT,
             completion: None,
@@ -1473,23 +1458,13 @@ mod tests {
     /// retry when they end (`Retry-After: 1`).
     #[tokio::test]
     async fn a_prompt_larger_than_what_is_left_is_refused_before_it_runs() {
-        let config = http(
-            vec![configured(
-                "team",
-                "sk-team-0123456789",
-                limited(KeyLimits {
-                    max_tokens_per_day: Some(1000),
-                    ..KeyLimits::default()
-                }),
-            )],
-            &[],
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(1000),
+                ..KeyLimits::default()
+            },
+            "prompt",
         );
-        let fleet = Fleet::new(&config, "prompt");
-        let grant = fleet
-            .a
-            .authenticate("sk-team-0123456789")
-            .expect("read")
-            .expect("key");
         let big = Ask {
             prompt: 1000,
             completion: None,
@@ -1542,23 +1517,14 @@ mod tests {
     /// the key's usage.
     #[tokio::test]
     async fn a_charge_dropped_unsettled_is_charged_its_reservation() {
-        let config = http(
-            vec![configured(
-                "team",
-                "sk-team-0123456789",
-                limited(KeyLimits {
-                    max_tokens_per_day: Some(1000),
-                    ..KeyLimits::default()
-                }),
-            )],
-            &[],
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(1000),
+                ..KeyLimits::default()
+            },
+            "drop",
         );
-        let fleet = Fleet::new(&config, "drop");
         let keys = Arc::new(fleet.a);
-        let grant = keys
-            .authenticate("sk-team-0123456789")
-            .expect("read")
-            .expect("key");
         let charge = keys
             .admit(
                 &grant,

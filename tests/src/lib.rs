@@ -119,6 +119,62 @@ pub fn mcp_client(node: &NodeProcess, key: Option<&str>, ops: &Value) -> Value {
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
+/// Runs `script` with `python3 -c` and `args`; its stdout, which must be JSON, once it
+/// succeeded.
+pub fn python_json(script: &str, args: &[&str]) -> Value {
+    let output = Command::new(python3())
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run python3 (deploy/test.sh --setup-only installs the clients)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the script prints JSON")
+}
+
+/// Sends `method path` with `headers` and `body` to `node`'s front door, on a connection of
+/// its own: the status, the response's head (lower-case) and what came of its body within
+/// 10 s (a stream that stays open is cut there).
+pub fn http_request(
+    node: &NodeProcess,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let url = node.http_url().expect("front door");
+    let addr = url.trim_start_matches("http://");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    let mut socket = std::net::TcpStream::connect(addr).expect("connect");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    socket.write_all(request.as_bytes()).expect("send");
+    let mut response = Vec::new();
+    let _ = socket.read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response:?}"));
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
 /// How often [`wait_for`] polls.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 

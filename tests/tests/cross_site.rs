@@ -10,16 +10,10 @@
 //! One node serving `m` (chats) and `e` (embeddings) from the scripted fake, whose request
 //! counts say whether a model was called.
 
-use std::{
-    io::{Read, Write},
-    process::Command,
-    time::Duration,
-};
-
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
     fake_openai::{FakeOpenAi, Scripted},
-    python3,
+    http_request, python_json,
 };
 use serde_json::{Value, json};
 
@@ -61,7 +55,7 @@ fn model_calls() -> Vec<(&'static str, Value)> {
 }
 
 /// `method path` to `node`'s front door with `headers` (a `Host` among them, or none) and
-/// `body`: the status and what came of the body within a few seconds.
+/// `body`: the status and what came of the body.
 fn send(
     node: &NodeProcess,
     method: &str,
@@ -69,35 +63,9 @@ fn send(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String) {
-    let url = node.http_url().expect("front door");
-    let addr = url.trim_start_matches("http://");
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nConnection: close\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    let mut socket = std::net::TcpStream::connect(addr).expect("connect");
-    socket
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    socket.write_all(request.as_bytes()).expect("send");
-    let mut response = Vec::new();
-    // An `/mcp` answer is a stream: what arrived before the timeout is enough.
-    let _ = socket.read_to_end(&mut response);
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {response:?}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
+    let mut headers = headers.to_vec();
+    headers.push(("Accept", "application/json, text/event-stream"));
+    let (status, _, body) = http_request(node, method, path, &headers, body);
     (status, body)
 }
 
@@ -271,18 +239,7 @@ print(json.dumps({"openai": chat.choices[0].message.content,
                   "anthropic": message.content[0].text,
                   "ollama": local.message.content}))
 "#;
-    let output = Command::new(python3())
-        .arg("-c")
-        .arg(script)
-        .arg(&url)
-        .output()
-        .expect("run python3 (deploy/test.sh --setup-only installs the clients)");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    let report = python_json(script, &[&url]);
     assert_eq!(
         report,
         json!({"openai": "ok", "anthropic": "ok", "ollama": "ok"})

@@ -11,15 +11,12 @@
 //! Two nodes with static peers and mDNS off: a laptop without models and a gpu serving `m` from
 //! a scripted fake backend, so every request is placed on the gpu, whichever node it enters.
 
-use std::{
-    io::{Read, Write},
-    time::Duration,
-};
+use std::time::Duration;
 
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
     fake_openai::{FakeOpenAi, Scripted},
-    mcp_client, unix_ms, wait_for,
+    http_request, mcp_client, unix_ms, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -80,29 +77,10 @@ fn send(
 ) -> (u16, String, String) {
     let url = node.http_url().expect("front door");
     let host = url.trim_start_matches("http://");
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    if let Some(key) = key {
-        request.push_str(&format!("Authorization: Bearer {key}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    let mut socket = std::net::TcpStream::connect(host).expect("connect");
-    socket.write_all(request.as_bytes()).expect("send");
-    let mut response = String::new();
-    socket.read_to_string(&mut response).expect("read");
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no body: {response}"));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {response}"));
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    let bearer = key.map(|key| format!("Bearer {key}"));
+    let mut headers = vec![("Host", host), ("Content-Type", "application/json")];
+    headers.extend(bearer.as_deref().map(|b| ("Authorization", b)));
+    http_request(node, method, path, &headers, body)
 }
 
 /// `mesh-cli ARGS` on `node`: its stdout as JSON, once it succeeded.
@@ -566,7 +544,8 @@ fn a_burst_of_chats_cannot_spend_past_the_keys_limit() {
 /// Issue 26, item 4: a stored response was owned by the name of the key that made it, so a
 /// key given the same name later (or on another node's config) read it. It is owned by the
 /// key itself now: after `ops` is revoked and a new key added under its name, the new key
-/// gets a 404 for the old key's response.
+/// gets a 404 for the old key's response. The new key is added with `--mcp` (item 8): it
+/// reaches `/mcp`, the first, without the scope, did not.
 #[test]
 fn a_stored_response_is_not_served_to_another_key_of_the_same_name() {
     let h = Harness::new().expect("harness");
@@ -575,13 +554,18 @@ fn a_stored_response_is_not_served_to_another_key_of_the_same_name() {
     let gpu = h
         .spawn(NodeOptions::new("gpu").extra(&fake.node_config("")))
         .expect("gpu");
-    let add = || {
-        cli_json(&h, &gpu, &["keys", "add", "ops", "--json"])["key"]
+    let add = |flags: &[&str]| {
+        let mut args = vec!["keys", "add", "ops", "--json"];
+        args.extend(flags);
+        cli_json(&h, &gpu, &args)["key"]
             .as_str()
             .expect("the key")
             .to_owned()
     };
-    let first = add();
+    let list_tools = json!([{"op": "list_tools"}]);
+    let first = add(&[]);
+    let refused = mcp_client(&gpu, Some(&first), &list_tools);
+    assert!(refused["connect_error"].is_string(), "{refused}");
     let (status, _, stored) = post_to(
         &gpu,
         "/v1/responses",
@@ -597,8 +581,12 @@ fn a_stored_response_is_not_served_to_another_key_of_the_same_name() {
     assert_eq!(send(&gpu, "GET", &path, Some(&first), "").0, 200);
     let removed = h.cli(&gpu, &["keys", "rm", "ops"]).expect("mesh-cli");
     assert!(removed.status.success());
-    let second = add();
+    let second = add(&["--mcp"]);
     assert_ne!(first, second);
+    let listed = cli_json(&h, &gpu, &["keys", "list", "--json"]);
+    assert_eq!(listed["keys"][0]["policy"]["mcp"], true, "{listed}");
+    let tools = mcp_client(&gpu, Some(&second), &list_tools);
+    assert!(tools["results"][0]["tools"].is_array(), "{tools}");
     assert_eq!(
         chat(&gpu, Some(&second), "m").status,
         200,

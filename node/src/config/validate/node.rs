@@ -321,34 +321,20 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         }
         _ => {}
     }
-    let allowed_hosts = raw
-        .allowed_hosts
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            mesh_domain::origin::host_port(text).ok_or_else(|| {
-                origin.invalid(
-                    &format!("http.allowed_hosts[{i}]"),
-                    format!("is `{text}`, not a host name"),
-                    "write a name or address as clients put it in `Host`, with or without a port: `mesh.example.com`, `mesh-node:7780`, `[fd00::5]`",
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let allowed_origins = raw
-        .allowed_origins
-        .iter()
-        .enumerate()
-        .map(|(i, text)| {
-            mesh_domain::origin::origin(text).ok_or_else(|| {
-                origin.invalid(
-                    &format!("http.allowed_origins[{i}]"),
-                    format!("is `{text}`, not a web origin"),
-                    "write the origin of the page as a browser sends it, `scheme://host[:port]` with no path: `https://chat.example.com`, `http://localhost:3000` (`null` and `*` are not allowed)",
-                )
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let allowed_hosts = each(
+        &raw.allowed_hosts,
+        origin,
+        ("http.allowed_hosts", "a host name"),
+        mesh_domain::origin::host_port,
+        "write a name or address as clients put it in `Host`, with or without a port: `mesh.example.com`, `mesh-node:7780`, `[fd00::5]`",
+    )?;
+    let allowed_origins = each(
+        &raw.allowed_origins,
+        origin,
+        ("http.allowed_origins", "a web origin"),
+        mesh_domain::origin::origin,
+        "write the origin of the page as a browser sends it, `scheme://host[:port]` with no path: `https://chat.example.com`, `http://localhost:3000` (`null` and `*` are not allowed)",
+    )?;
     Ok(HttpConfig {
         listen,
         api_keys: raw.api_keys,
@@ -356,6 +342,29 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         allowed_hosts,
         allowed_origins,
     })
+}
+
+/// Every entry of the list `key` read by `parse`; the first that is not `what` is an error
+/// naming it (`key[i]`) with `fix`.
+fn each<T>(
+    list: &[String],
+    origin: &Origin,
+    (key, what): (&str, &str),
+    parse: impl Fn(&str) -> Option<T>,
+    fix: &str,
+) -> Result<Vec<T>, ConfigError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, text)| {
+            parse(text).ok_or_else(|| {
+                origin.invalid(
+                    &format!("{key}[{i}]"),
+                    format!("is `{text}`, not {what}"),
+                    fix,
+                )
+            })
+        })
+        .collect()
 }
 
 /// The shortest API key accepted: 16 characters (64 bits of hex), so that a short password

@@ -350,20 +350,19 @@ impl TaskManager {
                 inner.forwarder.as_ref(),
             );
             tokio::pin!(run);
-            let result = tokio::select! {
-                () = task.cancel.cancelled() => Err(TaskError::Cancelled {
+            // Whether it was stopped here, `run` still running (a `run` that ended, also with
+            // the other node's own `cancelled` or `deadline`, must not be polled again).
+            let (result, stopped) = tokio::select! {
+                () = task.cancel.cancelled() => (Err(TaskError::Cancelled {
                     reason: task.cancel_reason.lock_unpoisoned().clone()
                         .unwrap_or_else(|| "cancelled by a caller".into()),
-                }),
-                () = tokio::time::sleep_until(task.deadline) => Err(TaskError::Deadline {
+                }), true),
+                () = tokio::time::sleep_until(task.deadline) => (Err(TaskError::Deadline {
                     seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
-                }),
-                result = &mut run => result,
+                }), true),
+                result = &mut run => (result, false),
             };
-            if matches!(
-                result,
-                Err(TaskError::Cancelled { .. } | TaskError::Deadline { .. })
-            ) {
+            if stopped {
                 stop.cancel();
                 let running_on = current.lock_unpoisoned().clone();
                 if let Some(addr) = running_on {

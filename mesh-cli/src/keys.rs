@@ -66,6 +66,10 @@ pub(crate) struct AddArgs {
     /// Prompt plus completion tokens per minute, over the fleet.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     tokens_per_minute: Option<u64>,
+    /// Give it the `mcp` scope: it may use the front door's `/mcp` (tasks run by agents, the
+    /// fleet, the shared memory's user namespaces). Without it the key reaches models only.
+    #[arg(long)]
+    mcp: bool,
     /// Print JSON (`{"name", "key", ...}`) instead of text.
     #[arg(long)]
     json: bool,
@@ -89,6 +93,7 @@ fn policy_json(policy: Option<&pb::KeyPolicy>) -> Value {
         "max_tokens_per_month": policy.max_tokens_per_month,
         "requests_per_minute": policy.requests_per_minute,
         "tokens_per_minute": policy.tokens_per_minute,
+        "mcp": policy.mcp,
     })
 }
 
@@ -159,6 +164,9 @@ fn policy_cell(policy: Option<&pb::KeyPolicy>) -> String {
             parts.push(format!("{value} {name}"));
         }
     }
+    if policy.mcp {
+        parts.push("mcp".to_owned());
+    }
     parts.join(", ")
 }
 
@@ -178,6 +186,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                 max_tokens_per_month: args.tokens_per_month,
                 requests_per_minute: args.requests_per_minute,
                 tokens_per_minute: args.tokens_per_minute,
+                mcp: args.mcp,
             };
             let sha256 = hex::encode(Sha256::digest(key.as_bytes()));
             // The operator's own statement of the key, which every node checks before it

@@ -11,10 +11,13 @@
 //! Usage is counted per key name, per model, per node and per UTC day in the system namespace
 //! `http_key_usage` (key `name/YYYY-MM-DD/node id`): each node writes only its own records, so
 //! there is no write conflict, and the fleet's total is the sum over nodes, read from this
-//! node's replica. A request counts as started before it runs (its request, and a reservation of
-//! up to [`RESERVATION_CAP`] tokens of its capped `max_tokens`), so concurrent requests see each
-//! other; see docs/operations.md for how far concurrent nodes can pass a budget. Records of days
-//! before the previous month are collected ([`Keys::collect`]).
+//! node's replica. A request counts as started before it runs, with a reservation of everything
+//! it is granted: an upper bound of its prompt (what [`Ask`] says) and the `max_tokens` it may
+//! write. So concurrent requests see each other, and on one node a key's token limits hold
+//! whatever the concurrency; see docs/operations.md for how far concurrent nodes can pass a
+//! budget. A request's [`Charge`] settles once with what it spent, or, dropped unsettled, with
+//! its whole reservation. Records of days before the previous month are collected
+//! ([`Keys::collect`]).
 //!
 //! This module decides and counts; it speaks no HTTP or protobuf (the front door and
 //! `rpc::keys` translate), and it decides nothing about who may add or remove keys (`rpc::keys`
@@ -48,15 +51,82 @@ use crate::{
 pub const KEY_PREFIX: &str = "sk-mesh-";
 /// Most keys the fleet keeps in the memory: each request's authentication reads them all.
 pub const MAX_RUNTIME_KEYS: usize = 1000;
-/// Most tokens a request reserves against a token limit when it is admitted: the capped
-/// `max_tokens` up to this. A larger reservation would serialise a key's requests while a
-/// long answer runs; a smaller one lets concurrent requests pass a budget by more.
-pub const RESERVATION_CAP: u64 = 4096;
+/// `max_tokens` granted to a request of a key with a token limit that names none: what it
+/// reserves of the key's budget while it runs. Everything the key has left would hold the
+/// key's other requests off until it ends.
+pub const DEFAULT_GRANT: u64 = 16_384;
+
 impl Admission {
-    /// Tokens reserved for the request while it runs.
+    /// Tokens reserved for the request while it runs: its prompt's upper bound and its granted
+    /// `max_tokens`, per choice (0 for a key without token limits).
     pub fn reserved(&self) -> u64 {
         self.reserved
     }
+}
+
+/// An admitted request's charge against its key, settled once: with what the request spent
+/// ([`Charge::settle`]), or, when it is dropped unsettled (the handler holding it was dropped:
+/// its client went away before the outcome, or the node is stopping), in the background with
+/// its whole reservation, the most the request was granted. A client cannot spend unseen by
+/// hanging up.
+#[derive(Debug)]
+pub struct Charge {
+    keys: Arc<Keys>,
+    /// Until settled.
+    admission: Option<Admission>,
+}
+
+impl Charge {
+    /// `max_tokens` to send to the model (see [`Admission::max_tokens`]).
+    pub fn max_tokens(&self) -> Option<u32> {
+        self.admission.as_ref().and_then(|a| a.max_tokens)
+    }
+
+    /// Tokens reserved for the request while it runs.
+    pub fn reserved(&self) -> u64 {
+        self.admission.as_ref().map_or(0, Admission::reserved)
+    }
+
+    /// Settles the request with what it `spent`.
+    pub async fn settle(mut self, spent: Usage) {
+        if let Some(admission) = self.admission.take() {
+            self.keys.record(admission, spent).await;
+        }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        let Some(admission) = self.admission.take() else {
+            return;
+        };
+        let spent = Usage {
+            prompt_tokens: 0,
+            completion_tokens: admission.reserved,
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let keys = Arc::clone(&self.keys);
+                runtime.spawn(async move { keys.record(admission, spent).await });
+            }
+            // No runtime (the node is gone): the reservation stays counted for the day.
+            Err(_) => tracing::warn!(
+                key = %admission.key,
+                "a front-door request's charge was dropped outside the runtime; its reservation stays counted"
+            ),
+        }
+    }
+}
+
+/// What a request asks of a key's budget, known before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    /// At most how many tokens one choice's prompt is (`mesh_domain::chat::prompt_token_bound`).
+    pub prompt: u64,
+    /// Tokens one choice may write (`max_tokens`); `None`: up to [`DEFAULT_GRANT`].
+    pub completion: Option<u64>,
+    /// How many choices: each reads the prompt and writes its own answer.
+    pub choices: u32,
 }
 
 /// Most usage records read for one key's month: 31 days times this many nodes writing.
@@ -144,23 +214,52 @@ pub struct KeyInfo {
 /// Who a presented key is: what the front door hands the gateway as the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyGrant {
-    /// The key's name (`api_keys[i]` for a plain key).
+    /// The key's name (`api_keys[i]` for a plain key): what its usage and limits are counted
+    /// by, fleet-wide.
     pub name: String,
+    /// The key's id ([`key_id`]): what it owns (stored responses) is owned by the key itself,
+    /// so another key given the same name (on another node's config, or added after this one
+    /// was revoked) owns none of it.
+    pub id: String,
     /// Where it is defined.
     pub source: KeySource,
     /// What it may do.
     pub policy: KeyPolicy,
 }
 
+/// A key's id: a hash of its SHA-256 (domain-separated, so the id is no key hash a node
+/// compares presented keys with), the same on every node that knows the key, in hex.
+pub fn key_id(sha256: &[u8; 32]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"agentmesh front-door key id\0");
+    hasher.update(sha256);
+    hex::encode(&hasher.finalize()[..16])
+}
+
 impl KeyGrant {
-    /// A grant of key `name` from the config, without limits (for tests of what keys own).
+    /// A grant of the key `secret` named `name` from the config, without limits (for tests of
+    /// what keys own).
     #[cfg(test)]
-    pub fn named(name: &str) -> Self {
+    pub fn named(name: &str, secret: &str) -> Self {
         Self {
             name: name.to_owned(),
+            id: key_id(&key_sha256(secret)),
             source: KeySource::Config,
             policy: KeyPolicy::default(),
         }
+    }
+
+    /// Whether it may use the front door's `/mcp`: a plain `http.api_keys` key (the node's
+    /// own, unlimited) may, a named key only with the `mcp` scope.
+    pub fn may_use_mcp(&self) -> Result<(), Refusal> {
+        if self.source == KeySource::ApiKeys || self.policy.mcp {
+            return Ok(());
+        }
+        count_refusal(&self.name, "mcp");
+        Err(Refusal::Scope {
+            key: self.name.clone(),
+            scope: "mcp",
+        })
     }
 
     /// Whether its usage is counted (plain `http.api_keys` are not: they stay as cheap as
@@ -211,8 +310,18 @@ pub enum Refusal {
         /// What it may use.
         allowed: String,
     },
-    /// A limit is reached (HTTP 429).
-    #[error("key `{key}` reached its {} of {limit} ({used} used, fleet-wide); it resets in {retry_after_s} s (at {})", kind.as_str(), iso(*resets_at_ms))]
+    /// The key may not use this endpoint: it lacks the scope (HTTP 403).
+    #[error(
+        "key `{key}` has no `{scope}` scope, so it may not use /{scope}; ask the mesh's operator for a key with it ([[http.keys]] {scope} = true, or `mesh-cli keys add NAME --{scope}`)"
+    )]
+    Scope {
+        /// The key's name.
+        key: String,
+        /// The scope it lacks.
+        scope: &'static str,
+    },
+    /// A limit is reached, or what it has left is less than the request may take (HTTP 429).
+    #[error("{}", limit_message(key, *kind, *limit, *used, *needed, *retry_after_s, *resets_at_ms))]
     Limit {
         /// The key's name.
         key: String,
@@ -220,11 +329,15 @@ pub enum Refusal {
         kind: LimitKind,
         /// The limit.
         limit: u64,
-        /// How much of it the fleet used.
+        /// How much of it the fleet used, or reserved for requests still running.
         used: u64,
+        /// What the request may take (its prompt's upper bound and one token per answer, per
+        /// choice); 0 when the limit is simply reached.
+        needed: u64,
         /// When it resets (Unix ms).
         resets_at_ms: u64,
-        /// Seconds until then, at least 1 (the `Retry-After` header).
+        /// Seconds until it is worth retrying, at least 1 (the `Retry-After` header): when the
+        /// limit resets, or, when running requests hold what the request needs, 1.
         retry_after_s: u64,
     },
     /// Counting the request failed (the memory): it is not run uncounted.
@@ -238,8 +351,8 @@ pub enum Refusal {
 }
 
 /// A request admitted: what it may ask of the model, and what [`Keys::record`] needs to settle
-/// its count. Dropping it without recording leaves its reservation in place until the day ends
-/// (the conservative side).
+/// its count. Dropping it without recording leaves its reservation counted for the day (the
+/// conservative side); the front door holds it in a [`Charge`], which settles it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
     /// `max_tokens` to send to the model: the request's, capped to what the key's token limits
@@ -311,6 +424,8 @@ pub struct KeyUsage {
     pub tokens_today: u64,
     /// Tokens this month, reservations included.
     pub tokens_month: u64,
+    /// Tokens reserved today by requests still running (part of `tokens_today`).
+    pub reserved_today: u64,
     /// Requests started this minute.
     pub requests_this_minute: u64,
     /// Tokens this minute, reservations included.
@@ -400,6 +515,7 @@ impl Keys {
             if bool::from(key.sha256.ct_eq(&hash)) && found.is_none() {
                 found = Some(KeyGrant {
                     name: key.name.clone(),
+                    id: key_id(&hash),
                     source: key.source,
                     policy: key.policy.clone(),
                 });
@@ -413,6 +529,7 @@ impl Keys {
             if bool::from(stored.sha256.as_bytes().ct_eq(hex.as_bytes())) {
                 return Ok(Some(KeyGrant {
                     name,
+                    id: key_id(&hash),
                     source: KeySource::Runtime,
                     policy: stored.policy,
                 }));
@@ -574,28 +691,31 @@ impl Keys {
         Ok(())
     }
 
-    /// Admits a request of `grant` for `model` asking for `max_tokens` in each of `choices`
-    /// answers, now.
+    /// Admits a request of `grant` for `model` asking `ask`, now: the [`Charge`] that settles
+    /// it, whichever way it ends.
     pub async fn admit(
-        &self,
+        self: &Arc<Self>,
         grant: &KeyGrant,
         model: &str,
-        max_tokens: Option<u32>,
-        choices: u32,
-    ) -> Result<Admission, Refusal> {
-        self.admit_at(grant, model, max_tokens, choices, unix_ms())
-            .await
+        ask: Ask,
+    ) -> Result<Charge, Refusal> {
+        let admission = self.admit_at(grant, model, ask, unix_ms()).await?;
+        Ok(Charge {
+            keys: Arc::clone(self),
+            admission: Some(admission),
+        })
     }
 
     /// [`Keys::admit`] at `now_ms`: checks the model, then every limit against the fleet's
-    /// usage, caps `max_tokens` so that all `choices` together fit in what the token limits
-    /// have left, and counts the request (with its reservation) before it runs.
+    /// usage; refuses a request that would not fit in what the token limits have left (its
+    /// prompt's upper bound and one token per choice); grants each choice `max_tokens` up to
+    /// what is asked ([`DEFAULT_GRANT`] when nothing is) and what is left; and counts the
+    /// request, reserving all it is granted, before it runs.
     pub async fn admit_at(
         &self,
         grant: &KeyGrant,
         model: &str,
-        max_tokens: Option<u32>,
-        choices: u32,
+        ask: Ask,
         now_ms: u64,
     ) -> Result<Admission, Refusal> {
         let target = model
@@ -616,7 +736,7 @@ impl Keys {
                 .get_or_create(&labels(&[("key", &grant.name), ("model", model)]))
                 .inc();
             return Ok(Admission {
-                max_tokens,
+                max_tokens: ask.completion.map(saturating_u32),
                 key: grant.name.clone(),
                 counted: false,
                 model: model.to_owned(),
@@ -674,24 +794,51 @@ impl Keys {
                 kind,
                 limit,
                 used,
+                needed: 0,
                 resets_at_ms,
                 retry_after_s: resets_at_ms.saturating_sub(now_ms).div_ceil(1000).max(1),
             });
         }
-        let left = checks
+        let choices = u64::from(ask.choices.max(1));
+        // One token per answer, unless it writes none (embeddings).
+        let least_answer = u64::from(ask.completion != Some(0));
+        let needed = choices * (ask.prompt + least_answer);
+        // The token limit with the least left decides the grant.
+        let tightest = checks
             .iter()
             .filter(|(kind, ..)| *kind != LimitKind::RequestsPerMinute)
-            .filter_map(|&(_, limit, used, _)| limit.map(|l| l - used))
-            .min();
-        let (max_tokens, reserved) = match left {
-            None => (max_tokens, 0),
-            Some(left) => {
-                let choices = u64::from(choices.max(1));
-                let share = (left / choices).max(1);
-                let capped = max_tokens.map_or(share, |asked| u64::from(asked).min(share));
+            .filter_map(|&(kind, limit, used, resets)| {
+                limit.map(|l| (kind, l, used, resets, l - used))
+            })
+            .min_by_key(|&(.., left)| left);
+        let (max_tokens, reserved) = match tightest {
+            None => (ask.completion.map(saturating_u32), 0),
+            Some((kind, limit, used, resets_at_ms, left)) if left < needed => {
+                count_refusal(&grant.name, kind.as_str());
+                // Running requests hold part of it: worth retrying once they end.
+                let held = usage.reserved_today > 0
+                    && limit >= needed + used.saturating_sub(usage.reserved_today);
+                let retry_after_s = if held {
+                    1
+                } else {
+                    resets_at_ms.saturating_sub(now_ms).div_ceil(1000).max(1)
+                };
+                return Err(Refusal::Limit {
+                    key: grant.name.clone(),
+                    kind,
+                    limit,
+                    used,
+                    needed,
+                    resets_at_ms,
+                    retry_after_s,
+                });
+            }
+            Some((.., left)) => {
+                let share = left / choices - ask.prompt;
+                let granted = ask.completion.unwrap_or(DEFAULT_GRANT).min(share);
                 (
-                    Some(u32::try_from(capped).unwrap_or(u32::MAX)),
-                    (capped * choices).min(RESERVATION_CAP),
+                    Some(saturating_u32(granted)),
+                    choices * (ask.prompt + granted),
                 )
             }
         };
@@ -723,15 +870,15 @@ impl Keys {
         })
     }
 
-    /// Settles an admitted request: what the model reported (`None` for a request that failed:
-    /// it stays counted as a request, with no tokens), releasing its reservation.
-    pub async fn record(&self, admission: Admission, usage: Option<Usage>) {
-        self.record_at(admission, usage, unix_ms()).await;
+    /// Settles an admitted request with what it `spent` (the request stays counted, with these
+    /// tokens), releasing its reservation.
+    pub async fn record(&self, admission: Admission, spent: Usage) {
+        self.record_at(admission, spent, unix_ms()).await;
     }
 
     /// [`Keys::record`] at `now_ms`. A failure to write is logged: the request already ran.
-    pub async fn record_at(&self, admission: Admission, usage: Option<Usage>, now_ms: u64) {
-        let (prompt, completion) = usage.map_or((0, 0), |u| (u.prompt_tokens, u.completion_tokens));
+    pub async fn record_at(&self, admission: Admission, spent: Usage, now_ms: u64) {
+        let (prompt, completion) = (spent.prompt_tokens, spent.completion_tokens);
         let name = admission.key.as_str();
         let tokens = metrics();
         for (kind, n) in [("prompt", prompt), ("completion", completion)] {
@@ -808,6 +955,7 @@ impl Keys {
             month: BTreeMap::new(),
             tokens_today: 0,
             tokens_month: 0,
+            reserved_today: 0,
             requests_this_minute: 0,
             tokens_this_minute: 0,
             day_resets_at_ms: midnight_ms(today.succ_opt().expect("a next day")),
@@ -837,6 +985,7 @@ impl Keys {
             }
             if day == today {
                 usage.tokens_today += tokens + record.reserved;
+                usage.reserved_today += record.reserved;
                 for (model, count) in &record.models {
                     usage.today.entry(model.clone()).or_default().add(count);
                 }
@@ -1003,6 +1152,43 @@ fn count_refusal(name: &str, limit: &str) {
         .inc();
 }
 
+/// `value` as a `u32`, `u32::MAX` when it is larger (a `max_tokens`).
+fn saturating_u32(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+/// A [`Refusal::Limit`] for people: reached, or too little left for the request.
+fn limit_message(
+    key: &str,
+    kind: LimitKind,
+    limit: u64,
+    used: u64,
+    needed: u64,
+    retry_after_s: u64,
+    resets_at_ms: u64,
+) -> String {
+    let resets = format!("it resets in {retry_after_s} s (at {})", iso(resets_at_ms));
+    if needed == 0 {
+        return format!(
+            "key `{key}` reached its {} of {limit} ({used} used, fleet-wide); {resets}",
+            kind.as_str()
+        );
+    }
+    let when = if retry_after_s == 1 {
+        format!(
+            "requests of the key still running hold part of it: retry when they end (it resets at {})",
+            iso(resets_at_ms)
+        )
+    } else {
+        resets
+    };
+    format!(
+        "key `{key}` has {} of its {} of {limit} left ({used} used or held by running requests, fleet-wide), less than this request may take: {needed} tokens (its prompt counted as one token per byte, an upper bound, and one per answer); {when}",
+        limit.saturating_sub(used),
+        kind.as_str()
+    )
+}
+
 fn datetime(ms: u64) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX)).unwrap_or_default()
 }
@@ -1051,6 +1237,8 @@ mod tests {
             },
             api_keys: api_keys.iter().map(|k| (*k).to_owned()).collect(),
             keys,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 
@@ -1067,6 +1255,21 @@ mod tests {
             limits,
             ..KeyPolicy::default()
         }
+    }
+
+    /// Two nodes knowing the key `team` (`sk-team-0123456789`) with `limits`, and its grant.
+    fn team(limits: KeyLimits, tag: &str) -> (Fleet, KeyGrant) {
+        let config = http(
+            vec![configured("team", "sk-team-0123456789", limited(limits))],
+            &[],
+        );
+        let fleet = Fleet::new(&config, tag);
+        let grant = fleet
+            .a
+            .authenticate("sk-team-0123456789")
+            .expect("read")
+            .expect("the configured key");
+        (fleet, grant)
     }
 
     /// Two nodes' key registries with the same config, and a link to pull between them.
@@ -1104,36 +1307,35 @@ mod tests {
         }
     }
 
-    fn usage(prompt: u64, completion: u64) -> Option<Usage> {
-        Some(Usage {
+    fn usage(prompt: u64, completion: u64) -> Usage {
+        Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
-        })
+        }
+    }
+
+    /// A request with no prompt to speak of, asking `max_tokens` in each of `choices`.
+    fn asks(max_tokens: Option<u64>, choices: u32) -> Ask {
+        Ask {
+            prompt: 0,
+            completion: max_tokens,
+            choices,
+        }
     }
 
     #[tokio::test]
     async fn a_day_budget_holds_whichever_node_is_used_and_names_when_it_resets() {
-        let config = http(
-            vec![configured(
-                "team",
-                "sk-team-0123456789",
-                limited(KeyLimits {
-                    max_tokens_per_day: Some(100),
-                    ..KeyLimits::default()
-                }),
-            )],
-            &[],
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(100),
+                ..KeyLimits::default()
+            },
+            "budget",
         );
-        let fleet = Fleet::new(&config, "budget");
-        let grant = fleet
-            .a
-            .authenticate("sk-team-0123456789")
-            .expect("read")
-            .expect("the configured key");
         // Node A: no max_tokens asked, so the model may write what the day has left.
         let first = fleet
             .a
-            .admit_at(&grant, "m1", None, 1, NOW)
+            .admit_at(&grant, "m1", asks(None, 1), NOW)
             .await
             .expect("admitted");
         assert_eq!(first.max_tokens, Some(100));
@@ -1142,7 +1344,7 @@ mod tests {
         // Node B sees A's 60 tokens: a request there may spend 40 more at most.
         let second = fleet
             .b
-            .admit_at(&grant, "m1", Some(500), 1, NOW + 1000)
+            .admit_at(&grant, "m1", asks(Some(500), 1), NOW + 1000)
             .await
             .expect("admitted");
         assert_eq!(second.max_tokens, Some(40));
@@ -1150,7 +1352,7 @@ mod tests {
         fleet.replicate(&fleet.b, &fleet.a).await;
         let refused = fleet
             .a
-            .admit_at(&grant, "m1", None, 1, NOW + 2000)
+            .admit_at(&grant, "m1", asks(None, 1), NOW + 2000)
             .await
             .expect_err("the day's budget is spent");
         let tomorrow = 1_795_651_200_000; // 2026-11-26 00:00 UTC
@@ -1161,6 +1363,7 @@ mod tests {
                 kind: LimitKind::MaxTokensPerDay,
                 limit: 100,
                 used: 100,
+                needed: 0,
                 resets_at_ms: tomorrow,
                 retry_after_s: (tomorrow - NOW - 2000) / 1000,
             }
@@ -1172,7 +1375,7 @@ mod tests {
         // The next UTC day starts afresh.
         fleet
             .a
-            .admit_at(&grant, "m1", None, 1, tomorrow + 1)
+            .admit_at(&grant, "m1", asks(None, 1), tomorrow + 1)
             .await
             .expect("a new day");
     }
@@ -1185,45 +1388,35 @@ mod tests {
 
     #[tokio::test]
     async fn a_running_request_reserves_its_tokens_so_concurrent_ones_see_them() {
-        let config = http(
-            vec![configured(
-                "team",
-                "sk-team-0123456789",
-                limited(KeyLimits {
-                    max_tokens_per_day: Some(100),
-                    ..KeyLimits::default()
-                }),
-            )],
-            &[],
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(100),
+                ..KeyLimits::default()
+            },
+            "reserve",
         );
-        let fleet = Fleet::new(&config, "reserve");
-        let grant = fleet
-            .a
-            .authenticate("sk-team-0123456789")
-            .expect("read")
-            .expect("key");
         let running = fleet
             .a
-            .admit_at(&grant, "m1", Some(80), 1, NOW)
+            .admit_at(&grant, "m1", asks(Some(80), 1), NOW)
             .await
             .expect("first");
         assert_eq!(running.max_tokens, Some(80));
         let second = fleet
             .a
-            .admit_at(&grant, "m1", None, 1, NOW)
+            .admit_at(&grant, "m1", asks(None, 1), NOW)
             .await
             .expect("second");
         assert_eq!(second.max_tokens, Some(20), "80 are reserved by the first");
         fleet
             .a
-            .admit_at(&grant, "m1", None, 1, NOW)
+            .admit_at(&grant, "m1", asks(None, 1), NOW)
             .await
             .expect_err("the reservations take the whole day");
         // The first ends having spent 30: its 50 unspent tokens are free again.
         fleet.a.record_at(running, usage(10, 20), NOW).await;
         let third = fleet
             .a
-            .admit_at(&grant, "m1", None, 1, NOW)
+            .admit_at(&grant, "m1", asks(None, 1), NOW)
             .await
             .expect("third");
         assert_eq!(third.max_tokens, Some(50));
@@ -1231,10 +1424,203 @@ mod tests {
         // Two choices share what is left (the second's 20 are still reserved): 25 each.
         let two = fleet
             .a
-            .admit_at(&grant, "m1", Some(40), 2, NOW)
+            .admit_at(&grant, "m1", asks(Some(40), 2), NOW)
             .await
             .expect("n = 2");
         assert_eq!((two.max_tokens, two.reserved()), (Some(25), 50));
+    }
+
+    /// Issue 26, item 4: every concurrent request of a key was granted all the key had left,
+    /// reserved at most 4,096 tokens of it and nothing for its prompt, so what the requests
+    /// running at once could spend grew with their number. Each now reserves its prompt's
+    /// upper bound and every token it is granted: however many run at once on a node, all
+    /// they may spend together stays within the limit, and one past it is refused.
+    #[tokio::test]
+    async fn concurrent_requests_on_a_node_cannot_spend_past_a_token_limit() {
+        const LIMIT: u64 = 100_000;
+        const PROMPT: u64 = 300;
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(LIMIT),
+                ..KeyLimits::default()
+            },
+            "concurrent",
+        );
+        let ask = Ask {
+            prompt: PROMPT,
+            completion: None,
+            choices: 1,
+        };
+        let mut running = Vec::new();
+        let refusal = loop {
+            match fleet.a.admit_at(&grant, "m1", ask, NOW).await {
+                Ok(admission) => running.push(admission),
+                Err(refusal) => break refusal,
+            }
+            assert!(running.len() < 1000, "admitted without end");
+        };
+        assert!(
+            running.len() > 1,
+            "requests of a key still run side by side"
+        );
+        assert_eq!(running[0].max_tokens, Some(DEFAULT_GRANT as u32));
+        // The worst each may spend: its prompt at its bound, its answer at its max_tokens.
+        let worst: Vec<u64> = running
+            .iter()
+            .map(|a| PROMPT + u64::from(a.max_tokens.expect("limited")))
+            .collect();
+        assert!(
+            worst.iter().sum::<u64>() <= LIMIT,
+            "{} requests may spend {} of a limit of {LIMIT}",
+            running.len(),
+            worst.iter().sum::<u64>()
+        );
+        assert!(
+            matches!(
+                refusal,
+                Refusal::Limit {
+                    kind: LimitKind::MaxTokensPerDay,
+                    ..
+                }
+            ),
+            "{refusal:?}"
+        );
+        for (admission, worst) in running.into_iter().zip(worst) {
+            fleet
+                .a
+                .record_at(admission, usage(PROMPT, worst - PROMPT), NOW)
+                .await;
+        }
+        let spent = fleet.a.usage_at(NOW).expect("usage")[0].tokens_today;
+        assert!(spent <= LIMIT, "{spent} spent of {LIMIT}");
+    }
+
+    /// A request whose prompt may be more than the key has left is refused before it runs,
+    /// with what it needs; while running requests hold what it needs, the refusal says to
+    /// retry when they end (`Retry-After: 1`).
+    #[tokio::test]
+    async fn a_prompt_larger_than_what_is_left_is_refused_before_it_runs() {
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(1000),
+                ..KeyLimits::default()
+            },
+            "prompt",
+        );
+        let big = Ask {
+            prompt: 1000,
+            completion: None,
+            choices: 1,
+        };
+        let refused = fleet
+            .a
+            .admit_at(&grant, "m1", big, NOW)
+            .await
+            .expect_err("1000 prompt tokens and an answer do not fit in 1000");
+        assert!(
+            refused
+                .to_string()
+                .contains("less than this request may take: 1001"),
+            "{refused}"
+        );
+        let holding = fleet
+            .a
+            .admit_at(&grant, "m1", asks(Some(600), 1), NOW)
+            .await
+            .expect("600 fit");
+        let held = fleet
+            .a
+            .admit_at(&grant, "m1", Ask { prompt: 500, ..big }, NOW)
+            .await
+            .expect_err("600 are held");
+        assert!(
+            matches!(
+                held,
+                Refusal::Limit {
+                    retry_after_s: 1,
+                    needed: 501,
+                    ..
+                }
+            ),
+            "{held:?}"
+        );
+        fleet.a.record_at(holding, usage(0, 10), NOW).await;
+        let admitted = fleet
+            .a
+            .admit_at(&grant, "m1", Ask { prompt: 500, ..big }, NOW)
+            .await
+            .expect("fits once the first ended");
+        assert_eq!(admitted.max_tokens, Some(490));
+        assert_eq!(admitted.reserved(), 990);
+    }
+
+    /// A charge dropped unsettled (its handler dropped as the client hung up) is settled with
+    /// its whole reservation, as tokens spent, not left as a reservation that never shows in
+    /// the key's usage.
+    #[tokio::test]
+    async fn a_charge_dropped_unsettled_is_charged_its_reservation() {
+        let (fleet, grant) = team(
+            KeyLimits {
+                max_tokens_per_day: Some(1000),
+                ..KeyLimits::default()
+            },
+            "drop",
+        );
+        let keys = Arc::new(fleet.a);
+        let charge = keys
+            .admit(
+                &grant,
+                "m1",
+                Ask {
+                    prompt: 20,
+                    completion: Some(100),
+                    choices: 1,
+                },
+            )
+            .await
+            .expect("admitted");
+        assert_eq!(charge.reserved(), 120);
+        drop(charge);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let usage = loop {
+            let usage = keys.usage().expect("usage").remove(0);
+            if usage.reserved_today == 0 || std::time::Instant::now() > deadline {
+                break usage;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await; // poll again until the deadline
+        };
+        assert_eq!(usage.reserved_today, 0, "the reservation was never settled");
+        assert_eq!(usage.tokens_today, 120);
+        assert_eq!(usage.today["m1"].completion_tokens, 120);
+    }
+
+    /// A key's id is the key's, not its name's: the same key under two names has one id, and
+    /// two keys under one name have two. Only a plain key or one with the `mcp` scope may use
+    /// `/mcp`.
+    #[test]
+    fn a_keys_id_follows_its_secret_and_mcp_needs_the_scope() {
+        let alice = KeyGrant::named("alice", "sk-alice-0123456789");
+        assert_eq!(
+            alice.id,
+            KeyGrant::named("renamed", "sk-alice-0123456789").id
+        );
+        assert_ne!(alice.id, KeyGrant::named("alice", "sk-other-0123456789").id);
+        assert_ne!(alice.id, hex::encode(key_sha256("sk-alice-0123456789")));
+        let refused = alice.may_use_mcp().expect_err("no scope");
+        assert!(refused.to_string().contains("mcp = true"), "{refused}");
+        let scoped = KeyGrant {
+            policy: KeyPolicy {
+                mcp: true,
+                ..KeyPolicy::default()
+            },
+            ..alice.clone()
+        };
+        assert!(scoped.may_use_mcp().is_ok());
+        let plain = KeyGrant {
+            source: KeySource::ApiKeys,
+            ..alice
+        };
+        assert!(plain.may_use_mcp().is_ok());
     }
 
     #[tokio::test]
@@ -1258,22 +1644,22 @@ mod tests {
             .expect("key");
         let one = fleet
             .a
-            .admit_at(&grant, "m1", None, 1, NOW)
+            .admit_at(&grant, "m1", asks(None, 1), NOW)
             .await
             .expect("one");
         assert_eq!(one.max_tokens, None, "no token limit: nothing capped");
         // A failed request still counts.
-        fleet.a.record_at(one, None, NOW).await;
+        fleet.a.record_at(one, Usage::default(), NOW).await;
         fleet.replicate(&fleet.a, &fleet.b).await;
         fleet
             .b
-            .admit_at(&grant, "m1", None, 1, NOW)
+            .admit_at(&grant, "m1", asks(None, 1), NOW)
             .await
             .expect("two");
         fleet.replicate(&fleet.b, &fleet.a).await;
         let refused = fleet
             .a
-            .admit_at(&grant, "m1", None, 1, NOW + 5_000)
+            .admit_at(&grant, "m1", asks(None, 1), NOW + 5_000)
             .await
             .expect_err("two this minute already");
         let Refusal::Limit {
@@ -1288,7 +1674,7 @@ mod tests {
         assert_eq!(retry_after_s, 25, "the minute ends at 10:01:00");
         fleet
             .a
-            .admit_at(&grant, "m1", None, 1, NOW + 30_000)
+            .admit_at(&grant, "m1", asks(None, 1), NOW + 30_000)
             .await
             .expect("the next minute");
     }
@@ -1308,12 +1694,12 @@ mod tests {
             .expect("key");
         fleet
             .a
-            .admit_at(&grant, "small", None, 1, NOW)
+            .admit_at(&grant, "small", asks(None, 1), NOW)
             .await
             .expect("allowed");
         let refused = fleet
             .a
-            .admit_at(&grant, "big", None, 1, NOW)
+            .admit_at(&grant, "big", asks(None, 1), NOW)
             .await
             .expect_err("not its model");
         let message = refused.to_string();
@@ -1435,7 +1821,7 @@ mod tests {
         }
         let admitted = fleet
             .a
-            .admit_at(&plain, "m1", Some(7), 1, NOW)
+            .admit_at(&plain, "m1", asks(Some(7), 1), NOW)
             .await
             .expect("ok");
         assert_eq!(admitted.max_tokens, Some(7));
@@ -1497,7 +1883,7 @@ mod tests {
             (&fleet.b, "m2", NOW, (5, 5)),
         ] {
             let admitted = keys
-                .admit_at(&grant, model, None, 1, at)
+                .admit_at(&grant, model, asks(None, 1), at)
                 .await
                 .expect("admit");
             keys.record_at(admitted, usage(p, c), at).await;
@@ -1549,7 +1935,7 @@ mod tests {
             (&fleet.b, NOW - 60 * day),
         ] {
             let admitted = keys
-                .admit_at(&grant, "m1", None, 1, at)
+                .admit_at(&grant, "m1", asks(None, 1), at)
                 .await
                 .expect("admit");
             keys.record_at(admitted, usage(1, 1), at).await;

@@ -565,7 +565,6 @@ mod tests {
         let now = unix_now();
         for name in ["beta", "issuer"] {
             let err = f
-                .issuer
                 .redeem_at(&secret, name, &csr(name), now)
                 .await
                 .expect_err("in use");
@@ -577,15 +576,13 @@ mod tests {
             );
         }
         let client = token(&f, CertRole::Client, 1).to_string();
-        f.issuer
-            .redeem_at(&client, "beta", &csr("beta"), now)
+        f.redeem_at(&client, "beta", &csr("beta"), now)
             .await
             .expect("a client is no member: the name is not in its way");
         // Once beta is down its name is free again (a reinstalled device joins as itself).
         f.names
             .mark(&member.id, mesh_domain::PeerState::Down, "SWIM");
-        f.issuer
-            .redeem_at(&secret, "beta", &csr("beta"), now)
+        f.redeem_at(&secret, "beta", &csr("beta"), now)
             .await
             .expect("the token was not used up, and beta is down");
     }

@@ -463,22 +463,30 @@ mod tests {
         let mut live = table.liveness();
         let alpha = info("alpha");
         let id = alpha.id.clone();
-        table.beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static).expect("free");
+        table
+            .beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static)
+            .expect("free");
         assert!(live.has_changed().expect("open"), "joined");
         live.mark_unchanged();
         let mut busier = alpha.clone();
         busier.load.running = 3;
-        table.beat(busier, "127.0.0.1:1", PeerSource::Static).expect("free");
+        table
+            .beat(busier, "127.0.0.1:1", PeerSource::Static)
+            .expect("free");
         assert!(!live.has_changed().expect("open"), "only its load changed");
         table.mark(&id, PeerState::Down, "SWIM");
         assert!(live.has_changed().expect("open"), "down");
         live.mark_unchanged();
-        table.beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static).expect("free");
+        table
+            .beat(alpha.clone(), "127.0.0.1:1", PeerSource::Static)
+            .expect("free");
         assert!(live.has_changed().expect("open"), "up again");
         live.mark_unchanged();
         let mut writer = alpha;
         writer.remote_max_tier = mesh_domain::Tier::Write;
-        table.beat(writer, "127.0.0.1:1", PeerSource::Static).expect("free");
+        table
+            .beat(writer, "127.0.0.1:1", PeerSource::Static)
+            .expect("free");
         assert!(live.has_changed().expect("open"), "another remote_max_tier");
     }
 

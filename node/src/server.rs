@@ -660,7 +660,11 @@ impl Node {
             tasks: tasks.clone(),
             tools: tools.clone(),
             scheduler: scheduler.clone(),
-            loopback_only: config.http.listen.addr.ip().is_loopback(),
+            guard: http::guard::Guard {
+                allowed_hosts: config.http.allowed_hosts.clone(),
+                allowed_origins: config.http.allowed_origins.clone(),
+            },
+            task_token_budget: config.tasks.token_budget,
         });
         match bind_up_to(config.http.listen, DEFAULT_HTTP_PORT + 10).await {
             Ok(listener) => {

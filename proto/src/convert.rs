@@ -444,6 +444,7 @@ impl From<&KeyPolicy> for pb::KeyPolicy {
             max_tokens_per_month: limits.max_tokens_per_month,
             requests_per_minute: limits.requests_per_minute,
             tokens_per_minute: limits.tokens_per_minute,
+            mcp: policy.mcp,
         }
     }
 }
@@ -465,6 +466,7 @@ impl TryFrom<pb::KeyPolicy> for KeyPolicy {
                 requests_per_minute: policy.requests_per_minute,
                 tokens_per_minute: policy.tokens_per_minute,
             },
+            mcp: policy.mcp,
         })
     }
 }
@@ -654,8 +656,12 @@ impl From<&TaskEvent> for pb::TaskEvent {
                 executed_on: executed_on.clone(),
                 rounds: *rounds,
             }),
-            EventKind::Failed { error } => Kind::Failed(pb::Failed {
+            EventKind::Failed { error, usage } => Kind::Failed(pb::Failed {
                 error: Some(pb::TaskError::from(error)),
+                usage: Some(pb::Usage {
+                    prompt_tokens: usage.prompt_tokens,
+                    completion_tokens: usage.completion_tokens,
+                }),
             }),
             EventKind::ApprovalRequested {
                 approval_id,
@@ -822,6 +828,13 @@ impl TryFrom<pb::TaskEvent> for TaskEvent {
             },
             Kind::Failed(f) => EventKind::Failed {
                 error: task_error_from_wire(f.error.unwrap_or_default()),
+                usage: f
+                    .usage
+                    .map(|u| Usage {
+                        prompt_tokens: u.prompt_tokens,
+                        completion_tokens: u.completion_tokens,
+                    })
+                    .unwrap_or_default(),
             },
             Kind::ApprovalRequested(a) => EventKind::ApprovalRequested {
                 approval_id: text("approval_requested.approval_id", a.approval_id)?,

@@ -52,6 +52,9 @@ pub struct Scripted {
     delay: std::time::Duration,
     /// Answer one JSON completion even when the request asked for a stream.
     ignore_stream: bool,
+    /// Report as usage all the request could cost: a token per byte of its messages' text,
+    /// and its whole `max_tokens`.
+    spend_all: bool,
 }
 
 impl Scripted {
@@ -61,6 +64,7 @@ impl Scripted {
             usage,
             delay: std::time::Duration::ZERO,
             ignore_stream: false,
+            spend_all: false,
         }
     }
 
@@ -111,6 +115,13 @@ impl Scripted {
     /// Reports this usage.
     pub fn usage(mut self, prompt: u64, completion: u64) -> Self {
         self.usage = (prompt, completion);
+        self
+    }
+
+    /// Reports as usage the most the request could cost: a prompt token per byte of its
+    /// messages' text and every token of its `max_tokens` (a model that writes to the limit).
+    pub fn spending_all(mut self) -> Self {
+        self.spend_all = true;
         self
     }
 }
@@ -341,7 +352,20 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
     tokio::time::sleep(next.delay).await;
     let stream = body["stream"].as_bool().unwrap_or(false) && !next.ignore_stream;
     let model = body["model"].as_str().unwrap_or("fake").to_owned();
-    let (prompt, completion) = next.usage;
+    let (prompt, completion) = if next.spend_all {
+        let prompt: usize = body["messages"]
+            .as_array()
+            .map(|messages| {
+                messages
+                    .iter()
+                    .map(|m| m["content"].as_str().map_or(0, str::len))
+                    .sum()
+            })
+            .unwrap_or(0);
+        (prompt as u64, body["max_tokens"].as_u64().unwrap_or(0))
+    } else {
+        next.usage
+    };
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
     match next.reply {
         Reply::Stall | Reply::Trickle(_) if !stream => {

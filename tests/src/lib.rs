@@ -107,6 +107,83 @@ pub fn python3() -> PathBuf {
     venv
 }
 
+/// Runs `tests/python/mcp_client.py` (its doc says what `ops` may be) against the `/mcp` of
+/// `node`'s front door, with `key` as a bearer key: the script's answer.
+pub fn mcp_client(node: &NodeProcess, key: Option<&str>, ops: &Value) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/mcp_client.py");
+    let url = format!("{}/mcp", node.http_url().expect("front door"));
+    let output = Command::new(python3())
+        .arg(script)
+        .arg(&url)
+        .arg(key.unwrap_or("-"))
+        .arg(ops.to_string())
+        .output()
+        .expect("run python3 (deploy/test.sh --setup-only installs `mcp`)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "mcp_client.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// Runs `script` with `python3 -c` and `args`; its stdout, which must be JSON, once it
+/// succeeded.
+pub fn python_json(script: &str, args: &[&str]) -> Value {
+    let output = Command::new(python3())
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run python3 (deploy/test.sh --setup-only installs the clients)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("the script prints JSON")
+}
+
+/// Sends `method path` with `headers` and `body` to `node`'s front door, on a connection of
+/// its own: the status, the response's head (lower-case) and what came of its body within
+/// 10 s (a stream that stays open is cut there).
+pub fn http_request(
+    node: &NodeProcess,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let url = node.http_url().expect("front door");
+    let addr = url.trim_start_matches("http://");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    let mut socket = std::net::TcpStream::connect(addr).expect("connect");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    socket.write_all(request.as_bytes()).expect("send");
+    let mut response = Vec::new();
+    let _ = socket.read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response).into_owned();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response:?}"));
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
 /// How often [`wait_for`] polls.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 
@@ -366,6 +443,8 @@ pub struct NodeOptions {
     pub wrapper: Vec<String>,
     /// `http.api_keys` of the front door (which listens on an ephemeral loopback port).
     pub http_keys: Vec<String>,
+    /// More keys of the `[http]` table, as TOML lines.
+    pub http_lines: String,
     /// The `[security]` table, as TOML lines. Default: `client_max_tier = "shell"`, so the
     /// harness's client certificate (the tests' operator) may run any tier; tests of the caps
     /// set their own.
@@ -403,6 +482,7 @@ impl NodeOptions {
             node_keys: String::new(),
             wrapper: Vec::new(),
             http_keys: Vec::new(),
+            http_lines: String::new(),
             security: "client_max_tier = \"shell\"\n".into(),
             issuer: false,
             log: None,
@@ -466,6 +546,13 @@ impl NodeOptions {
     /// Requires one of these bearer keys at the front door.
     pub fn http_keys(mut self, keys: &[&str]) -> Self {
         self.http_keys = keys.iter().map(|k| (*k).to_owned()).collect();
+        self
+    }
+
+    /// Adds a key of the `[http]` table, e.g. `allowed_origins = ["http://localhost:3000"]`.
+    pub fn http(mut self, line: &str) -> Self {
+        self.http_lines.push_str(line);
+        self.http_lines.push('\n');
         self
     }
 
@@ -691,7 +778,7 @@ impl Harness {
             &self.ca_dir.join(ca::CA_CERT_FILE),
             &self.ca_dir.join(ca::CA_KEY_FILE),
         )?;
-        let (key, csr) = ca::new_key_and_csr(name)?;
+        let (key, csr) = ca::new_key_and_csr(name, ca::KeyType::Ed25519)?;
         let files = TlsFiles {
             ca: self.ca_dir.join(ca::CA_CERT_FILE),
             cert: dir.join(format!("{name}.pem")),
@@ -754,8 +841,8 @@ impl Harness {
         }
         writeln!(
             config,
-            "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n",
-            options.http_keys
+            "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n{}",
+            options.http_keys, options.http_lines
         )?;
         writeln!(config, "[security]\n{}", options.security)?;
         config.push_str(&options.extra);

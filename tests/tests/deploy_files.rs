@@ -253,15 +253,15 @@ fn systemd_analyze_verify_finds_nothing_wrong_with_the_unit() {
     );
 }
 
-/// The config deploy/Dockerfile writes into the image (its `printf` lines), as a string.
-fn dockerfile_config(dockerfile: &str) -> String {
-    let start = dockerfile
-        .find("printf '%s\\n'")
-        .expect("the Dockerfile writes its config with printf");
-    let end = dockerfile[start..]
-        .find("> /etc/agentmesh/mesh-node.toml")
-        .expect("into /etc/agentmesh/mesh-node.toml")
-        + start;
+/// The file deploy/Dockerfile writes into the image at `path` (its `printf` lines), as a
+/// string.
+fn dockerfile_file(dockerfile: &str, path: &str) -> String {
+    let end = dockerfile
+        .find(&format!("> {path}"))
+        .unwrap_or_else(|| panic!("the Dockerfile writes {path}"));
+    let start = dockerfile[..end]
+        .rfind("printf '%s\\n'")
+        .expect("with printf");
     dockerfile[start..end]
         .lines()
         .skip(1)
@@ -283,7 +283,7 @@ fn dockerfile_config(dockerfile: &str) -> String {
 fn the_dockerfile_config_loads_and_its_ports_and_volume_are_the_nodes() {
     use mesh_node::config::{DEFAULT_HTTP_PORT, DEFAULT_PORT};
     let dockerfile = fs::read_to_string(deploy_dir().join("Dockerfile")).expect("Dockerfile");
-    let text = dockerfile_config(&dockerfile);
+    let text = dockerfile_file(&dockerfile, "/etc/agentmesh/mesh-node.toml");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("mesh-node.toml");
     fs::write(&path, &text).expect("write");
@@ -298,7 +298,71 @@ fn the_dockerfile_config_loads_and_its_ports_and_volume_are_the_nodes() {
         "EXPOSE must list the node's default ports"
     );
     assert!(dockerfile.contains(&format!("VOLUME [\"{STATE_DIR}\"]")));
-    assert!(dockerfile.contains("ENTRYPOINT [\"mesh-node\"]"));
+    assert!(dockerfile.contains("ENTRYPOINT [\"mesh-node-entrypoint\"]"));
+    // Issue 26, item 3: the image listened on every interface with no key at all
+    // (`allow_unauthenticated`); it needs its key now, in the volume.
+    assert!(config.http.listen.addr.ip().is_unspecified());
+    assert!(config.http.api_keys.is_empty(), "no plain key baked in");
+    let [key] = config.http.keys.as_slice() else {
+        panic!("one key: {:?}", config.http.keys)
+    };
+    assert!(
+        matches!(&key.secret, mesh_node::config::KeySecret::File(path) if *path == Path::new(STATE_DIR).join("http.key")),
+        "{key:?}"
+    );
+    assert!(key.policy.mcp, "the operator's key reaches /mcp");
+    assert!(!text.contains("allow_unauthenticated"), "{text}");
+}
+
+/// The image's entrypoint makes the front door's key on first start, owner-only and long
+/// enough for the node to take it, keeps it on later starts, and runs `mesh-node` with the
+/// arguments given (here `--version`, from the directory the tests' binaries are in).
+#[test]
+fn the_dockerfile_entrypoint_makes_the_key_once_and_runs_the_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let dockerfile = fs::read_to_string(deploy_dir().join("Dockerfile")).expect("Dockerfile");
+    let script = dockerfile_file(&dockerfile, "/usr/local/bin/mesh-node-entrypoint");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let entrypoint = dir.path().join("entrypoint");
+    fs::write(&entrypoint, format!("{script}\n")).expect("write");
+    let key = dir.path().join("http.key");
+    let bin_dir = mesh_tests::bin("mesh-node")
+        .parent()
+        .expect("a directory")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = || {
+        let output = Command::new("sh")
+            .arg(&entrypoint)
+            .arg("--version")
+            .env("AGENTMESH_HTTP_KEY_FILE", &key)
+            .env("PATH", &path)
+            .output()
+            .expect("sh");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("mesh-node"),
+            "mesh-node ran"
+        );
+        fs::read_to_string(&key).expect("the key file")
+    };
+    let first = run();
+    let line = first.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with("sk-mesh-") && line.len() == "sk-mesh-".len() + 64,
+        "{first:?}"
+    );
+    let mode = fs::metadata(&key).expect("stat").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "owner-only, as the node requires");
+    assert_eq!(run(), first, "a second start keeps the key");
 }
 
 /// Issue 26: the base images are pinned by digest, so a rebuild pulls exactly the images it

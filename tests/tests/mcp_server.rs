@@ -4,48 +4,28 @@
 //! `memory_put` then `memory_get` and `memory_search` find the value; `cron_list` shows a
 //! schedule; bad arguments are JSON-RPC errors naming the argument; the node's own namespaces
 //! are refused. A node whose `/mcp` callers are capped at `read` (the default) refuses
-//! `memory_put` and a write-tier task; a keyed door refuses `/mcp` without a key (401) and
-//! `run_task` for a model its key may not use; an open door on loopback refuses a request that
-//! names another host (DNS rebinding); a client that gives up on `run_task` cancels the task.
+//! `memory_put` and a write-tier task; a keyed door refuses `/mcp` without a key (401), with a
+//! key that lacks the `mcp` scope (403), and `run_task` for a model its key may not use; an
+//! open door on loopback refuses a request that names another host (DNS rebinding); a client
+//! that gives up on `run_task` cancels the task.
 
 use std::{
     io::{Read, Write},
-    process::Command,
     time::Duration,
 };
 
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
     fake_openai::{FakeOpenAi, Scripted},
-    python3, wait_for,
+    mcp_client, wait_for,
 };
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
-/// Runs `ops` (see the script's doc) against `node`'s `/mcp` with `key`; the script's answer.
-fn mcp(node: &NodeProcess, key: Option<&str>, ops: &Value) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/mcp_client.py");
-    let url = format!("{}/mcp", node.http_url().expect("front door"));
-    let output = Command::new(python3())
-        .arg(script)
-        .arg(&url)
-        .arg(key.unwrap_or("-"))
-        .arg(ops.to_string())
-        .output()
-        .expect("run python3 (deploy/test.sh --setup-only installs `mcp`)");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "mcp_client.py failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
-
 /// The results of `ops`, once the connection worked.
 fn results(node: &NodeProcess, key: Option<&str>, ops: &Value) -> Vec<Value> {
-    let answer = mcp(node, key, ops);
+    let answer = mcp_client(node, key, ops);
     answer["results"]
         .as_array()
         .unwrap_or_else(|| panic!("no results: {answer}"))
@@ -322,19 +302,24 @@ fn the_mcp_client_uses_the_fleet_through_a_node_without_models() {
     assert_eq!(fake.requests().len(), 1, "the write-tier task never ran");
 }
 
+/// Issue 26, item 8: any key of the front door reached `/mcp`, whose memory tools read every
+/// user namespace (and whose tasks' agents too); a key needs the `mcp` scope now.
 #[test]
-fn a_keyed_door_needs_a_key_for_mcp_and_a_key_runs_only_its_models() {
+fn a_keyed_door_needs_a_key_with_the_mcp_scope_and_a_key_runs_only_its_models() {
     let h = Harness::new().expect("harness");
     let fake = FakeOpenAi::start();
-    let (allowed, other) = (
+    let (allowed, other, models_only) = (
         "sk-mcp-allowed-0123456789abcdef",
         "sk-mcp-other-0123456789abcdef",
+        "sk-mcp-models-only-0123456789abcdef",
     );
     let keys = format!(
-        "[[http.keys]]\nname = \"allowed\"\nkey_sha256 = \"{}\"\nmodels = [\"m\"]\n\n\
-         [[http.keys]]\nname = \"other\"\nkey_sha256 = \"{}\"\nmodels = [\"elsewhere\"]\n",
+        "[[http.keys]]\nname = \"allowed\"\nkey_sha256 = \"{}\"\nmodels = [\"m\"]\nmcp = true\n\n\
+         [[http.keys]]\nname = \"other\"\nkey_sha256 = \"{}\"\nmodels = [\"elsewhere\"]\nmcp = true\n\n\
+         [[http.keys]]\nname = \"models-only\"\nkey_sha256 = \"{}\"\n",
         sha256_hex(allowed),
-        sha256_hex(other)
+        sha256_hex(other),
+        sha256_hex(models_only)
     );
     let gpu = h
         .spawn(NodeOptions::new("gpu").extra(&fake.node_config(&keys)))
@@ -347,8 +332,15 @@ fn a_keyed_door_needs_a_key_for_mcp_and_a_key_runs_only_its_models() {
         401
     );
     assert_eq!(post_initialize(&gpu, None, Some(allowed)), 200);
+    // A key without the `mcp` scope: no `/mcp` at all (its memory tools, its tasks).
+    assert_eq!(post_initialize(&gpu, None, Some(models_only)), 403);
+    let scopeless = mcp_client(&gpu, Some(models_only), &json!([{"op": "list_tools"}]));
+    assert!(
+        scopeless["connect_error"].is_string() && scopeless["results"].is_null(),
+        "{scopeless}"
+    );
     // The official client cannot even connect without the key (the 401 above).
-    let refused = mcp(&gpu, None, &json!([{"op": "list_tools"}]));
+    let refused = mcp_client(&gpu, None, &json!([{"op": "list_tools"}]));
     assert!(
         refused["connect_error"].is_string() && refused["results"].is_null(),
         "{refused}"

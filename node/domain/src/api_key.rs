@@ -53,6 +53,10 @@ pub struct KeyPolicy {
     /// Its budgets and rate limits.
     #[serde(default)]
     pub limits: KeyLimits,
+    /// The `mcp` scope: whether it may use the front door's `/mcp` (tasks run by agents, the
+    /// fleet, the shared memory's user namespaces). A key without it reaches models only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mcp: bool,
 }
 
 /// A key's budgets (tokens per UTC day and month) and rate limits (per calendar minute), summed

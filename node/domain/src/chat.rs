@@ -118,6 +118,52 @@ impl Usage {
     }
 }
 
+/// Tokens a chat template adds around each message and each tool (role markers, separators),
+/// as the estimates below count them.
+const FRAMING_TOKENS: u64 = 16;
+
+/// Bytes of what a model reads of `messages` and `tools`: texts, tool calls, tool names,
+/// descriptions and schemas.
+fn prompt_bytes(messages: &[Message], tools: &[ToolSpec]) -> u64 {
+    let messages: usize = messages
+        .iter()
+        .map(|m| {
+            m.content.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.len())
+                    .sum::<usize>()
+        })
+        .sum();
+    let tools: usize = tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+        .sum();
+    (messages + tools) as u64
+}
+
+/// A guess of the tokens of `messages` and `tools` as a prompt: four bytes a token, plus the
+/// framing of each message and tool. What a call that reported no usage is counted as, and
+/// what the agent loop fits into a context window.
+pub fn estimate_prompt_tokens(messages: &[Message], tools: &[ToolSpec]) -> u64 {
+    prompt_bytes(messages, tools).div_ceil(4)
+        + (messages.len() + tools.len()) as u64 * FRAMING_TOKENS / 4
+}
+
+/// At most how many tokens `messages` and `tools` make as a prompt: the tokenizers of the
+/// models this mesh runs (byte-level BPE, SentencePiece with byte fallback) make no token of
+/// less than one byte of text, so the bytes bound the text's tokens, plus the framing of each
+/// message and tool. What a front door reserves of a key's budget for a prompt before a model
+/// has counted it: an over-estimate, released when the model reports what it counted.
+pub fn prompt_token_bound(messages: &[Message], tools: &[ToolSpec]) -> u64 {
+    prompt_bytes(messages, tools) + (messages.len() + tools.len()) as u64 * FRAMING_TOKENS
+}
+
+/// A guess of the tokens of `bytes` bytes of generated text (four bytes a token).
+pub fn estimate_text_tokens(bytes: usize) -> u64 {
+    (bytes as u64).div_ceil(4)
+}
+
 /// What is sent to a model: by the agent loop, by the front door, and between nodes (as JSON
 /// inside `agentmesh.v1.Models/Chat`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -240,4 +286,22 @@ pub struct ChatResponse {
     /// Usage as the server reported it; `None` when it did not.
     #[serde(default)]
     pub usage: Option<Usage>,
+}
+
+impl ChatResponse {
+    /// Usage as the server reported it, or when it reported none, estimated from `request` and
+    /// this answer ([`estimate_prompt_tokens`], [`estimate_text_tokens`]).
+    pub fn usage_or_estimate(&self, request: &ChatRequest) -> Usage {
+        self.usage.unwrap_or_else(|| Usage {
+            prompt_tokens: estimate_prompt_tokens(&request.messages, &request.tools),
+            completion_tokens: estimate_text_tokens(
+                self.content.len()
+                    + self
+                        .tool_calls
+                        .iter()
+                        .map(|c| c.name.len() + c.arguments.len())
+                        .sum::<usize>(),
+            ),
+        })
+    }
 }

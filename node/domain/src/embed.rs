@@ -48,6 +48,20 @@ impl EmbedRequest {
         }
         Ok(())
     }
+
+    /// At most how many tokens the texts are: no token of less than one byte (see
+    /// [`crate::chat::prompt_token_bound`]), plus the two a model adds around each text.
+    pub fn token_bound(&self) -> u64 {
+        self.inputs.iter().map(|text| text.len() as u64 + 2).sum()
+    }
+
+    /// A guess of the texts' tokens (four bytes a token), for a model that reported none.
+    pub fn estimated_tokens(&self) -> u64 {
+        self.inputs
+            .iter()
+            .map(|text| crate::chat::estimate_text_tokens(text.len()) + 2)
+            .sum()
+    }
 }
 
 /// A model's embeddings of one [`EmbedRequest`]; between nodes it travels as JSON in

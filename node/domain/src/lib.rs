@@ -16,6 +16,7 @@
 //! - [`embed`]: embeddings: [`EmbedRequest`] (texts, bounded) and [`EmbedResponse`] (one
 //!   vector per text).
 //! - [`api_key`]: a front-door API key's name rules and [`KeyPolicy`] ([`KeyLimits`]).
+//! - [`origin`]: web origins and host names in the one form the front door compares them in.
 //! - [`keys`]: which namespaces and keys of the shared memory are valid.
 //! - [`statement`]: what an operator signs with their own key (a decision on an approval, a
 //!   front-door key), as it travels and is stored ([`statement::Signed`]).
@@ -34,6 +35,7 @@ pub mod id;
 pub mod keys;
 pub mod mcp;
 pub mod node;
+pub mod origin;
 pub mod statement;
 pub mod sync;
 pub mod target;

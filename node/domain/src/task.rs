@@ -558,10 +558,15 @@ pub enum EventKind {
         /// Rounds used.
         rounds: u32,
     },
-    /// The task failed.
+    /// The task failed (or was cancelled, or passed its deadline).
     Failed {
         /// Why, as one typed error.
         error: TaskError,
+        /// Tokens its model calls spent before it ended: what they reported, an estimate for
+        /// a call that reported none, and for a call that failed or was cut off the estimate of
+        /// its prompt. Budgets charge it (a failed task spent as much as its calls did).
+        #[serde(default)]
+        usage: Usage,
     },
     /// A tool call waits for a person's approval (the task is `input_required` until it is
     /// decided).

@@ -23,7 +23,7 @@ use mesh_domain::{
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::{AgentRuntime, EventSink, estimate_usage};
+use super::{AgentRuntime, EventSink};
 use crate::chat::ChatService;
 
 /// Calls of the evaluator per attempt: the first, and one retry when it fails or answers no
@@ -130,6 +130,8 @@ impl Evaluator {
                 )
                 .await;
             spent.add(judged.usage);
+            // The attempt's model calls charged themselves; the evaluator's calls are here.
+            events.spend(judged.usage);
             let score = judged.verdict.as_ref().ok().map(|v| v.score);
             events.emit(EventKind::Evaluated {
                 attempt,
@@ -233,11 +235,7 @@ impl Evaluator {
                     continue;
                 }
             };
-            judged.usage.add(
-                response
-                    .usage
-                    .unwrap_or_else(|| estimate_usage(&request, &response)),
-            );
+            judged.usage.add(response.usage_or_estimate(&request));
             judged.model.clone_from(&response.model);
             judged.node = peer.unwrap_or_else(|| self.node.clone());
             match parse_verdict(&response.content) {

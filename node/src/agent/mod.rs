@@ -21,6 +21,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use mesh_domain::{
     Answer, ChatRequest, ChatResponse, EventKind, Message, Role, Target, TaskError, TaskSpec, Tier,
     ToolCall, ToolChoice, ToolSpec, Usage,
+    chat::estimate_prompt_tokens,
     keys::{SESSIONS, is_turn_name, turn_key},
     text::truncate,
 };
@@ -46,6 +47,9 @@ pub trait EventSink: Send + Sync {
     fn task_id(&self) -> &str;
     /// Records `kind` as the task's next event.
     fn emit(&self, kind: EventKind);
+    /// Adds what a model call cost to what the task spent, which its `failed` event carries
+    /// (a completed task's usage is its answer's).
+    fn spend(&self, usage: Usage);
 }
 
 /// Most turns a session keeps: saving one more deletes the oldest (a turn is one record, so a
@@ -270,11 +274,7 @@ impl AgentRuntime {
                 ..Default::default()
             };
             let response = call_chain(&plan.chain, &request, round, events).await?;
-            usage.add(
-                response
-                    .usage
-                    .unwrap_or_else(|| estimate_usage(&request, &response)),
-            );
+            usage.add(response.usage_or_estimate(&request));
             if usage.total() > budget {
                 return Err(TaskError::Budget {
                     what: "tokens".into(),
@@ -557,10 +557,38 @@ async fn relaying<T>(
     result
 }
 
-/// Turns a chain's progress into task events.
+/// Turns a chain's progress into task events, and charges the call to the task once: what the
+/// model reported (or an estimate, [`ChainEvents::settle`]), or, when every model failed or
+/// the call was cut off (the task cancelled or past its deadline while it ran: the future is
+/// dropped), the estimate of its prompt and of the text it streamed. A server that read the
+/// prompt spent it whether or not it answered, and a client cannot spend unseen by stopping
+/// its task before the answer comes.
 struct ChainEvents<'a> {
     events: &'a dyn EventSink,
     round: u32,
+    /// The estimate of the call's prompt until the call is settled (then `None`).
+    unsettled_prompt: Option<u64>,
+    /// Bytes of text streamed so far.
+    streamed: usize,
+}
+
+impl ChainEvents<'_> {
+    /// Charges the call what it cost.
+    fn settle(&mut self, usage: Usage) {
+        self.unsettled_prompt = None;
+        self.events.spend(usage);
+    }
+}
+
+impl Drop for ChainEvents<'_> {
+    fn drop(&mut self) {
+        if let Some(prompt_tokens) = self.unsettled_prompt.take() {
+            self.events.spend(Usage {
+                prompt_tokens,
+                completion_tokens: mesh_domain::chat::estimate_text_tokens(self.streamed),
+            });
+        }
+    }
 }
 
 impl ChainObserver for ChainEvents<'_> {
@@ -573,6 +601,7 @@ impl ChainObserver for ChainEvents<'_> {
     }
 
     fn delta(&mut self, text: String) {
+        self.streamed += text.len();
         self.events.emit(EventKind::OutputDelta { text });
     }
 
@@ -592,55 +621,32 @@ async fn call_chain(
     round: u32,
     events: &dyn EventSink,
 ) -> Result<ChatResponse, TaskError> {
-    fall_through(chain, request, &mut ChainEvents { events, round })
-        .await
-        .map_err(|failure| match failure.last() {
-            Some((name, error)) => TaskError::Model {
-                name: name.clone(),
-                attempts: failure
-                    .attempts
-                    .iter()
-                    .map(|(model, error)| format!("{model}: {error}"))
-                    .collect(),
-                message: error.to_string(),
-            },
-            None => TaskError::Routing {
-                message: "the model chain is empty".into(),
-            },
-        })
-}
-
-/// Rough token count: four characters a token, plus a little per message.
-fn estimate_tokens(messages: &[Message], tools: &[ToolSpec]) -> usize {
-    let text: usize = messages
-        .iter()
-        .map(|m| {
-            m.content.len()
-                + m.tool_calls
-                    .iter()
-                    .map(|c| c.name.len() + c.arguments.len())
-                    .sum::<usize>()
-                + 16
-        })
-        .sum();
-    let schema: usize = tools
-        .iter()
-        .map(|t| t.description.len() + t.parameters.to_string().len())
-        .sum();
-    (text + schema) / 4
-}
-
-fn estimate_usage(request: &ChatRequest, response: &ChatResponse) -> Usage {
-    Usage {
-        prompt_tokens: estimate_tokens(&request.messages, &request.tools) as u64,
-        completion_tokens: ((response.content.len()
-            + response
-                .tool_calls
-                .iter()
-                .map(|c| c.arguments.len())
-                .sum::<usize>())
-            / 4) as u64,
+    let mut observer = ChainEvents {
+        events,
+        round,
+        unsettled_prompt: Some(estimate_prompt_tokens(&request.messages, &request.tools)),
+        streamed: 0,
+    };
+    let answered = fall_through(chain, request, &mut observer).await;
+    if let Ok(response) = &answered {
+        observer.settle(response.usage_or_estimate(request));
     }
+    // A failure is charged as `observer` is dropped.
+    drop(observer);
+    answered.map_err(|failure| match failure.last() {
+        Some((name, error)) => TaskError::Model {
+            name: name.clone(),
+            attempts: failure
+                .attempts
+                .iter()
+                .map(|(model, error)| format!("{model}: {error}"))
+                .collect(),
+            message: error.to_string(),
+        },
+        None => TaskError::Routing {
+            message: "the model chain is empty".into(),
+        },
+    })
 }
 
 /// Shortens the oldest tool results until the conversation fits in `CONTEXT_FILL` of the
@@ -649,7 +655,7 @@ fn compact(messages: &mut [Message], tools: &[ToolSpec], window: usize) -> usize
     let limit = (window as f64 * CONTEXT_FILL) as usize;
     let mut shortened = 0;
     for i in 0..messages.len() {
-        if estimate_tokens(messages, tools) <= limit {
+        if estimate_prompt_tokens(messages, tools) <= limit as u64 {
             break;
         }
         let message = &mut messages[i];
@@ -711,9 +717,9 @@ mod tests {
         }
     }
 
-    /// Collects a task's events.
+    /// Collects a task's events, and what it spent.
     #[derive(Debug, Default)]
-    struct VecSink(Mutex<Vec<EventKind>>);
+    struct VecSink(Mutex<Vec<EventKind>>, Mutex<Usage>);
 
     impl EventSink for VecSink {
         fn task_id(&self) -> &str {
@@ -723,6 +729,66 @@ mod tests {
         fn emit(&self, kind: EventKind) {
             self.0.lock_unpoisoned().push(kind);
         }
+
+        fn spend(&self, usage: Usage) {
+            self.1.lock_unpoisoned().add(usage);
+        }
+    }
+
+    /// Issue 26, item 4: a task that failed was charged nothing, though its model calls had
+    /// spent tokens. What each call reported is charged as it ends, and a call that fails is
+    /// charged the estimate of its prompt: the task's spending is known however it ends.
+    #[tokio::test]
+    async fn a_failing_task_is_charged_its_calls_and_the_failed_call_its_prompt() {
+        let mut first = tool_call("list_nodes", "{}");
+        first.usage = Some(Usage {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+        });
+        // The script then runs out: the second call fails.
+        let (_dir, runtime) = runtime(vec![first]);
+        let events = VecSink::default();
+        let spec = TaskSpec::new("how many nodes?", Target::Role("chat".into()));
+        runtime
+            .run(&spec, &events)
+            .await
+            .expect_err("the model failed");
+        let spent = *events.1.lock_unpoisoned();
+        assert_eq!(spent.completion_tokens, 5, "{spent:?}");
+        assert!(
+            spent.prompt_tokens > 10,
+            "the failed call's prompt: {spent:?}"
+        );
+    }
+
+    /// A model call cut off (the task cancelled while it ran: its future dropped) is charged
+    /// the estimate of its prompt and of the text it streamed; a settled one only what it
+    /// reported.
+    #[test]
+    fn a_call_cut_off_is_charged_its_prompt_and_streamed_text() {
+        let events = VecSink::default();
+        let mut call = ChainEvents {
+            events: &events,
+            round: 1,
+            unsettled_prompt: Some(40),
+            streamed: 0,
+        };
+        call.delta("12345678".into());
+        drop(call);
+        let spent = *events.1.lock_unpoisoned();
+        assert_eq!((spent.prompt_tokens, spent.completion_tokens), (40, 2));
+        let mut settled = ChainEvents {
+            events: &events,
+            round: 2,
+            unsettled_prompt: Some(40),
+            streamed: 0,
+        };
+        settled.settle(Usage {
+            prompt_tokens: 1,
+            completion_tokens: 1,
+        });
+        drop(settled);
+        assert_eq!(events.1.lock_unpoisoned().total(), 44);
     }
 
     fn tool_call(name: &str, arguments: &str) -> ChatResponse {
@@ -858,6 +924,8 @@ mod tests {
         fn emit(&self, kind: EventKind) {
             self.1.lock_unpoisoned().push(kind);
         }
+
+        fn spend(&self, _usage: Usage) {}
     }
 
     fn session_spec(prompt: &str) -> TaskSpec {

@@ -340,6 +340,13 @@ pub struct RawHttp {
     /// Lets a front door listen beyond loopback without `api_keys`, open to anyone who can
     /// reach it. Default: false (such a node refuses to start).
     pub allow_unauthenticated: bool,
+    /// Host names (`name` or `name:port`) a front door without keys answers besides
+    /// `localhost`, `127.0.0.1` and `[::1]`: the names a container's or a proxy's clients reach
+    /// it by. Default: none.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`) of web pages whose requests the front door takes; a
+    /// request with any other `Origin` is refused. Default: none.
+    pub allowed_origins: Vec<String>,
 }
 
 /// One `[[http.keys]]` entry: the key itself is not in the file, only its SHA-256 or the path
@@ -365,6 +372,9 @@ pub struct RawHttpKey {
     pub requests_per_minute: Option<u64>,
     /// Prompt plus completion tokens per calendar minute, fleet-wide. Default: no limit.
     pub tokens_per_minute: Option<u64>,
+    /// The `mcp` scope: the key may use `/mcp` (tasks, the fleet, the shared memory). Default:
+    /// false (models only).
+    pub mcp: bool,
 }
 
 /// `[connections]`: how long a connection may take to prove itself, and how many each listener

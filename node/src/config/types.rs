@@ -331,6 +331,10 @@ pub struct HttpConfig {
     pub api_keys: Vec<String>,
     /// `[[http.keys]]`: named keys with their policies.
     pub keys: Vec<HttpKey>,
+    /// Hosts a front door without keys answers besides the loopback names, in normal form.
+    pub allowed_hosts: Vec<mesh_domain::origin::HostPort>,
+    /// Origins of web pages whose requests the front door takes, in normal form.
+    pub allowed_origins: Vec<String>,
 }
 
 /// A validated `[[http.keys]]` entry.

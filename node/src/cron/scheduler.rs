@@ -481,7 +481,7 @@ impl Scheduler {
                     outcome = Some((FiringStatus::Done, String::new()));
                     break;
                 }
-                EventKind::Failed { error } => {
+                EventKind::Failed { error, .. } => {
                     outcome = Some((FiringStatus::Failed, error.to_string()));
                     break;
                 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::guard::Guard;
 use crate::{
     admission::Admission, agent::tools::ToolRegistry, api_keys::Keys, capabilities::Capabilities,
     chat::ChatService, cron::Scheduler, memory::Memory, peers::PeerTable, tasks::TaskManager,
@@ -31,7 +32,10 @@ pub struct FrontDoor {
     pub tools: Arc<ToolRegistry>,
     /// `/mcp`'s `cron_list`.
     pub scheduler: Arc<Scheduler>,
-    /// Whether the front door listens on loopback only: then `/mcp` answers only requests that
-    /// name a loopback host (DNS rebinding).
-    pub loopback_only: bool,
+    /// What every route refuses of what a web page can send (`http.allowed_hosts`,
+    /// `http.allowed_origins`).
+    pub guard: Guard,
+    /// `/mcp`'s `run_task` on a key with a token limit: the most tokens a task is granted (this
+    /// node's `tasks.token_budget`), all of it reserved while it runs.
+    pub task_token_budget: u64,
 }

@@ -135,14 +135,19 @@ impl ApiError {
         }
     }
 
-    /// A call its key may not make: a model it may not use (403), a limit reached (429, with
-    /// `Retry-After`, the code naming the limit), or usage that cannot be counted (503).
+    /// A call its key may not make: a model it may not use or an endpoint its scopes do not
+    /// cover (403), a limit reached or too little left of it (429, with `Retry-After`, the
+    /// code naming the limit), or usage that cannot be counted (503).
     pub fn from_refusal(refusal: Refusal) -> Self {
         let message = refusal.to_string();
         match refusal {
             Refusal::Model { .. } => {
                 Self::new(StatusCode::FORBIDDEN, ErrorKind::Permission, message)
                     .with_code("model_not_allowed")
+            }
+            Refusal::Scope { .. } => {
+                Self::new(StatusCode::FORBIDDEN, ErrorKind::Permission, message)
+                    .with_code("scope_not_allowed")
             }
             Refusal::Limit {
                 kind,

@@ -5,7 +5,8 @@
 //! `memory_get`, `memory_search`, `memory_put` and `cron_list`.
 //!
 //! It translates only. Who may call is the key middleware's (`http::authorize`, as for every
-//! `/v1` route: no key on an open door, a known key otherwise); what a caller may do is decided
+//! `/v1` route: no key on an open door, a known key with the `mcp` scope otherwise, decided by
+//! `api_keys`); what a caller may do is decided
 //! by `admission` (an `/mcp` caller is [`AdmissionCaller::FrontDoor`], capped by
 //! `security.mcp_max_tier`) for every tool, by the tier the tool counts as, and by `api_keys`
 //! for the model, role or persona of a `run_task` (a key's models and roles, its budgets).
@@ -19,7 +20,8 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use axum::http::request::Parts;
 use mesh_domain::{
-    EventKind, Requirements, Target, TaskSpec, Tier, Usage,
+    EventKind, Message, Requirements, Role, Target, TaskEvent, TaskSpec, Tier, Usage,
+    chat::prompt_token_bound,
     keys::{self, MAX_VALUE},
     text::truncate,
 };
@@ -44,8 +46,9 @@ use super::{door::FrontDoor, gateway::Caller};
 use crate::{
     admission::Caller as AdmissionCaller,
     agent::tools::ToolContext,
+    api_keys::{Ask, Charge},
     cron::owner_of,
-    tasks::{LookupError, SubmitError},
+    tasks::LookupError,
 };
 
 /// The tools, by name.
@@ -66,22 +69,18 @@ const MAX_SCHEDULES_LISTED: usize = 1000;
 const SCHEDULE_PROMPT_CHARS: usize = 200;
 
 /// The `/mcp` service for `door`: stateless streamable HTTP, answers as server-sent events (so
-/// progress reaches the client while a task runs), bodies bounded by `max_body`. When the
-/// front door listens on loopback only, a request must name a loopback host (`localhost`,
-/// `127.0.0.1`, `::1`): a web page that rebinds its own name to 127.0.0.1 cannot reach an
-/// open door's tools. A door beyond loopback needs keys (or was opened on purpose), which a
-/// rebinding page does not have.
+/// progress reaches the client while a task runs), bodies bounded by `max_body`. rmcp's own
+/// `Host` check is off: the front door's guard checks `Host`, `Origin` and the content type
+/// of every route, this one included (`http::guard`).
 pub fn service(
     door: Arc<FrontDoor>,
     max_body: usize,
 ) -> StreamableHttpService<MeshTools, NeverSessionManager> {
-    let mut config = StreamableHttpServerConfig::default()
+    let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(false)
-        .with_max_request_body_bytes(max_body);
-    if !door.loopback_only {
-        config = config.disable_allowed_hosts();
-    }
+        .with_max_request_body_bytes(max_body)
+        .disable_allowed_hosts();
     StreamableHttpService::new(
         move || Ok(MeshTools { door: door.clone() }),
         Arc::new(NeverSessionManager::default()),
@@ -487,9 +486,12 @@ impl MeshTools {
         Ok(result)
     }
 
-    /// `run_task`: admits the caller's key for the target, submits the task as an `/mcp`
-    /// caller's, relays its events as progress (when the client gave a progress token) and
-    /// answers with the task's answer. A client that cancels or goes away cancels the task.
+    /// `run_task`: admits the caller's key for the target (the task's token budget is what the
+    /// key grants: at most `tasks.token_budget`, all of it reserved while the task runs),
+    /// submits the task as an `/mcp` caller's, relays its events as progress (when the client
+    /// gave a progress token) and answers with the task's answer. A client that cancels or goes
+    /// away cancels the task. The key is charged what the task spent, however it ends
+    /// ([`settle_from_outcome`]).
     async fn run_task(
         &self,
         args: RunTask,
@@ -503,31 +505,33 @@ impl MeshTools {
         let door = &self.door;
         // Refused here, before a key's request is counted.
         self.allowed(spec.tier)?;
-        let admitted = match &caller.key {
+        let charge = match &caller.key {
             Some(grant) => {
                 let asked = match &spec.target {
                     Target::Model(model) => model.clone(),
                     other => other.to_string(),
                 };
-                let admitted = door
+                // The task's budget covers its prompt and every round after it.
+                let prompt =
+                    prompt_token_bound(&[Message::text(Role::User, spec.prompt.clone())], &[]);
+                let ask = Ask {
+                    prompt,
+                    completion: Some(door.task_token_budget.saturating_sub(prompt)),
+                    choices: 1,
+                };
+                let charge = door
                     .keys
-                    .admit(grant, &asked, None, 1)
+                    .admit(grant, &asked, ask)
                     .await
                     .map_err(|refusal| CallError::Tool(refusal.to_string()))?;
-                // What the key's token limits leave is the task's budget.
-                if let Some(left) = admitted.max_tokens {
-                    spec.token_budget = Some(u64::from(left));
+                if charge.reserved() > 0 {
+                    spec.token_budget = Some(charge.reserved());
                 }
-                Some(admitted)
+                Some(charge)
             }
             None => None,
         };
-        let outcome = self.follow(spec, context).await;
-        if let Some(admitted) = admitted {
-            let usage = outcome.as_ref().ok().map(|done| done.usage);
-            door.keys.record(admitted, usage).await;
-        }
-        let done = outcome?;
+        let done = self.follow(spec, charge, context).await?;
         let mut text = truncate(&done.output, MAX_ANSWER_BYTES).to_owned();
         if text.len() < done.output.len() {
             text.push_str(&format!(
@@ -545,16 +549,36 @@ impl MeshTools {
         Ok(result)
     }
 
-    /// Submits `spec` and follows it to its end.
+    /// Submits `spec` and follows it to its end; `charge` is settled with what it spent.
     async fn follow(
         &self,
         spec: TaskSpec,
+        charge: Option<Charge>,
         context: &RequestContext<RoleServer>,
     ) -> Result<Done, CallError> {
         let tasks = &self.door.tasks;
-        let id = tasks
-            .submit(spec, &AdmissionCaller::FrontDoor)
-            .map_err(|e: SubmitError| CallError::Tool(e.to_string()))?;
+        let id = match tasks.submit(spec, &AdmissionCaller::FrontDoor) {
+            Ok(id) => id,
+            Err(e) => {
+                if let Some(charge) = charge {
+                    // Nothing ran.
+                    charge.settle(Usage::default()).await;
+                }
+                return Err(CallError::Tool(e.to_string()));
+            }
+        };
+        if let Some(charge) = charge {
+            // Apart from this call, which may end first (the client cancels or goes away).
+            match tasks.watch(&id, true) {
+                Ok(events) => {
+                    tokio::spawn(settle_from_outcome(events, charge));
+                }
+                // Dropped: charged its whole reservation.
+                Err(e) => {
+                    tracing::warn!(task = %id, error = %e, "follow an /mcp task to charge its key")
+                }
+            }
+        }
         // From here the task is the client's: it ends when the client stops waiting.
         let mut waiting = CancelOnDrop {
             tasks: tasks.clone(),
@@ -595,7 +619,7 @@ impl MeshTools {
                         rounds,
                     });
                 }
-                EventKind::Failed { error } => {
+                EventKind::Failed { error, .. } => {
                     return Err(CallError::Tool(format!("task {id} failed: {error}")));
                 }
                 other => {
@@ -608,6 +632,22 @@ impl MeshTools {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Follows a task's `events` to its end and charges its key what it spent: a completed task
+/// its usage, a failed or cancelled one the usage its `failed` event carries (what its model
+/// calls reported, and the estimate of a call cut off). Events that end without an outcome
+/// drop the charge, which charges its whole reservation.
+async fn settle_from_outcome(mut events: tokio::sync::mpsc::Receiver<TaskEvent>, charge: Charge) {
+    while let Some(event) = events.recv().await {
+        match event.kind {
+            EventKind::Completed { usage, .. } | EventKind::Failed { usage, .. } => {
+                charge.settle(usage).await;
+                return;
+            }
+            _ => {}
         }
     }
 }
@@ -700,7 +740,7 @@ fn describe(kind: &EventKind) -> String {
         EventKind::Warning { message } => format!("warning: {message}"),
         EventKind::OutputDelta { text } => format!("output: {text}"),
         EventKind::Completed { executed_on, .. } => format!("completed on {executed_on}"),
-        EventKind::Failed { error } => format!("failed: {error}"),
+        EventKind::Failed { error, .. } => format!("failed: {error}"),
         EventKind::Evaluated {
             attempt,
             score: Some(score),

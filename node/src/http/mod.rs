@@ -13,14 +13,19 @@
 //! `mesh-cli keys add`), `/v1/*` needs one (as `Authorization: Bearer <key>` or Anthropic's
 //! `x-api-key`); the gateway admits each call against its key's policy (`api_keys`). [`mcp`]
 //! serves the mesh itself as MCP tools at `/mcp` (tasks, the fleet, the memory, schedules),
-//! behind the same keys. `GET /healthz` and `GET /metrics` (Prometheus text) complete it. [`serve`] is the front door's own accept loop, which bounds
-//! connections before they send a request (`[connections]`: a header timeout and a cap).
+//! behind the same keys, for a key with the `mcp` scope. Before any of it, on every route,
+//! [`guard`] refuses what a web page can make a browser send (an `Origin` not allowed, a
+//! rebinding `Host` on a door without keys, a `POST` that is not JSON). `GET /healthz` and
+//! `GET /metrics` (Prometheus text) complete it. [`serve`] is the front door's own accept loop,
+//! which bounds connections before they send a request (`[connections]`: a header timeout and
+//! a cap).
 
 pub mod anthropic;
 mod door;
 pub mod embeddings;
 pub mod error;
 pub mod gateway;
+pub mod guard;
 pub mod mcp;
 pub mod ollama;
 pub mod openai;
@@ -57,6 +62,9 @@ use crate::{
 
 /// Largest request body.
 const MAX_BODY: usize = 4 * 1024 * 1024;
+
+/// Where the MCP server is.
+const MCP_PATH: &str = "/mcp";
 
 /// The paths counted by name in `agentmesh_http_requests_total` (any other is `other`).
 const COUNTED_PATHS: &[&str] = &[
@@ -98,13 +106,14 @@ pub fn router(door: Arc<FrontDoor>) -> Router {
         .route("/api/embeddings", post(ollama::embeddings))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route_service("/mcp", mcp::service(door.clone(), MAX_BODY))
+        .route_service(MCP_PATH, mcp::service(door.clone(), MAX_BODY))
         .route_layer(middleware::from_fn_with_state(door.clone(), authorize));
     Router::new()
         .merge(api)
         .route("/healthz", get(healthz))
         .route("/metrics", get(scrape))
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(door.clone(), guard))
         .layer(middleware::from_fn(shape))
         .layer(middleware::from_fn(count))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
@@ -158,8 +167,31 @@ async fn not_found() -> ApiError {
     )
 }
 
+/// Refuses, on every route, what a web page can make a browser send (see [`guard`]).
+async fn guard(
+    State(door): State<Arc<FrontDoor>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let keyed = door.keys.required().map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable,
+            format!("cannot read the front door's keys: {e}"),
+        )
+    })?;
+    door.guard
+        .check(request.method(), request.headers(), keyed)
+        .map_err(|blocked| {
+            tracing::debug!(path = %request.uri().path(), %blocked, "front door: refused a request a web page could have sent");
+            ApiError::from(blocked)
+        })?;
+    Ok(next.run(request).await)
+}
+
 /// Lets a request with a known key through (any request when no keys are set), with the
-/// [`Caller`] it found for the gateway.
+/// [`Caller`] it found for the gateway; `/mcp` only with a key that may use it
+/// ([`crate::api_keys::KeyGrant::may_use_mcp`]).
 async fn authorize(
     State(door): State<Arc<FrontDoor>>,
     headers: HeaderMap,
@@ -188,6 +220,9 @@ async fn authorize(
     };
     match grant {
         Some(grant) => {
+            if request.uri().path() == MCP_PATH {
+                grant.may_use_mcp().map_err(ApiError::from_refusal)?;
+            }
             request
                 .extensions_mut()
                 .insert(Caller { key: Some(grant) });

@@ -532,7 +532,8 @@ pub fn read_responses_call(body: &[u8]) -> Result<ResponsesCall, ApiError> {
 struct Stored {
     /// Unix second after which it is neither served nor kept.
     expires_at: u64,
-    /// The name of the key that created it (`None` when the front door has no keys).
+    /// The id of the key that created it (`api_keys::key_id`; `None` when the front door has
+    /// no keys). Not its name: another key given the same name owns none of it.
     owner: Option<String>,
     /// The conversation up to and including this answer, without `instructions`.
     messages: Vec<Message>,
@@ -591,7 +592,7 @@ fn load(
             return Err(not_found(id, param));
         }
     };
-    if stored.expires_at <= now || stored.owner.as_deref() != caller.key_name() {
+    if stored.expires_at <= now || stored.owner.as_deref() != caller.key_id() {
         return Err(not_found(id, param));
     }
     Ok(stored)
@@ -796,7 +797,7 @@ pub async fn create(
     };
     let keeper = request.store.then(|| Keeper {
         memory: door.memory.clone(),
-        owner: caller.key_name().map(str::to_owned),
+        owner: caller.key_id().map(str::to_owned),
         conversation,
     });
     if request.stream {
@@ -1477,9 +1478,12 @@ mod tests {
     async fn a_streamed_answer_is_stored_before_it_completes() {
         let (_dir, memory) = memory();
         let mut encoder = events();
+        let alice = Caller {
+            key: Some(KeyGrant::named("alice", ALICE)),
+        };
         encoder.keeper = Some(Keeper {
             memory: memory.clone(),
-            owner: Some("alice".into()),
+            owner: alice.key_id().map(str::to_owned),
             conversation: vec![Message::text(Role::User, "hi")],
         });
         let answer = ChatResponse {
@@ -1498,9 +1502,6 @@ mod tests {
         let completed = values.last().expect("completed");
         assert_eq!(completed["type"], "response.completed");
         assert_eq!(completed["response"]["store"], true);
-        let alice = Caller {
-            key: Some(KeyGrant::named("alice")),
-        };
         let stored = load(&memory, &alice, "resp_0abc", unix_s(), None).expect("stored by now");
         assert_eq!(stored.response["output"][0]["content"][0]["text"], "hello");
         assert_eq!(
@@ -1519,6 +1520,9 @@ mod tests {
         )
     }
 
+    /// Alice's key.
+    const ALICE: &str = "sk-alice-0123456789";
+
     fn stored(owner: Option<&str>, expires_at: u64) -> Stored {
         Stored {
             expires_at,
@@ -1529,16 +1533,21 @@ mod tests {
     }
 
     /// A stored response is served to the key that created it, until it expires: another key,
-    /// no key, an expired or unknown id are the same 404.
+    /// no key, an expired or unknown id are the same 404. Issue 26, item 4: it was owned by
+    /// the key's name, so another key with that name (another node's config, or a key added
+    /// under the name after the first was revoked) read it; it is the key's id now.
     #[tokio::test]
     async fn a_stored_response_is_served_only_to_its_key_until_it_expires() {
         let (_dir, memory) = memory();
-        assert!(keep(&memory, "resp_1", &stored(Some("alice"), 100)).await);
         let alice = Caller {
-            key: Some(KeyGrant::named("alice")),
+            key: Some(KeyGrant::named("alice", ALICE)),
         };
+        assert!(keep(&memory, "resp_1", &stored(alice.key_id(), 100)).await);
         let bob = Caller {
-            key: Some(KeyGrant::named("bob")),
+            key: Some(KeyGrant::named("bob", "sk-bob-0123456789")),
+        };
+        let another_alice = Caller {
+            key: Some(KeyGrant::named("alice", "sk-not-alice-0123456789")),
         };
         assert_eq!(
             load(&memory, &alice, "resp_1", 99, None)
@@ -1549,6 +1558,7 @@ mod tests {
         );
         for (caller, id, now) in [
             (&bob, "resp_1", 99),
+            (&another_alice, "resp_1", 99),
             (&Caller::default(), "resp_1", 99),
             (&alice, "resp_1", 100),
             (&alice, "resp_2", 99),

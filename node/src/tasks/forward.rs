@@ -14,6 +14,7 @@ use std::{fmt, sync::Mutex, time::Duration};
 
 use mesh_domain::{Answer, BoxFuture, EventKind, TaskError, TaskEvent, TaskSpec, sync::MutexExt};
 use tokio::{sync::mpsc, time::Instant};
+use tokio_util::sync::CancellationToken;
 
 use crate::{agent::EventSink, router::Destination};
 
@@ -104,6 +105,9 @@ pub(crate) struct Journey<'a> {
     /// The address of the node running the task now, so a cancel or deadline here stops it
     /// there too.
     pub current: &'a Mutex<Option<String>>,
+    /// Cancelled once the task is stopped here (cancelled, or past its deadline): no further
+    /// node is tried, while the one running it may still send its outcome (with what it spent).
+    pub stop: &'a CancellationToken,
 }
 
 /// Runs a task on other nodes: forwards it to each candidate in turn, relaying its events,
@@ -124,7 +128,7 @@ pub(crate) async fn forward(
     let mut relayed = Relayed::default();
     for (index, Destination { name, addr }) in candidates.into_iter().enumerate() {
         let attempt = index as u32 + 1;
-        if attempt > MAX_FAILOVERS + 1 {
+        if attempt > MAX_FAILOVERS + 1 || journey.stop.is_cancelled() {
             break;
         }
         let remaining = journey.deadline.saturating_duration_since(Instant::now());
@@ -156,12 +160,14 @@ pub(crate) async fn forward(
                 None => break ForwardError::Unavailable("stream ended without an outcome".into()),
             };
             match event.kind {
+                // What the node spent is this task's, whatever its outcome.
                 EventKind::Completed {
                     output,
                     usage,
                     executed_on,
                     rounds,
                 } => {
+                    journey.events.spend(usage);
                     return Ok(Answer {
                         output,
                         usage,
@@ -169,7 +175,10 @@ pub(crate) async fn forward(
                         executed_on: Some(executed_on),
                     });
                 }
-                EventKind::Failed { error } => return Err(error),
+                EventKind::Failed { error, usage } => {
+                    journey.events.spend(usage);
+                    return Err(error);
+                }
                 // The executing node's own admission is not news to our caller.
                 EventKind::Accepted { .. } => {}
                 kind => {
@@ -269,6 +278,8 @@ mod tests {
         fn emit(&self, kind: EventKind) {
             self.0.lock_unpoisoned().push(kind);
         }
+
+        fn spend(&self, _usage: Usage) {}
     }
 
     /// Issue 16, point 3: a node that relays an endless or huge stream of events for a task
@@ -295,6 +306,7 @@ mod tests {
                     routed: &|_| {},
                     side_effects: &|_, _| false,
                     current: &current,
+                    stop: &CancellationToken::new(),
                 },
                 vec![Destination {
                     name: "hostile".into(),

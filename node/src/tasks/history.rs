@@ -202,7 +202,10 @@ pub(crate) fn recover(store: &History) {
             task_id: record.id.clone(),
             seq: next,
             at_ms: now_ms(),
-            kind: EventKind::Failed { error },
+            kind: EventKind::Failed {
+                error,
+                usage: mesh_domain::Usage::default(),
+            },
         };
         if store
             .put_event(&event)
@@ -315,7 +318,14 @@ mod tests {
             message: "x".into(),
         };
         history
-            .put_event(&event("task", total, EventKind::Failed { error }))
+            .put_event(&event(
+                "task",
+                total,
+                EventKind::Failed {
+                    error,
+                    usage: mesh_domain::Usage::default(),
+                },
+            ))
             .expect("put");
         assert_eq!(history.replay("task", total, &tx).await, Replayed::Ended);
         drop(tx);

@@ -18,8 +18,8 @@ use std::{
 };
 
 use mesh_domain::{
-    Answer, BoxFuture, EventKind, Load, TaskError, TaskEvent, TaskSpec, TaskStatus, sync::MutexExt,
-    time::now_ms,
+    Answer, BoxFuture, EventKind, Load, TaskError, TaskEvent, TaskSpec, TaskStatus, Usage,
+    sync::MutexExt, time::now_ms,
 };
 use tokio::{
     sync::{broadcast, mpsc},
@@ -137,7 +137,15 @@ impl EventSink for Emitter {
     fn task_id(&self) -> &str {
         &self.task.id
     }
+
+    fn spend(&self, usage: Usage) {
+        self.task.spent.lock_unpoisoned().add(usage);
+    }
 }
+
+/// How long a task passed to another node and stopped here (cancelled, or past its deadline)
+/// waits for that node's outcome, which says what its model calls spent.
+const REMOTE_OUTCOME_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
 struct LiveTask {
@@ -150,6 +158,8 @@ struct LiveTask {
     seq: AtomicU64,
     events: broadcast::Sender<TaskEvent>,
     record: Mutex<TaskRecord>,
+    /// What its model calls spent so far (here, and as the nodes it was passed to reported).
+    spent: Mutex<Usage>,
 }
 
 #[derive(Debug)]
@@ -323,6 +333,7 @@ impl TaskManager {
             let tools = inner.runtime.tools();
             let side_effects =
                 |tool: &str, arguments: &str| tools.has_side_effects(tool, arguments);
+            let stop = CancellationToken::new();
             let run = forward(
                 Journey {
                     node: &inner.node,
@@ -333,26 +344,33 @@ impl TaskManager {
                     routed: &routed,
                     side_effects: &side_effects,
                     current: &current,
+                    stop: &stop,
                 },
                 candidates,
                 inner.forwarder.as_ref(),
             );
-            let result = tokio::select! {
-                () = task.cancel.cancelled() => Err(TaskError::Cancelled {
+            tokio::pin!(run);
+            // Whether it was stopped here, `run` still running (a `run` that ended, also with
+            // the other node's own `cancelled` or `deadline`, must not be polled again).
+            let (result, stopped) = tokio::select! {
+                () = task.cancel.cancelled() => (Err(TaskError::Cancelled {
                     reason: task.cancel_reason.lock_unpoisoned().clone()
                         .unwrap_or_else(|| "cancelled by a caller".into()),
-                }),
-                () = tokio::time::sleep_until(task.deadline) => Err(TaskError::Deadline {
+                }), true),
+                () = tokio::time::sleep_until(task.deadline) => (Err(TaskError::Deadline {
                     seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
-                }),
-                result = run => result,
+                }), true),
+                result = &mut run => (result, false),
             };
-            if matches!(
-                result,
-                Err(TaskError::Cancelled { .. } | TaskError::Deadline { .. })
-            ) && let Some(addr) = current.lock_unpoisoned().take()
-            {
-                tokio::spawn(inner.forwarder.cancel(addr, task.id.clone()));
+            if stopped {
+                stop.cancel();
+                let running_on = current.lock_unpoisoned().clone();
+                if let Some(addr) = running_on {
+                    tokio::spawn(inner.forwarder.cancel(addr, task.id.clone()));
+                    // The node stops the task and sends its outcome, with what it spent (which
+                    // `forward` adds to the task's); the outcome here stays this node's.
+                    let _ = tokio::time::timeout(REMOTE_OUTCOME_GRACE, &mut run).await;
+                }
             }
             inner.finish(&task, result);
             inner.running.send_modify(|n| *n -= 1);
@@ -543,6 +561,7 @@ impl Inner {
             seq: AtomicU64::new(0),
             events,
             record: Mutex::new(record),
+            spent: Mutex::default(),
         });
         self.live.lock_unpoisoned().insert(id, task.clone());
         Ok(task)
@@ -595,7 +614,10 @@ impl Inner {
             Err(error) => {
                 record.status = TaskStatus::Failed;
                 record.error = Some(error.clone());
-                EventKind::Failed { error }
+                EventKind::Failed {
+                    error,
+                    usage: *task.spent.lock_unpoisoned(),
+                }
             }
         };
         if let Err(e) = self.history.put_record(&record) {
@@ -682,7 +704,7 @@ impl SubtaskRunner for TaskManager {
             while let Some(event) = events.recv().await {
                 match event.kind {
                     EventKind::Completed { output, .. } => return Ok(output),
-                    EventKind::Failed { error } => {
+                    EventKind::Failed { error, .. } => {
                         return Err(format!("sub-task {id} failed: {error}"));
                     }
                     _ => {}

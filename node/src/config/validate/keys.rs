@@ -97,6 +97,7 @@ pub(super) fn http_keys(
                 models: entry.models,
                 roles: entry.roles,
                 limits,
+                mcp: entry.mcp,
             },
         });
     }

@@ -322,11 +322,50 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         }
         _ => {}
     }
+    let allowed_hosts = each(
+        &raw.allowed_hosts,
+        origin,
+        ("http.allowed_hosts", "a host name"),
+        mesh_domain::origin::host_port,
+        "write a name or address as clients put it in `Host`, with or without a port: `mesh.example.com`, `mesh-node:7780`, `[fd00::5]`",
+    )?;
+    let allowed_origins = each(
+        &raw.allowed_origins,
+        origin,
+        ("http.allowed_origins", "a web origin"),
+        mesh_domain::origin::origin,
+        "write the origin of the page as a browser sends it, `scheme://host[:port]` with no path: `https://chat.example.com`, `http://localhost:3000` (`null` and `*` are not allowed)",
+    )?;
     Ok(HttpConfig {
         listen,
         api_keys: raw.api_keys,
         keys,
+        allowed_hosts,
+        allowed_origins,
     })
+}
+
+/// Every entry of the list `key` read by `parse`; the first that is not `what` is an error
+/// naming it (`key[i]`) with `fix`.
+fn each<T>(
+    list: &[String],
+    origin: &Origin,
+    (key, what): (&str, &str),
+    parse: impl Fn(&str) -> Option<T>,
+    fix: &str,
+) -> Result<Vec<T>, ConfigError> {
+    list.iter()
+        .enumerate()
+        .map(|(i, text)| {
+            parse(text).ok_or_else(|| {
+                origin.invalid(
+                    &format!("{key}[{i}]"),
+                    format!("is `{text}`, not {what}"),
+                    fix,
+                )
+            })
+        })
+        .collect()
 }
 
 /// The shortest API key accepted: 16 characters (64 bits of hex), so that a short password
@@ -450,6 +489,43 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("choose one"), "{message}");
+    }
+
+    #[test]
+    fn allowed_hosts_and_origins_are_read_into_one_form_and_bad_ones_named() {
+        let http = parse(
+            "[http]\nallowed_hosts = [\"Mesh-Node:7780\", \"mesh.example.com\"]\nallowed_origins = [\"HTTPS://Chat.Example.com:443\"]\n",
+        )
+        .expect("valid")
+        .http;
+        assert_eq!(http.allowed_hosts[0].host, "mesh-node");
+        assert_eq!(http.allowed_hosts[0].port, Some(7780));
+        assert_eq!(http.allowed_hosts[1].port, None);
+        assert_eq!(http.allowed_origins, ["https://chat.example.com"]);
+        assert!(
+            parse("[http]\n")
+                .expect("valid")
+                .http
+                .allowed_origins
+                .is_empty()
+        );
+        for (text, named) in [
+            (
+                "allowed_hosts = [\"ok\", \"http://x\"]",
+                "`http.allowed_hosts[1]` is `http://x`, not a host name",
+            ),
+            (
+                "allowed_origins = [\"null\"]",
+                "`http.allowed_origins[0]` is `null`, not a web origin",
+            ),
+            (
+                "allowed_origins = [\"https://a.example/app\"]",
+                "`http.allowed_origins[0]`",
+            ),
+        ] {
+            let message = err(&format!("[http]\n{text}\n"));
+            assert!(message.contains(named), "{text}: {message}");
+        }
     }
 
     #[test]

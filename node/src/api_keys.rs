@@ -1009,6 +1009,8 @@ mod tests {
             },
             api_keys: api_keys.iter().map(|k| (*k).to_owned()).collect(),
             keys,
+            unknown_fields: crate::config::UnknownFields::default(),
+            model_aliases: Vec::new(),
         }
     }
 

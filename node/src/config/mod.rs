@@ -36,7 +36,8 @@ pub use raw::{
 };
 pub use types::{
     ApprovalConfig, Backend, Config, ConnectionLimits, Discovery, GpuDecl, HttpConfig, HttpKey,
-    KeySecret, Listen, McpConfig, McpTransport, ModelConfig, PersonaConfig, TaskLimits, TlsMode,
+    KeySecret, Listen, McpConfig, McpTransport, ModelAlias, ModelConfig, PersonaConfig,
+    SystemTurns, TaskLimits, TlsMode, UnknownFields,
 };
 
 impl Config {

@@ -577,6 +577,8 @@ mod tests {
             },
             api_keys: Vec::new(),
             keys: Vec::new(),
+            unknown_fields: crate::config::UnknownFields::default(),
+            model_aliases: Vec::new(),
         };
         let chat = Arc::new(ChatService::new(
             Arc::new(ModelRegistry::default()),

@@ -325,6 +325,8 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         listen,
         api_keys: raw.api_keys,
         keys,
+        unknown_fields: super::clients::unknown_fields(raw.unknown_fields.as_deref(), origin)?,
+        model_aliases: super::clients::model_aliases(raw.model_aliases, origin)?,
     })
 }
 

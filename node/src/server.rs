@@ -628,6 +628,7 @@ impl Node {
             tools: tools.clone(),
             scheduler: scheduler.clone(),
             loopback_only: config.http.listen.addr.ip().is_loopback(),
+            clients: http::clients::Clients::new(&config.http),
         });
         match bind_up_to(config.http.listen, DEFAULT_HTTP_PORT + 10).await {
             Ok(listener) => {

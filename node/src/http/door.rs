@@ -31,6 +31,9 @@ pub struct FrontDoor {
     pub tools: Arc<ToolRegistry>,
     /// `/mcp`'s `cron_list`.
     pub scheduler: Arc<Scheduler>,
+    /// `http.unknown_fields` and `http.model_aliases`: how unknown request fields and model
+    /// names are met.
+    pub clients: super::clients::Clients,
     /// Whether the front door listens on loopback only: then `/mcp` answers only requests that
     /// name a loopback host (DNS rebinding).
     pub loopback_only: bool,

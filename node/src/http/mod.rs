@@ -17,6 +17,8 @@
 //! connections before they send a request (`[connections]`: a header timeout and a cap).
 
 pub mod anthropic;
+mod cl100k;
+pub mod clients;
 mod door;
 pub mod embeddings;
 pub mod error;

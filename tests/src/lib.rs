@@ -98,6 +98,28 @@ pub fn python3() -> PathBuf {
     venv
 }
 
+/// The command-line client `name` (`claude`, `codex`) as `deploy/test.sh --setup-only`
+/// installs it from npm, at the versions it pins: `<workspace>/target/npm/node_modules/.bin`, or
+/// `MESH_NPM_BIN` when set.
+pub fn npm_bin(name: &str) -> PathBuf {
+    let dir = match std::env::var_os("MESH_NPM_BIN").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tests/ is inside the workspace")
+            .join("target/npm/node_modules/.bin"),
+    };
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} not found: run `deploy/test.sh --setup-only` first (it installs Claude Code and \
+         Codex from npm into target/npm, at pinned versions), or set MESH_NPM_BIN to the \
+         directory that has `{name}`",
+        bin.display()
+    );
+    bin
+}
+
 /// How often [`wait_for`] polls.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 
@@ -357,6 +379,8 @@ pub struct NodeOptions {
     pub wrapper: Vec<String>,
     /// `http.api_keys` of the front door (which listens on an ephemeral loopback port).
     pub http_keys: Vec<String>,
+    /// More keys of the `[http]` table, as TOML lines.
+    pub http_lines: String,
     /// The `[security]` table, as TOML lines. Default: `client_max_tier = "shell"`, so the
     /// harness's client certificate (the tests' operator) may run any tier; tests of the caps
     /// set their own.
@@ -387,6 +411,7 @@ impl NodeOptions {
             node_keys: String::new(),
             wrapper: Vec::new(),
             http_keys: Vec::new(),
+            http_lines: String::new(),
             security: "client_max_tier = \"shell\"\n".into(),
             issuer: false,
             log: None,
@@ -429,6 +454,13 @@ impl NodeOptions {
     /// Requires one of these bearer keys at the front door.
     pub fn http_keys(mut self, keys: &[&str]) -> Self {
         self.http_keys = keys.iter().map(|k| (*k).to_owned()).collect();
+        self
+    }
+
+    /// Adds a key of the `[http]` table, e.g. `unknown_fields = "refuse"`.
+    pub fn http_line(mut self, line: &str) -> Self {
+        self.http_lines.push_str(line);
+        self.http_lines.push('\n');
         self
     }
 
@@ -682,8 +714,8 @@ impl Harness {
         }
         writeln!(
             config,
-            "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n",
-            options.http_keys
+            "[http]\nlisten = \"127.0.0.1:0\"\napi_keys = {:?}\n{}",
+            options.http_keys, options.http_lines
         )?;
         writeln!(config, "[security]\n{}", options.security)?;
         config.push_str(&options.extra);

@@ -3,9 +3,10 @@
 //! does not know are ignored by default and refused in each API's own words with
 //! `http.unknown_fields = "refuse"`; Codex's tools reach the model as functions (a namespace's
 //! flattened, its calls given back with their namespace) and hosted ones are dropped and named
-//! in `x-agentmesh-dropped-tools`; `http.model_aliases` maps a name the fleet does not have;
-//! Anthropic's `count_tokens` answers; and a model with `system_turns = "first"` gets Claude
-//! Code's mid-conversation system messages folded into its first turn.
+//! in `x-agentmesh-dropped-tools`; `http.model_aliases` maps a name the fleet does not have,
+//! and never past a key's models; Anthropic's `count_tokens` answers, for a key that may use
+//! the model; and a model with `system_turns = "first"` gets Claude Code's mid-conversation
+//! system messages folded into its first turn.
 
 use std::{
     io::{Read, Write},
@@ -71,14 +72,20 @@ impl Answer {
 
 /// `POST path` with `body` to `node`'s front door over HTTP/1.1.
 fn post(node: &NodeProcess, path: &str, body: &Value) -> Answer {
+    post_as(node, None, path, body)
+}
+
+/// [`post`] with `key` as `x-api-key`, when given.
+fn post_as(node: &NodeProcess, key: Option<&str>, path: &str, body: &Value) -> Answer {
     let url = node.http_url().expect("front door");
     let host = url.trim_start_matches("http://");
     let body = body.to_string();
     let mut socket = std::net::TcpStream::connect(host).expect("connect");
+    let key = key.map_or(String::new(), |key| format!("x-api-key: {key}\r\n"));
     write!(
         socket,
         "POST {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Type: application/json\r\n\
-         anthropic-version: 2023-06-01\r\nContent-Length: {}\r\n\r\n{body}",
+         anthropic-version: 2023-06-01\r\n{key}Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .expect("send");
@@ -326,4 +333,56 @@ fn system_turns_stay_in_place_unless_the_model_takes_them_first() {
             ("user".to_owned(), "go".to_owned()),
         ]
     );
+}
+
+/// A key that may use `role:chat`, and the model name `claude-sonnet-4-5` (which no node
+/// serves): an alias from that name to `role:coder` does not take it past its policy (the key
+/// is checked against the alias's target, not the name asked), for a message and for
+/// `count_tokens` alike; without a key, `count_tokens` is a 401 like every `/v1` path.
+#[test]
+fn an_alias_does_not_take_a_key_past_its_models_and_count_tokens_needs_a_key() {
+    let key = "compat-team-key-5d2c8e4f6a1b0d9c";
+    let hash: String = mesh_node::api_keys::key_sha256(key)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mesh = mesh(
+        NodeOptions::new("laptop").extra(&format!(
+            "[[http.keys]]\nname = \"team\"\nkey_sha256 = \"{hash}\"\nroles = [\"chat\"]\nmodels = [\"claude-sonnet-4-5\"]\n\n\
+             [http.model_aliases]\n\"claude-haiku-*\" = \"role:chat\"\n\"claude-*\" = \"role:coder\"\n"
+        )),
+        "",
+    );
+    mesh.fake.otherwise(Scripted::text("allowed"));
+    let haiku = post_as(
+        &mesh.laptop,
+        Some(key),
+        "/v1/messages",
+        &message(json!({"model": "claude-haiku-4-5"})),
+    );
+    assert_eq!(haiku.status, 200, "{}", haiku.body);
+    let sonnet = post_as(
+        &mesh.laptop,
+        Some(key),
+        "/v1/messages",
+        &message(json!({"model": "claude-sonnet-4-5"})),
+    );
+    assert_eq!(sonnet.status, 403, "{}", sonnet.body);
+    assert_eq!(sonnet.json()["error"]["type"], "permission_error");
+    assert_eq!(mesh.fake.requests().len(), 1, "only the allowed chat ran");
+    let count = json!({"model": "claude-sonnet-4-5",
+                       "messages": [{"role": "user", "content": "hello"}]});
+    let refused = post_as(&mesh.laptop, Some(key), "/v1/messages/count_tokens", &count);
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["type"], "permission_error");
+    let anonymous = post(&mesh.laptop, "/v1/messages/count_tokens", &count);
+    assert_eq!(anonymous.status, 401, "{}", anonymous.body);
+    assert_eq!(anonymous.json()["error"]["type"], "authentication_error");
+    let counted = post_as(
+        &mesh.laptop,
+        Some(key),
+        "/v1/messages/count_tokens",
+        &json!({"model": "claude-haiku-4-5", "messages": [{"role": "user", "content": "hello"}]}),
+    );
+    assert_eq!(counted.status, 200, "{}", counted.body);
 }

@@ -168,6 +168,22 @@ fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
+/// The last message of each chat request the fake received after `before` (what a failed check
+/// shows: the whole requests carry every tool's schema).
+fn last_messages(fake: &FakeOpenAi, before: usize) -> Vec<Value> {
+    fake.requests()
+        .iter()
+        .skip(before)
+        .map(|r| {
+            r["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 /// The index of the first chat request the fake received after `before`, whose messages hold
 /// a tool result containing `text`.
 fn tool_result_with(fake: &FakeOpenAi, before: usize, text: &str) -> Option<usize> {
@@ -247,7 +263,7 @@ fn claude_code_works_through_the_fleet_as_the_readme_says() {
             assert!(
                 tool_result_with(&mesh.fake, before, "mesh-42").is_some(),
                 "the Bash tool's output reached the model: {:#?}",
-                &mesh.fake.requests()[before..]
+                last_messages(&mesh.fake, before)
             );
             seen.push("bash");
         } else if command.contains("mcp__mesh__run_task") {
@@ -265,7 +281,7 @@ fn claude_code_works_through_the_fleet_as_the_readme_says() {
             assert!(
                 tool_result_with(&mesh.fake, before, "forty-two, from the fleet").is_some(),
                 "run_task's answer reached Claude Code's model: {:#?}",
-                &mesh.fake.requests()[before..]
+                last_messages(&mesh.fake, before)
             );
             seen.push("run_task");
         } else if command.starts_with("claude -p ") {
@@ -359,7 +375,7 @@ fn codex_works_through_the_fleet_as_the_readme_says() {
             assert!(
                 tool_result_with(&mesh.fake, before, "mesh-42").is_some(),
                 "the shell tool's output reached the model: {:#?}",
-                &mesh.fake.requests()[before..]
+                last_messages(&mesh.fake, before)
             );
             seen.push("shell");
         } else {

@@ -285,6 +285,29 @@ mod tests {
         );
     }
 
+    /// A client that makes up new field names with every request grows the set of logged
+    /// (client, field) pairs only to its bound: past it the set starts again.
+    #[test]
+    fn what_was_logged_is_remembered_within_a_bound() {
+        let clients = clients(&[]);
+        let fields: Vec<String> = (0..MAX_NOTED).map(|i| format!("f{i}")).collect();
+        assert_eq!(clients.first_time("a", &fields).len(), MAX_NOTED);
+        assert!(clients.first_time("a", &fields).is_empty(), "logged once");
+        assert_eq!(clients.first_time("b", &fields[..1]).len(), 1, "per client");
+        for round in 0..(2 * MAX_LOGGED / MAX_NOTED) {
+            let fresh: Vec<String> = (0..MAX_NOTED).map(|i| format!("r{round}-{i}")).collect();
+            clients.first_time("flood", &fresh);
+            let held = clients.logged.lock().expect("lock").len();
+            assert!(held <= MAX_LOGGED, "{held}");
+        }
+        let many: Vec<String> = (0..10 * MAX_NOTED).map(|i| format!("m{i}")).collect();
+        assert_eq!(
+            clients.first_time("c", &many).len(),
+            MAX_NOTED,
+            "at most per request"
+        );
+    }
+
     #[test]
     fn a_refusing_reading_hands_the_path_back_and_an_ignoring_one_keeps_a_bounded_list() {
         let mut refusing = Unknown::new(UnknownFields::Refuse);

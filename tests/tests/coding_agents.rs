@@ -6,7 +6,8 @@
 //! model is the scripted fake; each client talks to the laptop. Checked for each: a plain
 //! answer, a streamed answer, a tool round trip (Claude Code's Bash tool, Codex's shell tool:
 //! `$((6*7))` comes back as 42 only if a shell ran it), and Claude Code calling the mesh's own
-//! `/mcp` `run_task` and its model receiving the task's answer.
+//! `/mcp` `run_task` and its model receiving the task's answer; and, without `ANTHROPIC_MODEL`,
+//! Claude Code's own model name reaching the fleet through the README's `http.model_aliases`.
 //!
 //! Everything (both nodes, the fake model, the clients) runs in one network namespace whose
 //! only interface is its loopback, so the clients reach nothing but the mesh, whatever they
@@ -46,12 +47,18 @@ struct Mesh {
     dir: tempfile::TempDir,
 }
 
-fn mesh() -> Mesh {
+/// The mesh, with `laptop_config` appended to the laptop's config.
+fn mesh(laptop_config: &str) -> Mesh {
     let ns = Netns::new().expect("namespace");
     let fake = FakeOpenAi::start_in(&ns);
     let h = Harness::new().expect("harness");
     let laptop = h
-        .spawn(NodeOptions::new("laptop").in_netns(&ns).http_keys(&[KEY]))
+        .spawn(
+            NodeOptions::new("laptop")
+                .in_netns(&ns)
+                .http_keys(&[KEY])
+                .extra(laptop_config),
+        )
         .expect("laptop");
     let gpu = h
         .spawn(
@@ -209,9 +216,14 @@ fn tool_result_with(fake: &FakeOpenAi, before: usize, text: &str) -> Option<usiz
 /// reached Claude Code's model (it reads the structured part of an MCP result).
 #[test]
 fn claude_code_works_through_the_fleet_as_the_readme_says() {
-    let mesh = mesh();
-    let url = mesh.laptop.http_url().expect("front door");
     let section = readme_section("Claude Code and Anthropic's clients");
+    // The node config the section gives, for Claude Code's own model names.
+    let aliases = blocks(&section, "toml")
+        .into_iter()
+        .next()
+        .expect("a toml block (http.model_aliases) in the Claude Code section");
+    let mesh = mesh(&aliases);
+    let url = mesh.laptop.http_url().expect("front door");
     let block = blocks(&section, "sh")
         .into_iter()
         .next()
@@ -314,6 +326,22 @@ fn claude_code_works_through_the_fleet_as_the_readme_says() {
         ["bash", "mcp add", "plain", "run_task", "streamed"],
         "the README's Claude Code lines: {commands:#?}"
     );
+    // Without ANTHROPIC_MODEL, Claude Code asks for a model name of its own, which the
+    // README's http.model_aliases maps to the fleet.
+    let plain = commands
+        .iter()
+        .find(|c| c.starts_with("claude -p ") && !c.contains("--"))
+        .expect("a plain claude -p line");
+    mesh.fake
+        .push([Scripted::text("an answer for Claude's own model name")]);
+    let before = mesh.fake.requests().len();
+    let script = format!("{exports}unset ANTHROPIC_MODEL ANTHROPIC_DEFAULT_HAIKU_MODEL\n{plain}");
+    assert_eq!(
+        stdout(&run(&mesh, &script)),
+        "an answer for Claude's own model name"
+    );
+    let asked = &mesh.fake.requests()[before];
+    assert!(asked["messages"].is_array(), "{asked}");
 }
 
 /// Codex 0.171.0 through the fleet: the README's `config.toml` and its `codex exec` lines.
@@ -321,7 +349,7 @@ fn claude_code_works_through_the_fleet_as_the_readme_says() {
 /// request argument`, and then on Codex's `namespace` and `web_search` tools.
 #[test]
 fn codex_works_through_the_fleet_as_the_readme_says() {
-    let mesh = mesh();
+    let mesh = mesh("");
     let url = mesh.laptop.http_url().expect("front door");
     let section = readme_section("Codex and the OpenAI Responses API");
     let config = blocks(&section, "toml")

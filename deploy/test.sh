@@ -13,7 +13,10 @@
 #   - python-zeroconf: a third-party mDNS client that must see our adverts;
 #   - openssl: the key-file test checks that Debian's OpenSSL 3 reads every key the mesh writes;
 #   - the official Python clients of the front door (`openai`, `anthropic`, `ollama`) and of the
-#     gRPC server's reflection and health (`grpcio-reflection`, `grpcio-health-checking`).
+#     gRPC server's reflection and health (`grpcio-reflection`, `grpcio-health-checking`);
+#   - Node.js and npm (Debian: nodejs, npm) and, with npm into target/npm, the coding agents the
+#     README points at the front door, at the versions its sections were checked with (Claude
+#     Code 2.1.197, Codex 0.171.0): tests/tests/coding_agents.rs runs them.
 # The Python packages go into a virtual environment, target/venv (python3-venv), not into
 # the system Python, which a stock Debian 12 or Ubuntu 24.04 refuses to `pip install` into
 # (PEP 668, "externally managed"); the tests run target/venv/bin/python3 (or $MESH_PYTHON).
@@ -81,8 +84,34 @@ if ! "$venv/bin/python3" -c 'import zeroconf, openai, anthropic, ollama, grpc_re
   fi
   "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check $python_packages
 fi
+# Pinned: a new release of either client can change what it sends, and the README says which
+# versions it was checked with. Codex is Apache-2.0; Claude Code is Anthropic's, used under its
+# terms, installed from npm on the machine that runs the tests and not redistributed.
+npm_dir=target/npm
+npm_packages=("@anthropic-ai/claude-code@2.1.197" "@openai/codex@0.171.0")
+npm_installed() {
+  local spec name version
+  for spec in "${npm_packages[@]}"; do
+    name=${spec%@*}
+    version=${spec##*@}
+    grep -qs "\"version\": \"$version\"" "$npm_dir/node_modules/$name/package.json" || return 1
+  done
+}
+if ! npm_installed; then
+  if ! command -v npm >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
+    else
+      echo "warning: npm is missing (Debian/Ubuntu: sudo apt-get install nodejs npm); the Claude Code and Codex tests will fail" >&2
+    fi
+  fi
+  if command -v npm >/dev/null; then
+    npm install --prefix "$npm_dir" --no-audit --no-fund --loglevel=error "${npm_packages[@]}" >/dev/null
+  fi
+fi
+
 if [ "$(id -u)" != 0 ]; then
-  echo "note: not root: the mDNS and multi-host tests need network namespaces and will fail; run as root (CI does)" >&2
+  echo "note: not root: the mDNS, multi-host and coding-agent tests need network namespaces and will fail; run as root (CI does)" >&2
 fi
 
 deploy/fetch-model.sh >/dev/null ||

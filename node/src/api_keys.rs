@@ -1239,6 +1239,8 @@ mod tests {
             keys,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
+            unknown_fields: crate::config::UnknownFields::default(),
+            model_aliases: Vec::new(),
         }
     }
 

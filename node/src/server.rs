@@ -665,6 +665,7 @@ impl Node {
                 allowed_origins: config.http.allowed_origins.clone(),
             },
             task_token_budget: config.tasks.token_budget,
+            clients: http::clients::Clients::new(&config.http),
         });
         match bind_up_to(config.http.listen, DEFAULT_HTTP_PORT + 10).await {
             Ok(listener) => {

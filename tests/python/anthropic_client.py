@@ -5,9 +5,11 @@ Usage: anthropic_client.py MODE BASE_URL [ARGS...]
   fake BASE_URL        BASE_URL is a node without models; its peer serves model `m` (role
                        `chat`) from a scripted fake answering, in order: "plain answer",
                        "streamed answer", a call of tool `weather` with {"city": "Paris"}, and
-                       "sunny in Paris". Checks the models list, a plain message, a stream
-                       (text_stream, get_final_message), one tool round trip, and that bad
-                       input is refused in Anthropic's error shape.
+                       "sunny in Paris", two broken tool calls and "ignored field". Checks
+                       the models list, a plain message, a stream (text_stream,
+                       get_final_message), one tool round trip, that an unknown field is
+                       ignored, count_tokens, and that bad input is refused in Anthropic's
+                       error shape.
   key BASE_URL KEY     The node has http.api_keys = [KEY]: a wrong or missing x-api-key is an
                        authentication_error (401), the right one (x-api-key, or the client's
                        api_key) is served. The fake answers "let in" to the one chat sent.
@@ -139,7 +141,6 @@ def fake(base: str) -> None:
     for kwargs, starts in [
         ({"extra_body": {"max_tokens": "ten"}}, "max_tokens: Input should be"),
         ({"extra_body": {"temperature": "hot"}}, "temperature: Input should be a valid number"),
-        ({"extra_body": {"frobnicate": True}}, "frobnicate: Extra inputs are not permitted"),
         ({"extra_body": {"top_k": 40}}, "top_k: is not supported"),
         ({"messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
@@ -151,6 +152,13 @@ def fake(base: str) -> None:
             raise AssertionError(f"{kwargs} must be refused")
         except anthropic.BadRequestError as e:
             refused(e.status_code, e.body, 400, "invalid_request_error", starts)
+
+    # A field Anthropic's API does not define is ignored (the front door's default,
+    # http.unknown_fields = "ignore"); the scripted model answers "ignored field".
+    lenient = client.messages.create(
+        model="m", max_tokens=64, messages=HI, extra_body={"frobnicate": True}
+    )
+    assert lenient.content[0].text == "ignored field", lenient
 
     # What the client would not send: a missing max_tokens, a malformed version header, a
     # body over the 4 MiB limit, an unknown model.
@@ -166,13 +174,18 @@ def fake(base: str) -> None:
         raise AssertionError("an unknown model must be refused")
     except anthropic.NotFoundError as e:
         assert e.body["error"]["type"] == "not_found_error", e.body
-    status, answer = post(base, {"model": "m", "messages": HI}, path="/v1/messages/count_tokens")
-    refused(status, answer, 404, "not_found_error", "count_tokens is not offered")
+    # count_tokens: an estimate for a model the fleet has, a 404 for one it has not.
+    counted = client.messages.count_tokens(model="m", messages=HI)
+    assert 0 < counted.input_tokens < 50, counted
+    status, answer = post(base, {"model": "no-such-model", "messages": HI},
+                          path="/v1/messages/count_tokens")
+    refused(status, answer, 404, "not_found_error", "the model `no-such-model` does not exist")
 
     # The front door counts the Messages API by its path.
     with urllib.request.urlopen(f"{base}/metrics", timeout=20) as answer:
         metrics = answer.read().decode()
     for line in ['path="/v1/messages",status="200"', 'path="/v1/messages",status="400"',
+                 'path="/v1/messages/count_tokens",status="200"',
                  'path="/v1/messages/count_tokens",status="404"']:
         assert line in metrics, (line, metrics)
     print("ok")

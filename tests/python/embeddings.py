@@ -50,7 +50,12 @@ def main() -> None:
 
     out["chat_only"] = refusal(lambda: client.embeddings.create(model=chat_only, input="x"))
     out["unknown"] = refusal(lambda: client.embeddings.create(model="no-such-model", input="x"))
-    out["tokens"] = refusal(lambda: client.embeddings.create(model=model, input=[[1, 2, 3]]))
+    # cl100k_base token ids, as langchain's OpenAIEmbeddings sends text by default:
+    # [15339, 1917] is "hello world".
+    out["tokens"] = client.embeddings.create(
+        model=model, input=[[15339, 1917]], encoding_format="float"
+    ).data[0].embedding
+    out["bad_token"] = refusal(lambda: client.embeddings.create(model=model, input=[[4000000]]))
     out["dimensions"] = refusal(
         lambda: client.embeddings.create(model=model, input="x", dimensions=same + 1)
     )

@@ -11,7 +11,8 @@ on one connection:
 
 It prints one JSON object: {"results": [...]}, one result per operation:
 
-    list_tools: {"tools": [names], "schemas": {name: inputSchema}}
+    list_tools: {"tools": [names], "schemas": {name: inputSchema},
+                 "output_schemas": {name: outputSchema or null}}
     call:       {"is_error": bool, "text": "...", "structured": ..., "progress": [messages]}
                 or {"mcp_error": {"code": int, "message": str}} for a JSON-RPC error
                 or {"gave_up": true, "progress": [...]} when `give_up_after_s` passed first
@@ -80,6 +81,9 @@ async def run(url: str, key: str, ops: list) -> dict:
                         {
                             "tools": [tool.name for tool in listed.tools],
                             "schemas": {tool.name: tool.input_schema for tool in listed.tools},
+                            "output_schemas": {
+                                tool.name: tool.output_schema for tool in listed.tools
+                            },
                         }
                     )
                 elif op["op"] == "call":

@@ -176,11 +176,30 @@ impl FakeOpenAi {
 
     /// Starts on 127.0.0.1 with an ephemeral port.
     pub fn start() -> Self {
+        Self::start_in_netns(None)
+    }
+
+    /// Starts on the loopback of network namespace `ns` (as `ip netns add` made it), so that
+    /// nodes and clients inside it, and nothing outside, reach it.
+    pub fn start_in(ns: &crate::Netns) -> Self {
+        Self::start_in_netns(Some(format!("/run/netns/{}", ns.name())))
+    }
+
+    fn start_in_netns(netns: Option<String>) -> Self {
         let script = Arc::new(Mutex::new(Script::default()));
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let state = script.clone();
         let thread = std::thread::spawn(move || {
+            // A network namespace is per thread: this one moves before it opens its socket.
+            if let Some(path) = netns {
+                let file = std::fs::File::open(&path).expect("open the namespace");
+                rustix::thread::move_into_link_name_space(
+                    std::os::fd::AsFd::as_fd(&file),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .expect("enter the namespace (needs root)");
+            }
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

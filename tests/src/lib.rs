@@ -184,6 +184,28 @@ pub fn http_request(
     (status, head.to_ascii_lowercase(), body.to_owned())
 }
 
+/// The command-line client `name` (`claude`, `codex`) as `deploy/test.sh --setup-only`
+/// installs it from npm, at the versions it pins: `<workspace>/target/npm/node_modules/.bin`, or
+/// `MESH_NPM_BIN` when set.
+pub fn npm_bin(name: &str) -> PathBuf {
+    let dir = match std::env::var_os("MESH_NPM_BIN").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("tests/ is inside the workspace")
+            .join("target/npm/node_modules/.bin"),
+    };
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} not found: run `deploy/test.sh --setup-only` first (it installs Claude Code and \
+         Codex from npm into target/npm, at pinned versions), or set MESH_NPM_BIN to the \
+         directory that has `{name}`",
+        bin.display()
+    );
+    bin
+}
+
 /// How often [`wait_for`] polls.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 

@@ -1,8 +1,8 @@
 //! Anthropic's Messages API on the front door, driven by the official `anthropic` Python client
 //! (tests/python/anthropic_client.py): through a node without models to a peer whose model is
 //! the scripted fake, a plain message, a stream, one tool round trip, a streamed tool call,
-//! broken tool arguments as an error naming the model, and bad input in Anthropic's error
-//! shape; with `http.api_keys`, a wrong `x-api-key` is Anthropic's
+//! broken tool arguments as an error naming the model, an unknown field ignored,
+//! `count_tokens`, and bad input in Anthropic's error shape; with `http.api_keys`, a wrong `x-api-key` is Anthropic's
 //! `authentication_error`; and one short end-to-end run on the embedded SmolLM2 model.
 
 use std::{path::Path, process::Command, time::Duration};
@@ -60,14 +60,15 @@ fn the_anthropic_client_reaches_a_peers_model_with_tools_and_bad_input_is_refuse
         Scripted::tool("weather", r#"{"city": "Oslo"}"#),
         Scripted::tool("weather", "{\"city\": "),
         Scripted::tool("weather", "{\"city\": "),
+        Scripted::text("ignored field"),
     ]);
     client("fake", &laptop.http_url().expect("front door"), &[]);
 
     let requests = fake.requests();
     assert_eq!(
         requests.len(),
-        7,
-        "the seven chats reached the gpu's model, no refused one did: {requests:#?}"
+        8,
+        "the eight chats reached the gpu's model, no refused one did: {requests:#?}"
     );
     // The system prompt and max_tokens reached the model.
     assert_eq!(

@@ -1,8 +1,9 @@
 //! Embeddings through the front door (`POST /v1/embeddings`), driven by the official `openai`
 //! Python client through a node without models to the node whose model makes them: a fake
 //! OpenAI backend (exact vectors, passed through) with the client's default base64 and with
-//! floats, string and list input; a chat-only model, an unknown one, token arrays, a wrong
-//! `dimensions`, an empty list and an unknown `encoding_format` each get a clear OpenAI error;
+//! floats, string and list input, and cl100k token ids (decoded to their text); a chat-only
+//! model, an unknown one, an id that is no token, a wrong `dimensions`, an empty list and an
+//! unknown `encoding_format` each get a clear OpenAI error;
 //! `/v1/models` says which models embed. And one end to end with the embedded SmolLM2 model
 //! (`embeddings = true`): one unit-length vector per text, the same text the same vector,
 //! different texts different ones, and chats on the same model still answered.
@@ -131,7 +132,18 @@ fn the_openai_client_embeds_through_a_node_without_models_and_a_chat_model_is_na
     assert_eq!(report["chat_only"]["body"]["param"], "model");
     refused(&report, "unknown", 404, &["no-such-model"]);
     assert_eq!(report["unknown"]["body"]["code"], "model_not_found");
-    refused(&report, "tokens", 400, &["input", "only text"]);
+    // Regression (issue 27): token ids (langchain's default) were a 400; they are decoded to
+    // their text, which the model embeds.
+    assert_eq!(
+        floats(&report["tokens"]),
+        fake_openai::embedding("hello world")
+    );
+    refused(
+        &report,
+        "bad_token",
+        400,
+        &["input[0]", "4000000 is not a token id"],
+    );
     refused(
         &report,
         "dimensions",
@@ -141,11 +153,12 @@ fn the_openai_client_embeds_through_a_node_without_models_and_a_chat_model_is_na
     refused(&report, "empty", 400, &["input"]);
     refused(&report, "format", 400, &["encoding_format", "int8"]);
 
-    // Every text reached the backend as a list of strings, asked for as floats. Of the
-    // refused requests only the wrong `dimensions` left the front door: what a model makes is
-    // known from its answer.
+    // Every text reached the backend as a list of strings, asked for as floats (the token ids
+    // as the text they stand for). Of the refused requests only the wrong `dimensions` left
+    // the front door: what a model makes is known from its answer.
     let sent = fake.embedding_requests();
-    assert_eq!(sent.len(), 5, "{sent:?}");
+    assert_eq!(sent.len(), 6, "{sent:?}");
+    assert_eq!(sent[4]["input"], serde_json::json!(["hello world"]));
     for request in &sent {
         assert_eq!(request["model"], "text-embedding-fake");
         assert_eq!(request["encoding_format"], "float");

@@ -538,7 +538,7 @@ refusals = [
     ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"n": 9}, "n"),
-    ({"extra_body": {"top_k": 40}}, "top_k"),
+    ({"extra_body": {"audio": {"voice": "alloy"}}}, "audio"),
     ({"presence_penalty": 1.0}, "presence_penalty"),
     ({"logprobs": True}, "logprobs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": "object"}}},

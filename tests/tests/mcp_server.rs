@@ -188,6 +188,18 @@ fn the_mcp_client_uses_the_fleet_through_a_node_without_models() {
     let run = &got[1];
     assert_eq!(ok_text(run), "the answer from the gpu");
     assert_eq!(run["structured"]["executed_on"], "gpu", "{run}");
+    // Regression (issue 27): the answer was only in the text part, and Claude Code gives its
+    // model the structured part. It is in both, as the declared output schema says (the
+    // client checks the structured part against it).
+    assert_eq!(
+        run["structured"]["answer"], "the answer from the gpu",
+        "{run}"
+    );
+    assert_eq!(
+        got[0]["output_schemas"]["run_task"]["properties"]["answer"]["type"], "string",
+        "{}",
+        got[0]
+    );
     let progress: Vec<&str> = run["progress"]
         .as_array()
         .expect("progress")

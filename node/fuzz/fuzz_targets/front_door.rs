@@ -8,7 +8,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use mesh_domain::{ChatRequest, Target};
-use mesh_node::http::{bearer, read_chat_completion};
+use mesh_node::{
+    config::UnknownFields,
+    http::{bearer, clients::Unknown, read_chat_completion},
+};
 
 fuzz_target!(|data: &[u8]| {
     let Some((kind, bytes)) = data.split_first() else {
@@ -16,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     };
     match kind % 2 {
         0 => {
-            if let Ok(read) = read_chat_completion(bytes) {
+            if let Ok(read) = read_chat_completion(bytes, &mut Unknown::new(UnknownFields::Ignore)) {
                 let call = read.call;
                 let wire = serde_json::to_vec(&call.chat).expect("a read chat encodes");
                 let back: ChatRequest = serde_json::from_slice(&wire).expect("and decodes");

@@ -36,8 +36,8 @@ pub use raw::{
 };
 pub use types::{
     ApprovalConfig, Backend, Config, ConnectionLimits, CronLimits, Discovery, GpuDecl, HttpConfig,
-    HttpKey, KeySecret, Listen, McpConfig, McpTransport, ModelConfig, PersonaConfig, TaskLimits,
-    TlsMode,
+    HttpKey, KeySecret, Listen, McpConfig, McpTransport, ModelAlias, ModelConfig, PersonaConfig,
+    SystemTurns, TaskLimits, TlsMode, UnknownFields,
 };
 pub use validate::is_valid_name as is_valid_node_name;
 

@@ -179,6 +179,12 @@ pub struct RawModel {
     pub timeout_s: Option<u64>,
     /// For `embedded`: threads for inference. Default: the number of CPU cores.
     pub threads: Option<usize>,
+    /// For `openai`: where the server's chat template takes system messages: `"anywhere"` (as
+    /// OpenAI's API does; ChatML, Llama 3 and Qwen templates) or `"first"` (every system message
+    /// folded into one leading system turn, for templates that refuse a later one, such as
+    /// Gemma's or older Mistral's). The embedded backend takes them anywhere. Default:
+    /// `"anywhere"`.
+    pub system_turns: Option<String>,
     /// Whether the model makes embeddings (`POST /v1/embeddings`): for `embedded`, the engine
     /// keeps a second, embedding context; for `openai`, the server's model answers
     /// `/embeddings` and the node passes calls through. Default: false (chat only).
@@ -347,6 +353,15 @@ pub struct RawHttp {
     /// Origins (`scheme://host[:port]`) of web pages whose requests the front door takes; a
     /// request with any other `Origin` is refused. Default: none.
     pub allowed_origins: Vec<String>,
+    /// What the front door does with a request field the mesh does not know: `"ignore"`
+    /// (accepted and not used, logged once per client at debug) or `"refuse"` (a 400 naming
+    /// it, in the API's own words). Default: `"ignore"`.
+    pub unknown_fields: Option<String>,
+    /// Model names clients send, mapped to a model or role of the fleet, e.g.
+    /// `"claude-*" = "role:coder"`; a name ending in `*` covers every name that starts with the
+    /// rest, and the longest match wins. Used only for names no model or role of the fleet
+    /// has. Default: none.
+    pub model_aliases: BTreeMap<String, String>,
 }
 
 /// One `[[http.keys]]` entry: the key itself is not in the file, only its SHA-256 or the path

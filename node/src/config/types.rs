@@ -280,6 +280,8 @@ pub enum Backend {
         context_window: usize,
         /// Longest one call may take.
         timeout: Duration,
+        /// Where the server's chat template takes system messages.
+        system_turns: SystemTurns,
     },
     /// The in-process GGUF engine.
     Embedded {
@@ -292,6 +294,16 @@ pub enum Backend {
         /// Longest one call may take.
         timeout: Duration,
     },
+}
+
+/// `[[models]] system_turns`: where a model's chat template takes system messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SystemTurns {
+    /// Wherever the conversation has them.
+    #[default]
+    Anywhere,
+    /// Only first: every system message is folded into one leading system turn.
+    First,
 }
 
 /// A validated `[[models]]` entry.
@@ -335,6 +347,34 @@ pub struct HttpConfig {
     pub allowed_hosts: Vec<mesh_domain::origin::HostPort>,
     /// Origins of web pages whose requests the front door takes, in normal form.
     pub allowed_origins: Vec<String>,
+    /// `http.unknown_fields`.
+    pub unknown_fields: UnknownFields,
+    /// `http.model_aliases`, longest pattern first.
+    pub model_aliases: Vec<ModelAlias>,
+}
+
+/// `http.unknown_fields`: what the front door does with a request field the mesh does not
+/// know.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum UnknownFields {
+    /// Accepted and not used (logged once per client at debug).
+    #[default]
+    Ignore,
+    /// A 400 naming the field, in the API's own words.
+    Refuse,
+}
+
+/// One `http.model_aliases` entry: model names a client sends, and the model or role of the
+/// fleet they stand for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelAlias {
+    /// The name, or with [`ModelAlias::prefix`] the start of the names, it covers (without the
+    /// `*`).
+    pub pattern: String,
+    /// Whether the entry was written with a trailing `*`.
+    pub prefix: bool,
+    /// A model name or `role:NAME`.
+    pub target: String,
 }
 
 /// A validated `[[http.keys]]` entry.

@@ -1,19 +1,23 @@
 //! Anthropic's Messages API, translated to and from the gateway's [`Call`] and [`Event`]s.
 //!
-//! `POST /v1/messages` takes Anthropic's request (a system prompt, user and assistant messages
-//! of text, `tool_use` and `tool_result` blocks, client tools, `tool_choice`, the generation
-//! settings, `stream`) and answers Anthropic's `message` object, or its server-sent events
-//! (`message_start` … `message_stop`, `event: error` on a failure after the start). Like
-//! Anthropic, it refuses a field it does not define (400, "Extra inputs are not permitted",
-//! naming the field by its path); a field or block Anthropic defines that the mesh cannot
-//! honour (`top_k`, images, server tools, …) is a 400 naming it, and what does not change the
-//! answer (`metadata`, `cache_control`, `thinking`, the `anthropic-beta` header) is accepted.
-//! `POST /v1/messages/count_tokens` is a 404 saying why; `GET /v1/models` with an
-//! `anthropic-version` header answers Anthropic's list ([`models_list`]). The table is in
-//! docs/protocol.md. It only translates: placing, falling through, streaming, counting usage
-//! and cancelling are the gateway's.
+//! `POST /v1/messages` takes Anthropic's request (a system prompt, user, assistant and system
+//! messages of text, `tool_use` and `tool_result` blocks, client tools, `tool_choice`, the
+//! generation settings, `stream`) and answers Anthropic's `message` object, or its server-sent
+//! events (`message_start` … `message_stop`, `event: error` on a failure after the start). A
+//! field Anthropic does not define is ignored, or with `http.unknown_fields = "refuse"` refused
+//! as Anthropic does (400, "Extra inputs are not permitted", naming the field by its path); a
+//! field or block Anthropic defines that the mesh cannot honour (`top_k`, images, …) is a 400
+//! naming it, and what does not change the answer (`metadata`, `cache_control`, `thinking`) is
+//! accepted. Server tools (web search, code execution: Anthropic runs them, no node does) are
+//! not offered to the model and are named in the answer's `x-agentmesh-dropped-tools` header.
+//! Every `anthropic-beta` feature is accepted: what a beta turns on arrives as fields, blocks or
+//! tools, each read, ignored, dropped or refused as above.
+//! `POST /v1/messages/count_tokens` answers an estimate ([`count_tokens`]); `GET /v1/models`
+//! with an `anthropic-version` header answers Anthropic's list ([`models_list`]). The table is
+//! in docs/protocol.md. It only translates: placing, falling through, streaming, counting
+//! usage and cancelling are the gateway's.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{cell::RefCell, collections::BTreeMap, sync::Arc};
 
 use axum::{
     Json,
@@ -28,6 +32,7 @@ use mesh_domain::{
 use serde_json::{Map, Value, json};
 
 use super::{
+    clients::{Unknown, client_name, dropped_header, dropped_name},
     door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     gateway::{self, Call, Caller, Encoder, Event},
@@ -79,19 +84,26 @@ const UNSUPPORTED_BLOCKS: &[&str] = &[
     "web_search_tool_result",
 ];
 
-/// A JSON object of the request, with its path (`messages.0.content.1`) for the errors.
+/// A JSON object of the request, with its path (`messages.0.content.1`) for the errors, and
+/// the reading that notes its unknown fields.
 struct Obj<'a> {
     path: String,
     map: &'a Map<String, Value>,
+    unknown: &'a RefCell<Unknown>,
 }
 
 impl<'a> Obj<'a> {
     /// `value` at `path`, which must be an object.
-    fn at(path: String, value: &'a Value) -> Result<Self, ApiError> {
+    fn at(path: String, value: &'a Value, unknown: &'a RefCell<Unknown>) -> Result<Self, ApiError> {
         match value {
-            Value::Object(map) => Ok(Self { path, map }),
+            Value::Object(map) => Ok(Self { path, map, unknown }),
             _ => Err(ApiError::bad_field(&path, "Input should be an object")),
         }
+    }
+
+    /// The object `value` at `path`, read like this one.
+    fn child(&self, path: String, value: &'a Value) -> Result<Self, ApiError> {
+        Self::at(path, value, self.unknown)
     }
 
     /// The path of `field` in this object.
@@ -103,15 +115,16 @@ impl<'a> Obj<'a> {
         }
     }
 
-    /// Refuses any field not in `known`, as Anthropic does.
+    /// Notes every field not in `known`: ignored, or (with `http.unknown_fields = "refuse"`)
+    /// refused in Anthropic's words.
     fn only(&self, known: &[&str]) -> Result<(), ApiError> {
-        match self.map.keys().find(|k| !known.contains(&k.as_str())) {
-            Some(extra) => Err(ApiError::bad_field(
-                &self.path_of(extra),
-                "Extra inputs are not permitted (docs/protocol.md lists the fields agentmesh reads)",
-            )),
-            None => Ok(()),
+        let mut unknown = self.unknown.borrow_mut();
+        for extra in self.map.keys().filter(|k| !known.contains(&k.as_str())) {
+            unknown
+                .note(self.path_of(extra))
+                .map_err(|path| ApiError::bad_field(&path, "Extra inputs are not permitted"))?;
         }
+        Ok(())
     }
 
     /// `field`, absent when missing or `null`.
@@ -182,7 +195,7 @@ impl<'a> Obj<'a> {
 
     fn object(&self, field: &str) -> Result<Option<Obj<'a>>, ApiError> {
         self.get(field)
-            .map(|v| Obj::at(self.path_of(field), v))
+            .map(|v| self.child(self.path_of(field), v))
             .transpose()
     }
 }
@@ -194,15 +207,38 @@ pub struct MessagesRequest {
     pub call: Call,
     /// Whether the answer is streamed (server-sent events).
     pub stream: bool,
+    /// The fields it had that the mesh does not know (ignored).
+    pub unknown: Unknown,
+    /// Its server tools, not offered to the model (named in the answer's
+    /// `x-agentmesh-dropped-tools` header).
+    pub dropped: Vec<String>,
 }
 
-/// Reads a Messages request body: JSON in Anthropic's shape, every field known, messages,
-/// tools and settings checked (a 400 naming the field by its path otherwise).
-pub fn read_messages(body: &[u8]) -> Result<MessagesRequest, ApiError> {
+/// The parts of a request that `/v1/messages` and `/v1/messages/count_tokens` both read.
+struct Conversation {
+    model: String,
+    messages: Vec<Message>,
+    tools: Vec<ToolSpec>,
+    /// Server tools of the request, not offered to the model.
+    dropped: Vec<String>,
+    tool_choice: Option<ToolChoice>,
+}
+
+/// The request body as a JSON object.
+fn body_json(body: &[u8]) -> Result<Value, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
-    let top = Obj::at(String::new(), &value)
-        .map_err(|_| ApiError::bad_request("request body: must be a JSON object"))?;
+    if value.is_object() {
+        Ok(value)
+    } else {
+        Err(ApiError::bad_request("request body: must be a JSON object"))
+    }
+}
+
+/// The model, system prompt, messages, tools and tool choice of `top`, after its fields are
+/// checked: an unknown one is noted (or refused), one Anthropic defines that the mesh cannot
+/// honour is refused, naming it.
+fn read_conversation(top: &Obj<'_>) -> Result<Conversation, ApiError> {
     let known: Vec<&str> = [READ, IGNORED, UNSUPPORTED].concat();
     top.only(&known)?;
     if let Some(field) = UNSUPPORTED.iter().find(|f| top.get(f).is_some()) {
@@ -211,19 +247,10 @@ pub fn read_messages(body: &[u8]) -> Result<MessagesRequest, ApiError> {
             "is not supported by agentmesh; leave it out",
         ));
     }
-    if top.get("top_k").is_some() {
-        return Err(ApiError::bad_field(
-            "top_k",
-            "is not supported by agentmesh's models; leave it out (temperature and top_p are)",
-        ));
-    }
     let model = top.required_str("model")?.to_owned();
-    let max_tokens = top
-        .u32("max_tokens")?
-        .ok_or_else(|| ApiError::bad_field("max_tokens", "Field required"))?;
     let mut messages = Vec::new();
     if let Some(system) = top.get("system") {
-        let text = text_of("system", system)?;
+        let text = text_of(top.unknown, "system", system)?;
         if !text.is_empty() {
             messages.push(Message::text(Role::System, text));
         }
@@ -232,8 +259,58 @@ pub fn read_messages(body: &[u8]) -> Result<MessagesRequest, ApiError> {
         .array("messages")?
         .ok_or_else(|| ApiError::bad_field("messages", "Field required"))?;
     for (i, message) in list.iter().enumerate() {
-        read_message(Obj::at(format!("messages.{i}"), message)?, &mut messages)?;
+        read_message(top.child(format!("messages.{i}"), message)?, &mut messages)?;
     }
+    if let Some(thinking) = top.object("thinking")? {
+        check_thinking(&thinking)?;
+    }
+    if let Some(management) = top.object("context_management")? {
+        check_context_management(&management)?;
+    }
+    let mut tools = Vec::new();
+    let mut dropped = Vec::new();
+    for (i, tool) in top.array("tools")?.into_iter().flatten().enumerate() {
+        match read_tool(top.child(format!("tools.{i}"), tool)?)? {
+            Ok(spec) => tools.push(spec),
+            Err(name) => dropped.push(name),
+        }
+    }
+    let tool_choice = top
+        .object("tool_choice")?
+        .map(read_tool_choice)
+        .transpose()?;
+    Ok(Conversation {
+        model,
+        messages,
+        tools,
+        dropped,
+        tool_choice,
+    })
+}
+
+/// Reads a Messages request body: JSON in Anthropic's shape, messages, tools and settings
+/// checked (a 400 naming the field by its path otherwise); fields the mesh does not know are
+/// noted in `unknown`, which ignores or refuses them.
+pub fn read_messages(body: &[u8], unknown: Unknown) -> Result<MessagesRequest, ApiError> {
+    let value = body_json(body)?;
+    let unknown = RefCell::new(unknown);
+    let top = Obj::at(String::new(), &value, &unknown)?;
+    let Conversation {
+        model,
+        messages,
+        tools,
+        dropped,
+        tool_choice,
+    } = read_conversation(&top)?;
+    if top.get("top_k").is_some() {
+        return Err(ApiError::bad_field(
+            "top_k",
+            "is not supported by agentmesh's models; leave it out (temperature and top_p are)",
+        ));
+    }
+    let max_tokens = top
+        .u32("max_tokens")?
+        .ok_or_else(|| ApiError::bad_field("max_tokens", "Field required"))?;
     let sampling = Sampling {
         max_tokens: Some(max_tokens),
         temperature: top.f32("temperature")?,
@@ -249,24 +326,6 @@ pub fn read_messages(body: &[u8]) -> Result<MessagesRequest, ApiError> {
             format!("{t} is not between 0 and 1"),
         ));
     }
-    if let Some(thinking) = top.object("thinking")? {
-        check_thinking(&thinking)?;
-    }
-    if let Some(management) = top.object("context_management")? {
-        check_context_management(&management)?;
-    }
-    let tools = match top.array("tools")? {
-        Some(tools) => tools
-            .iter()
-            .enumerate()
-            .map(|(i, tool)| read_tool(Obj::at(format!("tools.{i}"), tool)?))
-            .collect::<Result<_, _>>()?,
-        None => Vec::new(),
-    };
-    let tool_choice = top
-        .object("tool_choice")?
-        .map(read_tool_choice)
-        .transpose()?;
     let response_format = match top.object("output_config")? {
         Some(config) => read_output_config(&config)?,
         None => None,
@@ -283,7 +342,13 @@ pub fn read_messages(body: &[u8]) -> Result<MessagesRequest, ApiError> {
         },
     );
     call.check()?;
-    Ok(MessagesRequest { call, stream })
+    drop(top);
+    Ok(MessagesRequest {
+        call,
+        stream,
+        unknown: unknown.into_inner(),
+        dropped,
+    })
 }
 
 /// `stop_sequences`, within the bounds the models' backends take.
@@ -335,7 +400,7 @@ fn check_thinking(thinking: &Obj<'_>) -> Result<(), ApiError> {
 fn check_context_management(management: &Obj<'_>) -> Result<(), ApiError> {
     management.only(&["edits"])?;
     for (i, edit) in management.array("edits")?.into_iter().flatten().enumerate() {
-        let edit = Obj::at(management.path_of(&format!("edits.{i}")), edit)?;
+        let edit = management.child(management.path_of(&format!("edits.{i}")), edit)?;
         let kind = edit.required_str("type")?;
         if !kind.starts_with("clear_thinking_") {
             return Err(ApiError::bad_field(
@@ -349,14 +414,15 @@ fn check_context_management(management: &Obj<'_>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Text of a `system` prompt or a `tool_result`'s content: a string, or text blocks.
-fn text_of(path: &str, value: &Value) -> Result<String, ApiError> {
+/// Text of a `system` prompt, a system message or a `tool_result`'s content: a string, or
+/// text blocks.
+fn text_of(unknown: &RefCell<Unknown>, path: &str, value: &Value) -> Result<String, ApiError> {
     match value {
         Value::String(s) => Ok(s.clone()),
         Value::Array(blocks) => {
             let mut texts = Vec::with_capacity(blocks.len());
             for (i, block) in blocks.iter().enumerate() {
-                let block = Obj::at(format!("{path}.{i}"), block)?;
+                let block = Obj::at(format!("{path}.{i}"), block, unknown)?;
                 match block_type(&block)? {
                     "text" => texts.push(text_block(&block)?),
                     other => return Err(unreadable_block(&block, other, "text")),
@@ -395,16 +461,25 @@ fn unreadable_block(block: &Obj<'_>, kind: &str, readable: &str) -> ApiError {
 /// messages (first, as Anthropic requires them first and the chat interface wants them right
 /// after the assistant's calls), its text one user message; an assistant message's text and
 /// `tool_use` blocks one assistant message (its `thinking` blocks are dropped, as Anthropic
-/// drops them from earlier turns).
+/// drops them from earlier turns). A `system` message (Claude Code sends them in the middle of
+/// the conversation, `mid-conversation-system-2026-04-07`) is a system turn where it stands,
+/// text only; whether a model takes a system turn there is its backend's to say
+/// (`[[models]] system_turns`).
 fn read_message(message: Obj<'_>, out: &mut Vec<Message>) -> Result<(), ApiError> {
     message.only(&["role", "content"])?;
     let role = match message.required_str("role")? {
         "user" => Role::User,
         "assistant" => Role::Assistant,
+        "system" => {
+            let path = message.path_of("content");
+            let text = text_of(message.unknown, &path, message.required("content")?)?;
+            out.push(Message::text(Role::System, text));
+            return Ok(());
+        }
         _ => {
             return Err(ApiError::bad_field(
                 &message.path_of("role"),
-                "Input should be 'user' or 'assistant'",
+                "Input should be 'user', 'assistant' or 'system'",
             ));
         }
     };
@@ -422,7 +497,7 @@ fn read_message(message: Obj<'_>, out: &mut Vec<Message>) -> Result<(), ApiError
     let mut texts = Vec::new();
     let mut calls = Vec::new();
     for (j, block) in blocks.iter().enumerate() {
-        let block = Obj::at(message.path_of(&format!("content.{j}")), block)?;
+        let block = message.child(message.path_of(&format!("content.{j}")), block)?;
         match (role, block_type(&block)?) {
             (_, "text") => texts.push(text_block(&block)?),
             (Role::Assistant, "tool_use") => {
@@ -448,7 +523,7 @@ fn read_message(message: Obj<'_>, out: &mut Vec<Message>) -> Result<(), ApiError
                 ])?;
                 let id = block.required_str("tool_use_id")?;
                 let text = match block.get("content") {
-                    Some(content) => text_of(&block.path_of("content"), content)?,
+                    Some(content) => text_of(block.unknown, &block.path_of("content"), content)?,
                     None => String::new(),
                 };
                 // The chat interface has no error flag: the model reads it in the text.
@@ -476,18 +551,15 @@ fn read_message(message: Obj<'_>, out: &mut Vec<Message>) -> Result<(), ApiError
     Ok(())
 }
 
-/// A client tool: `name`, `description`, `input_schema`. Server tools (a `type` other than
-/// `custom`) run on Anthropic's side and are refused.
-fn read_tool(tool: Obj<'_>) -> Result<ToolSpec, ApiError> {
+/// A tool of the request: a client tool (`name`, `description`, `input_schema`) as the model is
+/// offered it, or, for a server tool (a `type` other than `custom`: web search, code
+/// execution, …, which run on Anthropic's side and which no node runs), the name it is
+/// dropped under.
+fn read_tool(tool: Obj<'_>) -> Result<Result<ToolSpec, String>, ApiError> {
     if let Some(kind) = tool.str("type")?
         && kind != "custom"
     {
-        return Err(ApiError::bad_field(
-            &tool.path_of("type"),
-            format!(
-                "`{kind}` is a server tool, which agentmesh does not run; give client tools (name, description, input_schema)"
-            ),
-        ));
+        return Ok(Err(dropped_name(kind, tool.str("name")?)));
     }
     tool.only(&[
         "type",
@@ -511,11 +583,11 @@ fn read_tool(tool: Obj<'_>) -> Result<ToolSpec, ApiError> {
     if !schema.is_object() {
         return Err(tool.wrong("input_schema", "a JSON schema object"));
     }
-    Ok(ToolSpec {
+    Ok(Ok(ToolSpec {
         name: tool.required_str("name")?.to_owned(),
         description: tool.str("description")?.unwrap_or_default().to_owned(),
         parameters: schema.clone(),
-    })
+    }))
 }
 
 /// `tool_choice`: `auto`, `any` (some tool must be called), `tool` with a `name`, `none`.
@@ -674,16 +746,23 @@ pub async fn messages(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     check_version(&headers)?;
-    let MessagesRequest { call, stream } = read_messages(&body)?;
+    let MessagesRequest {
+        call,
+        stream,
+        unknown,
+        dropped,
+    } = read_messages(&body, door.clients.reading())?;
+    let client = client_name(&caller, &headers);
+    door.clients.ignored(&client, "/v1/messages", &unknown);
+    door.clients
+        .dropped_tools(&client, "/v1/messages", &dropped);
     let asked = call.model.clone();
-    let run = gateway::start(&door, &caller, call).await?;
+    let run = gateway::start(&door, &caller, door.aliased(call)).await?;
     let id = message_id();
     if stream {
-        return Ok(gateway::stream(
-            run,
-            "text/event-stream",
-            Events::new(id, asked),
-        ));
+        let mut response = gateway::stream(run, "text/event-stream", Events::new(id, asked));
+        response.headers_mut().extend(dropped_header(&dropped));
+        return Ok(response);
     }
     let answers = run.finish().await?;
     let answer = answers.first().ok_or_else(|| {
@@ -693,17 +772,95 @@ pub async fn messages(
             "the chat ended without an answer",
         )
     })?;
-    Ok(Json(message_json(&id, answer)?).into_response())
+    let mut response = Json(message_json(&id, answer)?).into_response();
+    response.headers_mut().extend(dropped_header(&dropped));
+    Ok(response)
 }
 
-/// `POST /v1/messages/count_tokens`: not offered, said in Anthropic's shape (a count needs the
-/// serving model's tokenizer, which lives on the node that serves it).
-pub async fn count_tokens() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        ErrorKind::NotFound,
-        "count_tokens is not offered by agentmesh (a count needs the serving model's tokenizer); the `usage` of each /v1/messages answer gives the counts",
-    )
+/// `POST /v1/messages/count_tokens`: the request's tokens as `{"input_tokens": n}`, read like a
+/// `/v1/messages` request (without `max_tokens`). The count is an estimate, made with
+/// cl100k_base over the text of the system prompt, the messages and the tools: the serving
+/// model's own tokenizer lives on the node that serves it, and Claude Code uses the count only
+/// to judge how full the context is. The model must be one the fleet has (after
+/// `http.model_aliases`) and the caller's key may use, as for a message; nothing is run or
+/// charged.
+pub async fn count_tokens(
+    State(door): State<Arc<FrontDoor>>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    check_version(&headers)?;
+    let value = body_json(&body)?;
+    let unknown = RefCell::new(door.clients.reading());
+    let conversation = read_conversation(&Obj::at(String::new(), &value, &unknown)?)?;
+    door.clients.ignored(
+        &client_name(&caller, &headers),
+        "/v1/messages/count_tokens",
+        &unknown.borrow(),
+    );
+    let model = door.model_for(&conversation.model);
+    let target = gateway::target_of(&model);
+    if let Some(grant) = &caller.key
+        && !grant.policy.allows(&target)
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorKind::Permission,
+            format!(
+                "key `{}` may not use `{model}`; ask for a model or role the key allows",
+                grant.name
+            ),
+        )
+        .with_code("model_not_allowed"));
+    }
+    door.chat.place(&target).map_err(ApiError::from_admission)?;
+    let text = countable_text(&conversation);
+    let tokens = tokio::task::spawn_blocking(move || super::cl100k::count(&text))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|counted| counted)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Unavailable,
+                format!("count the tokens: {e}"),
+            )
+        })?;
+    Ok(Json(json!({"input_tokens": tokens})))
+}
+
+/// What `count_tokens` counts: each message's role, text and tool calls, and each tool's name,
+/// description and schema, a line apiece (the line ends stand for the turn markers a chat
+/// template adds).
+fn countable_text(conversation: &Conversation) -> String {
+    let mut text = String::new();
+    for message in &conversation.messages {
+        text.push_str(match message.role {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        });
+        text.push('\n');
+        text.push_str(&message.content);
+        text.push('\n');
+        for call in &message.tool_calls {
+            text.push_str(&call.name);
+            text.push(' ');
+            text.push_str(&call.arguments);
+            text.push('\n');
+        }
+    }
+    for tool in &conversation.tools {
+        text.push_str(&tool.name);
+        text.push('\n');
+        text.push_str(&tool.description);
+        text.push('\n');
+        text.push_str(&tool.parameters.to_string());
+        text.push('\n');
+    }
+    text
 }
 
 /// Anthropic's `GET /v1/models` answer (asked for with an `anthropic-version` header): every
@@ -879,9 +1036,14 @@ mod tests {
     use axum::http::HeaderValue;
 
     use super::*;
+    use crate::config::UnknownFields;
 
+    /// Reads `body` with `http.unknown_fields = "refuse"`, as Anthropic itself reads.
     fn read(body: Value) -> Result<MessagesRequest, ApiError> {
-        read_messages(body.to_string().as_bytes())
+        read_messages(
+            body.to_string().as_bytes(),
+            Unknown::new(UnknownFields::Refuse),
+        )
     }
 
     /// A valid request with `extra` fields set (a `null` removes one).
@@ -974,14 +1136,10 @@ mod tests {
             ("any", ToolChoice::Required),
             ("none", ToolChoice::None),
         ] {
-            let read = super::read_messages(
-                with(json!({"tool_choice": {"type": choice},
-                            "tools": [{"name": "f", "input_schema": {"type": "object"}}]}))
-                .to_string()
-                .as_bytes(),
-            )
+            let chosen = self::read(with(json!({"tool_choice": {"type": choice},
+                            "tools": [{"name": "f", "input_schema": {"type": "object"}}]})))
             .expect(choice);
-            assert_eq!(read.call.chat.tool_choice, Some(expected));
+            assert_eq!(chosen.call.chat.tool_choice, Some(expected));
         }
     }
 
@@ -1006,8 +1164,12 @@ mod tests {
                 "messages.0.name: Extra inputs are not permitted",
             ),
             (
-                json!({"messages": [{"role": "system", "content": "x"}]}),
-                "messages.0.role: Input should be 'user' or 'assistant'",
+                json!({"messages": [{"role": "tool", "content": "x"}]}),
+                "messages.0.role: Input should be 'user', 'assistant' or 'system'",
+            ),
+            (
+                json!({"messages": [{"role": "system", "content": [{"type": "image", "source": {}}]}]}),
+                "messages.0.content.0.type: `image` blocks are not supported",
             ),
             (
                 json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
@@ -1044,10 +1206,6 @@ mod tests {
             ),
             (json!({"container": "c"}), "container: is not supported"),
             (
-                json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
-                "tools.0.type: `web_search_20250305` is a server tool",
-            ),
-            (
                 json!({"tools": [{"name": "f"}]}),
                 "tools.0.input_schema: Field required",
             ),
@@ -1082,13 +1240,133 @@ mod tests {
             );
         }
         for body in [&b"not json"[..], b"[1]"] {
-            let error = read_messages(body).expect_err("not an object");
+            let error = read_messages(body, Unknown::new(UnknownFields::Ignore))
+                .expect_err("not an object");
             assert!(
                 error.message.starts_with("request body"),
                 "{}",
                 error.message
             );
         }
+    }
+
+    /// Regression (issue 27): Claude Code sends `role: "system"` messages inside `messages`
+    /// for a model name it does not know (`mid-conversation-system-2026-04-07`), and the mesh
+    /// answered every turn with a 400 on `messages.1.role`. They are system turns where they
+    /// stand.
+    #[test]
+    fn system_messages_in_the_conversation_are_system_turns_where_they_stand() {
+        let read = read(json!({
+            "model": "role:coder", "max_tokens": 32,
+            "system": "be brief",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": "Available agent types: claude"},
+                {"role": "assistant", "content": "hello"},
+                {"role": "system", "content": [{"type": "text", "text": "a reminder", "cache_control": {"type": "ephemeral"}}]},
+                {"role": "user", "content": "again"}
+            ]
+        }))
+        .expect("valid");
+        let turns: Vec<(Role, &str)> = read
+            .call
+            .chat
+            .messages
+            .iter()
+            .map(|m| (m.role, m.content.as_str()))
+            .collect();
+        assert_eq!(
+            turns,
+            [
+                (Role::System, "be brief"),
+                (Role::User, "hi"),
+                (Role::System, "Available agent types: claude"),
+                (Role::Assistant, "hello"),
+                (Role::System, "a reminder"),
+                (Role::User, "again"),
+            ]
+        );
+    }
+
+    /// By default a field Anthropic's API does not define, at any depth, is ignored and noted
+    /// by its path; with `refuse` the same request is a 400 naming the first.
+    #[test]
+    fn unknown_fields_are_ignored_and_noted_unless_refused() {
+        let body = with(json!({
+            "frobnicate": true,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "sparkle": 1}], "name": "n"}],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}, "future_flag": true}]
+        }));
+        let lenient = read_messages(
+            body.to_string().as_bytes(),
+            Unknown::new(UnknownFields::Ignore),
+        )
+        .expect("ignored");
+        let mut noted = lenient.unknown.found().to_vec();
+        noted.sort();
+        assert_eq!(
+            noted,
+            [
+                "frobnicate",
+                "messages.0.content.0.sparkle",
+                "messages.0.name",
+                "tools.0.future_flag"
+            ]
+        );
+        assert_eq!(lenient.call.chat.messages[0].content, "hi");
+        let refused = read(body).expect_err("refused");
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            refused.message, "frobnicate: Extra inputs are not permitted",
+            "Anthropic's own words"
+        );
+        // A field Anthropic defines that the mesh cannot honour is refused either way.
+        let error = read_messages(
+            with(json!({"top_k": 5})).to_string().as_bytes(),
+            Unknown::new(UnknownFields::Ignore),
+        )
+        .expect_err("top_k");
+        assert!(error.message.starts_with("top_k:"), "{}", error.message);
+    }
+
+    /// A server tool (it runs on Anthropic's side; no node runs it) is not offered to the
+    /// model and is named for the `x-agentmesh-dropped-tools` header, rather than a 400.
+    #[test]
+    fn server_tools_are_dropped_and_named() {
+        let read = read(with(json!({"tools": [
+            {"type": "web_search_20250305", "name": "web_search", "max_uses": 3},
+            {"name": "f", "input_schema": {"type": "object"}},
+            {"type": "code_execution_20250825", "name": "code_execution"}
+        ]})))
+        .expect("valid");
+        assert_eq!(read.call.chat.tools.len(), 1);
+        assert_eq!(read.call.chat.tools[0].name, "f");
+        assert_eq!(
+            read.dropped,
+            [
+                "web_search_20250305:web_search",
+                "code_execution_20250825:code_execution"
+            ]
+        );
+    }
+
+    #[test]
+    fn count_tokens_counts_the_text_of_every_part_once() {
+        let value = json!({
+            "model": "m",
+            "system": "be brief",
+            "messages": [{"role": "user", "content": "hello world"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}}]}],
+            "tools": [{"name": "f", "description": "does f", "input_schema": {"type": "object"}}]
+        });
+        let unknown = RefCell::new(Unknown::new(UnknownFields::Refuse));
+        let conversation =
+            read_conversation(&Obj::at(String::new(), &value, &unknown).expect("object"))
+                .expect("valid without max_tokens");
+        assert_eq!(
+            countable_text(&conversation),
+            "system\nbe brief\nuser\nhello world\nassistant\n\nf {\"a\":1}\nf\ndoes f\n{\"type\":\"object\"}\n"
+        );
     }
 
     #[test]

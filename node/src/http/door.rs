@@ -38,4 +38,7 @@ pub struct FrontDoor {
     /// `/mcp`'s `run_task` on a key with a token limit: the most tokens a task is granted (this
     /// node's `tasks.token_budget`), all of it reserved while it runs.
     pub task_token_budget: u64,
+    /// `http.unknown_fields` and `http.model_aliases`: how unknown request fields and model
+    /// names are met.
+    pub clients: super::clients::Clients,
 }

@@ -1,26 +1,31 @@
 //! OpenAI's embeddings (`POST /v1/embeddings`), translated to and from the gateway's
 //! [`gateway::embed`].
 //!
-//! `input` is a string or a list of strings (a list of token ids, or of token-id lists, is a
-//! 400 naming `input`: the mesh's models take text); `encoding_format` is `float` (the
-//! default) or `base64` (each vector's little-endian f32 bytes, as OpenAI sends them, and what
-//! the official Python client asks for by default); `dimensions` is accepted only when it
-//! equals what the model makes (the mesh does not shorten vectors); `user` is accepted and not
-//! used. Any other field is a 400 naming it.
+//! `input` is a string, a list of strings, or token ids of OpenAI's cl100k_base (one list of
+//! ids, or a list of such lists, as langchain's `OpenAIEmbeddings` sends by default): ids are
+//! decoded to their text, which the serving model embeds (it tokenizes the text its own way).
+//! `encoding_format` is `float` (the default) or `base64` (each vector's little-endian f32
+//! bytes, as OpenAI sends them, and what the official Python client asks for by default);
+//! `dimensions` is accepted only when it equals what the model makes (the mesh does not shorten
+//! vectors); `user` is accepted and not used. Any other field is ignored, or with
+//! `http.unknown_fields = "refuse"` a 400 naming it.
 
 use std::sync::Arc;
 
 use axum::{
     Json,
     extract::{Extension, State},
+    http::{HeaderMap, StatusCode},
 };
 use base64::Engine as _;
 use mesh_domain::{EmbedRequest, EmbedResponse};
 use serde_json::{Map, Value, json};
 
 use super::{
+    cl100k,
+    clients::{Unknown, client_name},
     door::FrontDoor,
-    error::ApiError,
+    error::{ApiError, ErrorKind},
     gateway::{self, Caller},
     openai,
 };
@@ -37,22 +42,37 @@ enum Encoding {
     Base64,
 }
 
+/// Most cl100k token ids in one input, as OpenAI bounds an input.
+const MAX_INPUT_IDS: usize = 8192;
+/// Most cl100k token ids in one request, as OpenAI bounds a request.
+const MAX_REQUEST_IDS: usize = 300_000;
+
+/// What `input` holds.
+#[derive(Debug, PartialEq)]
+enum Inputs {
+    /// Texts.
+    Texts(Vec<String>),
+    /// Lists of cl100k_base token ids, one list per input.
+    Tokens(Vec<Vec<u32>>),
+}
+
 /// An embeddings request, read and checked (everything but the bounds of the texts, which the
 /// gateway checks for every dialect).
 #[derive(Debug, PartialEq)]
 struct Embeddings {
     /// The model asked for.
     model: String,
-    /// The texts.
-    request: EmbedRequest,
+    /// The inputs.
+    inputs: Inputs,
     /// How to write the vectors.
     encoding: Encoding,
     /// The dimension the client insists on, when it does.
     dimensions: Option<u64>,
 }
 
-/// Reads OpenAI's request JSON; errors name the field.
-fn read(body: &[u8]) -> Result<Embeddings, ApiError> {
+/// Reads OpenAI's request JSON; errors name the field, fields the mesh does not know are noted
+/// in `unknown`.
+fn read(body: &[u8], unknown: &mut Unknown) -> Result<Embeddings, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     let Value::Object(object) = value else {
@@ -65,6 +85,7 @@ fn read(body: &[u8]) -> Result<Embeddings, ApiError> {
             ignored: &[],
             unsupported: &[],
         },
+        unknown,
     )?;
     let model = match object.get("model") {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
@@ -95,37 +116,128 @@ fn read(body: &[u8]) -> Result<Embeddings, ApiError> {
     };
     Ok(Embeddings {
         model,
-        request: EmbedRequest {
-            inputs: inputs(&object)?,
-        },
+        inputs: inputs(&object)?,
         encoding,
         dimensions,
     })
 }
 
-/// `input`: a string or a list of strings.
-fn inputs(object: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
-    const TEXT_ONLY: &str = "only text is supported: a string or a list of strings (token-id arrays are not; send the text itself)";
-    match object.get("input") {
-        Some(Value::String(text)) => Ok(vec![text.clone()]),
-        Some(Value::Array(items)) => items
+/// A 400 about `input`, at `at` (`input[2]`, `input[0][7]`).
+fn bad_input(at: &str, problem: impl std::fmt::Display) -> ApiError {
+    ApiError {
+        param: Some("input".into()),
+        ..ApiError::bad_request(format!("{at}: {problem}"))
+    }
+}
+
+/// `input`: a string, a list of strings, a list of token ids, or a list of lists of them.
+fn inputs(object: &Map<String, Value>) -> Result<Inputs, ApiError> {
+    const SHAPES: &str = "give a string, a list of strings, or cl100k_base token ids (a list of integers, or a list of such lists)";
+    let items = match object.get("input") {
+        Some(Value::String(text)) => return Ok(Inputs::Texts(vec![text.clone()])),
+        Some(Value::Array(items)) => items,
+        None => {
+            return Err(ApiError::bad_field(
+                "input",
+                format!("is missing; {SHAPES}"),
+            ));
+        }
+        Some(other) => return Err(bad_input("input", format!("{other} is not text; {SHAPES}"))),
+    };
+    match items.first() {
+        Some(Value::Number(_)) => Ok(Inputs::Tokens(vec![token_ids("input", items)?])),
+        Some(Value::Array(_)) => {
+            let mut lists = Vec::with_capacity(items.len());
+            let mut total = 0;
+            for (i, item) in items.iter().enumerate() {
+                let at = format!("input[{i}]");
+                let Value::Array(ids) = item else {
+                    return Err(bad_input(
+                        &at,
+                        format!("{item} is not a list of token ids; {SHAPES}"),
+                    ));
+                };
+                total += ids.len();
+                if total > MAX_REQUEST_IDS {
+                    return Err(bad_input(
+                        "input",
+                        format!("more than {MAX_REQUEST_IDS} token ids in one request; split it"),
+                    ));
+                }
+                lists.push(token_ids(&at, ids)?);
+            }
+            Ok(Inputs::Tokens(lists))
+        }
+        _ => items
             .iter()
             .enumerate()
             .map(|(i, item)| match item {
                 Value::String(text) => Ok(text.clone()),
-                Value::Number(_) | Value::Array(_) => Err(ApiError::bad_field("input", TEXT_ONLY)),
-                other => Err(ApiError {
-                    param: Some("input".into()),
-                    ..ApiError::bad_request(format!("input[{i}]: {other} is not a string"))
-                }),
+                other => Err(bad_input(
+                    &format!("input[{i}]"),
+                    format!("{other} is not a string (a list of texts holds only texts)"),
+                )),
             })
-            .collect(),
-        None => Err(ApiError::bad_field(
-            "input",
-            "is missing; give a string or a list of strings",
-        )),
-        Some(_) => Err(ApiError::bad_field("input", TEXT_ONLY)),
+            .collect::<Result<_, _>>()
+            .map(Inputs::Texts),
     }
+}
+
+/// One input's token ids: integers a cl100k_base id can be, at most [`MAX_INPUT_IDS`].
+fn token_ids(at: &str, ids: &[Value]) -> Result<Vec<u32>, ApiError> {
+    if ids.is_empty() {
+        return Err(bad_input(at, "the list of token ids is empty"));
+    }
+    if ids.len() > MAX_INPUT_IDS {
+        return Err(bad_input(
+            at,
+            format!(
+                "{} token ids, at most {MAX_INPUT_IDS} per input; split it",
+                ids.len()
+            ),
+        ));
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(j, id)| {
+            id.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| bad_input(&format!("{at}[{j}]"), format!("{id} is not a token id")))
+        })
+        .collect()
+}
+
+/// The texts of `inputs`: token ids decoded with cl100k_base (off the async runtime: the first
+/// use loads the tokenizer).
+async fn texts(inputs: Inputs) -> Result<Vec<String>, ApiError> {
+    let lists = match inputs {
+        Inputs::Texts(texts) => return Ok(texts),
+        Inputs::Tokens(lists) => lists,
+    };
+    let decoded = tokio::task::spawn_blocking(move || {
+        lists
+            .iter()
+            .enumerate()
+            .map(|(i, ids)| {
+                cl100k::decode(ids).map_err(|e| match e {
+                    cl100k::DecodeError::UnknownId(_) => bad_input(&format!("input[{i}]"), e),
+                    cl100k::DecodeError::Unavailable(_) => ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        ErrorKind::Unavailable,
+                        format!("decode the token ids of input[{i}]: {e}"),
+                    ),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await;
+    decoded.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Unavailable,
+            format!("decode the token ids: {e}"),
+        ))
+    })
 }
 
 /// One vector as `encoding` writes it.
@@ -159,10 +271,18 @@ fn answer(response: &EmbedResponse, encoding: Encoding) -> Value {
 pub async fn embeddings(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let asked = read(&body)?;
-    let response = gateway::embed(&door, &caller, &asked.model, &asked.request).await?;
+    let mut unknown = door.clients.reading();
+    let asked = read(&body, &mut unknown)?;
+    door.clients
+        .ignored(&client_name(&caller, &headers), "/v1/embeddings", &unknown);
+    let request = EmbedRequest {
+        inputs: texts(asked.inputs).await?,
+    };
+    let model = door.model_for(&asked.model);
+    let response = gateway::embed(&door, &caller, &model, &request).await?;
     let made = response.vectors.first().map_or(0, Vec::len) as u64;
     if let Some(wanted) = asked.dimensions
         && wanted != made
@@ -181,31 +301,61 @@ pub async fn embeddings(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::UnknownFields;
 
+    /// Reads `body` with `http.unknown_fields = "refuse"`.
     fn read_json(body: Value) -> Result<Embeddings, String> {
-        read(body.to_string().as_bytes()).map_err(|e| e.message)
+        read(
+            body.to_string().as_bytes(),
+            &mut Unknown::new(UnknownFields::Refuse),
+        )
+        .map_err(|e| e.message)
     }
 
     #[test]
-    fn a_string_or_a_list_of_strings_is_read_and_bad_input_names_the_field() {
+    fn texts_and_token_ids_are_read_and_bad_input_names_the_field() {
         let one = read_json(json!({"model": "e", "input": "hi", "user": "u"})).expect("string");
-        assert_eq!(one.request.inputs, ["hi"]);
+        assert_eq!(one.inputs, Inputs::Texts(vec!["hi".into()]));
         assert_eq!(one.encoding, Encoding::Float);
         let many = read_json(json!({"model": "e", "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8}))
             .expect("list");
-        assert_eq!(many.request.inputs, ["a", "b"]);
+        assert_eq!(many.inputs, Inputs::Texts(vec!["a".into(), "b".into()]));
         assert_eq!(many.encoding, Encoding::Base64);
         assert_eq!(many.dimensions, Some(8));
+        let ids = read_json(json!({"model": "e", "input": [15339, 1917]})).expect("ids");
+        assert_eq!(ids.inputs, Inputs::Tokens(vec![vec![15339, 1917]]));
+        let lists = read_json(json!({"model": "e", "input": [[15339], [1917, 0]]})).expect("lists");
+        assert_eq!(
+            lists.inputs,
+            Inputs::Tokens(vec![vec![15339], vec![1917, 0]])
+        );
+        let too_long = vec![1u32; MAX_INPUT_IDS + 1];
         let refused = [
             (
-                json!({"model": "e", "input": [1, 2, 3]}),
-                "input: only text",
+                json!({"model": "e", "input": [1, "a"]}),
+                "input[1]: \"a\" is not a token id",
             ),
             (
-                json!({"model": "e", "input": [[1, 2], [3]]}),
-                "input: only text",
+                json!({"model": "e", "input": [1, -2]}),
+                "input[1]: -2 is not a token id",
             ),
-            (json!({"model": "e", "input": 7}), "input: only text"),
+            (
+                json!({"model": "e", "input": [[1], 2]}),
+                "input[1]: 2 is not a list",
+            ),
+            (
+                json!({"model": "e", "input": [[1], [1.5]]}),
+                "input[1][0]: 1.5 is not a token id",
+            ),
+            (
+                json!({"model": "e", "input": [[]]}),
+                "input[0]: the list of token ids is empty",
+            ),
+            (
+                json!({"model": "e", "input": too_long}),
+                "input: 8193 token ids, at most 8192",
+            ),
+            (json!({"model": "e", "input": 7}), "input: 7 is not text"),
             (
                 json!({"model": "e", "input": ["a", null]}),
                 "input[1]: null",
@@ -226,13 +376,37 @@ mod tests {
             ),
             (
                 json!({"model": "e", "input": "x", "truncate": true}),
-                "truncate: unrecognized",
+                "Unrecognized request argument supplied: truncate",
             ),
         ];
         for (body, start) in refused {
             let error = read_json(body.clone()).expect_err("refused");
             assert!(error.starts_with(start), "{body}: {error}");
         }
+        let lists = vec![vec![1u32; 5000]; 61];
+        let error = read_json(json!({"model": "e", "input": lists})).expect_err("too many ids");
+        assert!(error.contains("more than 300000 token ids"), "{error}");
+    }
+
+    /// Regression (issue 27): langchain's `OpenAIEmbeddings` sends cl100k token ids by default
+    /// and the mesh answered 400; they are decoded to the text they stand for.
+    #[tokio::test]
+    async fn token_ids_decode_to_their_text_and_unknown_ids_are_named() {
+        let decoded = texts(Inputs::Tokens(vec![vec![15339, 1917], vec![15339]]))
+            .await
+            .expect("decoded");
+        assert_eq!(decoded, ["hello world", "hello"]);
+        let error = texts(Inputs::Tokens(vec![vec![15339], vec![4_000_000]]))
+            .await
+            .expect_err("not an id");
+        assert_eq!(error.status, StatusCode::BAD_REQUEST);
+        assert!(
+            error
+                .message
+                .starts_with("input[1]: 4000000 is not a token id"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

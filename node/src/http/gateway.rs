@@ -669,6 +669,8 @@ mod tests {
             keys: Vec::new(),
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
+            unknown_fields: crate::config::UnknownFields::default(),
+            model_aliases: Vec::new(),
         };
         let chat = Arc::new(ChatService::new(
             Arc::new(ModelRegistry::default()),

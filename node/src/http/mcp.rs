@@ -1,8 +1,10 @@
 //! The mesh as an MCP server: the front door's `/mcp`, streamable HTTP through rmcp's
 //! [`StreamableHttpService`], stateless (each request stands alone; the node keeps no MCP
 //! session, so no client can make it hold one). Its tools: `run_task` (a task of the mesh, its
-//! events sent as MCP progress notifications when the client asks for progress), `list_nodes`,
-//! `memory_get`, `memory_search`, `memory_put` and `cron_list`.
+//! events sent as MCP progress notifications when the client asks for progress; its answer in
+//! the text part and, with task id, node, rounds and usage, in the structured part its output
+//! schema declares), `list_nodes`, `memory_get`, `memory_search`, `memory_put` and
+//! `cron_list`.
 //!
 //! It translates only. Who may call is the key middleware's (`http::authorize`, as for every
 //! `/v1` route: no key on an open door, a known key with the `mcp` scope otherwise, decided by
@@ -39,7 +41,7 @@ use rmcp::{
         StreamableHttpServerConfig, StreamableHttpService, session::never::NeverSessionManager,
     },
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{door::FrontDoor, gateway::Caller};
@@ -311,6 +313,7 @@ impl MeshTools {
                 "Run a task on the mesh: an agent with the tools of its tier runs the prompt on the node that fits best (by role, model or persona, and the requirements) and the answer comes back. Progress (routing, model calls, tool calls) is sent as progress notifications when asked for.",
                 input_schema::<RunTask>(),
             )
+            .with_output_schema::<TaskAnswer>()
             .with_annotations(ToolAnnotations::default().read_only(false).destructive(false)),
             Tool::new(LIST_NODES, description(LIST_NODES), input_schema::<NoArguments>())
                 .with_annotations(read_only.clone()),
@@ -539,13 +542,23 @@ impl MeshTools {
                 done.task_id
             ));
         }
+        // The answer goes in both parts, as the MCP spec expects of a tool with an output
+        // schema: Claude Code gives its model the structured part alone.
+        let answer = TaskAnswer {
+            answer: text.clone(),
+            task_id: done.task_id,
+            executed_on: done.executed_on,
+            rounds: done.rounds,
+            usage: TokenCounts {
+                prompt_tokens: done.usage.prompt_tokens,
+                completion_tokens: done.usage.completion_tokens,
+            },
+        };
         let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
-        result.structured_content = Some(json!({
-            "task_id": done.task_id,
-            "executed_on": done.executed_on,
-            "rounds": done.rounds,
-            "usage": done.usage,
-        }));
+        result.structured_content = Some(
+            serde_json::to_value(&answer)
+                .map_err(|e| CallError::Tool(format!("encode the task's answer: {e}")))?,
+        );
         Ok(result)
     }
 
@@ -650,6 +663,30 @@ async fn settle_from_outcome(mut events: tokio::sync::mpsc::Receiver<TaskEvent>,
             _ => {}
         }
     }
+}
+
+/// `run_task`'s structured result (its declared output schema).
+#[derive(Debug, Serialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct TaskAnswer {
+    /// The task's answer, as the text part carries it (cut at 1 MiB, with a note).
+    answer: String,
+    /// The task's id (`mesh-cli tasks show <id>`).
+    task_id: String,
+    /// The node that ran it.
+    executed_on: String,
+    /// Model calls the agent made.
+    rounds: u32,
+    /// Tokens the task spent.
+    usage: TokenCounts,
+}
+
+/// Tokens one task spent.
+#[derive(Debug, Serialize, JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+struct TokenCounts {
+    prompt_tokens: u64,
+    completion_tokens: u64,
 }
 
 /// A task's end, as `run_task` answers it.
@@ -885,6 +922,13 @@ mod tests {
         assert!(schema["properties"]["tier"].is_object(), "{schema:?}");
         let none = input_schema::<NoArguments>();
         assert_eq!(none["type"], "object");
+        // run_task declares what its structured part holds: the answer first of all.
+        let output = rmcp::handler::server::tool::schema_for_output::<TaskAnswer>();
+        assert_eq!(output["type"], "object");
+        let required = output["required"].as_array().expect("required fields");
+        for field in ["answer", "task_id", "executed_on", "rounds", "usage"] {
+            assert!(required.contains(&json!(field)), "{field}: {output:?}");
+        }
     }
 
     #[test]

@@ -21,6 +21,8 @@
 //! a cap).
 
 pub mod anthropic;
+mod cl100k;
+pub mod clients;
 mod door;
 pub mod embeddings;
 pub mod error;

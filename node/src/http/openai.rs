@@ -5,9 +5,10 @@
 //! tools, `tool_choice`, `response_format`, `n`, the generation settings, `stream` and
 //! `stream_options.include_usage`) and answers its JSON, or server-sent events of
 //! `chat.completion.chunk`s. A field OpenAI defines that the mesh cannot honour (`logprobs`,
-//! `audio`, a non-zero penalty, …) is a 400 naming it, as is a field OpenAI does not define;
-//! fields that do not change the answer (`user`, `metadata`, `store`, …) are accepted. The
-//! table is in docs/protocol.md. `GET /v1/models` lists every model of the fleet.
+//! `audio`, a non-zero penalty, …) is a 400 naming it; a field OpenAI does not define is
+//! ignored (or, with `http.unknown_fields = "refuse"`, refused in OpenAI's words); fields that
+//! do not change the answer (`user`, `metadata`, `store`, …) are accepted. The table is in
+//! docs/protocol.md. `GET /v1/models` lists every model of the fleet.
 
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::{
+    clients::{Unknown, client_name},
     door::FrontDoor,
     error::ApiError,
     gateway::{self, Call, Caller, Encoder, Event, unix_s},
@@ -190,9 +192,14 @@ const CHAT_FIELDS: Fields = Fields {
     unsupported: UNSUPPORTED,
 };
 
-/// Refuses a field OpenAI does not define, or one the mesh does not offer, naming it (as
-/// OpenAI refuses an unrecognized argument); shared by every OpenAI endpoint.
-pub fn check_fields(object: &Map<String, Value>, fields: Fields) -> Result<(), ApiError> {
+/// Refuses a field OpenAI defines that the mesh does not offer, naming it; notes a field the
+/// mesh does not know in `unknown`, which ignores it or refuses it as OpenAI refuses an
+/// unrecognized argument. Shared by every OpenAI endpoint.
+pub fn check_fields(
+    object: &Map<String, Value>,
+    fields: Fields,
+    unknown: &mut Unknown,
+) -> Result<(), ApiError> {
     for (field, value) in object {
         if fields.read.contains(&field.as_str()) || fields.ignored.contains(&field.as_str()) {
             continue;
@@ -206,10 +213,10 @@ pub fn check_fields(object: &Map<String, Value>, fields: Fields) -> Result<(), A
                 "is not supported by agentmesh; leave it out",
             ));
         }
-        return Err(ApiError::bad_field(
-            field,
-            "unrecognized request argument (see docs/protocol.md for the fields agentmesh reads)",
-        ));
+        unknown.note(field.clone()).map_err(|field| ApiError {
+            param: Some(field.clone()),
+            ..ApiError::bad_request(format!("Unrecognized request argument supplied: {field}"))
+        })?;
     }
     Ok(())
 }
@@ -423,16 +430,20 @@ pub struct ChatCompletion {
     pub include_usage: bool,
 }
 
-/// Reads a chat-completions request body: JSON in OpenAI's shape, every field known, messages,
-/// tools and settings checked (a 400 naming the field otherwise). Public for the fuzz target
+/// Reads a chat-completions request body: JSON in OpenAI's shape, messages, tools and settings
+/// checked (a 400 naming the field otherwise); a top-level field the mesh does not know is
+/// noted in `unknown` (nested ones are not read at all). Public for the fuzz target
 /// `front_door`; the handler is its only other caller.
-pub fn read_chat_completion(body: &[u8]) -> Result<ChatCompletion, ApiError> {
+pub fn read_chat_completion(
+    body: &[u8],
+    unknown: &mut Unknown,
+) -> Result<ChatCompletion, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     let Value::Object(object) = &value else {
         return Err(ApiError::bad_request("request body: must be a JSON object"));
     };
-    check_fields(object, CHAT_FIELDS)?;
+    check_fields(object, CHAT_FIELDS, unknown)?;
     let request: OpenAiRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     let stream = request.stream;
@@ -477,15 +488,22 @@ fn completion_id() -> String {
 pub async fn chat_completions(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
+    let mut unknown = door.clients.reading();
     let ChatCompletion {
         call,
         stream,
         include_usage,
-    } = read_chat_completion(&body)?;
+    } = read_chat_completion(&body, &mut unknown)?;
+    door.clients.ignored(
+        &client_name(&caller, &headers),
+        "/v1/chat/completions",
+        &unknown,
+    );
     let asked = call.model.clone();
-    let run = gateway::start(&door, &caller, call).await?;
+    let run = gateway::start(&door, &caller, door.aliased(call)).await?;
     let id = completion_id();
     let created = unix_s();
     if stream {
@@ -688,9 +706,14 @@ mod tests {
     use mesh_domain::Target;
 
     use super::*;
+    use crate::config::UnknownFields;
 
+    /// Reads `body` with `http.unknown_fields = "refuse"`.
     fn read(body: Value) -> Result<ChatCompletion, ApiError> {
-        read_chat_completion(body.to_string().as_bytes())
+        read_chat_completion(
+            body.to_string().as_bytes(),
+            &mut Unknown::new(UnknownFields::Refuse),
+        )
     }
 
     #[test]
@@ -724,10 +747,9 @@ mod tests {
             chat.response_format,
             Some(ResponseFormat::JsonSchema { .. })
         ));
-        let error = super::read_chat_completion(
-            br#"{"model": "m", "messages": [{"role": "robot", "content": "x"}]}"#,
-        )
-        .expect_err("bad role");
+        let error =
+            self::read(json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}))
+                .expect_err("bad role");
         assert_eq!(error.param.as_deref(), Some("messages[0].role"));
     }
 
@@ -777,12 +799,37 @@ mod tests {
             (json!({"presence_penalty": 0.5}), "presence_penalty"),
             (json!({"logprobs": true}), "logprobs"),
             (json!({"audio": {"voice": "x"}}), "audio"),
-            (json!({"top_k": 40}), "top_k"),
         ] {
             let error = sampling(bad.clone()).expect_err("invalid");
             assert!(error.starts_with(field), "{bad}: {error}");
         }
         // Fields that do not change the answer are accepted.
         assert!(sampling(json!({"user": "u", "store": false, "presence_penalty": 0})).is_ok());
+    }
+
+    /// A field OpenAI does not define is ignored and noted by default, and refused in OpenAI's
+    /// words with `refuse`; one it defines that the mesh does not offer is refused either way.
+    #[test]
+    fn unknown_fields_are_ignored_and_noted_unless_refused() {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                          "top_k": 40, "client_metadata": {"a": "b"}});
+        let error = read(body.clone()).expect_err("refused");
+        assert_eq!(
+            error.message,
+            "Unrecognized request argument supplied: top_k"
+        );
+        assert_eq!(error.param.as_deref(), Some("top_k"));
+        let mut unknown = Unknown::new(UnknownFields::Ignore);
+        read_chat_completion(body.to_string().as_bytes(), &mut unknown).expect("ignored");
+        let mut noted = unknown.found().to_vec();
+        noted.sort();
+        assert_eq!(noted, ["client_metadata", "top_k"]);
+        let mut unknown = Unknown::new(UnknownFields::Ignore);
+        let error = read_chat_completion(
+            br#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "audio": {}}"#,
+            &mut unknown,
+        )
+        .expect_err("audio is OpenAI's and not offered");
+        assert_eq!(error.param.as_deref(), Some("audio"));
     }
 }

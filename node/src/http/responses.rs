@@ -2,11 +2,16 @@
 //! the stored conversations that `previous_response_id` and `GET /v1/responses/{id}` read.
 //!
 //! `POST /v1/responses` takes the input as text or items (messages, `function_call` and
-//! `function_call_output` items), `instructions` (a system message), flat function tools,
-//! `tool_choice`, `text.format`, and the generation settings; it answers a Response object, or
-//! the API's server-sent events (`response.created` … `response.completed`, each with its
-//! `sequence_number`). A field OpenAI defines that the mesh cannot honour, and one it does not
-//! define, is a 400 naming it; the table is in docs/protocol.md.
+//! `function_call_output` items; earlier `reasoning` items are skipped), `instructions` (a
+//! system message), function tools (a `namespace` tool's functions flattened to
+//! `<namespace>__<name>`, and their calls given back with their namespace), `tool_choice`,
+//! `text.format`, and the generation settings; it answers a Response object, or the API's
+//! server-sent events (`response.created` … `response.completed`, each with its
+//! `sequence_number`). Hosted tools (`web_search`, `file_search`, …) and other non-function
+//! tools are not offered to the model and are named in the answer's
+//! `x-agentmesh-dropped-tools` header. A field OpenAI defines that the mesh cannot honour is a
+//! 400 naming it; one it does not define is ignored (or refused, with
+//! `http.unknown_fields = "refuse"`); the table is in docs/protocol.md.
 //!
 //! With `store` (the default) the answer and the conversation up to it are kept in the
 //! replicated memory's private namespace `responses`, under the response's id, with the name of
@@ -16,12 +21,12 @@
 //! [`Bounds::default`], the oldest. This module must not route, fall through, stream or count
 //! usage itself: that is the gateway's.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use axum::{
     Json,
     extract::{Extension, Path, State},
-    http::StatusCode,
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
 };
 use mesh_domain::{
@@ -34,6 +39,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    clients::{Unknown, client_name, dropped_header, dropped_name},
     door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     gateway::{self, Call, Caller, Encoder, Event, unix_s},
@@ -71,7 +77,9 @@ const READ: &[&str] = &[
 ];
 
 /// Fields OpenAI defines that do not change the answer: accepted and not used.
+/// `client_metadata` is Codex's (ids of its session and turn), sent on every request.
 const IGNORED: &[&str] = &[
+    "client_metadata",
     "user",
     "safety_identifier",
     "prompt_cache_key",
@@ -174,6 +182,24 @@ pub struct ResponsesCall {
     pub stream: bool,
     /// What the Response object echoes: tools, tool_choice, text, metadata and settings.
     echo: Echo,
+    /// Tools of the request the model is not offered (hosted tools the fleet cannot run), by
+    /// type and name.
+    pub dropped: Vec<String>,
+    /// The functions of `namespace` tools, offered flattened: flat name → (namespace, name).
+    namespaces: Namespaces,
+}
+
+/// The functions of `namespace` tools, offered to the model under one flat name each: flat
+/// name → (namespace, function name), so a call comes back to the client as its namespace's.
+type Namespaces = BTreeMap<String, (String, String)>;
+
+/// The flat name the model is offered for function `name` of namespace `namespace`.
+fn flat_name(namespace: &str, name: &str) -> String {
+    if namespace.ends_with("__") {
+        format!("{namespace}{name}")
+    } else {
+        format!("{namespace}__{name}")
+    }
 }
 
 /// The request's fields a Response object repeats.
@@ -327,9 +353,14 @@ fn messages_of(items: &[Value]) -> Result<Vec<Message>, ApiError> {
                 messages.push(Message::text(role, content));
             }
             Some("function_call") => {
+                let name = string(item, "name", &at)?;
                 let call = ToolCall {
                     id: string(item, "call_id", &at)?,
-                    name: string(item, "name", &at)?,
+                    // The model called a namespace's function by its flat name.
+                    name: match item.get("namespace").and_then(Value::as_str) {
+                        Some(namespace) => flat_name(namespace, &name),
+                        None => name,
+                    },
                     arguments: string(item, "arguments", &at)?,
                 };
                 match messages.last_mut() {
@@ -348,11 +379,14 @@ fn messages_of(items: &[Value]) -> Result<Vec<Message>, ApiError> {
                     ..Message::text(Role::Tool, output)
                 });
             }
+            // A previous model's reasoning (Codex sends it back, encrypted): no model of the
+            // fleet can read it, as Anthropic's thinking blocks are dropped from earlier turns.
+            Some("reasoning") => {}
             Some(other) => {
                 return Err(ApiError::bad_field(
                     &format!("{at}.type"),
                     format!(
-                        "`{other}` is not supported by agentmesh: message, function_call and function_call_output items only"
+                        "`{other}` is not supported by agentmesh: message, function_call, function_call_output and reasoning items only"
                     ),
                 ));
             }
@@ -361,44 +395,112 @@ fn messages_of(items: &[Value]) -> Result<Vec<Message>, ApiError> {
     Ok(messages)
 }
 
-/// Responses' flat function tools (`{"type": "function", "name", "description",
-/// "parameters"}`); any other type is refused, naming it.
-fn tools_of(tools: &[Value]) -> Result<Vec<ToolSpec>, ApiError> {
-    tools
-        .iter()
-        .enumerate()
-        .map(|(i, tool)| {
-            let at = format!("tools[{i}]");
-            let Some(tool) = tool.as_object() else {
-                return Err(ApiError::bad_field(&at, "must be an object (a tool)"));
-            };
-            match tool.get("type").and_then(Value::as_str) {
-                Some("function") => {}
-                other => {
-                    return Err(ApiError::bad_field(
-                        &format!("{at}.type"),
-                        format!(
-                            "{} is not supported by agentmesh: only `function` tools (the client runs them)",
-                            other.map_or("a missing type".to_owned(), |t| format!("`{t}`"))
-                        ),
-                    ));
-                }
-            }
-            Ok(ToolSpec {
-                name: string(tool, "name", &at)?,
-                description: tool
+/// The tools a request offers, as the model is offered them.
+#[derive(Debug, Default)]
+struct Offered {
+    /// Function tools, and the functions of namespace tools under their flat names.
+    specs: Vec<ToolSpec>,
+    /// Tools left out, by type (and name, when they have one): hosted tools the fleet cannot
+    /// run, and client tools that are not functions.
+    dropped: Vec<String>,
+    /// Flat name → (namespace, function name).
+    namespaces: Namespaces,
+}
+
+/// One function tool (`{"type": "function", "name", "description", "parameters"}`) at `at`.
+fn function_of(tool: &Map<String, Value>, at: &str) -> Result<ToolSpec, ApiError> {
+    Ok(ToolSpec {
+        name: string(tool, "name", at)?,
+        description: tool
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        parameters: tool
+            .get("parameters")
+            .filter(|p| !p.is_null())
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+    })
+}
+
+/// The request's tools: `function` tools as they are; the function tools of a `namespace`
+/// (Codex groups its sub-agent tools in one) flattened to `<namespace>__<name>`, its
+/// description before theirs; any other type (`web_search`, `file_search`, `mcp`, `custom`, …:
+/// hosted tools the fleet cannot run, or client tools that are not functions) dropped from what
+/// the model is offered and listed, rather than refusing the request.
+fn tools_of(tools: &[Value]) -> Result<Offered, ApiError> {
+    let mut offered = Offered::default();
+    for (i, tool) in tools.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let Some(tool) = tool.as_object() else {
+            return Err(ApiError::bad_field(&at, "must be an object (a tool)"));
+        };
+        match tool.get("type").and_then(Value::as_str) {
+            Some("function") => offered.specs.push(function_of(tool, &at)?),
+            Some("namespace") => {
+                let namespace = string(tool, "name", &at)?;
+                let about = tool
                     .get("description")
                     .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                parameters: tool
-                    .get("parameters")
-                    .filter(|p| !p.is_null())
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            })
-        })
-        .collect()
+                    .unwrap_or_default();
+                let members = tool.get("tools").and_then(Value::as_array);
+                for (j, member) in members.into_iter().flatten().enumerate() {
+                    let at = format!("{at}.tools[{j}]");
+                    let member = member
+                        .as_object()
+                        .ok_or_else(|| ApiError::bad_field(&at, "must be an object (a tool)"))?;
+                    if member.get("type").and_then(Value::as_str) != Some("function") {
+                        offered.dropped.push(dropped_of(member, Some(&namespace)));
+                        continue;
+                    }
+                    let mut spec = function_of(member, &at)?;
+                    let flat = flat_name(&namespace, &spec.name);
+                    if !about.is_empty() {
+                        spec.description = format!("{about}\n\n{}", spec.description);
+                    }
+                    offered
+                        .namespaces
+                        .insert(flat.clone(), (namespace.clone(), spec.name));
+                    spec.name = flat;
+                    offered.specs.push(spec);
+                }
+            }
+            Some(_) => offered.dropped.push(dropped_of(tool, None)),
+            None => {
+                return Err(ApiError::bad_field(
+                    &format!("{at}.type"),
+                    "is required (`function`, or a tool type such as `web_search`)",
+                ));
+            }
+        }
+    }
+    // A flattened name equal to a function's own would make its calls ambiguous.
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = offered.specs.iter().find(|t| !seen.insert(t.name.as_str())) {
+        return Err(ApiError::bad_field(
+            "tools",
+            format!(
+                "two tools are offered as `{}`; give each function its own name",
+                twice.name
+            ),
+        ));
+    }
+    Ok(offered)
+}
+
+/// How a dropped tool of the request (of `namespace`, when it is one of a namespace's) is
+/// named in the header and the log.
+fn dropped_of(tool: &Map<String, Value>, namespace: Option<&str>) -> String {
+    let kind = tool
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("untyped");
+    let name = tool.get("name").and_then(Value::as_str);
+    match (namespace, name) {
+        (Some(namespace), Some(name)) => dropped_name(kind, Some(&flat_name(namespace, name))),
+        (_, name) => dropped_name(kind, name),
+    }
 }
 
 /// `text.format`: `{"type": "text" | "json_object"}` or Responses' flat
@@ -450,9 +552,10 @@ fn format_of(text: &Map<String, Value>) -> Result<Option<ResponseFormat>, ApiErr
     }
 }
 
-/// Reads a Responses request body: JSON in OpenAI's shape, every field known, items, tools and
-/// settings checked (a 400 naming the field otherwise).
-pub fn read_responses_call(body: &[u8]) -> Result<ResponsesCall, ApiError> {
+/// Reads a Responses request body: JSON in OpenAI's shape, items, tools and settings checked (a
+/// 400 naming the field otherwise); a top-level field the mesh does not know is noted in
+/// `unknown`.
+pub fn read_responses_call(body: &[u8], unknown: &mut Unknown) -> Result<ResponsesCall, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     let Value::Object(object) = &value else {
@@ -465,7 +568,9 @@ pub fn read_responses_call(body: &[u8]) -> Result<ResponsesCall, ApiError> {
             ignored: IGNORED,
             unsupported: UNSUPPORTED,
         },
+        unknown,
     )?;
+
     let request: ResponsesRequest = serde_json::from_value(value)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     check_unsupported_values(&request)?;
@@ -482,9 +587,10 @@ pub fn read_responses_call(body: &[u8]) -> Result<ResponsesCall, ApiError> {
     }
     let tools = request.tools.clone().unwrap_or_default();
     let text = request.text.clone().unwrap_or_default();
+    let offered = tools_of(&tools)?;
     let chat = ChatRequest {
         messages: Vec::new(),
-        tools: tools_of(&tools)?,
+        tools: offered.specs,
         sampling: Sampling {
             max_tokens: request.max_output_tokens,
             temperature: request.temperature,
@@ -523,6 +629,8 @@ pub fn read_responses_call(body: &[u8]) -> Result<ResponsesCall, ApiError> {
         store: request.store.unwrap_or(true),
         stream: request.stream.unwrap_or(false),
         echo,
+        dropped: offered.dropped,
+        namespaces: offered.namespaces,
     })
 }
 
@@ -656,9 +764,20 @@ struct Head {
     instructions: Option<String>,
     previous_response_id: Option<String>,
     echo: Echo,
+    /// The flattened functions of the request's namespace tools.
+    namespaces: Namespaces,
 }
 
 impl Head {
+    /// The namespace (when the function is one of a namespace's) and the name a call of the
+    /// model is given back to the client with.
+    fn called<'a>(&'a self, call: &'a ToolCall) -> (Option<&'a str>, &'a str) {
+        match self.namespaces.get(&call.name) {
+            Some((namespace, name)) => (Some(namespace), name),
+            None => (None, &call.name),
+        }
+    }
+
     /// The id's unique part, shared by the ids of the answer's items.
     fn suffix(&self) -> &str {
         self.id.trim_start_matches(RESPONSE_ID_PREFIX)
@@ -710,8 +829,13 @@ impl Head {
 
     /// The `function_call` item of the answer's `i`th tool call.
     fn call_item(&self, i: usize, call: &ToolCall, status: &str, arguments: &str) -> Value {
-        json!({"type": "function_call", "id": self.call_item_id(i), "call_id": call.id,
-               "name": call.name, "arguments": arguments, "status": status})
+        let (namespace, name) = self.called(call);
+        let mut item = json!({"type": "function_call", "id": self.call_item_id(i),
+            "call_id": call.id, "name": name, "arguments": arguments, "status": status});
+        if let Some(namespace) = namespace {
+            item["namespace"] = json!(namespace);
+        }
+        item
     }
 
     /// The output items of a complete answer: its text as a message (when `message`), then a
@@ -762,9 +886,16 @@ fn with_call_ids(mut answer: ChatResponse, suffix: &str) -> ChatResponse {
 pub async fn create(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let request = read_responses_call(&body)?;
+    let mut unknown = door.clients.reading();
+    let request = read_responses_call(&body, &mut unknown)?;
+    let client = client_name(&caller, &headers);
+    door.clients.ignored(&client, "/v1/responses", &unknown);
+    door.clients
+        .dropped_tools(&client, "/v1/responses", &request.dropped);
+    let dropped = dropped_header(&request.dropped);
     let mut conversation = match &request.previous_response_id {
         Some(previous) => {
             load(
@@ -786,7 +917,8 @@ pub async fn create(
         .map(|i| Message::text(Role::System, i.clone()))
         .chain(conversation.iter().cloned())
         .collect();
-    let run = gateway::start(&door, &caller, Call::new(request.model.clone(), chat)).await?;
+    let call = door.aliased(Call::new(request.model.clone(), chat));
+    let run = gateway::start(&door, &caller, call).await?;
     let head = Head {
         id: response_id(door.memory.own_id()),
         created_at: unix_s(),
@@ -794,6 +926,7 @@ pub async fn create(
         instructions: request.instructions,
         previous_response_id: request.previous_response_id,
         echo: request.echo,
+        namespaces: request.namespaces,
     };
     let keeper = request.store.then(|| Keeper {
         memory: door.memory.clone(),
@@ -809,7 +942,9 @@ pub async fn create(
             answer: None,
             failed: false,
         };
-        return Ok(gateway::stream(run, "text/event-stream", events));
+        let mut response = gateway::stream(run, "text/event-stream", events);
+        response.headers_mut().extend(dropped);
+        return Ok(response);
     }
     let answer = run.finish().await?.into_iter().next().ok_or_else(|| {
         ApiError::new(
@@ -826,7 +961,9 @@ pub async fn create(
     if let Some(keeper) = keeper {
         keeper.keep(&head.id, &answer, &mut response).await;
     }
-    Ok(Json(response).into_response())
+    let mut response = Json(response).into_response();
+    response.headers_mut().extend(dropped);
+    Ok(response)
 }
 
 /// `GET /v1/responses/{id}`: a stored response, for the key that created it.
@@ -923,9 +1060,10 @@ impl Events {
                 self.frame(json!({"type": "response.function_call_arguments.delta",
                 "item_id": item_id, "output_index": output_index, "delta": call.arguments})),
             );
+            let name = self.head.called(call).1.to_owned();
             frames.push(
                 self.frame(json!({"type": "response.function_call_arguments.done",
-                "item_id": item_id, "output_index": output_index, "name": call.name,
+                "item_id": item_id, "output_index": output_index, "name": name,
                 "arguments": call.arguments})),
             );
             frames.push(self.frame(json!({"type": "response.output_item.done",
@@ -1095,10 +1233,14 @@ mod tests {
     use mesh_domain::ToolChoice;
 
     use super::*;
-    use crate::{api_keys::KeyGrant, memory::MemoryOptions};
+    use crate::{api_keys::KeyGrant, config::UnknownFields, memory::MemoryOptions};
 
+    /// Reads `body` with `http.unknown_fields = "refuse"`.
     fn read(body: Value) -> Result<ResponsesCall, ApiError> {
-        read_responses_call(body.to_string().as_bytes())
+        read_responses_call(
+            body.to_string().as_bytes(),
+            &mut Unknown::new(UnknownFields::Refuse),
+        )
     }
 
     /// Every kind of input item becomes the chat message it means; tools, tool choice and
@@ -1189,7 +1331,7 @@ mod tests {
             ),
             (json!({"model": "m", "input": ["x"]}), "input[0]"),
             (
-                json!({"model": "m", "input": [{"type": "reasoning", "summary": []}]}),
+                json!({"model": "m", "input": [{"type": "item_reference", "id": "r"}]}),
                 "input[0].type",
             ),
             (
@@ -1197,8 +1339,17 @@ mod tests {
                 "input[0].call_id",
             ),
             (
-                json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}),
+                json!({"model": "m", "input": "x", "tools": [{"name": "f"}]}),
                 "tools[0].type",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "function", "name": "a__b"},
+                    {"type": "namespace", "name": "a", "tools": [{"type": "function", "name": "b"}]}]}),
+                "tools",
+            ),
+            (
+                json!({"model": "m", "input": "x", "client_data": {}}),
+                "client_data",
             ),
             (
                 json!({"model": "m", "input": "x", "tools": [{"type": "function"}]}),
@@ -1262,8 +1413,10 @@ mod tests {
                 "{body}: {}",
                 error.message
             );
+            // Named first, or in OpenAI's own words for an unknown argument.
             assert!(
-                error.message.starts_with(param),
+                error.message.starts_with(param)
+                    || error.message == format!("Unrecognized request argument supplied: {param}"),
                 "{body}: {}",
                 error.message
             );
@@ -1292,7 +1445,104 @@ mod tests {
             echo: read(json!({"model": "asked", "input": "x"}))
                 .expect("valid")
                 .echo,
+            namespaces: Namespaces::new(),
         }
+    }
+
+    /// Regression (issue 27): Codex sends `client_metadata` on every request, offers a
+    /// `namespace` tool (its sub-agents) and a hosted `web_search`, and sends its earlier
+    /// reasoning back; the mesh refused all of them with a 400. Now `client_metadata` is
+    /// accepted, the namespace's functions are offered flat, hosted tools are dropped and
+    /// named, and reasoning items are skipped.
+    #[test]
+    fn codex_requests_are_read_with_namespaces_flattened_and_hosted_tools_dropped() {
+        let call = read(json!({
+            "model": "role:coder",
+            "input": [
+                {"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text", "text": "be precise"}]},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "opaque"},
+                {"type": "function_call", "call_id": "c1", "name": "spawn_agent", "namespace": "multi_agent_v1", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "spawned"}
+            ],
+            "tools": [
+                {"type": "function", "name": "exec_command", "strict": false, "parameters": {"type": "object"}},
+                {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
+                    {"type": "function", "name": "spawn_agent", "description": "Spawn one.", "strict": false, "parameters": {"type": "object"}},
+                    {"type": "custom", "name": "freeform"}
+                ]},
+                {"type": "web_search", "external_web_access": false},
+                {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}}
+            ],
+            "tool_choice": "auto",
+            "parallel_tool_calls": true,
+            "reasoning": {"summary": "auto"},
+            "store": false,
+            "stream": true,
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "k",
+            "client_metadata": {"session_id": "s"}
+        }))
+        .expect("Codex's request is read");
+        let names: Vec<&str> = call.chat.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["exec_command", "multi_agent_v1__spawn_agent"]);
+        assert_eq!(call.chat.tools[1].description, "Sub-agents.\n\nSpawn one.");
+        assert_eq!(
+            call.dropped,
+            [
+                "custom:multi_agent_v1__freeform",
+                "web_search",
+                "custom:apply_patch"
+            ]
+        );
+        assert_eq!(
+            call.namespaces["multi_agent_v1__spawn_agent"],
+            ("multi_agent_v1".to_owned(), "spawn_agent".to_owned())
+        );
+        let roles: Vec<Role> = call.input.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::System, Role::User, Role::Assistant, Role::Tool]
+        );
+        assert_eq!(
+            call.input[2].tool_calls[0].name,
+            "multi_agent_v1__spawn_agent"
+        );
+        // A call of the flattened function goes back to the client as its namespace's.
+        let head = Head {
+            namespaces: call.namespaces.clone(),
+            ..head()
+        };
+        let item = head.call_item(
+            0,
+            &ToolCall {
+                id: "c2".into(),
+                name: "multi_agent_v1__spawn_agent".into(),
+                arguments: "{}".into(),
+            },
+            "completed",
+            "{}",
+        );
+        assert_eq!(item["name"], "spawn_agent");
+        assert_eq!(item["namespace"], "multi_agent_v1");
+        let plain = head.call_item(
+            1,
+            &ToolCall {
+                id: "c3".into(),
+                name: "exec_command".into(),
+                arguments: "{}".into(),
+            },
+            "completed",
+            "{}",
+        );
+        assert_eq!(plain["name"], "exec_command");
+        assert!(plain.get("namespace").is_none(), "{plain}");
+        let header = dropped_header(&call.dropped);
+        assert_eq!(
+            header[super::super::clients::DROPPED_TOOLS_HEADER],
+            "custom:multi_agent_v1__freeform, web_search, custom:apply_patch"
+        );
+        assert!(dropped_header(&[]).is_empty());
     }
 
     fn events() -> Events {

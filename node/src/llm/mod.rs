@@ -57,6 +57,7 @@ impl ModelRegistry {
                     api_key_env,
                     context_window,
                     timeout,
+                    system_turns,
                 } => {
                     let api_key = api_key_env
                         .as_deref()
@@ -73,7 +74,8 @@ impl ModelRegistry {
                                 *context_window,
                                 *timeout,
                             )
-                            .with_embeddings(model.embeddings),
+                            .with_embeddings(model.embeddings)
+                            .with_system_turns(*system_turns),
                         ),
                     );
                 }

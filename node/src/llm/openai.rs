@@ -28,7 +28,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
-use crate::llm::model::{ChatModel, ModelError, SpeedGauge};
+use crate::{
+    config::SystemTurns,
+    llm::model::{ChatModel, ModelError, SpeedGauge},
+};
 
 /// Most bytes of an answer that is not a stream: a chat completion is far smaller.
 const MAX_COMPLETION_BYTES: usize = 16 << 20;
@@ -56,6 +59,8 @@ pub struct OpenAiModel {
     speed: SpeedGauge,
     /// Whether the server's model makes embeddings (`embeddings = true`).
     embeddings: bool,
+    /// Where the server's chat template takes system messages (`system_turns`).
+    system_turns: SystemTurns,
 }
 
 impl fmt::Debug for OpenAiModel {
@@ -98,12 +103,19 @@ impl OpenAiModel {
             timeout,
             speed: SpeedGauge::default(),
             embeddings: false,
+            system_turns: SystemTurns::Anywhere,
         }
     }
 
     /// Says whether the server's model makes embeddings (`embeddings = true`).
     pub fn with_embeddings(mut self, embeddings: bool) -> Self {
         self.embeddings = embeddings;
+        self
+    }
+
+    /// Says where the server's chat template takes system messages (`system_turns`).
+    pub fn with_system_turns(mut self, system_turns: SystemTurns) -> Self {
+        self.system_turns = system_turns;
         self
     }
 
@@ -126,7 +138,15 @@ impl OpenAiModel {
     }
 
     fn request_body(&self, request: &ChatRequest) -> Value {
-        let messages: Vec<Value> = request.messages.iter().map(message_json).collect();
+        let folded;
+        let conversation = match self.system_turns {
+            SystemTurns::Anywhere => &request.messages,
+            SystemTurns::First => {
+                folded = system_first(&request.messages);
+                &folded
+            }
+        };
+        let messages: Vec<Value> = conversation.iter().map(message_json).collect();
         let mut body = json!({
             "model": self.model,
             "messages": messages,
@@ -434,6 +454,20 @@ fn transport_error(error: reqwest::Error) -> ModelError {
     }
 }
 
+/// `messages` with every system message folded, in order, into one leading system turn (for a
+/// chat template that refuses a system turn after the first); the rest keep their order.
+fn system_first(messages: &[Message]) -> Vec<Message> {
+    let (system, rest): (Vec<&Message>, Vec<&Message>) =
+        messages.iter().partition(|m| m.role == Role::System);
+    let mut folded = Vec::with_capacity(rest.len() + 1);
+    if !system.is_empty() {
+        let text: Vec<&str> = system.iter().map(|m| m.content.as_str()).collect();
+        folded.push(Message::text(Role::System, text.join("\n\n")));
+    }
+    folded.extend(rest.into_iter().cloned());
+    folded
+}
+
 fn message_json(message: &Message) -> Value {
     match message.role {
         Role::Assistant if !message.tool_calls.is_empty() => json!({
@@ -722,6 +756,60 @@ mod tests {
         assert_eq!(response.tool_calls[0].name, "file_read");
         assert_eq!(response.tool_calls[0].arguments, r#"{"path": "a"}"#);
         assert_eq!(response.usage.map(|u| u.total()), Some(10));
+    }
+
+    /// System turns where the conversation has them, unless the model's template takes them
+    /// only first (`system_turns = "first"`): then one leading system turn holds them all, in
+    /// order, and the rest of the conversation keeps its order.
+    #[test]
+    fn system_turns_are_folded_first_only_for_a_model_that_says_so() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let model = OpenAiModel::new(
+            "m",
+            "http://127.0.0.1:1/v1/",
+            "fake",
+            "",
+            4096,
+            Duration::from_secs(1),
+        );
+        let request = ChatRequest {
+            messages: vec![
+                Message::text(Role::System, "be brief"),
+                Message::text(Role::User, "hi"),
+                Message::text(Role::System, "agents: claude"),
+                Message::text(Role::Assistant, "hello"),
+                Message::text(Role::User, "again"),
+            ],
+            ..ChatRequest::default()
+        };
+        let roles = |body: &Value| -> Vec<(String, String)> {
+            body["messages"]
+                .as_array()
+                .expect("messages")
+                .iter()
+                .map(|m| {
+                    (
+                        m["role"].as_str().unwrap_or_default().to_owned(),
+                        m["content"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        };
+        let kept = roles(&model.request_body(&request));
+        assert_eq!(kept[2], ("system".to_owned(), "agents: claude".to_owned()));
+        let model = model.with_system_turns(SystemTurns::First);
+        let folded = roles(&model.request_body(&request));
+        let expected: Vec<(String, String)> = [
+            ("system", "be brief\n\nagents: claude"),
+            ("user", "hi"),
+            ("assistant", "hello"),
+            ("user", "again"),
+        ]
+        .iter()
+        .map(|(r, c)| ((*r).to_owned(), (*c).to_owned()))
+        .collect();
+        assert_eq!(folded, expected);
+        assert!(system_first(&[Message::text(Role::User, "x")])[0].role == Role::User);
     }
 
     #[test]

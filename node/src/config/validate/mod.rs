@@ -7,6 +7,8 @@
 //! - `limits.rs`: `[security]`, `[tasks]`, `[tools]`, `[memory]`, `[connections]` (the bounds
 //!   work and callers run within);
 //! - `keys.rs`: `[[http.keys]]` (the front door's named keys and their policies);
+//! - `clients.rs`: `http.unknown_fields`, `http.model_aliases` (how the front door meets its
+//!   clients' fields and model names);
 //! - `approval.rs`: `[approval]` (which tool calls wait for a person);
 //! - `cron.rs`: `[cron]` (how many schedules the node keeps);
 //! - `mcp.rs`: `[[mcp]]` (the MCP servers whose tools the node offers);
@@ -16,6 +18,7 @@
 //! zero-config model's (only whether it is there).
 
 mod approval;
+mod clients;
 mod cron;
 mod keys;
 mod limits;

@@ -21,7 +21,7 @@ use crate::config::{
     },
     error::{ConfigError, Origin},
     raw::{RawModel, RawPersona, RawResources},
-    types::{Backend, GpuDecl, ModelConfig, PersonaConfig},
+    types::{Backend, GpuDecl, ModelConfig, PersonaConfig, SystemTurns},
     validate::syntax::is_valid_name,
 };
 
@@ -170,6 +170,24 @@ fn model(
             "give the model's context window in tokens (at least 256)",
         ));
     }
+    let system_turns = match model.system_turns.as_deref() {
+        None | Some("anywhere") => SystemTurns::Anywhere,
+        Some("first") if model.backend == "openai" => SystemTurns::First,
+        Some("first") => {
+            return Err(origin.invalid(
+                &key("system_turns"),
+                "is `first` for a model whose backend is not `openai`".into(),
+                "remove it: the embedded backend renders system turns wherever they stand",
+            ));
+        }
+        Some(other) => {
+            return Err(origin.invalid(
+                &key("system_turns"),
+                format!("is `{other}`, not `anywhere` or `first`"),
+                "write \"first\" when the server's chat template refuses a system message after the first (it then gets one system turn), else leave it out",
+            ));
+        }
+    };
     if model.threads.is_some() && model.backend != "embedded" {
         return Err(origin.invalid(
             &key("threads"),
@@ -206,6 +224,7 @@ fn model(
                 api_key_env: model.api_key_env,
                 context_window,
                 timeout: Duration::from_secs(timeout_s),
+                system_turns,
             }
         }
         "embedded" => {
@@ -304,6 +323,7 @@ pub(super) fn personas(
 mod tests {
     use super::*;
     use crate::config::{
+        Config,
         raw::{Overrides, RawConfig},
         validate::tests::{err, parse},
     };
@@ -348,6 +368,27 @@ mod tests {
         let e = err("[[models]]\nname = \"m\"\nbackend = \"embedded\"\n");
         assert!(e.contains("`models[0].path`"), "{e}");
         assert!(e.contains("deploy/fetch-model.sh"), "{e}");
+    }
+
+    #[test]
+    fn system_turns_default_to_anywhere_and_first_is_for_openai_servers() {
+        let openai = "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"http://x/v1\"\nmodel = \"m\"\n";
+        let turns = |config: Config| match &config.models[0].backend {
+            Backend::OpenAi { system_turns, .. } => *system_turns,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(turns(parse(openai).expect("valid")), SystemTurns::Anywhere);
+        assert_eq!(
+            turns(parse(&format!("{openai}system_turns = \"first\"\n")).expect("valid")),
+            SystemTurns::First
+        );
+        let e = err(&format!("{openai}system_turns = \"last\"\n"));
+        assert!(e.contains("`models[0].system_turns`"), "{e}");
+        assert!(e.contains("`last`"), "{e}");
+        let e = err(
+            "[[models]]\nname = \"m\"\nbackend = \"embedded\"\npath = \"m.gguf\"\nsystem_turns = \"first\"\n",
+        );
+        assert!(e.contains("`models[0].system_turns`"), "{e}");
     }
 
     #[test]

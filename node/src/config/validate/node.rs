@@ -342,6 +342,8 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         keys,
         allowed_hosts,
         allowed_origins,
+        unknown_fields: super::clients::unknown_fields(raw.unknown_fields.as_deref(), origin)?,
+        model_aliases: super::clients::model_aliases(raw.model_aliases, origin)?,
     })
 }
 

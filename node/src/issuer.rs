@@ -6,7 +6,8 @@
 //! each token id has been redeemed, in the local tree `join_redemptions` (never replicated: a
 //! token names one issuer), until the token expires; so a token is good for its `uses` devices
 //! and no more. The certificate gets the token's role and the name the joiner asks for; only the
-//! public key comes from the CSR.
+//! public key comes from the CSR. Every certificate it hands out is first recorded in the CA's
+//! dir (`mesh_identity::issued`), so `mesh-cli ca certs` lists it and `ca revoke` finds it by name.
 //!
 //! It must not speak protobuf (that is `rpc::join`) or decide who may call it (every caller may:
 //! the token is the credential).
@@ -69,6 +70,9 @@ pub enum RedeemError {
     /// The redemption count could not be kept.
     #[error("cannot record the redemption: {0}")]
     Store(#[from] StoreError),
+    /// The CA's record of issued certificates could not be kept (`<CA dir>/issued`).
+    #[error("the issuer cannot record the certificate it would issue: {0}")]
+    Record(TlsError),
 }
 
 impl RedeemError {
@@ -80,7 +84,7 @@ impl RedeemError {
             Self::Expired { .. } => "expired",
             Self::UsedUp { .. } => "used_up",
             Self::Busy => "busy",
-            Self::Store(_) => "store",
+            Self::Store(_) | Self::Record(_) => "store",
         }
     }
 }
@@ -222,7 +226,15 @@ impl Issuer {
                 TlsError::BadName(_) => RedeemError::BadRequest(format!("name: {e}")),
                 e => RedeemError::BadRequest(format!("csr_pem: {e}")),
             })?;
-        self.count_use(&secret, now).await?;
+        // Recorded before the use is counted, so no certificate leaves that `mesh-cli ca
+        // certs` cannot list; forgotten again when the token turns out to be used up.
+        let id = self.ca.record(&cert_pem).map_err(RedeemError::Record)?;
+        if let Err(e) = self.count_use(&secret, now).await {
+            if let Err(forget) = self.ca.forget(&id) {
+                tracing::warn!(error = %forget, "drop the record of a certificate not handed out");
+            }
+            return Err(e);
+        }
         Ok(Issued {
             cert_pem,
             role: claims.role,
@@ -329,6 +341,14 @@ mod tests {
             .expect_err("used up");
         assert!(matches!(err, RedeemError::UsedUp { uses: 2 }), "{err}");
         assert!(err.to_string().contains("already been used"), "{err}");
+        // The CA recorded what it handed out, and not the refused third.
+        let names: Vec<String> = mesh_identity::issued::list(&f.ca_dir)
+            .expect("records")
+            .into_iter()
+            .map(|cert| cert.name)
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.contains(&"one".to_owned()) && names.contains(&"two".to_owned()));
     }
 
     #[tokio::test]

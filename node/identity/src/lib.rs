@@ -11,6 +11,8 @@
 //! - [`origin`]: records that say who wrote them: signing this node's records with its key
 //!   ([`OriginSigner`]) and verifying any record against its origin's certificate
 //!   ([`OriginVerifier`]).
+//! - [`issued`]: the CA's record of the certificates it issued (`mesh-cli ca certs`), and finding
+//!   the ones a name, an id prefix or a device stands for (`mesh-cli ca revoke`).
 //! - [`revocation`]: certificates the mesh CA revoked: the CA-signed entry (`mesh-cli ca
 //!   revoke`) and the set every node checks certificates against ([`RevokedSet`]).
 //! - [`dial`]: opening gRPC channels to nodes over mTLS (or plain TCP) ([`Dialer`]).
@@ -28,6 +30,7 @@ pub mod ca;
 pub mod cert;
 pub mod deadline;
 pub mod dial;
+pub mod issued;
 pub mod join;
 pub mod origin;
 mod pem;
@@ -120,6 +123,9 @@ pub enum TlsError {
         /// The name the node was started with.
         name: String,
     },
+    /// The CA keeps as many records of issued certificates as it may.
+    #[error("{} holds {} records of issued certificates, none of them expired: the CA issues no more until some expire or are removed", .0.display(), crate::issued::MAX_ISSUED)]
+    RecordsFull(PathBuf),
     /// Key generation or signing failed.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),

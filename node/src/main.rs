@@ -53,7 +53,9 @@ struct Args {
     /// is): generates this node's key here, gets its certificate from the issuer the token
     /// names (checking that issuer's CA against the token's pin first), stores both in
     /// `<data-dir>/tls`, and starts. Later starts need no token; with one again it does nothing
-    /// when the data dir already belongs to that mesh.
+    /// when the data dir already belongs to that mesh, unless the issuer refuses the
+    /// certificate there as revoked: then the node joins again with the token (the revoked
+    /// certificate and key are kept as `NAME.pem.revoked` and `NAME.key.revoked`).
     #[arg(
         long,
         value_name = "TOKEN",
@@ -151,6 +153,12 @@ async fn run(config: Config, join: Option<JoinToken>) -> anyhow::Result<()> {
             }
             NodeJoin::AlreadyMember => tracing::info!(
                 "this data dir already holds a certificate from the token's mesh; --join does nothing"
+            ),
+            NodeJoin::Rejoined { set_aside } => tracing::warn!(
+                issuer = %token.issuer,
+                name = %config.name,
+                set_aside = ?set_aside,
+                "this node's certificate was revoked by the mesh CA; joined the mesh again with the token (a new key and certificate; the revoked ones are kept aside)"
             ),
         }
     }

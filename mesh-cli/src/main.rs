@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 mod approvals;
 mod ca;
+mod config;
 mod cron;
 mod join;
 mod keys;
@@ -98,6 +99,10 @@ enum Command {
     /// fleet, per model, against their budgets and rate limits.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// The node's runtime settings: tier caps, the approval policy, declared GPUs, the front
+    /// door's loopback exemption. Set without editing its config file or restarting it.
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
     /// Tool calls waiting for a person's approval (a node's `[approval]` policy): list them
     /// from any node, approve or deny one.
     #[command(subcommand)]
@@ -201,6 +206,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cron(command) => cron::run(&cli.conn, command).await,
         Command::Keys(command) => keys::run(&cli.conn, command).await,
         Command::Approvals(command) => approvals::run(&cli.conn, command).await,
+        Command::Config(command) => config::run(&cli.conn, command).await,
         Command::Token(join::TokenCommand::Create(args)) => join::create(args),
         Command::Join { token, name } => join::join(&token, name).await,
         Command::Ca(command) => ca::run(&cli.conn, command).await,

@@ -23,7 +23,10 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use chrono::{DateTime, Datelike, Months, NaiveDate, Utc};
@@ -351,6 +354,8 @@ pub struct Keys {
     /// Held while this node reads and rewrites its own usage records: an admission's check and
     /// its count must not interleave with another's on this node.
     counting: tokio::sync::Mutex<()>,
+    /// `http.loopback_without_key` (a runtime setting): a caller on this machine needs no key.
+    loopback_without_key: AtomicBool,
 }
 
 /// SHA-256 of a key.
@@ -388,7 +393,23 @@ impl Keys {
             memory,
             configured,
             counting: tokio::sync::Mutex::new(()),
+            loopback_without_key: AtomicBool::new(http.loopback_without_key),
         })
+    }
+
+    /// Changes `http.loopback_without_key` (a runtime setting).
+    pub fn set_loopback_without_key(&self, exempt: bool) {
+        self.loopback_without_key.store(exempt, Ordering::Relaxed);
+    }
+
+    /// Whether a request from a caller on this machine (`loopback`) or elsewhere needs a key:
+    /// [`Keys::required`], unless the caller is on this machine and `http.loopback_without_key`
+    /// lets it in.
+    pub fn required_from(&self, loopback: bool) -> Result<bool, MemoryError> {
+        if loopback && self.loopback_without_key.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        self.required()
     }
 
     /// Whether the front door needs a key: one is configured here, or the fleet ever added
@@ -475,13 +496,14 @@ impl Keys {
     }
 
     /// Adds a key known by its SHA-256 (`sha256_hex`, 64 hex digits): the key itself never
-    /// reaches the node.
+    /// reaches the node. Also says whether it is the first key the front doors need (from now
+    /// on every one of them needs a key).
     pub async fn add(
         &self,
         name: &str,
         sha256_hex: &str,
         policy: KeyPolicy,
-    ) -> Result<KeyInfo, KeysError> {
+    ) -> Result<(KeyInfo, bool), KeysError> {
         check_key_name(name).map_err(KeysError::Invalid)?;
         let hash = hex::decode(sha256_hex)
             .ok()
@@ -503,19 +525,21 @@ impl Keys {
             policy,
             created_ms: unix_ms(),
         };
-        if !self.required()? {
+        let first = !self.required()?;
+        if first {
             self.memory
                 .put(HTTP_KEYS, KEYS_REQUIRED, Some(b"1".to_vec()))
                 .await?;
         }
         let value = serde_json::to_vec(&stored).expect("a key serialises");
         self.memory.put(HTTP_KEYS, name, Some(value)).await?;
-        Ok(KeyInfo {
+        let info = KeyInfo {
             name: name.to_owned(),
             source: KeySource::Runtime,
             policy: stored.policy,
             created_ms: stored.created_ms,
-        })
+        };
+        Ok((info, first))
     }
 
     /// Revokes a key added at run time: every node refuses it once the tombstone reaches it.
@@ -1009,6 +1033,7 @@ mod tests {
             },
             api_keys: api_keys.iter().map(|k| (*k).to_owned()).collect(),
             keys,
+            loopback_without_key: false,
         }
     }
 
@@ -1295,7 +1320,7 @@ mod tests {
         let fleet = Fleet::new(&config, "runtime");
         assert!(fleet.a.authenticate("sk-mesh-new").expect("read").is_none());
         let hash = hex::encode(key_sha256("sk-mesh-new"));
-        let info = fleet
+        let (info, first) = fleet
             .a
             .add(
                 "new",
@@ -1308,6 +1333,7 @@ mod tests {
             .await
             .expect("added");
         assert_eq!(info.source, KeySource::Runtime);
+        assert!(!first, "the node's config has keys already");
         fleet.replicate(&fleet.a, &fleet.b).await;
         let grant = fleet
             .b
@@ -1404,11 +1430,12 @@ mod tests {
         let fleet = Fleet::new(&http(Vec::new(), &[]), "required");
         assert!(!fleet.a.required().expect("read"), "no keys: open");
         let hash = hex::encode(key_sha256("sk-mesh-only"));
-        fleet
+        let (_, first) = fleet
             .a
             .add("only", &hash, KeyPolicy::default())
             .await
             .expect("add");
+        assert!(first, "the first key closes the door");
         fleet.replicate(&fleet.a, &fleet.b).await;
         assert!(fleet.b.required().expect("read"));
         fleet.b.remove("only").await.expect("remove");
@@ -1418,6 +1445,17 @@ mod tests {
             assert!(keys.authenticate("sk-mesh-only").expect("read").is_none());
             assert!(keys.list().expect("list").is_empty());
         }
+        let (_, first) = fleet
+            .a
+            .add("again", &hash, KeyPolicy::default())
+            .await
+            .expect("add");
+        assert!(!first, "the door was closed already");
+        // A caller on the node's own machine needs a key too, unless the node says otherwise.
+        assert!(fleet.a.required_from(true).expect("read"));
+        fleet.a.set_loopback_without_key(true);
+        assert!(!fleet.a.required_from(true).expect("read"));
+        assert!(fleet.a.required_from(false).expect("read"), "only loopback");
     }
 
     #[tokio::test]

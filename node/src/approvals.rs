@@ -233,7 +233,8 @@ struct Inner {
     memory: Arc<Memory>,
     /// Decides who may approve.
     admission: Arc<Admission>,
-    policy: Policy,
+    /// `[approval]`, which runtime settings change.
+    policy: Mutex<Policy>,
     /// This node's name, written into its approvals.
     node: String,
     /// Whether callers present certificates (false in insecure mode: decisions carry no
@@ -256,7 +257,7 @@ impl Approvals {
             inner: Arc::new(Inner {
                 memory,
                 admission,
-                policy: Policy::new(config),
+                policy: Mutex::new(Policy::new(config)),
                 node,
                 tls,
                 pending: Mutex::default(),
@@ -264,9 +265,15 @@ impl Approvals {
         }
     }
 
-    /// Which calls need approval here.
-    pub fn policy(&self) -> &Policy {
-        &self.inner.policy
+    /// Which calls need approval here, now.
+    pub fn policy(&self) -> Policy {
+        self.inner.policy.lock_unpoisoned().clone()
+    }
+
+    /// Changes which calls need approval here (a runtime setting); calls already waiting keep
+    /// the timeout they were given.
+    pub fn set_policy(&self, config: ApprovalConfig) {
+        *self.inner.policy.lock_unpoisoned() = Policy::new(config);
     }
 
     /// Asks for approval of a call of `tool` (counting as `tier`) by task `task_id`: stores the
@@ -279,7 +286,8 @@ impl Approvals {
         arguments: &str,
         tier: Tier,
     ) -> Result<Pending, ApprovalError> {
-        let max = self.inner.policy.config.max_pending;
+        let policy = self.policy();
+        let max = policy.config.max_pending;
         let id = uuid::Uuid::now_v7().to_string();
         {
             let mut pending = self.inner.pending.lock_unpoisoned();
@@ -290,7 +298,7 @@ impl Approvals {
         }
         // From here a drop of `Pending` frees the slot (and marks the record cancelled).
         let now = now_ms();
-        let timeout = u64::try_from(self.inner.policy.timeout().as_millis()).unwrap_or(u64::MAX);
+        let timeout = u64::try_from(policy.timeout().as_millis()).unwrap_or(u64::MAX);
         let mut pending = Pending {
             approvals: self.clone(),
             record: Approval {
@@ -599,7 +607,11 @@ impl Pending {
                 () = tokio::time::sleep_until(expiry) => true,
             };
             if expired {
-                let seconds = approvals.inner.policy.timeout().as_secs();
+                let seconds = self
+                    .record
+                    .expires_ms
+                    .saturating_sub(self.record.created_ms)
+                    / 1000;
                 self.record.status = Status::Expired;
                 break Outcome {
                     approved: false,

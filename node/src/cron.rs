@@ -434,8 +434,9 @@ pub struct Scheduler {
     peers: Arc<PeerTable>,
     own: NodeId,
     own_name: String,
-    /// `security.remote_max_tier`: which schedules written elsewhere this node may own.
-    remote_max_tier: Tier,
+    /// `security.remote_max_tier`: which schedules written elsewhere this node may own (a
+    /// runtime setting).
+    remote_max_tier: Mutex<Tier>,
     runner: Arc<dyn Runner>,
     /// Per owned schedule: the last scheduled time handled.
     last: Mutex<HashMap<String, i64>>,
@@ -468,12 +469,17 @@ impl Scheduler {
             peers,
             own,
             own_name,
-            remote_max_tier,
+            remote_max_tier: Mutex::new(remote_max_tier),
             runner,
             last: Mutex::default(),
             open: Mutex::default(),
             refused: Mutex::default(),
         })
+    }
+
+    /// Changes `security.remote_max_tier` (a runtime setting), as this node advertises it.
+    pub fn set_remote_max_tier(&self, tier: Tier) {
+        *self.remote_max_tier.lock_unpoisoned() = tier;
     }
 
     /// This node's name.
@@ -567,7 +573,7 @@ impl Scheduler {
         let mut live = vec![LiveNode {
             id: self.own.clone(),
             name: self.own_name.clone(),
-            remote_max_tier: self.remote_max_tier,
+            remote_max_tier: *self.remote_max_tier.lock_unpoisoned(),
         }];
         live.extend(
             self.peers

@@ -59,9 +59,11 @@ use crate::{
         keys::KeysService,
         memory::{MemoryService, RemoteMemory},
         models::{ModelsService, RemoteModels},
+        settings::SettingsService,
         tasks::{RemoteTasks, TasksService},
         tools::{RemoteToolsClient, ToolsService},
     },
+    settings::{Settings, Targets},
     storage::{self, SledStore, Store},
     supervise::{Backoff, Supervisor, no_error},
     tasks::{TaskManager, TaskParts},
@@ -462,9 +464,23 @@ impl Node {
             });
         }
         // One door for every task and chat, whichever way it comes.
+        // The client certificates of this node's own machine are its operators (they may
+        // change its settings and the fleet's front-door keys); there are none without TLS.
+        let operators = match &mesh_tls {
+            Some(_) => bootstrap::operator_certificates(&config.data_dir),
+            None => Vec::new(),
+        };
+        for operator in &operators {
+            tracing::info!(
+                operator = operator.common_name.as_deref().unwrap_or_default(),
+                id = %operator.id.short(),
+                "this machine's client certificate operates this node: it may change its settings (mesh-cli config) and the fleet's front-door keys"
+            );
+        }
         let admission = Arc::new(
             Admission::new(caps.clone(), peers.clone(), config.client_max_tier)
-                .with_mcp_max_tier(config.mcp_max_tier),
+                .with_mcp_max_tier(config.mcp_max_tier)
+                .with_operators(operators.into_iter().map(|o| o.id).collect()),
         );
         // This node's MCP servers, each kept connected by a supervised loop (restarted with
         // back-off, named in the health while down); their tools are advertised to the fleet.
@@ -675,6 +691,17 @@ impl Node {
             }
         }
 
+        // `mesh-cli config set`: checked, kept in the data dir, applied to these at once.
+        let settings = Arc::new(Settings::new(
+            config.clone(),
+            Targets {
+                admission: admission.clone(),
+                caps: caps.clone(),
+                scheduler: scheduler.clone(),
+                approvals: approvals.clone(),
+                keys: keys.clone(),
+            },
+        ));
         let router = builder
             .add_service(health_service)
             .add_service(reflection)
@@ -689,6 +716,9 @@ impl Node {
                 KeysService::new(keys, admission.clone(), mesh_tls.is_some()).into_server(),
             )
             .add_service(ApprovalsService::new(approvals, mesh_tls.is_some()).into_server())
+            .add_service(
+                SettingsService::new(settings, admission.clone(), mesh_tls.is_some()).into_server(),
+            )
             .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server())
             .add_service(
                 ToolsService::new(mcp_hub, admission.clone(), mesh_tls.is_some()).into_server(),

@@ -324,6 +324,10 @@ pub struct RawHttp {
     /// Lets a front door listen beyond loopback without `api_keys`, open to anyone who can
     /// reach it. Default: false (such a node refuses to start).
     pub allow_unauthenticated: bool,
+    /// Lets requests from this machine (a loopback peer address) in without a key, also once
+    /// the node or the fleet has keys. Default: false (every caller needs a key once there
+    /// are keys).
+    pub loopback_without_key: bool,
 }
 
 /// One `[[http.keys]]` entry: the key itself is not in the file, only its SHA-256 or the path

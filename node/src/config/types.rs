@@ -71,6 +71,9 @@ pub struct Config {
     pub approval: ApprovalConfig,
     /// `[[mcp]]`: the MCP servers whose tools this node offers.
     pub mcp: Vec<McpConfig>,
+    /// What this was read from (the file, the flags, the runtime settings), so a runtime
+    /// setting can be checked again against the same file.
+    pub layers: crate::config::Layers,
 }
 
 /// Validated `[approval]`.
@@ -312,6 +315,8 @@ pub struct HttpConfig {
     pub api_keys: Vec<String>,
     /// `[[http.keys]]`: named keys with their policies.
     pub keys: Vec<HttpKey>,
+    /// `http.loopback_without_key`: callers on this machine need no key.
+    pub loopback_without_key: bool,
 }
 
 /// A validated `[[http.keys]]` entry.

@@ -577,6 +577,7 @@ mod tests {
             },
             api_keys: Vec::new(),
             keys: Vec::new(),
+            loopback_without_key: false,
         };
         let chat = Arc::new(ChatService::new(
             Arc::new(ModelRegistry::default()),

@@ -158,8 +158,8 @@ async fn not_found() -> ApiError {
     )
 }
 
-/// Lets a request with a known key through (any request when no keys are set), with the
-/// [`Caller`] it found for the gateway.
+/// Lets a request with a known key through (any request when no keys are set, or from this
+/// machine with `http.loopback_without_key`), with the [`Caller`] it found for the gateway.
 async fn authorize(
     State(door): State<Arc<FrontDoor>>,
     headers: HeaderMap,
@@ -173,7 +173,12 @@ async fn authorize(
             format!("cannot read the front door's keys: {e}"),
         )
     };
-    if !door.keys.required().map_err(unavailable)? {
+    // A caller on this machine: the connection's peer address is loopback (`serve` records it).
+    let loopback = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .is_some_and(|peer| peer.0.ip().to_canonical().is_loopback());
+    if !door.keys.required_from(loopback).map_err(unavailable)? {
         request.extensions_mut().insert(Caller::default());
         return Ok(next.run(request).await);
     }
@@ -318,6 +323,16 @@ async fn connection(
     slot: ConnectionSlot,
     stop: tokio_util::sync::CancellationToken,
 ) {
+    // Every request knows where its connection came from (the key check's loopback exemption).
+    let app = tower::ServiceExt::map_request(
+        app,
+        move |mut request: axum::http::Request<hyper::body::Incoming>| {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(remote));
+            request
+        },
+    );
     let service = hyper_util::service::TowerToHyperService::new(app);
     let conn = builder.serve_connection(TokioIo::new(tcp), service);
     tokio::pin!(conn);

@@ -14,6 +14,7 @@ pub mod join;
 pub mod keys;
 pub mod memory;
 pub mod models;
+pub mod settings;
 pub mod tasks;
 pub mod tools;
 

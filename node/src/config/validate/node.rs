@@ -325,6 +325,7 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         listen,
         api_keys: raw.api_keys,
         keys,
+        loopback_without_key: raw.loopback_without_key,
     })
 }
 

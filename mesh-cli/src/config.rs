@@ -32,7 +32,8 @@ pub(crate) enum ConfigCommand {
     /// show` lists the keys.
     Set {
         /// The key, as the config file spells it (`section.field`).
-        key: String,
+        #[arg(value_name = "KEY")]
+        setting: String,
         /// The value.
         value: String,
     },
@@ -40,7 +41,8 @@ pub(crate) enum ConfigCommand {
     /// once. Operators only.
     Unset {
         /// The key.
-        key: String,
+        #[arg(value_name = "KEY")]
+        setting: String,
     },
 }
 
@@ -109,9 +111,12 @@ pub(crate) async fn run(conn: &ConnArgs, command: ConfigCommand) -> anyhow::Resu
                 "\nset with `mesh-cli config set KEY VALUE` (applied at once, kept across restarts; wins over the config file), undo with `mesh-cli config unset KEY`"
             );
         }
-        ConfigCommand::Set { key, value } => {
+        ConfigCommand::Set { setting, value } => {
             let set = client
-                .set(pb::SettingsSetRequest { key, value })
+                .set(pb::SettingsSetRequest {
+                    key: setting,
+                    value,
+                })
                 .await
                 .map_err(fail("Settings.Set"))?
                 .into_inner();
@@ -125,9 +130,9 @@ pub(crate) async fn run(conn: &ConnArgs, command: ConfigCommand) -> anyhow::Resu
                 set.key, set.value_json, conn.node
             );
         }
-        ConfigCommand::Unset { key } => {
+        ConfigCommand::Unset { setting } => {
             let unset = client
-                .unset(pb::SettingsUnsetRequest { key })
+                .unset(pb::SettingsUnsetRequest { key: setting })
                 .await
                 .map_err(fail("Settings.Unset"))?
                 .into_inner();

@@ -400,13 +400,13 @@ impl ZeroConfig {
 
     /// `GET path` on its front door: the status code and the body.
     fn http_get(&self, path: &str) -> (u16, String) {
-        http(&self.data_dir, "GET", path, "")
+        http(&self.data_dir, path, None)
     }
 }
 
-/// One HTTP/1.1 request to the front door whose address `data_dir/http.addr` holds: the
-/// status code and the body.
-fn http(data_dir: &Path, method: &str, path: &str, body: &str) -> (u16, String) {
+/// One `GET path` to the front door whose address `data_dir/http.addr` holds, naming `host`
+/// (default: that address): the status code and the body.
+fn http(data_dir: &Path, path: &str, host: Option<&str>) -> (u16, String) {
     use std::io::{Read, Write};
     let file = data_dir.join("http.addr");
     let addr = wait_for("the front door", DEADLINE, || {
@@ -417,10 +417,10 @@ fn http(data_dir: &Path, method: &str, path: &str, body: &str) -> (u16, String) 
     })
     .expect("front door");
     let mut socket = std::net::TcpStream::connect(&addr).expect("connect to the front door");
+    let host = host.unwrap_or(&addr);
     write!(
         socket,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
     )
     .expect("send");
     let mut response = String::new();
@@ -619,4 +619,211 @@ fn a_device_revoked_by_name_is_shut_out_node_and_cli_and_rejoins_with_a_new_toke
     assert_eq!(revoked.len(), 2, "{certs}");
     assert_eq!(revoked.iter().filter(|r| **r).count(), 1, "{certs}");
     drop(homeserver);
+}
+
+/// The `settings` of `config show --json` as `home`'s operator sees them on `addr`, by key.
+fn settings(home: &Home, addr: &str) -> serde_json::Map<String, Value> {
+    let shown: Value =
+        serde_json::from_str(&cli_ok(home, &["--node", addr, "config", "show", "--json"]))
+            .expect("json");
+    shown["settings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some((s["key"].as_str()?.to_owned(), s.clone())))
+        .collect()
+}
+
+/// Issue 28, deliverable 2: a zero-config node is operated with mesh-cli alone. Its machine's
+/// own mesh-cli certificate (made by the node, found without flags) adds a front-door key
+/// (before, refused for want of `client_max_tier = "shell"` in a file that did not exist),
+/// and is told the first key closes every door, loopback included; another client
+/// certificate of the same CA is refused, naming what it needs, and so is its shell task,
+/// naming the command; runtime settings change the approval policy, the GPUs, the tier caps
+/// and the loopback exemption at once, a bad value is refused naming its key, and all of it
+/// survives a restart and wins over the file, which `config show` says.
+#[test]
+fn a_zero_config_node_is_operated_with_mesh_cli_alone_and_its_settings_survive_a_restart() {
+    let home = Home::new();
+    // The one setting of the file: approvals for `write` calls, which a runtime setting
+    // overrides below.
+    let file = "[approval]\ntiers = [\"write\"]\n";
+    let node = ZeroConfig::start(&home, "solo", &[], file);
+    let at = |node: &ZeroConfig, args: &[&str]| -> Vec<String> {
+        ["--node", node.addr.as_str()]
+            .iter()
+            .chain(args)
+            .map(|s| (*s).to_owned())
+            .collect()
+    };
+    let operator = |node: &ZeroConfig, args: &[&str]| {
+        let args = at(node, args);
+        home.cli(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    // Another client certificate of the node's CA (`ca issue` finds the CA without --dir).
+    cli_ok(
+        &home,
+        &["ca", "issue", "--role", "client", "--name", "guest"],
+    );
+    let tls = home.data_dir().join("tls");
+    let file_arg = |name: &str| tls.join(name).display().to_string();
+    let (ca, cert, key) = (
+        file_arg("ca.pem"),
+        file_arg("guest.pem"),
+        file_arg("guest.key"),
+    );
+    let guest = |node: &ZeroConfig, args: &[&str]| {
+        let mut full = vec!["--ca", &ca, "--cert", &cert, "--key", &key];
+        let args = at(node, args);
+        full.extend(args.iter().map(String::as_str));
+        home.cli(&full)
+    };
+    let stderr = |output: &Output| String::from_utf8_lossy(&output.stderr).into_owned();
+    for args in [
+        &["keys", "add", "sneaky"][..],
+        &["config", "set", "security.client_max_tier", "shell"],
+    ] {
+        let refused = guest(&node, args);
+        assert!(!refused.status.success(), "{args:?}");
+        let said = stderr(&refused);
+        assert!(said.contains("for the mesh's operators"), "{said}");
+        assert!(said.contains("guest"), "{said}");
+        assert!(
+            said.contains("mesh-cli config set security.client_max_tier shell"),
+            "{said}"
+        );
+    }
+    // The refusal of a task names the command, and no longer what the caller "asks for".
+    let refused = guest(&node, &["run", "--role", "chat", "--tier", "shell", "hi"]);
+    assert!(!refused.status.success());
+    let said = stderr(&refused);
+    assert!(
+        said.contains("mesh-cli config set security.client_max_tier shell"),
+        "{said}"
+    );
+    assert!(!said.contains("asks for"), "{said}");
+
+    // The door is open until the first key; the operator adds one, and is warned.
+    assert_eq!(node.http_get("/v1/models").0, 200);
+    let added = operator(&node, &["keys", "add", "first"]);
+    assert!(added.status.success(), "{}", stderr(&added));
+    let warning = stderr(&added);
+    assert!(
+        warning.contains("first front-door key")
+            && warning.contains("loopback included")
+            && warning.contains("mesh-cli config set http.loopback_without_key true"),
+        "{warning}"
+    );
+    assert_eq!(
+        node.http_get("/v1/models").0,
+        401,
+        "the loopback door is closed"
+    );
+    let second = operator(&node, &["keys", "add", "second"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert!(!stderr(&second).contains("first front-door key"));
+
+    // A bad value, or a key that is no runtime setting, is refused naming the key.
+    for (key, value, says) in [
+        (
+            "security.client_max_tier",
+            "root",
+            "`security.client_max_tier`",
+        ),
+        ("resources.gpus", "RTX 4090", "`resources.gpus[0]`"),
+        ("tasks.workers", "4", "not a runtime setting"),
+    ] {
+        let refused = operator(&node, &["config", "set", key, value]);
+        assert!(!refused.status.success(), "{key} {value}");
+        assert!(stderr(&refused).contains(says), "{}", stderr(&refused));
+    }
+
+    // Set at run time, applied at once.
+    let set = cli_ok(
+        &home,
+        &at(&node, &["config", "set", "approval.tiers", "shell"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        set.contains("applied now") && set.contains("wins over the config file"),
+        "{set}"
+    );
+    for (key, value) in [
+        ("resources.gpus", "RTX 4090:24576"),
+        ("http.loopback_without_key", "true"),
+        ("security.client_max_tier", "shell"),
+    ] {
+        let set = operator(&node, &["config", "set", key, value]);
+        assert!(set.status.success(), "{key}: {}", stderr(&set));
+    }
+    assert_eq!(
+        node.http_get("/v1/models").0,
+        200,
+        "loopback needs no key now"
+    );
+    // Not for a web page that rebound its own name to 127.0.0.1.
+    let rebound = http(&node.data_dir, "/v1/models", Some("rebound.example:7780"));
+    assert_eq!(rebound.0, 401, "{rebound:?}");
+    let gpus = |node: &ZeroConfig| -> Vec<String> {
+        let shown = operator(node, &["nodes", "show", "solo", "--json"]);
+        let shown: Value = serde_json::from_slice(&shown.stdout).unwrap_or(Value::Null);
+        shown["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["source"] == "declared")
+            .filter_map(|g| Some(format!("{} {}", g["name"].as_str()?, g["vram_mb"])))
+            .collect()
+    };
+    assert_eq!(gpus(&node), ["RTX 4090 24576"]);
+    // The guest's certificate may run `shell` now, so it is an operator here.
+    let now_allowed = guest(&node, &["keys", "add", "third"]);
+    assert!(now_allowed.status.success(), "{}", stderr(&now_allowed));
+
+    // Kept across a restart, winning over the file, and shown as such.
+    node.stop();
+    let node = ZeroConfig::start(&home, "solo", &[], file);
+    let shown = settings(&home, &node.addr);
+    let tiers = &shown["approval.tiers"];
+    assert_eq!(tiers["value"], serde_json::json!(["shell"]), "{tiers}");
+    assert_eq!(tiers["source"], "runtime");
+    assert_eq!(tiers["file"], serde_json::json!(["write"]));
+    assert_eq!(shown["security.client_max_tier"]["value"], "shell");
+    assert_eq!(shown["security.mcp_max_tier"]["source"], "default");
+    assert_eq!(shown["http.loopback_without_key"]["value"], true);
+    assert_eq!(gpus(&node), ["RTX 4090 24576"]);
+    assert_eq!(node.http_get("/v1/models").0, 200);
+    assert!(
+        node.log_text()
+            .contains("a runtime setting (`mesh-cli config set`) wins over the config file"),
+        "{}",
+        node.log_text()
+    );
+    let table = cli_ok(
+        &home,
+        &at(&node, &["config", "show"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("approval.tiers") && l.contains("wins over the config file")),
+        "{table}"
+    );
+
+    // Unset: the file's value again, at once.
+    let unset = operator(&node, &["config", "unset", "approval.tiers"]);
+    assert!(
+        String::from_utf8_lossy(&unset.stdout).contains(r#"["write"]"#),
+        "{}",
+        stderr(&unset)
+    );
+    let unset = operator(&node, &["config", "unset", "http.loopback_without_key"]);
+    assert!(unset.status.success(), "{}", stderr(&unset));
+    assert_eq!(node.http_get("/v1/models").0, 401);
 }

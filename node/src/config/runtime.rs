@@ -159,7 +159,7 @@ fn not_settable(origin: &Origin, key: &str) -> ConfigError {
         key,
         "is not a runtime setting".into(),
         &format!(
-            "runtime settings are {}; every other key is set in the config file (--config), and the node restarted",
+            "runtime settings are {}; every other key is set in the config file (--config) and takes effect when the node restarts",
             keys.join(", ")
         ),
     )
@@ -417,7 +417,10 @@ impl Config {
     /// This configuration with `runtime` laid over its file instead of the settings it has:
     /// every value checked again, as when the node starts. An error names the key.
     pub fn with_runtime(&self, runtime: RuntimeSettings) -> Result<Config, ConfigError> {
-        let origin = Origin::new(Some(runtime.path()));
+        let origin = Origin::named(&format!(
+            "{} (mesh-cli config set)",
+            runtime.path().display()
+        ));
         let raw: RawConfig = runtime
             .over(self.layers.file.clone())
             .try_into()

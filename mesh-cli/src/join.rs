@@ -12,7 +12,7 @@ use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand};
 use mesh_identity::{
     CertRole, bootstrap,
-    ca::{CA_CERT_FILE, CA_KEY_FILE, CaSigner, KeyType},
+    ca::KeyType,
     join::{FROM_STDIN, create_token, join_client, read_token},
 };
 use serde_json::json;
@@ -59,14 +59,8 @@ pub(crate) struct CreateArgs {
 
 /// `mesh-cli token create`.
 pub(crate) fn create(args: CreateArgs) -> anyhow::Result<()> {
-    let data_dir = bootstrap::default_data_dir();
-    let dir = match (args.dir, &data_dir) {
-        (Some(dir), _) => dir,
-        (None, Some(data_dir)) => bootstrap::tls_dir(data_dir),
-        (None, None) => return Err(anyhow!("this platform has no data dir: pass --dir")),
-    };
-    let ca = CaSigner::load(&dir.join(CA_CERT_FILE), &dir.join(CA_KEY_FILE))
-        .context("load the mesh CA (pass --dir DIR with ca.pem and ca.key)")?;
+    let dir = crate::ca::ca_dir(args.dir)?;
+    let ca = crate::ca::signer(&dir)?;
     let issuer = match args.issuer {
         Some(issuer) => issuer,
         None => local_issuer(&dir)?,

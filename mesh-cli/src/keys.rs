@@ -22,7 +22,9 @@ const KEY_PREFIX: &str = "sk-mesh-";
 pub(crate) enum KeysCommand {
     /// Make a new key, store its hash and policy in the fleet's memory, and print the key once
     /// (it cannot be shown again). Every node accepts it within seconds, without a restart.
-    /// Operators only: a client certificate the node lets run `shell` tasks.
+    /// The fleet's first key closes every front door to callers without a key, loopback
+    /// included (see `http.loopback_without_key`). Operators only: the mesh-cli certificate of
+    /// the node's own machine, or a client certificate the node lets run `shell` tasks.
     Add(AddArgs),
     /// Revoke a key added with `keys add`: every node refuses it within seconds.
     Rm {
@@ -220,9 +222,15 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                 .await
                 .map_err(fail("Keys.Add"))?
                 .into_inner();
+            if added.first {
+                eprintln!(
+                    "warning: this is the fleet's first front-door key: from now on every node's front door (/v1, /api, /mcp) refuses a request without a key, loopback included, except on a node set with `mesh-cli config set http.loopback_without_key true` (programs on that node's own machine then need none); give the key to every client"
+                );
+            }
             if args.json {
                 let mut out = info_json(&added);
                 out["key"] = json!(key);
+                out["first"] = json!(added.first);
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
                 show!(

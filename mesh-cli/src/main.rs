@@ -37,11 +37,13 @@ use std::{
 use anyhow::{Context, anyhow};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use mesh_domain::text::{LineBreaks, escape_controls};
-use mesh_identity::{CertRole, Dialer, MeshTls, OriginSigner, TlsFiles, bootstrap, ca};
+use mesh_identity::{Dialer, MeshTls, OriginSigner, TlsFiles, bootstrap};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
 
 mod approvals;
+mod ca;
+mod config;
 mod cron;
 mod join;
 mod keys;
@@ -122,13 +124,17 @@ enum Command {
     /// fleet, per model, against their budgets and rate limits.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// The node's runtime settings: tier caps, the approval policy, declared GPUs, the front
+    /// door's loopback exemption. Set without editing its config file or restarting it.
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
     /// Tool calls waiting for a person's approval (a node's `[approval]` policy): list them
     /// from any node, approve or deny one.
     #[command(subcommand)]
     Approvals(approvals::ApprovalsCommand),
-    /// Manage the mesh certificate authority.
+    /// The mesh certificate authority, where its key is: issue, list and revoke certificates.
     #[command(subcommand)]
-    Ca(CaCommand),
+    Ca(ca::CaCommand),
     /// Join tokens: add a device to the mesh with one line instead of certificate files.
     #[command(subcommand)]
     Token(join::TokenCommand),
@@ -163,69 +169,11 @@ enum NodesCommand {
     },
 }
 
-#[derive(Debug, Subcommand)]
-enum CaCommand {
-    /// Create a new mesh CA: writes DIR/ca.pem (give to every node) and DIR/ca.key (keep private).
-    Init {
-        /// Directory to write into (created if missing).
-        #[arg(long)]
-        dir: PathBuf,
-    },
-    /// Issue a certificate for a node or a client: writes DIR/NAME.pem and DIR/NAME.key.
-    ///
-    /// `--role node` for a device that runs mesh-node (it serves the mesh and calls other nodes;
-    /// it always covers NAME, localhost, 127.0.0.1 and ::1: add its other addresses with --san).
-    /// `--role client` for an operator's mesh-cli: it can call nodes but never serve as one, and
-    /// nodes cap its tasks at their `security.client_max_tier`.
-    Issue {
-        /// Directory holding ca.pem and ca.key.
-        #[arg(long)]
-        dir: PathBuf,
-        /// Node (or client) name.
-        #[arg(long)]
-        name: String,
-        /// What the certificate is for: `node` or `client`.
-        #[arg(long, value_parser = ["node", "client"])]
-        role: String,
-        /// Extra subject alternative name, IP address or DNS name; repeatable.
-        #[arg(long = "san", value_name = "IP_OR_DNS")]
-        sans: Vec<String>,
-        /// With `--role client`: write the certificate, its key (mode 0600) and the CA
-        /// certificate into this user's config dir (`~/.config/agentmesh`), where mesh-cli finds
-        /// them without flags, instead of DIR/NAME.pem and DIR/NAME.key.
-        #[arg(long, conflicts_with = "sans")]
-        install: bool,
-        /// The key's algorithm: `ed25519` (the default), or `p256` for a client whose TLS
-        /// offers no Ed25519 (Python's grpcio, on which `grpcio-reflection` runs).
-        #[arg(long, value_name = "TYPE", default_value = "ed25519", value_parser = ["ed25519", "p256"])]
-        key_type: String,
-        /// How long the certificate is valid, e.g. 8h or 30d (at most 825 days, the default).
-        /// Nodes refuse it once it expires and end its open connections and streams: a short
-        /// life suits a device lent for a day.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        ttl: Option<Duration>,
-    },
-    /// Revoke a node's or client's certificate: signs a revocation with DIR/ca.key and sends it
-    /// to the node (--node / MESH_NODE), which replicates it. Every node then refuses the
-    /// certificate, ends its connections and streams, drops it from its peers and ignores what
-    /// it writes from now on, also after restarts. It cannot be undone: issue a new certificate.
-    Revoke {
-        /// Directory holding ca.pem and ca.key (and NAME.pem when revoking by name).
-        #[arg(long)]
-        dir: PathBuf,
-        /// The certificate: its name (DIR/NAME.pem) or its id (64 hex digits, as `status` shows).
-        target: String,
-        /// Why, kept with the revocation for people.
-        #[arg(long, default_value = "")]
-        reason: String,
-    },
-}
-
 fn main() -> ExitCode {
     mesh_identity::install_crypto_provider();
     let cli = Cli::parse();
     // A node's certificate belongs in its config's [tls], not in an operator's config dir.
-    if let Command::Ca(CaCommand::Issue {
+    if let Command::Ca(ca::CaCommand::Issue {
         install: true,
         role,
         ..
@@ -243,8 +191,11 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime.block_on(async {
             let talks_to_a_node = !matches!(
                 cli.command,
-                Command::Ca(CaCommand::Init { .. } | CaCommand::Issue { .. })
-                    | Command::Token(_)
+                Command::Ca(
+                    ca::CaCommand::Init { .. }
+                        | ca::CaCommand::Issue { .. }
+                        | ca::CaCommand::Certs { .. }
+                ) | Command::Token(_)
                     | Command::Join { .. }
             );
             let dialer = dialer(&cli.conn).ok();
@@ -287,120 +238,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cron(command) => cron::run(&cli.conn, command).await,
         Command::Keys(command) => keys::run(&cli.conn, command).await,
         Command::Approvals(command) => approvals::run(&cli.conn, command).await,
+        Command::Config(command) => config::run(&cli.conn, command).await,
         Command::Token(join::TokenCommand::Create(args)) => join::create(args),
         Command::Join {
             token,
             name,
             key_type,
         } => {
-            let key_type: ca::KeyType = key_type.parse().map_err(|e: String| anyhow!(e))?;
+            let key_type: mesh_identity::ca::KeyType =
+                key_type.parse().map_err(|e: String| anyhow!(e))?;
             join::join(&token, name, key_type).await
         }
-        Command::Ca(CaCommand::Init { dir }) => {
-            let (cert, key) = ca::ca_init(&dir)?;
-            show!(
-                "created mesh CA\n  certificate: {}\n  private key: {}",
-                cert.display(),
-                key.display()
-            );
-            show!(
-                "next: mesh-cli ca issue --dir {} --role node --name <node>",
-                dir.display()
-            );
-            Ok(())
-        }
-        Command::Ca(CaCommand::Revoke {
-            dir,
-            target,
-            reason,
-        }) => revoke(&cli.conn, &dir, &target, reason).await,
-        Command::Ca(CaCommand::Issue {
-            dir,
-            name,
-            install: true,
-            key_type,
-            ttl,
-            ..
-        }) => {
-            let options = issue_options(&key_type, ttl)?;
-            let config_dir = bootstrap::user_config_dir().ok_or_else(|| {
-                anyhow!("this platform has no config dir to install into; use `ca issue` without --install and pass the files with --ca, --cert and --key")
-            })?;
-            let files = bootstrap::install_client(&dir, &name, &config_dir, options)?;
-            show!(
-                "installed client certificate for {name}; mesh-cli finds it without flags\n  CA certificate: {}\n  certificate:    {}\n  private key:    {}",
-                files.ca.display(),
-                files.cert.display(),
-                files.key.display()
-            );
-            Ok(())
-        }
-        Command::Ca(CaCommand::Issue {
-            dir,
-            name,
-            sans,
-            role,
-            install: false,
-            key_type,
-            ttl,
-        }) => {
-            let role: CertRole = role.parse().map_err(|e: String| anyhow!(e))?;
-            let options = issue_options(&key_type, ttl)?;
-            let (cert, key) = ca::issue_with(&dir, &name, &sans, role, options)?;
-            show!(
-                "issued {role} certificate for {name}\n  certificate: {}\n  private key: {}",
-                cert.display(),
-                key.display()
-            );
-            Ok(())
-        }
+        Command::Ca(command) => crate::ca::run(&cli.conn, command).await,
     }
-}
-
-/// What `ca issue --key-type --ttl` asks for.
-fn issue_options(key_type: &str, ttl: Option<Duration>) -> anyhow::Result<ca::IssueOptions> {
-    Ok(ca::IssueOptions {
-        key_type: key_type.parse().map_err(|e: String| anyhow!(e))?,
-        validity: ttl.unwrap_or(ca::CERT_VALIDITY),
-    })
-}
-
-/// `ca revoke`: signs the revocation of `target` with the CA in `dir` and sends it to the node.
-async fn revoke(
-    conn: &ConnArgs,
-    dir: &std::path::Path,
-    target: &str,
-    reason: String,
-) -> anyhow::Result<()> {
-    let id = mesh_identity::revocation::certificate_id(dir, target).with_context(|| {
-        format!("find the certificate `{target}` (give its name, as DIR/NAME.pem, or its 64-hex-digit id)")
-    })?;
-    let signer = ca::CaSigner::load(&dir.join(ca::CA_CERT_FILE), &dir.join(ca::CA_KEY_FILE))?;
-    let name = if id.as_str() == target {
-        id.short().to_owned()
-    } else {
-        target.to_owned()
-    };
-    let revocation = mesh_identity::Revocation {
-        id: id.clone(),
-        name: name.clone(),
-        revoked_at_ms: unix_ms(),
-        reason,
-    };
-    let signed = revocation.sign(&signer)?;
-    let mut client = pb::node_client::NodeClient::new(channel(conn).await?);
-    let response = client
-        .revoke(signed)
-        .await
-        .map_err(|s| anyhow!("Revoke on {}: {}: {}", conn.node, s.code(), s.message()))?
-        .into_inner();
-    let how = if response.new {
-        "revoked"
-    } else {
-        "already revoked"
-    };
-    show!("{how} {name} (id {id}); every node refuses it within seconds of hearing of it");
-    Ok(())
 }
 
 /// A channel to the node `conn` names.

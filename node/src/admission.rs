@@ -8,9 +8,11 @@
 //!
 //! It decides only: it runs, queues and forwards nothing (that is `tasks` and `chat`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use mesh_domain::{CertRole, Principal, Requirements, Target, TaskSpec, Tier};
+use mesh_domain::{
+    CertRole, NodeId, Principal, Requirements, Target, TaskSpec, Tier, sync::MutexExt,
+};
 
 use crate::{
     capabilities::Capabilities,
@@ -138,7 +140,8 @@ pub enum AdmissionError {
     },
     /// It asks this node for more than it allows its caller.
     #[error(
-        "this node runs tasks from this caller up to tier `{cap}` and this one asks for `{asked}` ({setting})"
+        "this node runs tasks from this caller up to tier `{cap}` ({setting}), and this one needs `{asked}`{}",
+        raise_with(setting, *asked)
     )]
     TierCap {
         /// What this node allows.
@@ -169,6 +172,24 @@ pub enum AdmissionError {
     CannotEmbed(String),
 }
 
+/// How an operator raises the cap `setting` to `tier`, when a command can.
+fn raise_with(setting: &str, tier: Tier) -> String {
+    if setting.starts_with("security.") {
+        format!(
+            "; an operator of this node can allow it with `mesh-cli config set {setting} {tier}`"
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// Why a certificate may not change this node's settings or the fleet's front-door keys.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "changing a node's runtime settings and the fleet's front-door keys is for the mesh's operators: the mesh-cli certificate of the node's own machine (the one a zero-config node made in its data dir, or the one `mesh-cli join` wrote for the user it runs as), or a client certificate the node lets run `shell` tasks (security.client_max_tier = \"shell\", which an operator sets with `mesh-cli config set security.client_max_tier shell`); {0}"
+)]
+pub struct OperatorError(String);
+
 /// Why a certificate may not approve or deny a tool call waiting for approval.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApproverError {
@@ -195,11 +216,11 @@ pub enum ApproverError {
 pub struct Admission {
     caps: Arc<Capabilities>,
     peers: Arc<PeerTable>,
-    /// `security.client_max_tier` (`remote_max_tier` is advertised, so it is read from the
-    /// capabilities).
-    client_max_tier: Tier,
-    /// `security.mcp_max_tier`.
-    mcp_max_tier: Tier,
+    /// `security.client_max_tier` and `security.mcp_max_tier`, which runtime settings change
+    /// (`remote_max_tier` is advertised, so it is read from the capabilities).
+    tiers: Mutex<(Tier, Tier)>,
+    /// The client certificates of this node's own machine (see [`Admission::may_operate`]).
+    operators: Vec<NodeId>,
 }
 
 impl Admission {
@@ -209,26 +230,59 @@ impl Admission {
         Self {
             caps,
             peers,
-            client_max_tier,
-            mcp_max_tier: Tier::Read,
+            tiers: Mutex::new((client_max_tier, Tier::Read)),
+            operators: Vec::new(),
         }
     }
 
     /// The same door with `security.mcp_max_tier`.
     pub fn with_mcp_max_tier(self, mcp_max_tier: Tier) -> Self {
-        Self {
-            mcp_max_tier,
-            ..self
-        }
+        self.tiers.lock_unpoisoned().1 = mcp_max_tier;
+        self
+    }
+
+    /// The same door with `operators`, the ids of this node's own machine's client
+    /// certificates.
+    pub fn with_operators(self, operators: Vec<NodeId>) -> Self {
+        Self { operators, ..self }
+    }
+
+    /// Changes `security.client_max_tier` and `security.mcp_max_tier` (a runtime setting).
+    pub fn set_tiers(&self, client_max_tier: Tier, mcp_max_tier: Tier) {
+        *self.tiers.lock_unpoisoned() = (client_max_tier, mcp_max_tier);
     }
 
     /// This node's policy.
     pub fn policy(&self) -> Policy {
+        let (client_max_tier, mcp_max_tier) = *self.tiers.lock_unpoisoned();
         Policy {
-            remote_max_tier: self.caps.snapshot().remote_max_tier,
-            client_max_tier: self.client_max_tier,
-            mcp_max_tier: self.mcp_max_tier,
+            remote_max_tier: self.caps.remote_max_tier(),
+            client_max_tier,
+            mcp_max_tier,
         }
+    }
+
+    /// Whether `who` may change this node's runtime settings and the fleet's front-door keys:
+    /// an operator. That is a client certificate of this node's own machine (whoever holds
+    /// its key is the user the node runs as, who owns the node's data dir and config anyway),
+    /// or one this node lets run `shell` tasks (which could change anything here through a
+    /// task). The one decision about operators: `rpc::keys` and `rpc::settings` ask it.
+    pub fn may_operate(&self, who: &Principal) -> Result<(), OperatorError> {
+        if who.role != Some(CertRole::Client) {
+            return Err(OperatorError(format!(
+                "this caller presents {who}, which is not a client certificate"
+            )));
+        }
+        if self.operators.contains(&who.id) {
+            return Ok(());
+        }
+        self.allows(Tier::Shell, &Caller::Certificate(who.clone()), None)
+            .map_err(|_| {
+                let (client, _) = *self.tiers.lock_unpoisoned();
+                OperatorError(format!(
+                    "{who} is neither: it is not of this node's machine, and this node lets client certificates run up to `{client}` (security.client_max_tier)"
+                ))
+            })
     }
 
     /// Whether a task at `tier` that reached this node as `caller`, started by `starter`, may

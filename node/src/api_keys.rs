@@ -26,7 +26,10 @@
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use chrono::{DateTime, Datelike, Months, NaiveDate, Utc};
@@ -456,6 +459,8 @@ pub struct Keys {
     /// Held while this node reads and rewrites its own usage records: an admission's check and
     /// its count must not interleave with another's on this node.
     counting: tokio::sync::Mutex<()>,
+    /// `http.loopback_without_key` (a runtime setting): a caller on this machine needs no key.
+    loopback_without_key: AtomicBool,
 }
 
 /// SHA-256 of a key.
@@ -493,7 +498,23 @@ impl Keys {
             memory,
             configured,
             counting: tokio::sync::Mutex::new(()),
+            loopback_without_key: AtomicBool::new(http.loopback_without_key),
         })
+    }
+
+    /// Changes `http.loopback_without_key` (a runtime setting).
+    pub fn set_loopback_without_key(&self, exempt: bool) {
+        self.loopback_without_key.store(exempt, Ordering::Relaxed);
+    }
+
+    /// Whether a request from a caller on this machine (`loopback`) or elsewhere needs a key:
+    /// [`Keys::required`], unless the caller is on this machine and `http.loopback_without_key`
+    /// lets it in.
+    pub fn required_from(&self, loopback: bool) -> Result<bool, MemoryError> {
+        if loopback && self.loopback_without_key.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        self.required()
     }
 
     /// Whether the front door needs a key: one is configured here, or the fleet ever added
@@ -584,7 +605,9 @@ impl Keys {
     /// Adds a key known by its SHA-256 (`sha256_hex`, 64 hex digits): the key itself never
     /// reaches the node. With a CA, `grant` must be the caller's (`by`) own signed
     /// [`KeyStatement`] of this name, hash and policy, signed now; it is stored with the key,
-    /// and every node checks it before it stores the key (the memory's writer rules).
+    /// and every node checks it before it stores the key (the memory's writer rules). Also
+    /// says whether it is the first key the front doors need (from now on every one of them
+    /// needs a key).
     pub async fn add(
         &self,
         name: &str,
@@ -592,7 +615,7 @@ impl Keys {
         policy: KeyPolicy,
         by: Option<&Principal>,
         grant: Option<Signed>,
-    ) -> Result<KeyInfo, KeysError> {
+    ) -> Result<(KeyInfo, bool), KeysError> {
         check_key_name(name).map_err(KeysError::Invalid)?;
         let hash = hex::decode(sha256_hex)
             .ok()
@@ -616,19 +639,21 @@ impl Keys {
             created_ms: unix_ms(),
             grant,
         };
-        if !self.required()? {
+        let first = !self.required()?;
+        if first {
             self.memory
                 .put(HTTP_KEYS, KEYS_REQUIRED, Some(b"1".to_vec()))
                 .await?;
         }
         let value = serde_json::to_vec(&stored).expect("a key serialises");
         self.memory.put(HTTP_KEYS, name, Some(value)).await?;
-        Ok(KeyInfo {
+        let info = KeyInfo {
             name: name.to_owned(),
             source: KeySource::Runtime,
             policy: stored.policy,
             created_ms: stored.created_ms,
-        })
+        };
+        Ok((info, first))
     }
 
     /// The statement a key is stored with: with a CA, `by`'s own signed statement of exactly
@@ -1241,6 +1266,7 @@ mod tests {
             allowed_origins: Vec::new(),
             unknown_fields: crate::config::UnknownFields::default(),
             model_aliases: Vec::new(),
+            loopback_without_key: false,
         }
     }
 
@@ -1725,7 +1751,7 @@ mod tests {
         let fleet = Fleet::new(&config, "runtime");
         assert!(fleet.a.authenticate("sk-mesh-new").expect("read").is_none());
         let hash = hex::encode(key_sha256("sk-mesh-new"));
-        let info = fleet
+        let (info, first) = fleet
             .a
             .add(
                 "new",
@@ -1740,6 +1766,7 @@ mod tests {
             .await
             .expect("added");
         assert_eq!(info.source, KeySource::Runtime);
+        assert!(!first, "the node's config has keys already");
         fleet.replicate(&fleet.a, &fleet.b).await;
         let grant = fleet
             .b
@@ -1845,11 +1872,12 @@ mod tests {
         let fleet = Fleet::new(&http(Vec::new(), &[]), "required");
         assert!(!fleet.a.required().expect("read"), "no keys: open");
         let hash = hex::encode(key_sha256("sk-mesh-only"));
-        fleet
+        let (_, first) = fleet
             .a
             .add("only", &hash, KeyPolicy::default(), None, None)
             .await
             .expect("add");
+        assert!(first, "the first key closes the door");
         fleet.replicate(&fleet.a, &fleet.b).await;
         assert!(fleet.b.required().expect("read"));
         fleet.b.remove("only").await.expect("remove");
@@ -1859,6 +1887,17 @@ mod tests {
             assert!(keys.authenticate("sk-mesh-only").expect("read").is_none());
             assert!(keys.list().expect("list").is_empty());
         }
+        let (_, first) = fleet
+            .a
+            .add("again", &hash, KeyPolicy::default(), None, None)
+            .await
+            .expect("add");
+        assert!(!first, "the door was closed already");
+        // A caller on the node's own machine needs a key too, unless the node says otherwise.
+        assert!(fleet.a.required_from(true).expect("read"));
+        fleet.a.set_loopback_without_key(true);
+        assert!(!fleet.a.required_from(true).expect("read"));
+        assert!(fleet.a.required_from(false).expect("read"), "only loopback");
     }
 
     #[tokio::test]

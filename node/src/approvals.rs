@@ -295,7 +295,8 @@ struct Inner {
     memory: Arc<Memory>,
     /// Decides who may approve.
     admission: Arc<Admission>,
-    policy: Policy,
+    /// `[approval]`, which runtime settings change.
+    policy: Mutex<Policy>,
     /// This node's name, written into its approvals.
     node: String,
     /// Whether callers present certificates (false in insecure mode: decisions carry no
@@ -318,7 +319,7 @@ impl Approvals {
             inner: Arc::new(Inner {
                 memory,
                 admission,
-                policy: Policy::new(config),
+                policy: Mutex::new(Policy::new(config)),
                 node,
                 tls,
                 pending: Mutex::default(),
@@ -326,15 +327,22 @@ impl Approvals {
         }
     }
 
-    /// Which calls need approval here.
-    pub fn policy(&self) -> &Policy {
-        &self.inner.policy
+    /// Which calls need approval here, now.
+    pub fn policy(&self) -> Policy {
+        self.inner.policy.lock_unpoisoned().clone()
+    }
+
+    /// Changes which calls need approval here (a runtime setting); calls already waiting keep
+    /// the timeout they were given.
+    pub fn set_policy(&self, config: ApprovalConfig) {
+        *self.inner.policy.lock_unpoisoned() = Policy::new(config);
     }
 
     /// Asks for approval of `call`: stores the request, which replicates, and returns what to
     /// wait on. Refused when `approval.max_pending` calls wait here already.
     pub async fn request(&self, call: Call<'_>) -> Result<Pending, ApprovalError> {
-        let max = self.inner.policy.config.max_pending;
+        let policy = self.policy();
+        let max = policy.config.max_pending;
         let own = self.inner.memory.own_id();
         // Its id names this node: no other node can write at it (the memory's writer rules).
         let id = tagged_uuid(own).to_string();
@@ -347,7 +355,7 @@ impl Approvals {
         }
         // From here a drop of `Pending` frees the slot (and marks the record cancelled).
         let now = now_ms();
-        let timeout = u64::try_from(self.inner.policy.timeout().as_millis()).unwrap_or(u64::MAX);
+        let timeout = u64::try_from(policy.timeout().as_millis()).unwrap_or(u64::MAX);
         let mut pending = Pending {
             approvals: self.clone(),
             record: Approval {
@@ -779,7 +787,11 @@ impl Pending {
                 () = tokio::time::sleep_until(expiry) => true,
             };
             if expired {
-                let seconds = approvals.inner.policy.timeout().as_secs();
+                let seconds = self
+                    .record
+                    .expires_ms
+                    .saturating_sub(self.record.created_ms)
+                    / 1000;
                 self.record.status = Status::Expired;
                 break Outcome {
                     approved: false,

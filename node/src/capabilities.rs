@@ -17,12 +17,12 @@ use std::{
 
 use mesh_domain::{
     Gpu, Health, HealthStatus, Load, McpToolInfo, ModelInfo, NodeId, NodeInfo, PersonaInfo,
-    Resources, sync::MutexExt, time::unix_ms,
+    Resources, Tier, sync::MutexExt, time::unix_ms,
 };
 use tokio::{process::Command, sync::watch};
 
 use crate::{
-    config::{Backend, Config},
+    config::{Backend, Config, GpuDecl},
     supervise::LoopHealth,
 };
 
@@ -86,7 +86,10 @@ impl SystemFigures {
 #[derive(Debug)]
 pub struct Capabilities {
     base: NodeInfo,
-    declared_gpus: Vec<Gpu>,
+    /// `resources.gpus` (a runtime setting).
+    declared_gpus: Mutex<Vec<Gpu>>,
+    /// `security.remote_max_tier` (a runtime setting), advertised.
+    remote_max_tier: Mutex<Tier>,
     load: Arc<LoadGauge>,
     /// Failing checks by component (`tls`, `mdns`, `data_dir`, …) → (status, reason).
     checks: Mutex<BTreeMap<String, (HealthStatus, String)>>,
@@ -115,16 +118,7 @@ impl LoopHealth for Capabilities {
 impl Capabilities {
     /// Builds the static part from config.
     pub fn new(config: &Config, id: NodeId, cert_fingerprint: String, addrs: Vec<String>) -> Self {
-        let declared_gpus = config
-            .gpus
-            .iter()
-            .map(|gpu| Gpu {
-                name: gpu.name.clone(),
-                vram_mb: gpu.vram_mb,
-                vram_free_mb: None,
-                source: "declared".into(),
-            })
-            .collect();
+        let declared_gpus = declared(&config.gpus);
         let models = config
             .models
             .iter()
@@ -178,7 +172,8 @@ impl Capabilities {
         };
         Self {
             base,
-            declared_gpus,
+            declared_gpus: Mutex::new(declared_gpus),
+            remote_max_tier: Mutex::new(config.remote_max_tier),
             load: Arc::default(),
             checks: Mutex::default(),
             probed_gpus: Mutex::default(),
@@ -246,6 +241,19 @@ impl Capabilities {
         self.load.clone()
     }
 
+    /// `security.remote_max_tier`, as this node advertises it.
+    pub fn remote_max_tier(&self) -> Tier {
+        *self.remote_max_tier.lock_unpoisoned()
+    }
+
+    /// Changes what the runtime settings change here, `security.remote_max_tier` and
+    /// `resources.gpus`, and tells watchers (so the fleet learns them at once).
+    pub fn set_runtime(&self, remote_max_tier: Tier, gpus: &[GpuDecl]) {
+        *self.remote_max_tier.lock_unpoisoned() = remote_max_tier;
+        *self.declared_gpus.lock_unpoisoned() = declared(gpus);
+        self.notify();
+    }
+
     /// Records the outcome of a health check; `None` clears it.
     pub fn set_check(&self, component: &str, failure: Option<(HealthStatus, String)>) {
         let mut checks = self.checks.lock_unpoisoned();
@@ -300,8 +308,9 @@ impl Capabilities {
             info.resources.cpu_load = system.load;
         }
         let mut gpus = self.probed_gpus.lock_unpoisoned().clone();
-        gpus.extend(self.declared_gpus.iter().cloned());
+        gpus.extend(self.declared_gpus.lock_unpoisoned().iter().cloned());
         info.resources.gpus = gpus;
+        info.remote_max_tier = self.remote_max_tier();
         info.load = self.load.get();
         info.health = self.health();
         info.memory_seq = self
@@ -332,6 +341,18 @@ impl Capabilities {
             self.notify();
         }
     }
+}
+
+/// GPUs declared in the config, as advertised.
+fn declared(gpus: &[GpuDecl]) -> Vec<Gpu> {
+    gpus.iter()
+        .map(|gpu| Gpu {
+            name: gpu.name.clone(),
+            vram_mb: gpu.vram_mb,
+            vram_free_mb: None,
+            source: "declared".into(),
+        })
+        .collect()
 }
 
 /// Runs `nvidia-smi` with a timeout; `None` when it is absent or fails.

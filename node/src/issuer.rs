@@ -8,6 +8,8 @@
 //! and no more. The certificate gets the token's role and the name the joiner asks for; only the
 //! public key comes from the CSR. A node certificate is not issued for a name this node or a live
 //! member holds ([`PeerTable::holder_of`]): its holder's peers would refuse the newcomer anyway.
+//! Every certificate it hands out is first recorded in the CA's dir (`mesh_identity::issued`), so
+//! `mesh-cli ca certs` lists it and `ca revoke` finds it by name.
 //!
 //! Attempts are limited where they cost something, never before: a secret's MAC is checked
 //! first (an HMAC, cheaper than keeping count), so callers without a genuine token cannot spend
@@ -98,6 +100,9 @@ pub enum RedeemError {
     /// The redemption count could not be kept.
     #[error("cannot record the redemption: {0}")]
     Store(#[from] StoreError),
+    /// The CA's record of issued certificates could not be kept (`<CA dir>/issued`).
+    #[error("the issuer cannot record the certificate it would issue: {0}")]
+    Record(TlsError),
 }
 
 impl RedeemError {
@@ -110,7 +115,7 @@ impl RedeemError {
             Self::Expired { .. } => "expired",
             Self::UsedUp { .. } => "used_up",
             Self::Busy => "busy",
-            Self::Store(_) => "store",
+            Self::Store(_) | Self::Record(_) => "store",
         }
     }
 }
@@ -357,7 +362,15 @@ impl Issuer {
                 TlsError::BadName(_) => RedeemError::BadRequest(format!("name: {e}")),
                 e => RedeemError::BadRequest(format!("csr_pem: {e}")),
             })?;
-        self.count_use(&secret, now).await?;
+        // Recorded before the use is counted, so no certificate leaves that `mesh-cli ca
+        // certs` cannot list; forgotten again when the token turns out to be used up.
+        let id = self.ca.record(&cert_pem).map_err(RedeemError::Record)?;
+        if let Err(e) = self.count_use(&secret, now).await {
+            if let Err(forget) = self.ca.forget(&id) {
+                tracing::warn!(error = %forget, "drop the record of a certificate not handed out");
+            }
+            return Err(e);
+        }
         Ok(Issued {
             cert_pem,
             role: claims.role,
@@ -501,6 +514,14 @@ mod tests {
             .expect_err("used up");
         assert!(matches!(err, RedeemError::UsedUp { uses: 2 }), "{err}");
         assert!(err.to_string().contains("already been used"), "{err}");
+        // The CA recorded what it handed out, and not the refused third.
+        let names: Vec<String> = mesh_identity::issued::list(&f.ca_dir)
+            .expect("records")
+            .into_iter()
+            .map(|cert| cert.name)
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names.contains(&"one".to_owned()) && names.contains(&"two".to_owned()));
     }
 
     #[tokio::test]

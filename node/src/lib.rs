@@ -28,7 +28,8 @@
 //!    the supervisor, the tool table; reports through `EventSink`), [`cron`] (schedules; fires
 //!    through `Runner`), [`issuer`] (redeems join tokens for certificates on a node with the CA
 //!    key), [`approvals`] (approval gates: which tool calls wait for a person, kept in the
-//!    memory so any node can decide them).
+//!    memory so any node can decide them), [`settings`] (the runtime settings `mesh-cli config
+//!    set` changes: checked as the config file is, kept in the data dir, applied at once).
 //! 4. [`tasks`] (the task manager: queue, workers, events, history, forwarding through
 //!    `Forwarder`).
 //! 5. [`rpc`] and [`http`]: the edges, protobuf and JSON in, domain types out; they implement
@@ -66,6 +67,7 @@ pub mod process;
 pub mod router;
 pub mod rpc;
 pub mod server;
+pub mod settings;
 pub mod storage;
 pub mod supervise;
 pub mod tasks;

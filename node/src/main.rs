@@ -55,9 +55,11 @@ struct Args {
     /// is): generates this node's key here, gets its certificate from the issuer the token
     /// names (checking that issuer's CA against the token's pin first), stores both in
     /// `<data-dir>/tls`, and starts. Later starts need no token; with one again it does nothing
-    /// when the data dir already belongs to that mesh. `--join -` reads the token from standard
-    /// input; with MESH_JOIN_TOKEN set, `--join` is not needed. Both keep the token out of `ps`
-    /// and the shell's history, where a token given here shows.
+    /// when the data dir already belongs to that mesh, unless the issuer refuses the
+    /// certificate there as revoked: then the node joins again with the token (the revoked
+    /// certificate and key are kept as `NAME.pem.revoked` and `NAME.key.revoked`). `--join -`
+    /// reads the token from standard input; with MESH_JOIN_TOKEN set, `--join` is not needed.
+    /// Both keep the token out of `ps` and the shell's history, where a token given here shows.
     #[arg(
         long,
         value_name = "TOKEN",
@@ -160,6 +162,12 @@ async fn run(config: Config, join: Option<JoinToken>) -> anyhow::Result<()> {
             }
             NodeJoin::AlreadyMember => tracing::info!(
                 "this data dir already holds a certificate from the token's mesh; --join does nothing"
+            ),
+            NodeJoin::Rejoined { set_aside } => tracing::warn!(
+                issuer = %token.issuer,
+                name = %config.name,
+                set_aside = ?set_aside,
+                "this node's certificate was revoked by the mesh CA; joined the mesh again with the token (a new key and certificate; the revoked ones are kept aside)"
             ),
         }
     }

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use mesh_domain::{HealthStatus, NodeId};
+use mesh_domain::{HealthStatus, NodeId, PeerState};
 use mesh_identity::{
     CertIdentity, CertRole, Dialer, MeshTls, OriginSigner, OriginVerifier, RevokedSet, TlsError,
     TlsFiles, bootstrap,
@@ -59,9 +59,11 @@ use crate::{
         keys::KeysService,
         memory::{MemoryService, RemoteMemory},
         models::{ModelsService, RemoteModels},
+        settings::SettingsService,
         tasks::{RemoteTasks, TasksService},
         tools::{RemoteToolsClient, ToolsService},
     },
+    settings::{Settings, Targets},
     storage::{self, SledStore, Store},
     supervise::{Backoff, Supervisor, no_error},
     tasks::{TaskManager, TaskParts},
@@ -369,7 +371,7 @@ impl Node {
         }
         let mut sources: Vec<Arc<dyn Discovery>> = Vec::new();
         if !static_peers.is_empty() {
-            sources.push(Arc::new(StaticPeers::new(static_peers)));
+            sources.push(Arc::new(StaticPeers::new(static_peers.clone())));
         }
         if config.discovery.mdns {
             let advert = Advert {
@@ -445,9 +447,19 @@ impl Node {
         // A peer whose certificate is revoked (loaded at start, or learned from any path) leaves
         // the table's live rows at once; its session ends at its next beat.
         {
-            let (revoked, peers) = (memory.revoked().clone(), peers.clone());
+            let (revoked, peers, caps) = (memory.revoked().clone(), peers.clone(), caps.clone());
+            let probe = Arc::new(RevocationProbe {
+                dialer: dialer.clone(),
+                addrs: static_peers.clone(),
+            });
             supervisor.spawn("revocations", background.clone(), move |cancel| {
-                no_error(mark_revoked(revoked.clone(), peers.clone(), cancel))
+                no_error(follow_revocations(
+                    revoked.clone(),
+                    peers.clone(),
+                    caps.clone(),
+                    probe.clone(),
+                    cancel,
+                ))
             });
         }
         // Discovery starts only now that the memory has loaded the revocations into the
@@ -479,9 +491,23 @@ impl Node {
             });
         }
         // One door for every task and chat, whichever way it comes.
+        // The client certificates of this node's own machine are its operators (they may
+        // change its settings and the fleet's front-door keys); there are none without TLS.
+        let operators = match &mesh_tls {
+            Some(_) => bootstrap::operator_certificates(&config.data_dir),
+            None => Vec::new(),
+        };
+        for operator in &operators {
+            tracing::info!(
+                operator = operator.common_name.as_deref().unwrap_or_default(),
+                id = %operator.id.short(),
+                "this machine's client certificate operates this node: it may change its settings (mesh-cli config) and the fleet's front-door keys"
+            );
+        }
         let admission = Arc::new(
             Admission::new(caps.clone(), peers.clone(), config.client_max_tier)
-                .with_mcp_max_tier(config.mcp_max_tier),
+                .with_mcp_max_tier(config.mcp_max_tier)
+                .with_operators(operators.into_iter().map(|o| o.id).collect()),
         );
         // This node's MCP servers, each kept connected by a supervised loop (restarted with
         // back-off, named in the health while down); their tools are advertised to the fleet.
@@ -703,6 +729,17 @@ impl Node {
             }
         }
 
+        // `mesh-cli config set`: checked, kept in the data dir, applied to these at once.
+        let settings = Arc::new(Settings::new(
+            config.clone(),
+            Targets {
+                admission: admission.clone(),
+                caps: caps.clone(),
+                scheduler: scheduler.clone(),
+                approvals: approvals.clone(),
+                keys: keys.clone(),
+            },
+        ));
         let router = builder
             .add_service(health_service)
             .add_service(reflection)
@@ -717,6 +754,9 @@ impl Node {
                 KeysService::new(keys, admission.clone(), mesh_tls.is_some()).into_server(),
             )
             .add_service(ApprovalsService::new(approvals.clone(), mesh_tls.is_some()).into_server())
+            .add_service(
+                SettingsService::new(settings, admission.clone(), mesh_tls.is_some()).into_server(),
+            )
             .add_service(MemoryService::new(memory, mesh_tls.is_some()).into_server())
             .add_service(
                 ToolsService::new(mcp_hub, admission.clone(), approvals, mesh_tls.is_some())
@@ -1133,16 +1173,76 @@ async fn probe_models(
     }
 }
 
-/// Marks every revoked certificate's peer row `revoked`, now and after every new revocation.
-async fn mark_revoked(revoked: RevokedSet, peers: Arc<PeerTable>, stop: CancellationToken) {
+/// What a node whose own certificate was revoked says, in its health (`certificate: …`) and
+/// its log.
+pub const OWN_CERTIFICATE_REVOKED: &str = "this node's certificate was revoked by the mesh CA, so the fleet refuses it; to rejoin, run `mesh-cli token create` where the CA key is and restart this node with `mesh-node --join TOKEN`";
+
+/// How often a node with no peer up asks the nodes it dials at start whether they refuse its
+/// certificate as revoked.
+const REVOCATION_PROBE_INTERVAL: Duration = Duration::from_secs(10);
+/// Most of those nodes asked in one round.
+const REVOCATION_PROBES: usize = 4;
+
+/// Where a node that hears from nobody asks whether its certificate was revoked: the static
+/// peers and the issuer it joined with (a revoked node's datagrams are dropped in silence,
+/// but a TLS handshake is refused with `certificate_revoked`).
+struct RevocationProbe {
+    dialer: Dialer,
+    addrs: Vec<String>,
+}
+
+impl RevocationProbe {
+    /// The first address whose node refuses this node's certificate as revoked.
+    async fn refused_at(&self) -> Option<&str> {
+        for addr in self.addrs.iter().take(REVOCATION_PROBES) {
+            if self.dialer.certificate_refusal(addr).await
+                == Some(mesh_identity::CertificateRefusal::Revoked)
+            {
+                return Some(addr);
+            }
+        }
+        None
+    }
+}
+
+/// Marks every revoked certificate's peer row `revoked`, now and after every new revocation;
+/// and finds out whether this node's own certificate was revoked, from a revocation it holds
+/// or, while no peer is up, from `probe`. A revoked node is `unhealthy` and says so once.
+async fn follow_revocations(
+    revoked: RevokedSet,
+    peers: Arc<PeerTable>,
+    caps: Arc<Capabilities>,
+    probe: Arc<RevocationProbe>,
+    stop: CancellationToken,
+) {
     let mut changed = revoked.subscribe();
+    let mut tick = tokio::time::interval(REVOCATION_PROBE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut own_revoked = false;
+    let learn = |how: &str| {
+        tracing::warn!(how, "{OWN_CERTIFICATE_REVOKED}");
+        caps.set_check(
+            "certificate",
+            Some((HealthStatus::Unhealthy, OWN_CERTIFICATE_REVOKED.to_owned())),
+        );
+        true
+    };
     loop {
         for revocation in revoked.list() {
             peers.revoke(&revocation.id);
         }
+        if !own_revoked && revoked.contains(caps.id()) {
+            own_revoked = learn("a revocation signed by the mesh CA reached this node");
+        }
         tokio::select! {
             () = stop.cancelled() => return,
             result = changed.changed() => if result.is_err() { return },
+            _ = tick.tick() => {
+                let alone = !peers.snapshot().iter().any(|p| p.state == PeerState::Up);
+                if !own_revoked && alone && let Some(addr) = probe.refused_at().await {
+                    own_revoked = learn(&format!("{addr} refuses this node's certificate as revoked"));
+                }
+            }
         }
     }
 }
@@ -1205,6 +1305,7 @@ mod tests {
             fingerprint: String::new(),
             common_name: issued.map(str::to_owned),
             role: Some(CertRole::Node),
+            not_before: 0,
             not_after: 0,
         };
         (config, certificate)

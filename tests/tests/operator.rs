@@ -318,3 +318,512 @@ fn a_node_names_a_node_of_another_mesh_once_with_the_way_to_bring_it_in() {
         "{status}"
     );
 }
+
+/// A zero-config `mesh-node` of one home: no certificate files, its data in the home's data
+/// dir, on an ephemeral loopback port with mDNS off. The one file it is given holds only
+/// `http.listen` (an ephemeral port, so tests running at once do not race for 7780) and
+/// whatever `extra` adds.
+struct ZeroConfig {
+    node: OwnNode,
+    addr: String,
+    log: PathBuf,
+    data_dir: PathBuf,
+}
+
+impl ZeroConfig {
+    /// Starts `name` as `home`'s user with `args` (e.g. `--join TOKEN`) and waits until it
+    /// listens.
+    fn start(home: &Home, name: &str, args: &[&str], extra: &str) -> Self {
+        let data_dir = home.data_dir();
+        let _ = std::fs::remove_file(data_dir.join("node.addr"));
+        let _ = std::fs::remove_file(data_dir.join("http.addr"));
+        let config = home.dir.path().join("node.toml");
+        std::fs::write(
+            &config,
+            format!("[http]\nlisten = \"127.0.0.1:0\"\n{extra}"),
+        )
+        .expect("config");
+        // Appended to across restarts, so a test reads everything the node said.
+        let log = home.dir.path().join(format!("{name}.log"));
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log");
+        let mut child = home
+            .command(Command::new(bin("mesh-node")))
+            .args(["--name", name, "--listen", "127.0.0.1:0", "--no-mdns"])
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .env("RUST_LOG", "info,mesh_node=debug")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start mesh-node");
+        let addr_file = data_dir.join("node.addr");
+        let addr = wait_for(&format!("{name} to listen"), DEADLINE, || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "{name} exited with {status}:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            std::fs::read_to_string(&addr_file)
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", std::fs::read_to_string(&log).unwrap_or_default()));
+        Self {
+            node: OwnNode(child),
+            addr,
+            log,
+            data_dir,
+        }
+    }
+
+    /// Stops the node with SIGTERM and waits for it to exit.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.node.0.id().to_string()])
+            .status();
+        wait_for("the node to exit", DEADLINE, || {
+            self.node.0.try_wait().ok().flatten()
+        })
+        .expect("stopped");
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `GET path` on its front door: the status code and the body.
+    fn http_get(&self, path: &str) -> (u16, String) {
+        http(&self.data_dir, path, None)
+    }
+}
+
+/// One `GET path` to the front door whose address `data_dir/http.addr` holds, naming `host`
+/// (default: that address): the status code and the body.
+fn http(data_dir: &Path, path: &str, host: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let file = data_dir.join("http.addr");
+    let addr = wait_for("the front door", DEADLINE, || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    })
+    .expect("front door");
+    let mut socket = std::net::TcpStream::connect(&addr).expect("connect to the front door");
+    let host = host.unwrap_or(&addr);
+    write!(
+        socket,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut response = String::new();
+    socket.read_to_string(&mut response).expect("read");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {response}"));
+    (status, body.to_owned())
+}
+
+/// `mesh-cli ARGS` as `home`'s user, which must succeed: its stdout.
+fn cli_ok(home: &Home, args: &[&str]) -> String {
+    let output = home.cli(args);
+    assert!(
+        output.status.success(),
+        "mesh-cli {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The rows of `status --json` on `addr` named `name`, as `home`'s operator sees them.
+fn rows_named(home: &Home, addr: &str, name: &str) -> Vec<Value> {
+    let output = home.cli(&["--node", addr, "status", "--json"]);
+    if !output.status.success() {
+        return Vec::new();
+    }
+    let status: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["name"] == name)
+        .cloned()
+        .collect()
+}
+
+/// Issue 28, deliverable 1, the reproduction: a device that joined with tokens (its node
+/// `homeserver`, and its operator's `homeserver-cli` from `mesh-cli join`) is revoked with
+/// `mesh-cli ca revoke --device homeserver` on the zero-config issuer, without `--dir`. Then
+/// the device's mesh-cli certificate is refused too (before, `memory put` from the "revoked"
+/// device still succeeded); `ca certs` lists what was issued and revoked; the revoked node,
+/// restarted, reports `unhealthy` with the reason and logs it (before, it said `healthy`);
+/// `--join` with a new token re-enrols it (before, "--join does nothing" and it ran on with the
+/// revoked certificate); and the fleet lists the device once (before, twice for good).
+#[test]
+fn a_device_revoked_by_name_is_shut_out_node_and_cli_and_rejoins_with_a_new_token() {
+    let laptop_home = Home::new();
+    let laptop = ZeroConfig::start(&laptop_home, "laptop", &[], "");
+    let token = |role: &str| {
+        cli_ok(
+            &laptop_home,
+            &["token", "create", "--role", role, "--issuer", &laptop.addr],
+        )
+        .trim()
+        .to_owned()
+    };
+    let home = Home::new();
+    let homeserver = ZeroConfig::start(&home, "homeserver", &["--join", &token("node")], "");
+    cli_ok(
+        &home,
+        &["join", &token("client"), "--name", "homeserver-cli"],
+    );
+    wait_for("the laptop to list homeserver up", DEADLINE, || {
+        let rows = rows_named(&laptop_home, &laptop.addr, "homeserver");
+        (rows.len() == 1 && rows[0]["state"] == "up").then_some(())
+    })
+    .expect("joined");
+    // The device's operator writes to the fleet through the laptop.
+    let laptop_node = ["--node", laptop.addr.as_str()];
+    cli_ok(
+        &home,
+        &[&laptop_node[..], &["memory", "put", "notes", "before", "x"]].concat(),
+    );
+
+    // The CA lists everything it issued: its own node and mesh-cli, and what the tokens got.
+    let certs: Value =
+        serde_json::from_str(&cli_ok(&laptop_home, &["ca", "certs", "--json"])).expect("json");
+    let listed = |certs: &Value, name: &str| -> Vec<Value> {
+        certs["certificates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["name"] == name)
+            .cloned()
+            .collect()
+    };
+    for (name, role) in [
+        ("laptop", "node"),
+        ("mesh-cli", "client"),
+        ("homeserver", "node"),
+        ("homeserver-cli", "client"),
+    ] {
+        let found = listed(&certs, name);
+        assert_eq!(found.len(), 1, "{name}: {certs}");
+        assert_eq!(found[0]["role"], role, "{name}");
+        assert_eq!(found[0]["revoked"], false, "{name}");
+        assert!(found[0]["expires"].as_i64() > found[0]["issued"].as_i64());
+    }
+    let table = cli_ok(&laptop_home, &["ca", "certs"]);
+    assert!(
+        table
+            .lines()
+            .next()
+            .is_some_and(|header| header.contains("NAME")
+                && header.contains("ROLE")
+                && header.contains("EXPIRES")
+                && header.contains("REVOKED")),
+        "{table}"
+    );
+
+    // The device is off when it is revoked, so it cannot hear of it from the fleet.
+    homeserver.stop();
+    let revoked = cli_ok(
+        &laptop_home,
+        &[
+            &laptop_node[..],
+            &["ca", "revoke", "--device", "homeserver", "--reason", "lost"],
+        ]
+        .concat(),
+    );
+    for name in ["homeserver ", "homeserver-cli "] {
+        assert!(revoked.contains(&format!("revoked {name}")), "{revoked}");
+    }
+    let certs: Value =
+        serde_json::from_str(&cli_ok(&laptop_home, &["ca", "certs", "--json"])).expect("json");
+    for name in ["homeserver", "homeserver-cli"] {
+        assert_eq!(listed(&certs, name)[0]["revoked"], true, "{name}: {certs}");
+    }
+    assert_eq!(listed(&certs, "laptop")[0]["revoked"], false);
+
+    // The device's mesh-cli certificate is refused, saying why.
+    let put = home.cli(&[&laptop_node[..], &["memory", "put", "notes", "after", "x"]].concat());
+    let stderr = String::from_utf8_lossy(&put.stderr);
+    assert!(!put.status.success(), "a revoked client still writes");
+    assert!(stderr.contains("revoked"), "{stderr}");
+
+    // Started again, the revoked node finds out from its issuer (it never got the revocation,
+    // and the fleet refuses its connections) and says so.
+    let homeserver = ZeroConfig::start(&home, "homeserver", &[], "");
+    wait_for("homeserver to report itself unhealthy", DEADLINE, || {
+        let (_, body) = homeserver.http_get("/healthz");
+        let health: Value = serde_json::from_str(&body).ok()?;
+        (health["status"] == "unhealthy"
+            && health["reasons"].as_array()?.iter().any(|r| {
+                r.as_str()
+                    .is_some_and(|r| r.contains("this node's certificate was revoked"))
+            }))
+        .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", homeserver.log_text()));
+    assert!(
+        homeserver
+            .log_text()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("this node's certificate was revoked")),
+        "{}",
+        homeserver.log_text()
+    );
+
+    // A new token re-enrols it: a new certificate, the revoked one kept aside.
+    homeserver.stop();
+    let homeserver = ZeroConfig::start(&home, "homeserver", &["--join", &token("node")], "");
+    assert!(
+        homeserver.log_text().contains("joined the mesh again"),
+        "{}",
+        homeserver.log_text()
+    );
+    let tls = home.data_dir().join("tls");
+    assert!(tls.join("homeserver.pem.revoked").exists());
+    assert!(tls.join("homeserver.key.revoked").exists());
+    // The fleet lists the device once, as it is now.
+    wait_for(
+        "the laptop to list the new homeserver up, once",
+        DEADLINE,
+        || {
+            let rows = rows_named(&laptop_home, &laptop.addr, "homeserver");
+            (rows.len() == 1 && rows[0]["state"] == "up").then_some(())
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: {:?}",
+            rows_named(&laptop_home, &laptop.addr, "homeserver")
+        )
+    });
+    let certs: Value =
+        serde_json::from_str(&cli_ok(&laptop_home, &["ca", "certs", "--json"])).expect("json");
+    let revoked: Vec<bool> = listed(&certs, "homeserver")
+        .iter()
+        .map(|c| c["revoked"] == true)
+        .collect();
+    assert_eq!(revoked.len(), 2, "{certs}");
+    assert_eq!(revoked.iter().filter(|r| **r).count(), 1, "{certs}");
+    drop(homeserver);
+}
+
+/// The `settings` of `config show --json` as `home`'s operator sees them on `addr`, by key.
+fn settings(home: &Home, addr: &str) -> serde_json::Map<String, Value> {
+    let shown: Value =
+        serde_json::from_str(&cli_ok(home, &["--node", addr, "config", "show", "--json"]))
+            .expect("json");
+    shown["settings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some((s["key"].as_str()?.to_owned(), s.clone())))
+        .collect()
+}
+
+/// Issue 28, deliverable 2: a zero-config node is operated with mesh-cli alone. Its machine's
+/// own mesh-cli certificate (made by the node, found without flags) adds a front-door key
+/// (before, refused for want of `client_max_tier = "shell"` in a file that did not exist),
+/// and is told the first key closes every door, loopback included; another client
+/// certificate of the same CA is refused, naming what it needs, and so is its shell task,
+/// naming the command; runtime settings change the approval policy, the GPUs, the tier caps
+/// and the loopback exemption at once, a bad value is refused naming its key, and all of it
+/// survives a restart and wins over the file, which `config show` says.
+#[test]
+fn a_zero_config_node_is_operated_with_mesh_cli_alone_and_its_settings_survive_a_restart() {
+    let home = Home::new();
+    // The one setting of the file: approvals for `write` calls, which a runtime setting
+    // overrides below.
+    let file = "[approval]\ntiers = [\"write\"]\n";
+    let node = ZeroConfig::start(&home, "solo", &[], file);
+    let at = |node: &ZeroConfig, args: &[&str]| -> Vec<String> {
+        ["--node", node.addr.as_str()]
+            .iter()
+            .chain(args)
+            .map(|s| (*s).to_owned())
+            .collect()
+    };
+    let operator = |node: &ZeroConfig, args: &[&str]| {
+        let args = at(node, args);
+        home.cli(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    // Another client certificate of the node's CA (`ca issue` finds the CA without --dir).
+    cli_ok(
+        &home,
+        &["ca", "issue", "--role", "client", "--name", "guest"],
+    );
+    let tls = home.data_dir().join("tls");
+    let file_arg = |name: &str| tls.join(name).display().to_string();
+    let (ca, cert, key) = (
+        file_arg("ca.pem"),
+        file_arg("guest.pem"),
+        file_arg("guest.key"),
+    );
+    let guest = |node: &ZeroConfig, args: &[&str]| {
+        let mut full = vec!["--ca", &ca, "--cert", &cert, "--key", &key];
+        let args = at(node, args);
+        full.extend(args.iter().map(String::as_str));
+        home.cli(&full)
+    };
+    let stderr = |output: &Output| String::from_utf8_lossy(&output.stderr).into_owned();
+    for args in [
+        &["keys", "add", "sneaky"][..],
+        &["config", "set", "security.client_max_tier", "shell"],
+    ] {
+        let refused = guest(&node, args);
+        assert!(!refused.status.success(), "{args:?}");
+        let said = stderr(&refused);
+        assert!(said.contains("for the mesh's operators"), "{said}");
+        assert!(said.contains("guest"), "{said}");
+        assert!(
+            said.contains("mesh-cli config set security.client_max_tier shell"),
+            "{said}"
+        );
+    }
+    // The refusal of a task names the command, and no longer what the caller "asks for".
+    let refused = guest(&node, &["run", "--role", "chat", "--tier", "shell", "hi"]);
+    assert!(!refused.status.success());
+    let said = stderr(&refused);
+    assert!(
+        said.contains("mesh-cli config set security.client_max_tier shell"),
+        "{said}"
+    );
+    assert!(!said.contains("asks for"), "{said}");
+
+    // The door is open until the first key; the operator adds one, and is warned.
+    assert_eq!(node.http_get("/v1/models").0, 200);
+    let added = operator(&node, &["keys", "add", "first"]);
+    assert!(added.status.success(), "{}", stderr(&added));
+    let warning = stderr(&added);
+    assert!(
+        warning.contains("first front-door key")
+            && warning.contains("loopback included")
+            && warning.contains("mesh-cli config set http.loopback_without_key true"),
+        "{warning}"
+    );
+    assert_eq!(
+        node.http_get("/v1/models").0,
+        401,
+        "the loopback door is closed"
+    );
+    let second = operator(&node, &["keys", "add", "second"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert!(!stderr(&second).contains("first front-door key"));
+
+    // A bad value, or a key that is no runtime setting, is refused naming the key.
+    for (key, value, says) in [
+        (
+            "security.client_max_tier",
+            "root",
+            "`security.client_max_tier`",
+        ),
+        ("resources.gpus", "RTX 4090", "`resources.gpus[0]`"),
+        ("tasks.workers", "4", "not a runtime setting"),
+    ] {
+        let refused = operator(&node, &["config", "set", key, value]);
+        assert!(!refused.status.success(), "{key} {value}");
+        assert!(stderr(&refused).contains(says), "{}", stderr(&refused));
+    }
+
+    // Set at run time, applied at once.
+    let set = cli_ok(
+        &home,
+        &at(&node, &["config", "set", "approval.tiers", "shell"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        set.contains("applied now") && set.contains("wins over the config file"),
+        "{set}"
+    );
+    for (key, value) in [
+        ("resources.gpus", "RTX 4090:24576"),
+        ("http.loopback_without_key", "true"),
+        ("security.client_max_tier", "shell"),
+    ] {
+        let set = operator(&node, &["config", "set", key, value]);
+        assert!(set.status.success(), "{key}: {}", stderr(&set));
+    }
+    assert_eq!(
+        node.http_get("/v1/models").0,
+        200,
+        "loopback needs no key now"
+    );
+    // Not for a web page that rebound its own name to 127.0.0.1.
+    let rebound = http(&node.data_dir, "/v1/models", Some("rebound.example:7780"));
+    assert_eq!(rebound.0, 401, "{rebound:?}");
+    let gpus = |node: &ZeroConfig| -> Vec<String> {
+        let shown = operator(node, &["nodes", "show", "solo", "--json"]);
+        let shown: Value = serde_json::from_slice(&shown.stdout).unwrap_or(Value::Null);
+        shown["gpus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|g| g["source"] == "declared")
+            .filter_map(|g| Some(format!("{} {}", g["name"].as_str()?, g["vram_mb"])))
+            .collect()
+    };
+    assert_eq!(gpus(&node), ["RTX 4090 24576"]);
+    // The guest's certificate may run `shell` now, so it is an operator here.
+    let now_allowed = guest(&node, &["keys", "add", "third"]);
+    assert!(now_allowed.status.success(), "{}", stderr(&now_allowed));
+
+    // Kept across a restart, winning over the file, and shown as such.
+    node.stop();
+    let node = ZeroConfig::start(&home, "solo", &[], file);
+    let shown = settings(&home, &node.addr);
+    let tiers = &shown["approval.tiers"];
+    assert_eq!(tiers["value"], serde_json::json!(["shell"]), "{tiers}");
+    assert_eq!(tiers["source"], "runtime");
+    assert_eq!(tiers["file"], serde_json::json!(["write"]));
+    assert_eq!(shown["security.client_max_tier"]["value"], "shell");
+    assert_eq!(shown["security.mcp_max_tier"]["source"], "default");
+    assert_eq!(shown["http.loopback_without_key"]["value"], true);
+    assert_eq!(gpus(&node), ["RTX 4090 24576"]);
+    assert_eq!(node.http_get("/v1/models").0, 200);
+    assert!(
+        node.log_text()
+            .contains("a runtime setting (`mesh-cli config set`) wins over the config file"),
+        "{}",
+        node.log_text()
+    );
+    let table = cli_ok(
+        &home,
+        &at(&node, &["config", "show"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("approval.tiers") && l.contains("wins over the config file")),
+        "{table}"
+    );
+
+    // Unset: the file's value again, at once.
+    let unset = operator(&node, &["config", "unset", "approval.tiers"]);
+    assert!(
+        String::from_utf8_lossy(&unset.stdout).contains(r#"["write"]"#),
+        "{}",
+        stderr(&unset)
+    );
+    let unset = operator(&node, &["config", "unset", "http.loopback_without_key"]);
+    assert!(unset.status.success(), "{}", stderr(&unset));
+    assert_eq!(node.http_get("/v1/models").0, 401);
+}

@@ -557,3 +557,66 @@ async fn raw_tls(files: &TlsFiles, node: &NodeProcess) -> JoinHandle<SystemTime>
         }
     })
 }
+
+/// Issue 28: `ca revoke` takes the 12 digits `mesh-cli status` shows (before, only the full
+/// 64-digit id, which only `--json` shows), refuses a name the CA never issued by listing the
+/// names it did, and a node that takes the revocation of its own certificate reports itself
+/// `unhealthy` with the reason (before, it said `healthy`). beta has no static peer, so the
+/// revocation it holds is the only way it can know.
+#[test]
+fn a_certificate_is_revoked_by_an_id_prefix_and_the_node_holding_its_own_revocation_is_unhealthy() {
+    let h = Harness::new().expect("harness");
+    let beta = h.spawn(NodeOptions::new("beta")).expect("beta");
+    let alpha = h
+        .spawn(NodeOptions::new("alpha").peer(beta.addr.clone()))
+        .expect("alpha");
+    h.wait_all_up(&[&alpha, &beta], DEADLINE).expect("all up");
+    let table = h.cli(&alpha, &["status"]).expect("status");
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    let prefix = table
+        .lines()
+        .find(|l| l.starts_with("beta "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("no beta row: {table}"))
+        .to_owned();
+    assert_eq!(prefix.len(), 12, "{table}");
+
+    let dir = h.ca_dir().to_str().expect("utf-8 path").to_owned();
+    let unknown = h
+        .cli(&alpha, &["ca", "revoke", "--dir", &dir, "nobody"])
+        .expect("mesh-cli");
+    assert!(!unknown.status.success());
+    let said = stderr(&unknown);
+    assert!(
+        said.contains("`nobody`") && said.contains("alpha") && said.contains("beta"),
+        "{said}"
+    );
+
+    // Sent to beta itself.
+    let output = h
+        .cli(&beta, &["ca", "revoke", "--dir", &dir, &prefix])
+        .expect("mesh-cli");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("revoked beta"),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    wait_for("beta to report itself unhealthy", WITHIN, || {
+        let shown = h.cli(&beta, &["nodes", "show", "beta", "--json"]).ok()?;
+        let node: serde_json::Value = serde_json::from_slice(&shown.stdout).ok()?;
+        let health = &node["health"];
+        (health["status"] == "unhealthy"
+            && health["reasons"].as_array()?.iter().any(|r| {
+                r.as_str()
+                    .is_some_and(|r| r.contains("this node's certificate was revoked"))
+            }))
+        .then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", beta.log_text()));
+    // It passed the revocation on before the fleet shut it out.
+    wait_for("alpha to list beta revoked", DEADLINE, || {
+        (state(&h, &alpha, "beta").as_deref() == Some("revoked")).then_some(())
+    })
+    .expect("revoked on alpha");
+}

@@ -173,6 +173,25 @@ fn is_legacy(path: &Path) -> Result<bool, TlsError> {
     Ok(identity.role.is_none())
 }
 
+/// The client certificates of the operator of the machine a node with `data_dir` runs on: the
+/// one a zero-config node made for the local `mesh-cli` in its data dir ([`cli_files`]), and
+/// the one in the config dir of the user the node runs as ([`user_cli_files`], which `mesh-cli
+/// join` and `ca issue --install` write). Whoever holds their keys is that user (or root), who
+/// owns the node's data dir and config anyway. A file that is missing, unreadable or not a
+/// client certificate is skipped.
+pub fn operator_certificates(data_dir: &Path) -> Vec<CertIdentity> {
+    let config = user_config_dir().map(|dir| user_cli_files(&dir));
+    std::iter::once(cli_files(data_dir))
+        .chain(config)
+        .filter_map(|files| {
+            let pem = read(&files.cert).ok()?;
+            let der = pem_certs(&files.cert, &pem).ok()?.swap_remove(0);
+            CertIdentity::from_der(&der).ok()
+        })
+        .filter(|identity| identity.role == Some(CertRole::Client))
+        .collect()
+}
+
 /// The zero-config CA key; a node whose data dir holds it is an issuer.
 pub fn ca_key(data_dir: &Path) -> PathBuf {
     tls_dir(data_dir).join(CA_KEY_FILE)

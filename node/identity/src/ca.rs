@@ -35,6 +35,9 @@ const CA_VALIDITY: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// How long an issued node or client certificate is valid unless asked for less, and the most
 /// it may be asked for.
 pub const CERT_VALIDITY: Duration = Duration::from_secs(825 * 24 * 3600);
+/// How far before its issue a certificate is valid from (seconds), so a peer whose clock runs
+/// a little slow accepts it at once.
+pub const BACKDATED_S: i64 = 3600;
 
 /// Creates a new mesh CA in `dir`: `ca.pem` (share it with every node) and `ca.key` (keep it
 /// private). Refuses to overwrite an existing CA, since that would orphan every issued cert.
@@ -199,9 +202,14 @@ pub(crate) fn issue_at(
     let key = options.key_type.generate()?;
     let cert = leaf_params(name, sans, role, options.validity)?.signed_by(&key, &ca.issuer)?;
 
-    write_new(cert_path, cert.pem().as_bytes(), false)?;
-    write_new(key_path, key.serialize_pem().as_bytes(), true)?;
-    Ok(())
+    // Recorded first: a certificate the CA cannot list again is not handed out.
+    let id = ca.record(&cert.pem())?;
+    let written = write_new(cert_path, cert.pem().as_bytes(), false)
+        .and_then(|()| write_new(key_path, key.serialize_pem().as_bytes(), true));
+    if written.is_err() {
+        let _ = ca.forget(&id);
+    }
+    written
 }
 
 /// The mesh CA loaded for signing: its certificate and private key. A node configured with
@@ -214,6 +222,9 @@ pub struct CaSigner {
     fingerprint: String,
     /// The CA key, PKCS#8 DER: the input the join-token MAC key is derived from.
     key_der: Vec<u8>,
+    /// The CA dir (the directory of its key), where what it issues is recorded
+    /// ([`crate::issued`]).
+    dir: PathBuf,
 }
 
 impl std::fmt::Debug for CaSigner {
@@ -259,7 +270,21 @@ impl CaSigner {
             ca_pem,
             fingerprint,
             key_der,
+            dir: ca_key
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_owned),
         })
+    }
+
+    /// Records `cert_pem`, which this CA signed, in its dir ([`crate::issued::record`]).
+    pub fn record(&self, cert_pem: &str) -> Result<mesh_domain::NodeId, TlsError> {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        crate::issued::record(&self.dir, cert_pem, now)
+    }
+
+    /// Drops the record of `id`: it was signed but never handed out.
+    pub fn forget(&self, id: &mesh_domain::NodeId) -> Result<(), TlsError> {
+        crate::issued::forget(&self.dir, id)
     }
 
     /// The CA certificate, PEM.
@@ -375,8 +400,7 @@ fn distinguished_name(common_name: &str) -> DistinguishedName {
 
 fn set_validity(params: &mut CertificateParams, validity: Duration) {
     let now = time::OffsetDateTime::now_utc();
-    // Backdated an hour so a peer whose clock runs a little slow accepts it at once.
-    params.not_before = now - time::Duration::hours(1);
+    params.not_before = now - time::Duration::seconds(BACKDATED_S);
     params.not_after = now + validity;
 }
 

@@ -24,6 +24,8 @@ pub struct CertIdentity {
     pub common_name: Option<String>,
     /// What the certificate is for; `None` for a legacy certificate issued without a role.
     pub role: Option<CertRole>,
+    /// Unix seconds from which the certificate is valid.
+    pub not_before: i64,
     /// Unix seconds after which the certificate is no longer valid.
     pub not_after: i64,
 }
@@ -49,6 +51,7 @@ impl CertIdentity {
             fingerprint: hex::encode(Sha256::digest(der)),
             common_name,
             role,
+            not_before: cert.validity().not_before.timestamp(),
             not_after: cert.validity().not_after.timestamp(),
         })
     }

@@ -510,19 +510,26 @@ fn first_cert(pem: &str) -> Option<CertificateDer<'static>> {
 }
 
 /// What [`join_node`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeJoin {
     /// The node got its certificate just now.
     Joined,
     /// The data dir already holds a certificate from the pinned CA; nothing was sent.
     AlreadyMember,
+    /// The data dir held a certificate the mesh CA revoked (the issuer refused it): the node
+    /// got a new one with the token; the revoked certificate and key were moved to these files.
+    Rejoined {
+        /// Where the revoked certificate and its key now are.
+        set_aside: Vec<PathBuf>,
+    },
 }
 
 /// Joins a node: redeems a `node` token for `name` and stores the CA, the certificate and the
 /// key in the zero-config layout under `data_dir` (`<data_dir>/tls`, without a CA key), with the
 /// issuer's address remembered as a peer to dial at every start. When the data dir already
 /// holds a certificate for `name` from the pinned CA, it does nothing (so `--join` may stay in a
-/// service's command line); when it holds another mesh's CA, it refuses.
+/// service's command line), unless the issuer refuses that certificate as revoked: then it
+/// joins again, setting the revoked files aside. When it holds another mesh's CA, it refuses.
 pub async fn join_node(
     data_dir: &Path,
     name: &str,
@@ -540,7 +547,15 @@ pub async fn join_node(
         let held = fingerprint_of(&files.ca)?;
         if held == token.ca_fingerprint {
             if files.cert.exists() {
-                return Ok(NodeJoin::AlreadyMember);
+                if !revoked_at(&files, &token.issuer).await {
+                    return Ok(NodeJoin::AlreadyMember);
+                }
+                // Redeemed first: a failed redemption leaves the node as it was.
+                let joined = redeem(token, name, KeyType::Ed25519).await?;
+                let set_aside = set_aside(&files)?;
+                store(&joined, &files)?;
+                bootstrap::remember_issuer(data_dir, &token.issuer)?;
+                return Ok(NodeJoin::Rejoined { set_aside });
             }
             return Err(TlsError::NoCaKey {
                 dir,
@@ -588,10 +603,45 @@ pub async fn join_client(
     Ok(files)
 }
 
-/// Writes the three files (the key readable by its owner only) and checks that they load: the
-/// certificate chains to the CA and matches the key.
+/// Whether the node at `issuer` refuses the certificate in `files` as revoked. It proves
+/// itself a member of the mesh first (the dialer checks its certificate against the CA), so a
+/// stranger cannot make a node give up its certificate; unreachable is not revoked.
+async fn revoked_at(files: &TlsFiles, issuer: &str) -> bool {
+    let Ok(tls) = MeshTls::load(files) else {
+        return false;
+    };
+    tls.dialer().certificate_refusal(issuer).await == Some(crate::CertificateRefusal::Revoked)
+}
+
+/// Moves a revoked certificate and its key out of the way (`NAME.pem.revoked`, or
+/// `NAME.pem.revoked-N` when that is taken), keeping them: nothing is deleted.
+fn set_aside(files: &TlsFiles) -> Result<Vec<PathBuf>, TlsError> {
+    let mut moved = Vec::new();
+    for path in [&files.cert, &files.key] {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".revoked");
+        let mut aside = PathBuf::from(aside);
+        for n in 2.. {
+            if !aside.exists() {
+                break;
+            }
+            let mut numbered = path.as_os_str().to_owned();
+            numbered.push(format!(".revoked-{n}"));
+            aside = PathBuf::from(numbered);
+        }
+        std::fs::rename(path, &aside).map_err(|e| TlsError::io("set aside", path, e))?;
+        moved.push(aside);
+    }
+    Ok(moved)
+}
+
+/// Writes the files (the key readable by its owner only) and checks that they load: the
+/// certificate chains to the CA and matches the key. A CA certificate already there is kept
+/// (a node joining again holds the same one).
 fn store(joined: &Joined, files: &TlsFiles) -> Result<(), TlsError> {
-    write_new(&files.ca, joined.ca_pem.as_bytes(), false)?;
+    if !files.ca.exists() {
+        write_new(&files.ca, joined.ca_pem.as_bytes(), false)?;
+    }
     write_new(&files.key, joined.key_pem.as_bytes(), true)?;
     write_new(&files.cert, joined.cert_pem.as_bytes(), false)?;
     MeshTls::load(files).map(|_| ())

@@ -13,6 +13,8 @@
 //!   ([`OriginVerifier`]).
 //! - [`statement`]: a person's signed acts: an operator's client certificate signs a statement
 //!   (an approval decision, a front-door key) and any node checks it ([`StatementError`]).
+//! - [`issued`]: the CA's record of the certificates it issued (`mesh-cli ca certs`), and finding
+//!   the ones a name, an id prefix or a device stands for (`mesh-cli ca revoke`).
 //! - [`revocation`]: certificates the mesh CA revoked: the CA-signed entry (`mesh-cli ca
 //!   revoke`) and the set every node checks certificates against ([`RevokedSet`]).
 //! - [`dial`]: opening gRPC channels to nodes over mTLS (or plain TCP) ([`Dialer`]).
@@ -30,6 +32,7 @@ pub mod ca;
 pub mod cert;
 pub mod deadline;
 pub mod dial;
+pub mod issued;
 pub mod join;
 pub mod origin;
 mod pem;
@@ -127,6 +130,9 @@ pub enum TlsError {
         /// The name the node was started with.
         name: String,
     },
+    /// The CA keeps as many records of issued certificates as it may.
+    #[error("{} holds {} records of issued certificates, none of them expired: the CA issues no more until some expire or are removed", .0.display(), crate::issued::MAX_ISSUED)]
+    RecordsFull(PathBuf),
     /// Key generation or signing failed.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),

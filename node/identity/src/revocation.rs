@@ -56,7 +56,7 @@ pub enum RevocationError {
     Malformed(String),
     /// The signature is not the mesh CA's over these bytes.
     #[error(
-        "the revocation is not signed by this mesh's CA (signed by another CA, altered, or not signed); sign it with `mesh-cli ca revoke --dir CA_DIR` where this mesh's ca.key is"
+        "the revocation is not signed by this mesh's CA (signed by another CA, altered, or not signed); sign it with `mesh-cli ca revoke` where this mesh's ca.key is"
     )]
     BadSignature,
     /// This node has no CA to check against (`--insecure`).

@@ -51,6 +51,11 @@ impl Origin {
         )
     }
 
+    /// The origin named `what` (a command, when the value came from one).
+    pub(super) fn named(what: &str) -> Self {
+        Self(what.to_owned())
+    }
+
     /// The error for `key`: what is wrong with its value (`problem`) and how to fix it (`fix`).
     pub(super) fn invalid(&self, key: &str, problem: String, fix: &str) -> ConfigError {
         ConfigError::Invalid {

@@ -13,15 +13,18 @@
 //! - `types.rs`: [`Config`] and its parts, the validated types the rest of the node uses;
 //! - `raw.rs`: [`RawConfig`] and one `Raw*` struct per section, every default documented, and
 //!   [`Overrides`] (the flags);
-//! - `validate/`: [`RawConfig::validate`], one function per section, grouped in files.
+//! - `validate/`: [`RawConfig::validate`], one function per section, grouped in files;
+//! - `runtime.rs`: the runtime settings (`mesh-cli config set`) kept in the data dir and laid
+//!   over the file, which keys they are, and what each is in a [`Config`].
 
 mod defaults;
 mod error;
 mod raw;
+mod runtime;
 mod types;
 mod validate;
 
-use std::{fs, path::Path};
+use std::path::Path;
 
 pub use defaults::{
     DEFAULT_CONTEXT_WINDOW, DEFAULT_HTTP_PORT, DEFAULT_MODEL_FILE, DEFAULT_MODEL_NAME,
@@ -34,6 +37,9 @@ pub use raw::{
     RawHttpKey, RawMcp, RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity,
     RawTasks, RawTls, RawTools,
 };
+pub use runtime::{
+    Layers, MAX_VALUE_BYTES, RuntimeSettings, SETTABLE, SETTINGS_FILE, Settable, Shown, Source,
+};
 pub use types::{
     ApprovalConfig, Backend, Config, ConnectionLimits, CronLimits, Discovery, GpuDecl, HttpConfig,
     HttpKey, KeySecret, Listen, McpConfig, McpTransport, ModelAlias, ModelConfig, PersonaConfig,
@@ -42,18 +48,9 @@ pub use types::{
 pub use validate::is_valid_name as is_valid_node_name;
 
 impl Config {
-    /// Loads `path` (or nothing, for zero-config), applies `overrides`, and validates.
+    /// Loads `path` (or nothing, for zero-config), applies `overrides`, lays the runtime
+    /// settings of the data dir over them (`<data_dir>/settings.toml`), and validates.
     pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
-        let raw = match path {
-            Some(path) => {
-                let text = fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.to_owned(),
-                    source,
-                })?;
-                RawConfig::parse(&text, path)?
-            }
-            None => RawConfig::default(),
-        };
-        raw.validate(path, overrides)
+        runtime::load(path, overrides)
     }
 }

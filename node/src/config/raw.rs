@@ -362,6 +362,10 @@ pub struct RawHttp {
     /// rest, and the longest match wins. Used only for names no model or role of the fleet
     /// has. Default: none.
     pub model_aliases: BTreeMap<String, String>,
+    /// Lets requests from this machine (a loopback peer address) in without a key, also once
+    /// the node or the fleet has keys. Default: false (every caller needs a key once there
+    /// are keys).
+    pub loopback_without_key: bool,
 }
 
 /// One `[[http.keys]]` entry: the key itself is not in the file, only its SHA-256 or the path

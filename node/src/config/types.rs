@@ -77,6 +77,9 @@ pub struct Config {
     pub cron: CronLimits,
     /// `[[mcp]]`: the MCP servers whose tools this node offers.
     pub mcp: Vec<McpConfig>,
+    /// What this was read from (the file, the flags, the runtime settings), so a runtime
+    /// setting can be checked again against the same file.
+    pub layers: crate::config::Layers,
 }
 
 /// Validated `[approval]`.
@@ -351,6 +354,8 @@ pub struct HttpConfig {
     pub unknown_fields: UnknownFields,
     /// `http.model_aliases`, longest pattern first.
     pub model_aliases: Vec<ModelAlias>,
+    /// `http.loopback_without_key`: callers on this machine need no key.
+    pub loopback_without_key: bool,
 }
 
 /// `http.unknown_fields`: what the front door does with a request field the mesh does not

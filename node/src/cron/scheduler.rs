@@ -22,7 +22,7 @@ use mesh_domain::{
     keys::{CRON_FIRINGS, CRON_SCHEDULES},
     sync::MutexExt,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -90,8 +90,9 @@ pub struct Scheduler {
     peers: Arc<PeerTable>,
     own: NodeId,
     own_name: String,
-    /// `security.remote_max_tier`: which schedules written elsewhere this node may own.
-    remote_max_tier: Tier,
+    /// `security.remote_max_tier`: which schedules written elsewhere this node may own (a
+    /// runtime setting: a change wakes the loop, as a peer's does).
+    remote_max_tier: watch::Sender<Tier>,
     runner: Arc<dyn Runner>,
     /// The stored schedules, decoded once per change, and the caps of `[cron]`.
     table: ScheduleTable,
@@ -128,12 +129,18 @@ impl Scheduler {
             peers,
             own,
             own_name,
-            remote_max_tier,
+            remote_max_tier: watch::Sender::new(remote_max_tier),
             runner,
             adding: tokio::sync::Mutex::new(()),
             owned: Mutex::default(),
             open: Mutex::default(),
         })
+    }
+
+    /// Changes `security.remote_max_tier` (a runtime setting), as this node advertises it.
+    pub fn set_remote_max_tier(&self, tier: Tier) {
+        self.remote_max_tier
+            .send_if_modified(|held| std::mem::replace(held, tier) != tier);
     }
 
     /// This node's name.
@@ -191,7 +198,7 @@ impl Scheduler {
         let mut live = vec![LiveNode {
             id: self.own.clone(),
             name: self.own_name.clone(),
-            remote_max_tier: self.remote_max_tier,
+            remote_max_tier: *self.remote_max_tier.borrow(),
         }];
         live.extend(
             self.peers
@@ -521,10 +528,12 @@ impl Scheduler {
         }
         let mut schedules = self.memory.changes_in(CRON_SCHEDULES);
         let mut live = self.peers.liveness();
+        let mut own_tier = self.remote_max_tier.subscribe();
         loop {
             // Marked before the tick reads them: a change during the tick wakes the next sleep.
             schedules.mark_unchanged();
             live.mark_unchanged();
+            own_tier.mark_unchanged();
             let now = now_ms();
             let next = self.tick(now).await;
             let wait = next.map_or(LONGEST_SLEEP, |at| {
@@ -535,6 +544,7 @@ impl Scheduler {
                 () = cancel.cancelled() => return,
                 Ok(()) = schedules.changed() => {}
                 Ok(()) = live.changed() => {}
+                Ok(()) = own_tier.changed() => {}
                 () = tokio::time::sleep(wait) => {}
             }
         }

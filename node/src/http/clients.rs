@@ -254,6 +254,7 @@ mod tests {
             keys: Vec::new(),
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
+            loopback_without_key: false,
             unknown_fields: UnknownFields::Ignore,
             model_aliases: aliases
                 .iter()

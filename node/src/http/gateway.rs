@@ -671,6 +671,7 @@ mod tests {
             allowed_origins: Vec::new(),
             unknown_fields: crate::config::UnknownFields::default(),
             model_aliases: Vec::new(),
+            loopback_without_key: false,
         };
         let chat = Arc::new(ChatService::new(
             Arc::new(ModelRegistry::default()),

@@ -191,9 +191,9 @@ async fn guard(
     Ok(next.run(request).await)
 }
 
-/// Lets a request with a known key through (any request when no keys are set), with the
-/// [`Caller`] it found for the gateway; `/mcp` only with a key that may use it
-/// ([`crate::api_keys::KeyGrant::may_use_mcp`]).
+/// Lets a request with a known key through (any request when no keys are set, or from this
+/// machine with `http.loopback_without_key`), with the [`Caller`] it found for the gateway;
+/// `/mcp` only with a key that may use it ([`crate::api_keys::KeyGrant::may_use_mcp`]).
 async fn authorize(
     State(door): State<Arc<FrontDoor>>,
     headers: HeaderMap,
@@ -207,7 +207,11 @@ async fn authorize(
             format!("cannot read the front door's keys: {e}"),
         )
     };
-    if !door.keys.required().map_err(unavailable)? {
+    if !door
+        .keys
+        .required_from(from_this_machine(&request))
+        .map_err(unavailable)?
+    {
         request.extensions_mut().insert(Caller::default());
         return Ok(next.run(request).await);
     }
@@ -237,6 +241,41 @@ async fn authorize(
         )
         .with_code("invalid_api_key")),
     }
+}
+
+/// Whether `request` comes from a program of this machine, as `http.loopback_without_key`
+/// needs: its connection's peer address is loopback (`serve` records it), and it names a
+/// loopback host and no other origin, so a web page that rebinds its own name to 127.0.0.1, or
+/// a browser sending another site's request, does not pass.
+fn from_this_machine(request: &Request) -> bool {
+    let loopback_host = |host: &str| {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.to_canonical().is_loopback())
+    };
+    let header = |name: header::HeaderName| {
+        request
+            .headers()
+            .get(name)
+            .map(|value| value.to_str().unwrap_or_default())
+    };
+    let peer = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .is_some_and(|peer| peer.0.ip().to_canonical().is_loopback());
+    let host = header(header::HOST)
+        .and_then(|host| host.parse::<axum::http::uri::Authority>().ok())
+        .is_some_and(|authority| loopback_host(authority.host()));
+    let origin = header(header::ORIGIN).is_none_or(|origin| {
+        origin
+            .parse::<axum::http::Uri>()
+            .ok()
+            .and_then(|uri| uri.host().map(loopback_host))
+            .unwrap_or(false)
+    });
+    peer && host && origin
 }
 
 /// The token of an `Authorization: Bearer <token>` value (the scheme in any case, RFC 9110).
@@ -355,6 +394,16 @@ async fn connection(
     slot: ConnectionSlot,
     stop: tokio_util::sync::CancellationToken,
 ) {
+    // Every request knows where its connection came from (the key check's loopback exemption).
+    let app = tower::ServiceExt::map_request(
+        app,
+        move |mut request: axum::http::Request<hyper::body::Incoming>| {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(remote));
+            request
+        },
+    );
     let service = hyper_util::service::TowerToHyperService::new(app);
     let conn = builder.serve_connection(TokioIo::new(tcp), service);
     tokio::pin!(conn);
@@ -394,6 +443,58 @@ mod tests {
 
     use super::*;
     use crate::connections::test_support::closed_within;
+
+    /// `http.loopback_without_key` lets in programs of this machine only: a loopback peer
+    /// naming a loopback host, and no other site's origin (a page that rebinds its name to
+    /// 127.0.0.1 names its own host; a browser sends the other site's `Origin`).
+    #[test]
+    fn only_a_loopback_caller_naming_a_loopback_host_and_origin_is_from_this_machine() {
+        let request = |peer: Option<&str>, host: Option<&str>, origin: Option<&str>| {
+            let mut builder = axum::http::Request::builder().uri("/v1/models");
+            if let Some(host) = host {
+                builder = builder.header(header::HOST, host);
+            }
+            if let Some(origin) = origin {
+                builder = builder.header(header::ORIGIN, origin);
+            }
+            let mut request = builder.body(axum::body::Body::empty()).expect("request");
+            if let Some(peer) = peer {
+                let peer: std::net::SocketAddr = peer.parse().expect("addr");
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+            }
+            request
+        };
+        let local = Some("127.0.0.1:50000");
+        for (peer, host, origin, expected) in [
+            (local, Some("127.0.0.1:7780"), None, true),
+            (
+                local,
+                Some("localhost:7780"),
+                Some("http://localhost:3000"),
+                true,
+            ),
+            (Some("[::1]:50000"), Some("[::1]:7780"), None, true),
+            (local, Some("rebound.example:7780"), None, false),
+            (
+                local,
+                Some("127.0.0.1:7780"),
+                Some("https://evil.example"),
+                false,
+            ),
+            (local, Some("127.0.0.1:7780"), Some("null"), false),
+            (local, None, None, false),
+            (Some("10.0.0.2:50000"), Some("127.0.0.1:7780"), None, false),
+            (None, Some("127.0.0.1:7780"), None, false),
+        ] {
+            assert_eq!(
+                from_this_machine(&request(peer, host, origin)),
+                expected,
+                "{peer:?} {host:?} {origin:?}"
+            );
+        }
+    }
 
     /// A front door answering `GET /ping` with `pong`, served with `limits`.
     async fn pong_door(limits: ConnectionLimits) -> (std::net::SocketAddr, CancellationToken) {

@@ -1,17 +1,17 @@
-//! The `agentmesh.v1.Keys` service: translates the wire format for `api_keys::Keys`, and
-//! decides who may manage keys. Adding and revoking a front-door key is an operator's action:
-//! only a client certificate that this node lets run `shell` tasks (the highest tier, through
-//! the one admission policy) may do it; anyone with a certificate may list keys (never their
-//! hashes) and read usage. In insecure mode there are no identities, and every caller may.
+//! The `agentmesh.v1.Keys` service: translates the wire format for `api_keys::Keys`. Adding
+//! and revoking a front-door key is an operator's action, which the admission policy decides
+//! (`Admission::may_operate`: this node's own machine's client certificate, or one it lets run
+//! `shell` tasks); anyone with a certificate may list keys (never their hashes) and read
+//! usage. In insecure mode there are no identities, and every caller may.
 
 use std::sync::Arc;
 
-use mesh_domain::{CertRole, KeyPolicy, Principal, Tier};
+use mesh_domain::{KeyPolicy, Principal};
 use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::{
-    admission::{Admission, Caller},
+    admission::Admission,
     api_keys::{KeyInfo, KeyUsage, Keys, KeysError, ModelCount},
 };
 
@@ -19,14 +19,11 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct KeysService {
     keys: Arc<Keys>,
-    /// Decides whether a caller's certificate may run `shell` here: who is an operator.
+    /// Decides who is an operator.
     admission: Arc<Admission>,
     /// Whether callers present certificates (false in insecure mode).
     tls: bool,
 }
-
-/// What a caller who may not manage keys is told.
-const OPERATORS_ONLY: &str = "adding and removing front-door keys is for the mesh's operators: a client certificate (mesh-cli) that this node lets run `shell` tasks (security.client_max_tier = \"shell\")";
 
 impl KeysService {
     /// Wraps the node's keys; `admission` decides who is an operator.
@@ -52,14 +49,9 @@ impl KeysService {
             return Ok(None);
         }
         let principal = super::caller_identity(request)?.principal();
-        if principal.role != Some(CertRole::Client) {
-            return Err(Status::permission_denied(format!(
-                "{OPERATORS_ONLY}; this caller's certificate is not a client certificate"
-            )));
-        }
         self.admission
-            .allows(Tier::Shell, &Caller::Certificate(principal.clone()), None)
-            .map_err(|e| Status::permission_denied(format!("{OPERATORS_ONLY}; {e}")))?;
+            .may_operate(&principal)
+            .map_err(|e| Status::permission_denied(e.to_string()))?;
         Ok(Some(principal))
     }
 }
@@ -86,6 +78,7 @@ fn info_pb(key: &KeyInfo) -> pb::KeyInfo {
         source: key.source.as_str().to_owned(),
         policy: Some(pb::KeyPolicy::from(&key.policy)),
         created_ms: key.created_ms,
+        first: false,
     }
 }
 
@@ -129,7 +122,7 @@ impl pb::keys_server::Keys for KeysService {
             Some(policy) => KeyPolicy::try_from(policy)?,
             None => KeyPolicy::default(),
         };
-        let key = self
+        let (key, first) = self
             .keys
             .add(
                 &r.name,
@@ -139,8 +132,11 @@ impl pb::keys_server::Keys for KeysService {
                 r.grant.map(Into::into),
             )
             .await?;
-        tracing::info!(key = %key.name, "front-door key added");
-        Ok(Response::new(info_pb(&key)))
+        tracing::info!(key = %key.name, first, "front-door key added");
+        Ok(Response::new(pb::KeyInfo {
+            first,
+            ..info_pb(&key)
+        }))
     }
 
     async fn remove(

@@ -14,6 +14,7 @@ pub mod join;
 pub mod keys;
 pub mod memory;
 pub mod models;
+pub mod settings;
 pub mod tasks;
 pub mod tools;
 
@@ -223,9 +224,11 @@ impl pb::node_server::Node for NodeService {
                 }
             })
             .collect();
+        let own = self.caps.snapshot();
+        let peers = with_revoked(peers, self.memory.as_deref());
         Ok(Response::new(pb::ListPeersResponse {
-            node: Some((&self.caps.snapshot()).into()),
-            peers: with_revoked(peers, self.memory.as_deref()),
+            peers: fold_revoked(&own.name, peers),
+            node: Some((&own).into()),
         }))
     }
 
@@ -273,6 +276,24 @@ fn with_revoked(mut peers: Vec<pb::Peer>, memory: Option<&Memory>) -> Vec<pb::Pe
         });
     }
     peers
+}
+
+/// `peers` without the `revoked` rows whose name a live row (or this node, `own`) holds: a
+/// device that joined again after its certificate was revoked is listed once, as it is now,
+/// not once more for good as the certificate it had.
+fn fold_revoked(own: &str, peers: Vec<pb::Peer>) -> Vec<pb::Peer> {
+    let revoked = pb::PeerState::Revoked as i32;
+    let name = |peer: &pb::Peer| peer.info.as_ref().map(|info| info.name.clone());
+    let live: std::collections::HashSet<String> = peers
+        .iter()
+        .filter(|peer| peer.state != revoked)
+        .filter_map(name)
+        .chain(std::iter::once(own.to_owned()))
+        .collect();
+    peers
+        .into_iter()
+        .filter(|peer| peer.state != revoked || name(peer).is_none_or(|n| !live.contains(&n)))
+        .collect()
 }
 
 /// Runs `body` with the sending half of a channel and streams what it sends.
@@ -637,6 +658,34 @@ mod tests {
         Nothing,
         /// Answers with the headers of a gRPC response, then never sends a message.
         AfterHeaders,
+    }
+
+    /// Issue 28: a device that joined again after its certificate was revoked was listed twice
+    /// for good, once as the revoked certificate; a revoked row is shown only while no live
+    /// row (nor the answering node) holds its name.
+    #[test]
+    fn a_revoked_row_whose_name_is_live_again_is_folded_away() {
+        let row = |name: &str, id: &str, state: pb::PeerState| pb::Peer {
+            info: Some(pb::NodeInfo {
+                name: name.into(),
+                id: id.into(),
+                ..Default::default()
+            }),
+            state: state as i32,
+            ..Default::default()
+        };
+        let peers = vec![
+            row("homeserver", "old", pb::PeerState::Revoked),
+            row("homeserver", "new", pb::PeerState::Up),
+            row("gone", "g", pb::PeerState::Revoked),
+            row("me", "mine-before", pb::PeerState::Revoked),
+            row("down", "d", pb::PeerState::Down),
+        ];
+        let ids: Vec<String> = fold_revoked("me", peers)
+            .into_iter()
+            .filter_map(|p| p.info.map(|info| info.id))
+            .collect();
+        assert_eq!(ids, ["new", "g", "d"]);
     }
 
     /// Issue 17, point 4: a channel unused for the idle time is dropped from the cache (its

@@ -48,7 +48,18 @@ impl RawConfig {
         path: Option<&Path>,
         overrides: &Overrides,
     ) -> Result<Config, ConfigError> {
-        let origin = Origin::new(path);
+        self.validate_as(path, &Origin::new(path), overrides)
+    }
+
+    /// [`RawConfig::validate`], its errors naming `origin` (the runtime settings' file, when
+    /// they were laid over the config file).
+    pub(in crate::config) fn validate_as(
+        self,
+        path: Option<&Path>,
+        origin: &Origin,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigError> {
+        let origin = origin.clone();
         let node_section = node::node(&self.node, overrides, &origin)?;
         let discovery = node::discovery(self.discovery, overrides, &origin)?;
         let (tls, ca_key) = node::tls(self.tls, overrides, node_section.listen, &origin)?;
@@ -100,6 +111,7 @@ impl RawConfig {
             approval,
             cron,
             mcp,
+            layers: Default::default(),
         })
     }
 }

@@ -344,6 +344,7 @@ pub(super) fn http(raw: RawHttp, origin: &Origin) -> Result<HttpConfig, ConfigEr
         allowed_origins,
         unknown_fields: super::clients::unknown_fields(raw.unknown_fields.as_deref(), origin)?,
         model_aliases: super::clients::model_aliases(raw.model_aliases, origin)?,
+        loopback_without_key: raw.loopback_without_key,
     })
 }
 

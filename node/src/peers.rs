@@ -20,7 +20,7 @@ use mesh_domain::{
     sync::{MutexExt, RwLockExt},
     time::unix_ms,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::discovery::PeerSource;
 
@@ -132,6 +132,9 @@ pub struct PeerTable {
     peers: RwLock<HashMap<NodeId, Peer>>,
     /// Where reports of peers found unreachable go (membership reads them).
     unreachable: Mutex<Option<mpsc::Sender<NodeId>>>,
+    /// Counts the changes a person watching the fleet would see (a peer joins, changes state
+    /// or sends new info), so `WatchPeers` answers on change instead of on a timer.
+    changes: watch::Sender<u64>,
 }
 
 /// Most unreachable reports waiting for membership; past it more are dropped (membership's own
@@ -139,6 +142,16 @@ pub struct PeerTable {
 const UNREACHABLE_REPORTS: usize = 64;
 
 impl PeerTable {
+    /// Wakes at every change of the table (a peer joined, changed state, or sent new info);
+    /// not at a datagram that only says a peer is still there.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// The reports of [`PeerTable::report_unreachable`], from now on (a later call takes them
     /// over: membership calls it each time it starts).
     pub fn unreachable_reports(&self) -> mpsc::Receiver<NodeId> {
@@ -198,6 +211,8 @@ impl PeerTable {
                 tracing::info!(peer = %peers[&id].info.name, id = %id.short(), addr, "peer joined")
             }
         }
+        drop(peers);
+        self.changed();
     }
 
     /// Notes that a datagram of `id` was heard now (`last_seen_ms`).
@@ -217,6 +232,8 @@ impl PeerTable {
         {
             tracing::info!(peer = %peer.info.name, id = %id.short(), from = peer.state.as_str(), to = state.as_str(), why, "peer state");
             peer.state = state;
+            drop(peers);
+            self.changed();
         }
     }
 
@@ -344,6 +361,27 @@ mod tests {
         // Only an up peer is reported: a suspect or down one is membership's already.
         table.report_unreachable("127.0.0.1:1");
         assert!(reports.try_recv().is_err());
+    }
+
+    /// `WatchPeers` answers on these changes: a join, a state change, new info; not on a
+    /// datagram that only says a peer is there, nor on a state it already has.
+    #[test]
+    fn watchers_wake_at_joins_state_changes_and_new_info_only() {
+        let table = PeerTable::default();
+        let mut changes = table.subscribe();
+        let alpha = info("alpha");
+        let id = alpha.id.clone();
+        table.beat(alpha, "x:1", PeerSource::Mdns);
+        assert!(changes.has_changed().expect("open"), "a join");
+        changes.mark_unchanged();
+        table.heard(&id);
+        table.mark(&id, PeerState::Up, "SWIM");
+        assert!(!changes.has_changed().expect("open"), "nothing new");
+        table.mark(&id, PeerState::Down, "SWIM");
+        assert!(changes.has_changed().expect("open"), "a state change");
+        changes.mark_unchanged();
+        table.beat(info("alpha"), "x:1", PeerSource::Mdns);
+        assert!(changes.has_changed().expect("open"), "new info");
     }
 
     #[test]

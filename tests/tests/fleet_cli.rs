@@ -340,3 +340,56 @@ fn a_joined_devices_cli_names_its_issuer_and_mesh_cli_join() {
     );
     assert!(!stderr.contains("ca.key: "), "{stderr}");
 }
+
+/// `WatchPeers` holds a task per stream: a caller (any certificate of the mesh may watch) gets
+/// at most 64 at once on a node, the next is `RESOURCE_EXHAUSTED`, and a closed one frees its
+/// place. Without the bound, the 65th opens.
+#[tokio::test]
+async fn a_node_serves_at_most_64_fleet_watchers() {
+    use mesh_proto::v1 as pb;
+    let harness = Harness::new().expect("harness");
+    let alpha = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
+    let dialer = mesh_identity::MeshTls::load(harness.client_files())
+        .expect("client files")
+        .dialer();
+    let channel = dialer.connect(&alpha.addr).await.expect("connect").channel;
+    let watch = || {
+        let mut client = pb::node_client::NodeClient::new(channel.clone());
+        async move { client.watch_peers(pb::WatchPeersRequest {}).await }
+    };
+    let mut open = Vec::new();
+    for _ in 0..64 {
+        let mut stream = watch()
+            .await
+            .expect("a watcher within the bound")
+            .into_inner();
+        stream
+            .message()
+            .await
+            .expect("the first view")
+            .expect("a view");
+        open.push(stream);
+    }
+    let refused = watch().await.expect_err("the 65th watcher");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("64 fleet watchers"),
+        "{refused:?}"
+    );
+    drop(open.pop());
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match watch().await {
+            Ok(_) => break,
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                assert!(tokio::time::Instant::now() < deadline, "no place was freed");
+                tokio::time::sleep(Duration::from_millis(50)).await; // poll until the deadline
+            }
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+}

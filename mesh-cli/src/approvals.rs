@@ -1,9 +1,8 @@
 //! `mesh-cli approvals`: tool calls waiting for a person, from any node of the mesh, and the
-//! decision on one; and the inline question `mesh-cli run` asks in a terminal. A decision is
-//! the operator's own act: mesh-cli signs a statement of the call as the node shows it and of
-//! the decision with the key of its certificate, and the node running the call checks it.
-
-use std::io::{BufRead, IsTerminal};
+//! decision on one (also sent by the inline question `mesh-cli run` asks in a terminal). A
+//! decision is the operator's own act: mesh-cli signs a statement of the call as the node shows
+//! it and of the decision with the key of its certificate, and the node running the call
+//! checks it.
 
 use std::time::Duration;
 
@@ -96,7 +95,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: ApprovalsCommand) -> anyhow::R
 
 /// Sends a decision, signed by `signer` (none with --insecure) as a statement of the call as
 /// the node shows it; the error says why the node refused it.
-async fn decide(
+pub(crate) async fn decide(
     client: &mut pb::approvals_client::ApprovalsClient<Channel>,
     signer: Option<&OriginSigner>,
     id: &str,
@@ -282,62 +281,4 @@ async fn list(
         &rows,
     );
     Ok(())
-}
-
-/// What `mesh-cli run` does with an approval its task waits for: in a terminal, ask y/n (and a
-/// reason for a no) on a thread of its own while the task's events go on, and send the answer;
-/// otherwise print how to decide it. The answer's outcome comes back as the task's
-/// `ApprovalDecided` event.
-pub(crate) fn on_requested(conn: &ConnArgs, channel: Channel, request: &pb::ApprovalRequested) {
-    let id = request.approval_id.clone();
-    let left = request.expires_at_ms.saturating_sub(unix_ms()) / 1000;
-    eshow!(
-        "? `{}` on {} waits for approval (id {id}, denied in {left} s unless decided): {}",
-        request.tool,
-        request.node,
-        request.arguments
-    );
-    if !std::io::stdin().is_terminal() {
-        eshow!(
-            "  approve with `mesh-cli --node {node} approvals approve {id}`, or deny with `mesh-cli --node {node} approvals deny {id} --reason \"…\"`",
-            node = conn.node
-        );
-        return;
-    }
-    // A plain thread: a blocking read the runtime would wait for at exit if nobody answers.
-    let (answer, answered) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let _ = answer.send(ask());
-    });
-    let signer = match signer(conn) {
-        Ok(signer) => signer,
-        Err(e) => {
-            eshow!("! cannot sign a decision: {e:#}");
-            return;
-        }
-    };
-    tokio::spawn(async move {
-        let Ok(Some((approve, reason))) = answered.await else {
-            return;
-        };
-        let mut client = pb::approvals_client::ApprovalsClient::new(channel);
-        if let Err(e) = decide(&mut client, signer.as_ref(), &id, approve, reason).await {
-            eshow!("! could not decide {id}: {e}");
-        }
-    });
-}
-
-/// Asks on the terminal: `y` approves, anything else denies, with a reason asked for.
-/// `None` when the terminal closed.
-fn ask() -> Option<(bool, String)> {
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock().lines();
-    eprint!("  approve? [y/N] ");
-    let line = lines.next()?.ok()?;
-    if matches!(line.trim(), "y" | "Y" | "yes") {
-        return Some((true, String::new()));
-    }
-    eprint!("  reason (the model sees it): ");
-    let reason = lines.next().and_then(Result::ok).unwrap_or_default();
-    Some((false, reason.trim().to_owned()))
 }

@@ -14,7 +14,8 @@ use crate::{
 pub(crate) enum CronCommand {
     /// Add a schedule: at each scheduled time one live node submits the task, and the mesh runs
     /// it where it fits (e.g. `cron add --name nightly --schedule "0 2 * * *" --role research
-    /// "summarise today's notes"`).
+    /// "summarise today's notes"`). One of --role, --model and --persona is required.
+    #[command(group(clap::ArgGroup::new("schedule_target").required(true).args(["role", "model", "persona"])))]
     Add {
         /// Unique name (letters, digits, `-`, `_`, `.`).
         #[arg(long)]

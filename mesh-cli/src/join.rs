@@ -59,7 +59,20 @@ pub(crate) struct CreateArgs {
 
 /// `mesh-cli token create`.
 pub(crate) fn create(args: CreateArgs) -> anyhow::Result<()> {
-    let dir = crate::ca::ca_dir(args.dir)?;
+    let data_dir = bootstrap::default_data_dir();
+    let dir = match (args.dir, &data_dir) {
+        (Some(dir), _) => dir,
+        (None, Some(data_dir)) => {
+            // A node that joined with a token holds no CA key: only its issuer makes tokens.
+            if let Some(issuer) = crate::connect::joined_at(data_dir) {
+                return Err(anyhow!(
+                    "this device's node joined the mesh through the issuer at {issuer} and holds no CA key, so it cannot make tokens:                      run `mesh-cli token create` on that machine (or pass --dir DIR with the mesh's ca.pem and ca.key)"
+                ));
+            }
+            bootstrap::tls_dir(data_dir)
+        }
+        (None, None) => return Err(anyhow!("this platform has no data dir: pass --dir")),
+    };
     let ca = crate::ca::signer(&dir)?;
     let issuer = match args.issuer {
         Some(issuer) => issuer,

@@ -176,7 +176,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
     let mut client = pb::keys_client::KeysClient::new(channel(conn).await?);
     let fail = |call: &'static str| {
         let node = conn.node.clone();
-        move |s: tonic::Status| anyhow!("{call} on {node}: {}: {}", s.code(), s.message())
+        move |s: tonic::Status| crate::refused(call, &node, &s)
     };
     match command {
         KeysCommand::Add(args) => {

@@ -44,10 +44,11 @@ pub(crate) enum MemoryCommand {
         #[arg(id = "memory_key", value_name = "KEY")]
         key: String,
     },
-    /// List keys of a namespace.
+    /// List keys of a namespace, with who wrote each; without a namespace, the namespaces.
     Ls {
-        /// The namespace, e.g. `notes` (letters, digits, `-`, `_`, `.`).
-        namespace: String,
+        /// The namespace, e.g. `notes` (letters, digits, `-`, `_`, `.`). Without it: the
+        /// namespaces the node holds, each `shared`, `local` or `system`.
+        namespace: Option<String>,
         /// Only keys starting with this.
         #[arg(long, default_value = "")]
         prefix: String,
@@ -57,25 +58,43 @@ pub(crate) enum MemoryCommand {
         /// Continue after this key: the one a cut answer names.
         #[arg(long, default_value = "")]
         after: String,
-        /// Print JSON (`next_after` is the key to continue after, null when nothing is left).
+        /// Print JSON (`{"records": [...], "next_after"}`: `next_after` is the key to continue
+        /// after, null when nothing is left; without a namespace, `{"namespaces": [...]}`).
         #[arg(long)]
         json: bool,
     },
 }
 
-fn record_json(r: &pb::MemoryRecord) -> serde_json::Value {
+/// A record as `--json` prints it; `origin_name` is the writer's name where the node knows it.
+fn record_json(r: &pb::MemoryRecord, names: &[(String, String)]) -> serde_json::Value {
     json!({
         "namespace": r.namespace,
         "key": r.key,
         "value": String::from_utf8_lossy(&r.value),
         "hlc": r.hlc,
         "origin": r.origin,
+        "origin_name": name_of(&r.origin, names),
         "seq": r.seq,
         "tombstone": r.tombstone,
     })
 }
 
+/// The name of node `id` among `names` (id, name), if known.
+fn name_of<'a>(id: &str, names: &'a [(String, String)]) -> Option<&'a str> {
+    names
+        .iter()
+        .find(|(known, _)| known == id)
+        .map(|(_, name)| name.as_str())
+}
+
 pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Result<()> {
+    // Names of the writers for `WRITTEN BY`; without them (an old node), the short ids.
+    let names = match &command {
+        MemoryCommand::Get { json: true, .. } | MemoryCommand::Ls { .. } => {
+            crate::nodes::names(conn).await.unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
     let mut client = pb::memory_client::MemoryClient::new(channel(conn).await?)
         .max_decoding_message_size(64 * 1024 * 1024)
         .max_encoding_message_size(8 * 1024 * 1024);
@@ -118,7 +137,10 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
                 .into_inner()
                 .record;
             match record {
-                Some(r) if json => println!("{}", serde_json::to_string_pretty(&record_json(&r))?),
+                Some(r) if json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&record_json(&r, &names))?
+                ),
                 Some(r) if !r.tombstone => {
                     let mut out = std::io::stdout();
                     // The exact bytes into a pipe or a file; on a terminal, the value (which
@@ -143,7 +165,33 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
                 .map_err(fail)?;
         }
         MemoryCommand::Ls {
-            namespace,
+            namespace: None,
+            json,
+            ..
+        } => {
+            let namespaces = client
+                .namespaces(pb::MemoryNamespacesRequest {})
+                .await
+                .map_err(fail)?
+                .into_inner()
+                .namespaces;
+            if json {
+                let list: Vec<_> = namespaces
+                    .iter()
+                    .map(|n| json!({"name": n.name, "kind": n.kind}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({ "namespaces": list }))?
+                );
+            } else {
+                let rows: Vec<[String; 2]> =
+                    namespaces.into_iter().map(|n| [n.name, n.kind]).collect();
+                print_table(&["NAMESPACE", "KIND"], &rows);
+            }
+        }
+        MemoryCommand::Ls {
+            namespace: Some(namespace),
             prefix,
             limit,
             after,
@@ -162,7 +210,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
             let records = answer.records;
             let next_after = Some(answer.next_after).filter(|key| !key.is_empty());
             if json {
-                let list: Vec<_> = records.iter().map(record_json).collect();
+                let list: Vec<_> = records.iter().map(|r| record_json(r, &names)).collect();
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
@@ -178,7 +226,8 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
                         [
                             r.key.clone(),
                             value.replace('\n', " "),
-                            r.origin.chars().take(12).collect(),
+                            name_of(&r.origin, &names)
+                                .map_or_else(|| r.origin.chars().take(12).collect(), str::to_owned),
                         ]
                     })
                     .collect();

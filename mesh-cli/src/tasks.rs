@@ -1,4 +1,5 @@
-//! `mesh-cli run` and `mesh-cli tasks`: submit, stream, list, show and cancel tasks.
+//! What a task asks for (shared by `run` and `cron add`), and `mesh-cli tasks`: list, show and
+//! cancel tasks; how a task's events read for people.
 
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
@@ -12,19 +13,20 @@ use serde_json::{Value, json};
 
 use crate::{ConnArgs, ago, channel, print_table, unix_ms};
 
-/// What a task asks for: shared by `run` and `cron add`.
+/// What a task asks for: shared by `run` and `cron add` (which requires one of --role,
+/// --model and --persona; `run` defaults to role `chat`).
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["role", "model", "persona"])))]
+#[command(group(clap::ArgGroup::new("target").args(["role", "model", "persona"])))]
 pub(crate) struct TaskArgs {
     /// Run on the model chain of this role (e.g. chat, coder).
     #[arg(long)]
-    role: Option<String>,
+    pub(crate) role: Option<String>,
     /// Run on this model.
     #[arg(long)]
-    model: Option<String>,
+    pub(crate) model: Option<String>,
     /// Run as this persona (its role, system prompt, tools and tier cap).
     #[arg(long)]
-    persona: Option<String>,
+    pub(crate) persona: Option<String>,
     /// Highest tool tier the task may use.
     #[arg(long, value_parser = ["read", "write", "shell"], default_value = "read")]
     tier: String,
@@ -138,27 +140,6 @@ impl TaskArgs {
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct RunArgs {
-    #[command(flatten)]
-    task: TaskArgs,
-    /// Continue (or start) a conversation session: earlier turns are sent along, and this one
-    /// is kept, so the next turn can run on any node.
-    #[arg(long, value_name = "NAME")]
-    session: Option<String>,
-    /// Print how the node would route the task (every candidate with its score or why it is
-    /// excluded) and run nothing.
-    #[arg(long)]
-    explain: bool,
-    /// Print one JSON object when the task ends instead of streaming:
-    /// {"task_id", "status", "output", "executed_on", "error"}.
-    #[arg(long)]
-    json: bool,
-    /// What the agent should do.
-    #[arg(required = true)]
-    prompt: Vec<String>,
-}
-
-#[derive(Debug, Args)]
 pub(crate) struct TasksArgs {
     #[command(subcommand)]
     command: Option<TasksCommand>,
@@ -187,7 +168,8 @@ enum TasksCommand {
     },
 }
 
-/// A failure already reported on stdout (`run --json`): exit 1 without printing it again.
+/// A failure already reported (on stdout by `run --json`, or on stderr as a task's outcome):
+/// exit 1 without printing it again.
 #[derive(Debug)]
 pub(crate) struct Reported;
 
@@ -199,169 +181,11 @@ impl std::fmt::Display for Reported {
 
 impl std::error::Error for Reported {}
 
-pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
-    let request = args.task.request(args.prompt.join(" "), args.session);
-    // An evaluated task streams each attempt's text, but its output is the best attempt's:
-    // print that at the end instead.
-    let stream_output = !args.json && request.evaluate.is_none();
-    let channel = channel(conn).await?;
-    let mut client = pb::tasks_client::TasksClient::new(channel.clone());
-    if args.explain {
-        return explain(&mut client, request, args.json).await;
-    }
-    let mut stream = match client.submit(request).await {
-        Ok(response) => response.into_inner(),
-        // Scripts get the one JSON object even when the task was never admitted.
-        Err(status) if args.json => {
-            let object = json!({
-                "task_id": "",
-                "status": "failed",
-                "output": "",
-                "executed_on": "",
-                "error": status.message(),
-                "error_kind": "rejected",
-                "error_fields": {"code": format!("{:?}", status.code())},
-            });
-            println!("{}", serde_json::to_string_pretty(&object)?);
-            return Err(Reported.into());
-        }
-        Err(status) => {
-            return Err(anyhow!(
-                "{} refused the task: {}",
-                conn.node,
-                status.message()
-            ));
-        }
-    };
-
-    let mut task_id = String::new();
-    let mut completed: Option<pb::Completed> = None;
-    let mut error: Option<pb::TaskError> = None;
-    let mut streamed = false;
-    let mut evaluations = Vec::new();
-    while let Some(event) = stream
-        .message()
-        .await
-        .map_err(|s| anyhow!("the task stream from {} broke: {}", conn.node, s.message()))?
-    {
-        task_id = event.task_id;
-        match event.kind {
-            Some(Kind::OutputDelta(delta)) if stream_output => {
-                use std::io::Write;
-                let mut stdout = std::io::stdout();
-                stdout.write_all(crate::shown(&delta.text).as_bytes()).ok();
-                stdout.flush().ok();
-                streamed = true;
-            }
-            Some(Kind::Completed(done)) => completed = Some(done),
-            Some(Kind::Failed(failed)) => error = failed.error,
-            // Asked even with --json (on stderr): the task waits for an answer.
-            Some(Kind::ApprovalRequested(request)) => {
-                crate::approvals::on_requested(conn, channel.clone(), &request);
-            }
-            Some(Kind::Evaluated(evaluated)) if args.json => {
-                evaluations.push(evaluated_json(&evaluated));
-            }
-            Some(kind) if !args.json => {
-                if let Some(line) = describe(&kind) {
-                    eshow!("{line}");
-                }
-            }
-            _ => {}
-        }
-    }
-
-    if args.json {
-        let mut object = json!({
-            "task_id": task_id,
-            "status": if completed.is_some() { "completed" } else { "failed" },
-            "output": completed.as_ref().map(|c| c.output.clone()).unwrap_or_default(),
-            "executed_on": completed.as_ref().map(|c| c.executed_on.clone()).unwrap_or_default(),
-        });
-        if !evaluations.is_empty() {
-            object["evaluations"] = json!(evaluations);
-        }
-        if let Some(error) = &error {
-            object["error"] = json!(error.message);
-            object["error_kind"] = json!(error.kind);
-            object["error_fields"] = json!(error.fields);
-        }
-        println!("{}", serde_json::to_string_pretty(&object)?);
-    } else if streamed {
-        show!();
-    } else if let Some(done) = &completed {
-        show!("{}", done.output);
-    }
-    match (completed, error) {
-        (Some(_), _) => Ok(()),
-        (None, _) if args.json => Err(Reported.into()),
-        (None, Some(error)) => Err(anyhow!("task {task_id} failed: {}", error.message)),
-        (None, None) => Err(anyhow!("task {task_id} ended without an outcome")),
-    }
-}
-
 fn parse_label(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
         _ => Err(format!("`{text}` is not KEY=VALUE")),
     }
-}
-
-async fn explain(
-    client: &mut Client,
-    request: pb::SubmitRequest,
-    json: bool,
-) -> anyhow::Result<()> {
-    let candidates = client
-        .explain(request)
-        .await
-        .map_err(|s| anyhow!("explain: {}", s.message()))?
-        .into_inner()
-        .candidates;
-    if json {
-        let list: Vec<Value> = candidates
-            .iter()
-            .map(|c| json!({"node": c.node, "node_id": c.node_id, "local": c.local, "eligible": c.eligible,
-                            "score": c.eligible.then_some(c.score), "reason": c.reason}))
-            .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&json!({ "candidates": list }))?
-        );
-        return Ok(());
-    }
-    let rows: Vec<[String; 4]> = candidates
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let name = if c.local {
-                format!("{} (this node)", c.node)
-            } else {
-                c.node.clone()
-            };
-            if c.eligible {
-                [
-                    format!("{}", i + 1),
-                    name,
-                    format!("{:.2}", c.score),
-                    if i == 0 {
-                        "chosen".into()
-                    } else {
-                        "eligible".into()
-                    },
-                ]
-            } else {
-                [
-                    "-".into(),
-                    name,
-                    "-".into(),
-                    format!("excluded: {}", c.reason),
-                ]
-            }
-        })
-        .collect();
-    print_table(&["RANK", "NODE", "SCORE", "VERDICT"], &rows);
-    Ok(())
 }
 
 pub(crate) async fn tasks(conn: &ConnArgs, args: TasksArgs) -> anyhow::Result<()> {
@@ -370,6 +194,8 @@ pub(crate) async fn tasks(conn: &ConnArgs, args: TasksArgs) -> anyhow::Result<()
         None => list(&mut client, args.json, args.limit).await,
         Some(TasksCommand::Show { id, json }) => show(&mut client, &id, json).await,
         Some(TasksCommand::Cancel { id }) => {
+            // The node answers once the task has ended (or after a few seconds): the status
+            // after the cancel.
             let status = client
                 .cancel(pb::CancelRequest {
                     task_id: id.clone(),
@@ -384,7 +210,7 @@ pub(crate) async fn tasks(conn: &ConnArgs, args: TasksArgs) -> anyhow::Result<()
     }
 }
 
-type Client = pb::tasks_client::TasksClient<tonic::transport::Channel>;
+pub(crate) type Client = pb::tasks_client::TasksClient<tonic::transport::Channel>;
 
 async fn list(client: &mut Client, json: bool, limit: u32) -> anyhow::Result<()> {
     let tasks = client
@@ -537,7 +363,7 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn kind_name(kind: &Kind) -> &'static str {
+pub(crate) fn kind_name(kind: &Kind) -> &'static str {
     match kind {
         Kind::Accepted(_) => "accepted",
         Kind::Started(_) => "started",
@@ -568,7 +394,7 @@ pub(crate) fn evaluation_json(e: &pb::Evaluation) -> Value {
 }
 
 /// One evaluator verdict, as `run --json` and `tasks show --json` print it.
-fn evaluated_json(e: &pb::Evaluated) -> Value {
+pub(crate) fn evaluated_json(e: &pb::Evaluated) -> Value {
     json!({
         "attempt": e.attempt,
         "score": e.score,
@@ -580,7 +406,7 @@ fn evaluated_json(e: &pb::Evaluated) -> Value {
 }
 
 /// One line for a task event on stderr (`None` for events not worth a line).
-fn describe(kind: &Kind) -> Option<String> {
+pub(crate) fn describe(kind: &Kind) -> Option<String> {
     Some(match kind {
         Kind::Accepted(a) if a.queue_position > 0 => {
             format!("· queued on {} ({} ahead)", a.node, a.queue_position)
@@ -623,15 +449,21 @@ fn describe(kind: &Kind) -> Option<String> {
         Kind::Warning(w) => format!("! warning: {}", w.message),
         Kind::OutputDelta(_) => return None,
         Kind::Completed(c) => format!(
-            "✓ completed on {} in {} rounds ({} tokens)",
+            "✓ completed on {} in {} round{} ({} tokens)",
             c.executed_on,
             c.rounds,
+            if c.rounds == 1 { "" } else { "s" },
             c.usage
                 .map(|u| u.prompt_tokens + u.completion_tokens)
                 .unwrap_or(0)
         ),
         Kind::Failed(f) => format!(
-            "✗ failed: {}",
+            "✗ {}: {}",
+            if f.error.as_ref().is_some_and(|e| e.kind == "cancelled") {
+                "cancelled"
+            } else {
+                "failed"
+            },
             f.error
                 .as_ref()
                 .map(|e| e.message.as_str())
@@ -686,6 +518,7 @@ fn status_name(status: i32) -> &'static str {
         Ok(pb::TaskStatus::Completed) => "completed",
         Ok(pb::TaskStatus::Failed) => "failed",
         Ok(pb::TaskStatus::InputRequired) => "input_required",
+        Ok(pb::TaskStatus::Cancelled) => "cancelled",
         _ => "unknown",
     }
 }

@@ -43,8 +43,10 @@
 //! ([`agent::AgentRuntime::run`], models through [`chat::fall_through`]) or another node
 //! ([`tasks::forward`](tasks::forward)) → events to every watcher.
 //!
-//! The fleet: [`discovery`] → `DiscoveryEvent` → [`peers::Membership`] → `PeerLink` (rpc) →
-//! `WatchInfo` beats → [`peers::PeerTable`] → `ListPeers` (rpc) → `mesh-cli status`.
+//! The fleet: [`discovery`] → `DiscoveryEvent` → [`peers::swim::Membership`] (SWIM over signed
+//! UDP datagrams says who is up, suspect or down; a member's `NodeInfo` is fetched through the
+//! `PeerLink` port, `GetInfo` in rpc, when its gossiped version changes) →
+//! [`peers::PeerTable`] → `ListPeers` and `WatchPeers` (rpc) → `mesh-cli status`.
 
 pub mod admission;
 pub mod agent;

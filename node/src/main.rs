@@ -144,7 +144,10 @@ fn main() -> ExitCode {
     match runtime.block_on(run(config, join)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!(
+                "error: {}",
+                mesh_domain::text::causes_once(e.chain().map(ToString::to_string))
+            );
             // A configuration the node could only check at start is still bad usage.
             match e.downcast_ref::<StartError>() {
                 Some(StartError::Config(_)) => ExitCode::from(2),

@@ -158,6 +158,9 @@ pub struct PeerTable {
     liveness: watch::Sender<u64>,
     /// This node's id and name (`None` in tests that need no own name).
     own: Option<(NodeId, String)>,
+    /// Counts the changes a person watching the fleet would see (a peer joins, changes state
+    /// or sends new info), so `WatchPeers` answers on change instead of on a timer.
+    changes: watch::Sender<u64>,
 }
 
 /// Most unreachable reports waiting for membership; past it more are dropped (membership's own
@@ -216,6 +219,16 @@ impl PeerTable {
     /// free (what the issuer asks before it issues a node certificate).
     pub fn holder_of(&self, name: &str) -> Option<NameTaken> {
         self.holder_in(&self.peers.read_unpoisoned(), name, None)
+    }
+
+    /// Wakes at every change of the table (a peer joined, changed state, or sent new info);
+    /// not at a datagram that only says a peer is still there.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// The reports of [`PeerTable::report_unreachable`], from now on (a later call takes them
@@ -290,6 +303,8 @@ impl PeerTable {
                 tracing::info!(peer = %peers[&id].info.name, id = %id.short(), addr, "peer joined")
             }
         }
+        drop(peers);
+        self.changed();
         Ok(())
     }
 
@@ -320,6 +335,8 @@ impl PeerTable {
             tracing::info!(peer = %peer.info.name, id = %id.short(), from = peer.state.as_str(), to = state.as_str(), why, "peer state");
             peer.state = state;
             self.live_set_changed();
+            drop(peers);
+            self.changed();
         }
     }
 
@@ -556,6 +573,29 @@ mod tests {
         table
             .beat(twin("alpha"), "b:2", PeerSource::Static)
             .expect("its own name");
+    }
+
+    /// `WatchPeers` answers on these changes: a join, a state change, new info; not on a
+    /// datagram that only says a peer is there, nor on a state it already has.
+    #[test]
+    fn watchers_wake_at_joins_state_changes_and_new_info_only() {
+        let table = PeerTable::default();
+        let mut changes = table.subscribe();
+        let alpha = info("alpha");
+        let id = alpha.id.clone();
+        table.beat(alpha, "x:1", PeerSource::Mdns).expect("free");
+        assert!(changes.has_changed().expect("open"), "a join");
+        changes.mark_unchanged();
+        table.heard(&id);
+        table.mark(&id, PeerState::Up, "SWIM");
+        assert!(!changes.has_changed().expect("open"), "nothing new");
+        table.mark(&id, PeerState::Down, "SWIM");
+        assert!(changes.has_changed().expect("open"), "a state change");
+        changes.mark_unchanged();
+        table
+            .beat(info("alpha"), "x:1", PeerSource::Mdns)
+            .expect("its own name");
+        assert!(changes.has_changed().expect("open"), "new info");
     }
 
     #[test]

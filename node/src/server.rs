@@ -81,13 +81,14 @@ pub const HTTP_ADDR_FILE: &str = "http.addr";
 /// Errors starting a node.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// No port could be bound.
-    #[error("cannot listen on {addr}: {source}{hint}")]
+    /// No port could be bound. (The OS error is in the message, not a `source`: printed with
+    /// its causes, the error would say it twice.)
+    #[error("cannot listen on {addr}: {}{hint}", io_words(error))]
     Bind {
         /// What was tried.
         addr: SocketAddr,
         /// The OS error.
-        source: io::Error,
+        error: io::Error,
         /// A hint on how to fix it.
         hint: &'static str,
     },
@@ -95,12 +96,12 @@ pub enum StartError {
     #[error(transparent)]
     Tls(#[from] TlsError),
     /// The data dir cannot be created.
-    #[error("cannot create data dir {}: {source}; set node.data_dir or --data-dir to a writable directory", path.display())]
+    #[error("cannot create data dir {}: {}; set node.data_dir or --data-dir to a writable directory", path.display(), io_words(error))]
     DataDir {
         /// The directory.
         path: PathBuf,
         /// The OS error.
-        source: io::Error,
+        error: io::Error,
     },
     /// Two hooks claim the same stage and order.
     #[error("hooks: {0}")]
@@ -114,13 +115,21 @@ pub enum StartError {
     /// names exist, such as the tool table).
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// Another process holds the data dir's database (sled locks it while open).
+    #[error("the data dir {} is in use: another mesh-node runs on it (its database, {}, is locked); stop that node, or start this one with another --data-dir", data_dir.display(), db.display())]
+    DataDirInUse {
+        /// The data dir.
+        data_dir: PathBuf,
+        /// The locked database.
+        db: PathBuf,
+    },
     /// The sled database could not be opened.
-    #[error("cannot open the database in {}: {source}; is another mesh-node using this data dir?", path.display())]
+    #[error("cannot open the database in {}: {error}", path.display())]
     Storage {
         /// The database directory.
         path: PathBuf,
         /// sled's error.
-        source: sled::Error,
+        error: sled::Error,
     },
     /// A configured front-door key cannot be used (its key file).
     #[error(transparent)]
@@ -146,6 +155,31 @@ pub enum StartError {
         /// What is wrong with it.
         problem: String,
     },
+}
+
+/// An OS error in words: `Address already in use`, without the `(os error 98)` that only a
+/// programmer can use.
+fn io_words(error: &io::Error) -> String {
+    let text = error.to_string();
+    match text.rfind(" (os error ") {
+        Some(at) if text.ends_with(')') => text[..at].to_owned(),
+        _ => text,
+    }
+}
+
+/// Opens the node's database in `data_dir`; a database another process holds open (sled's
+/// lock, whose error reads `could not acquire lock on "…": Os { … }`) is said in words.
+fn open_db(data_dir: &Path) -> Result<sled::Db, StartError> {
+    let path = data_dir.join("db");
+    sled::open(&path).map_err(|error| match &error {
+        sled::Error::Io(io) if io.to_string().starts_with("could not acquire lock") => {
+            StartError::DataDirInUse {
+                data_dir: data_dir.to_owned(),
+                db: path.clone(),
+            }
+        }
+        _ => StartError::Storage { path, error },
+    })
 }
 
 /// How often a node collects its own front-door usage records of past months.
@@ -220,7 +254,11 @@ async fn bind_up_to(listen: Listen, last_fallback: u16) -> Result<TcpListener, S
                 } else {
                     ""
                 };
-                return Err(StartError::Bind { addr, source, hint });
+                return Err(StartError::Bind {
+                    addr,
+                    error: source,
+                    hint,
+                });
             }
         }
     }
@@ -256,14 +294,14 @@ pub struct Node {
 impl Node {
     /// Starts a node on an already-bound listener.
     pub async fn start(mut config: Config, listener: TcpListener) -> Result<Self, StartError> {
-        let addr = listener.local_addr().map_err(|source| StartError::Bind {
+        let addr = listener.local_addr().map_err(|error| StartError::Bind {
             addr: config.listen.addr,
-            source,
+            error,
             hint: "",
         })?;
-        std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
+        std::fs::create_dir_all(&config.data_dir).map_err(|error| StartError::DataDir {
             path: config.data_dir.clone(),
-            source,
+            error,
         })?;
 
         let (mesh_tls, signer, verifier, fingerprint) = match &config.tls {
@@ -315,9 +353,9 @@ impl Node {
         let reoffer = Arc::new(tokio::sync::Notify::new());
         // SWIM listens on UDP at the gRPC port's number and address (one port to open and
         // forward); bound here, once, so a restarted loop keeps it.
-        let socket = Arc::new(UdpSocket::bind(addr).await.map_err(|source| StartError::Bind {
+        let socket = Arc::new(UdpSocket::bind(addr).await.map_err(|error| StartError::Bind {
             addr,
-            source,
+            error,
             hint: " (membership's UDP socket, on the same port as gRPC: free that UDP port)",
         })?);
         if let Err(e) = swim::enlarge_receive_buffer(&socket) {
@@ -402,11 +440,7 @@ impl Node {
             );
         }
 
-        let db_path = config.data_dir.join("db");
-        let db = sled::open(&db_path).map_err(|source| StartError::Storage {
-            path: db_path.clone(),
-            source,
-        })?;
+        let db = open_db(&config.data_dir)?;
         let store =
             Arc::new(SledStore::new(db).with_floor(config.data_dir.clone(), config.min_free_disk));
         let issuer = issuer_ca.map(|ca| {

@@ -123,6 +123,7 @@ impl From<TaskStatus> for pb::TaskStatus {
             TaskStatus::Completed => pb::TaskStatus::Completed,
             TaskStatus::Failed => pb::TaskStatus::Failed,
             TaskStatus::InputRequired => pb::TaskStatus::InputRequired,
+            TaskStatus::Cancelled => pb::TaskStatus::Cancelled,
         }
     }
 }

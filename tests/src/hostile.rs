@@ -481,6 +481,18 @@ impl pb::node_server::Node for Service {
             peers: Vec::new(),
         }))
     }
+
+    type WatchPeersStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ListPeersResponse, Status>>;
+
+    async fn watch_peers(
+        &self,
+        _: Request<pb::WatchPeersRequest>,
+    ) -> Result<Response<Self::WatchPeersStream>, Status> {
+        Err(Status::unimplemented(
+            "a hostile peer has no fleet to watch",
+        ))
+    }
 }
 
 #[tonic::async_trait]
@@ -516,6 +528,15 @@ impl pb::memory_server::Memory for Service {
         &self,
         _: Request<pb::MemoryListRequest>,
     ) -> Result<Response<pb::MemoryListResponse>, Status> {
+        Err(Status::unimplemented(
+            "a hostile peer answers Sync and Push",
+        ))
+    }
+
+    async fn namespaces(
+        &self,
+        _: Request<pb::MemoryNamespacesRequest>,
+    ) -> Result<Response<pb::MemoryNamespacesResponse>, Status> {
         Err(Status::unimplemented(
             "a hostile peer answers Sync and Push",
         ))

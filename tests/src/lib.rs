@@ -9,6 +9,8 @@
 //! - [`wait_for`] polls a condition until a deadline; tests never sleep to let things settle.
 //! - [`sign_record`] signs a wire record as a node would (tests that play a node, or forge one).
 //! - [`swim_sim`] simulates SWIM membership (foca) over a simulated network and clock.
+//! - [`terminal`] runs a command in a pseudo-terminal with keys typed into it, and reads what a
+//!   running command prints.
 //! - [`hostile`] is a member of the mesh that misbehaves: a client sending adversarial
 //!   messages, and a fake peer the node dials (see [`hostile::HostilePeer`]).
 
@@ -26,6 +28,7 @@ pub mod hostile;
 pub mod hostile_soak;
 pub mod soak;
 pub mod swim_sim;
+pub mod terminal;
 
 use anyhow::{Context, anyhow, bail};
 use mesh_domain::NodeId;

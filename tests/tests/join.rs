@@ -365,6 +365,13 @@ async fn a_caller_without_a_certificate_reaches_only_join() {
             .map(|_| ()),
     ));
     refusals.push((
+        "Node.WatchPeers",
+        pb::node_client::NodeClient::new(channel.clone())
+            .watch_peers(pb::WatchPeersRequest {})
+            .await
+            .map(|_| ()),
+    ));
+    refusals.push((
         "Tasks.List",
         pb::tasks_client::TasksClient::new(channel.clone())
             .list(pb::ListTasksRequest::default())
@@ -375,6 +382,13 @@ async fn a_caller_without_a_certificate_reaches_only_join() {
         "Memory.Get",
         pb::memory_client::MemoryClient::new(channel.clone())
             .get(pb::MemoryGetRequest::default())
+            .await
+            .map(|_| ()),
+    ));
+    refusals.push((
+        "Memory.Namespaces",
+        pb::memory_client::MemoryClient::new(channel.clone())
+            .namespaces(pb::MemoryNamespacesRequest {})
             .await
             .map(|_| ()),
     ));

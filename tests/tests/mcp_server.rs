@@ -407,7 +407,7 @@ fn a_client_that_gives_up_on_run_task_cancels_the_task() {
         (task["status"] != "running").then_some(task)
     })
     .expect("the task ended");
-    assert_eq!(status["status"], "failed", "{status}");
+    assert_eq!(status["status"], "cancelled", "{status}");
     assert!(
         status["error"]
             .as_str()

@@ -1,7 +1,8 @@
 //! The operator without flags: `mesh-cli` run as the same user finds its certificate by itself
 //! (the config dir `ca issue --role client --install` writes, then a zero-config node's data
 //! dir), flags and `MESH_*` variables override what it finds, and a node that meets a node of
-//! another mesh names it once, with the way to bring it in.
+//! another mesh names it once, with the way to bring it in (or, when the node is alone in a
+//! mesh of its own, the way for it to join the other).
 //!
 //! Every process gets HOME, XDG_DATA_HOME and XDG_CONFIG_HOME in a temp dir of its own and no
 //! `MESH_*` variable, so the machine's own files and environment play no part.
@@ -213,7 +214,7 @@ fn flags_and_env_override_the_files_mesh_cli_finds() {
 
 /// The hint a node logs about a node of another mesh; the debug line of each failed dial
 /// carries the dial error, not this.
-const FOREIGN_HINT: &str = "to bring it in, run `mesh-cli token create --role node`";
+const FOREIGN_HINT: &str = "belongs to another mesh (its certificate is not from this mesh's CA)";
 
 /// Two nodes of different CAs find each other by real mDNS (in a namespace of this test): each
 /// names the other once, at its first dropped membership datagram, and not again after it.
@@ -826,4 +827,70 @@ fn a_zero_config_node_is_operated_with_mesh_cli_alone_and_its_settings_survive_a
     let unset = operator(&node, &["config", "unset", "http.loopback_without_key"]);
     assert!(unset.status.success(), "{}", stderr(&unset));
     assert_eq!(node.http_get("/v1/models").0, 401);
+}
+
+/// Issue 28: a second device started without `--join` makes a mesh of its own, and the hint
+/// told the real fleet's members to join it. Now the stray (alone in its mesh) is told how it
+/// joins the fleet, and the fleet's members how to bring it in; each says it once.
+#[test]
+fn a_stray_device_is_told_to_join_the_fleet_and_the_fleet_to_bring_it_in() {
+    let ns = Netns::new().expect("netns");
+    let harness = Harness::new().expect("harness");
+    let alpha = harness
+        .spawn(NodeOptions::new("alpha").mdns_in(&ns))
+        .expect("alpha");
+    let beta = harness
+        .spawn(NodeOptions::new("beta").mdns_in(&ns))
+        .expect("beta");
+    harness
+        .wait_all_up(&[&alpha, &beta], DEADLINE)
+        .expect("the fleet");
+    // The stray: zero config, a CA of its own, in the same network.
+    let home = Home::new();
+    let log = home.dir.path().join("stray.log");
+    let _stray = OwnNode(
+        home.command(ns.command(&bin("mesh-node")))
+            .args(["--name", "stray", "--listen", "0.0.0.0:0"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("start the stray"),
+    );
+    let stray_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let hint = wait_for("the stray to name the fleet", DEADLINE, || {
+        stray_log()
+            .lines()
+            .find(|l| l.contains(FOREIGN_HINT))
+            .map(str::to_owned)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", stray_log()));
+    assert!(
+        hint.contains("this node is alone in a mesh of its own")
+            && (hint.contains("If this device belongs to `alpha`'s mesh")
+                || hint.contains("If this device belongs to `beta`'s mesh"))
+            && hint.contains("mesh-node --join TOKEN"),
+        "{hint}"
+    );
+    for member in [&alpha, &beta] {
+        let said = wait_for(
+            &format!("{} to name the stray", member.name),
+            DEADLINE,
+            || {
+                let log = member.log_text();
+                let hints: Vec<String> = log
+                    .lines()
+                    .filter(|l| l.contains(FOREIGN_HINT) && l.contains("`stray` at "))
+                    .map(str::to_owned)
+                    .collect();
+                (!hints.is_empty()).then_some(hints)
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", member.log_text()));
+        assert_eq!(said.len(), 1, "{said:#?}");
+        assert!(
+            said[0].contains("to bring `stray` in") && !said[0].contains("alone"),
+            "{}",
+            said[0]
+        );
+    }
 }

@@ -366,7 +366,7 @@ fn cancelling_a_delegated_task_on_the_origin_cancels_it_on_the_executing_node() 
     wait_for("gpu1 to cancel its copy", DEADLINE, || {
         tasks(&f.harness, &f.gpu1)
             .iter()
-            .any(|t| t["task_id"] == id.as_str() && t["status"] == "failed")
+            .any(|t| t["task_id"] == id.as_str() && t["status"] == "cancelled")
             .then_some(())
     })
     .expect("cancelled on gpu1 too");

@@ -454,10 +454,13 @@ pub enum TaskStatus {
     Failed,
     /// Running, but paused until a person approves or denies a tool call (the A2A term).
     InputRequired,
+    /// Ended because someone cancelled it (a caller, or the node shutting down), not because
+    /// it failed: its terminal event is `failed` with a `cancelled` error.
+    Cancelled,
 }
 
 impl TaskStatus {
-    /// `queued`, `running`, `completed`, `failed`, `input_required`.
+    /// `queued`, `running`, `completed`, `failed`, `input_required`, `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Queued => "queued",
@@ -465,12 +468,22 @@ impl TaskStatus {
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::InputRequired => "input_required",
+            Self::Cancelled => "cancelled",
         }
     }
 
-    /// Whether the task has ended (completed or failed).
+    /// Whether the task has ended (completed, failed or cancelled).
     pub fn finished(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed)
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The status a task ends with when it ends with `error`: `cancelled` for a cancellation,
+    /// else `failed`.
+    pub fn of_error(error: &TaskError) -> Self {
+        match error {
+            TaskError::Cancelled { .. } => Self::Cancelled,
+            _ => Self::Failed,
+        }
     }
 }
 

@@ -62,7 +62,7 @@ mod writers;
 
 pub use error::{MemoryError, readable_by_callers, writable_by_callers};
 pub use record::{Entry, MAX_SIGNATURE, Record};
-pub use store::{Memory, MemoryOptions, Page};
+pub use store::{Memory, MemoryOptions, NamespaceKind, Page};
 pub use sync::{
     BATCH_BYTES, MemoryPeers, RESYNCING, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync,
     replicate, resync_from, sync_from,

@@ -724,6 +724,30 @@ impl Memory {
         Ok(true)
     }
 
+    /// Every namespace that holds records (live or deleted) and callers may read (the private
+    /// system namespaces left out), sorted, with what it is.
+    pub fn namespaces(&self) -> Result<Vec<(String, NamespaceKind)>, MemoryError> {
+        let mut list: Vec<(String, NamespaceKind)> = self
+            .store
+            .trees()?
+            .into_iter()
+            .filter_map(|name| name.strip_prefix(NS_PREFIX).map(str::to_owned))
+            .filter(|ns| super::readable_by_callers(ns).is_ok())
+            .map(|ns| {
+                let kind = if keys::SYSTEM_NAMESPACES.contains(&ns.as_str()) {
+                    NamespaceKind::System
+                } else if self.replicated(&ns) {
+                    NamespaceKind::Shared
+                } else {
+                    NamespaceKind::Local
+                };
+                (ns, kind)
+            })
+            .collect();
+        list.sort();
+        Ok(list)
+    }
+
     /// Every replicated namespace that holds records.
     pub(super) fn replicated_namespaces(&self) -> Result<Vec<String>, MemoryError> {
         Ok(self
@@ -733,6 +757,28 @@ impl Memory {
             .filter_map(|name| name.strip_prefix(NS_PREFIX).map(str::to_owned))
             .filter(|ns| self.replicated(ns))
             .collect())
+    }
+}
+
+/// What a namespace is ([`Memory::namespaces`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NamespaceKind {
+    /// Replicated to every node.
+    Shared,
+    /// In `memory.local_namespaces`: it stays on this node.
+    Local,
+    /// Written only by the node's own services (cron, sessions, approvals, …).
+    System,
+}
+
+impl NamespaceKind {
+    /// `shared`, `local` or `system`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Local => "local",
+            Self::System => "system",
+        }
     }
 }
 

@@ -632,6 +632,26 @@ impl Membership {
     }
 }
 
+/// What a node logs the first time it hears `name` at `from`, a node of another mesh. A node
+/// with members is in a fleet, so the stranger is the one to bring in. A node alone in its
+/// mesh may be the stray itself (a device started without `--join` makes a CA of its own), so
+/// it says first how *it* joins the other mesh, then the way round.
+fn foreign_hint(name: &str, from: SocketAddr, alone: bool) -> String {
+    let other = format!(
+        "`{name}` at {from} belongs to another mesh (its certificate is not from this mesh's CA)"
+    );
+    let bring_in = format!(
+        "to bring `{name}` in, run `mesh-cli token create --role node` where this mesh's CA key is and start `{name}` with `mesh-node --join TOKEN`"
+    );
+    if alone {
+        format!(
+            "{other}, and this node is alone in a mesh of its own (a device started without --join makes its own CA). If this device belongs to `{name}`'s mesh: run `mesh-cli token create --role node` on that mesh's issuer, stop this node, move its data dir's `tls` directory aside, and start it with `mesh-node --join TOKEN`. Or, {bring_in}"
+        )
+    } else {
+        format!("{other}; {bring_in}")
+    }
+}
+
 /// Declares down the members this node suspected whose suspicion ran out by `now` unrefuted
 /// (their incarnation did not rise), as foca does for the suspicions its probes raise.
 fn expire_suspicions(
@@ -719,10 +739,12 @@ impl Run<'_> {
         if let Refusal::Foreign { name, fingerprint } = refusal
             && self.foreign.first_meeting(name, fingerprint)
         {
+            let alone = self.parts.table.up_peers().is_empty();
             tracing::warn!(
                 node = name.as_str(),
                 addr = %from,
-                "`{name}` at {from} belongs to another mesh (its certificate is not from this mesh's CA); to bring it in, run `mesh-cli token create --role node` where this mesh's CA key is and start it with `mesh-node --join TOKEN`"
+                "{}",
+                foreign_hint(name, from, alone)
             );
         }
         if !screened {

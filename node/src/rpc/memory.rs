@@ -241,6 +241,22 @@ impl pb::memory_server::Memory for MemoryService {
         }))
     }
 
+    async fn namespaces(
+        &self,
+        _request: Request<pb::MemoryNamespacesRequest>,
+    ) -> Result<Response<pb::MemoryNamespacesResponse>, Status> {
+        let namespaces = self
+            .memory
+            .namespaces()?
+            .into_iter()
+            .map(|(name, kind)| pb::MemoryNamespace {
+                name,
+                kind: kind.as_str().to_owned(),
+            })
+            .collect();
+        Ok(Response::new(pb::MemoryNamespacesResponse { namespaces }))
+    }
+
     async fn sync(
         &self,
         request: Request<pb::MemorySyncRequest>,
@@ -505,6 +521,38 @@ mod tests {
                 .expect_err("list refused");
             assert_eq!(list.code(), tonic::Code::PermissionDenied, "{list:?}");
         }
+    }
+
+    /// Issue 28: `Namespaces` lists every namespace holding records with its kind, sorted,
+    /// and never a private one (without the filter, `responses` is listed).
+    #[tokio::test]
+    async fn namespaces_are_listed_with_their_kind_and_never_a_private_one() {
+        let (_dir, service) = service_with(MemoryOptions {
+            local_namespaces: vec!["scratch".into()],
+            ..MemoryOptions::default()
+        });
+        let memory = &service.memory;
+        for ns in ["notes", "scratch", keys::CRON_SCHEDULES, keys::RESPONSES] {
+            memory.put(ns, "k", Some(b"v".to_vec())).await.expect("put");
+        }
+        let listed: Vec<(String, String)> = service
+            .namespaces(Request::new(pb::MemoryNamespacesRequest {}))
+            .await
+            .expect("namespaces")
+            .into_inner()
+            .namespaces
+            .into_iter()
+            .map(|n| (n.name, n.kind))
+            .collect();
+        let want = |name: &str, kind: &str| (name.to_owned(), kind.to_owned());
+        assert_eq!(
+            listed,
+            [
+                want(keys::CRON_SCHEDULES, "system"),
+                want("notes", "shared"),
+                want("scratch", "local"),
+            ]
+        );
     }
 
     /// A namespace holding more than a `List` answer's byte budget is listed in pages that

@@ -48,6 +48,11 @@ use crate::{
 pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Most peers taken from one `ListPeers` answer.
 const MAX_LIST: usize = 256;
+/// Most `WatchPeers` streams open at once on a node: each holds a task and sends the fleet's
+/// view at every change, so a caller may not open them without bound.
+pub const MAX_PEER_WATCHERS: usize = 64;
+/// How often `WatchPeers` sends the view when nothing changed (last-seen times and lag move).
+const PEER_WATCH_REFRESH: Duration = Duration::from_secs(5);
 /// Bounds on the beat interval a watcher may ask for.
 const MIN_BEAT: Duration = Duration::from_millis(250);
 const MAX_BEAT: Duration = Duration::from_secs(2);
@@ -77,6 +82,8 @@ pub struct NodeService {
     tls: bool,
     /// For replication lag in `ListPeers`.
     memory: Option<Arc<Memory>>,
+    /// One permit per open `WatchPeers` stream ([`MAX_PEER_WATCHERS`]).
+    peer_watchers: Arc<tokio::sync::Semaphore>,
 }
 
 impl NodeService {
@@ -95,6 +102,38 @@ impl NodeService {
             leaving,
             tls,
             memory: None,
+            peer_watchers: Arc::new(tokio::sync::Semaphore::new(MAX_PEER_WATCHERS)),
+        }
+    }
+
+    /// This node and every peer it knows, as `ListPeers` answers.
+    fn fleet_view(&self) -> pb::ListPeersResponse {
+        let peers = self
+            .peers
+            .snapshot()
+            .into_iter()
+            .map(|peer| {
+                let (lag_records, lag_ms) = self
+                    .memory
+                    .as_ref()
+                    .map(|m| m.lag(&peer.info.id, peer.info.memory_seq))
+                    .unwrap_or_default();
+                pb::Peer {
+                    info: Some((&peer.info).into()),
+                    addr: peer.addr.clone(),
+                    state: pb::PeerState::from(peer.state) as i32,
+                    last_seen_ms: peer.last_seen_ms(),
+                    source: peer.source.as_str().into(),
+                    lag_records,
+                    lag_ms,
+                }
+            })
+            .collect();
+        let own = self.caps.snapshot();
+        let peers = with_revoked(peers, self.memory.as_deref());
+        pb::ListPeersResponse {
+            peers: fold_revoked(&own.name, peers),
+            node: Some((&own).into()),
         }
     }
 
@@ -152,6 +191,8 @@ impl NodeService {
 }
 
 type InfoStreamOut = std::pin::Pin<Box<dyn Stream<Item = Result<pb::NodeInfo, Status>> + Send>>;
+type PeersStreamOut =
+    std::pin::Pin<Box<dyn Stream<Item = Result<pb::ListPeersResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl pb::node_server::Node for NodeService {
@@ -203,33 +244,44 @@ impl pb::node_server::Node for NodeService {
         &self,
         _request: Request<pb::ListPeersRequest>,
     ) -> Result<Response<pb::ListPeersResponse>, Status> {
-        let peers = self
-            .peers
-            .snapshot()
-            .into_iter()
-            .map(|peer| {
-                let (lag_records, lag_ms) = self
-                    .memory
-                    .as_ref()
-                    .map(|m| m.lag(&peer.info.id, peer.info.memory_seq))
-                    .unwrap_or_default();
-                pb::Peer {
-                    info: Some((&peer.info).into()),
-                    addr: peer.addr.clone(),
-                    state: pb::PeerState::from(peer.state) as i32,
-                    last_seen_ms: peer.last_seen_ms(),
-                    source: peer.source.as_str().into(),
-                    lag_records,
-                    lag_ms,
+        Ok(Response::new(self.fleet_view()))
+    }
+
+    type WatchPeersStream = PeersStreamOut;
+
+    async fn watch_peers(
+        &self,
+        _request: Request<pb::WatchPeersRequest>,
+    ) -> Result<Response<Self::WatchPeersStream>, Status> {
+        if self.leaving.is_cancelled() {
+            return Err(Status::unavailable(LEAVING));
+        }
+        let permit = self.peer_watchers.clone().try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "this node already serves {MAX_PEER_WATCHERS} fleet watchers (`mesh-cli status --watch`); stop one first"
+            ))
+        })?;
+        let this = self.clone();
+        let mut peers_changed = self.peers.subscribe();
+        let mut own_changed = self.caps.subscribe();
+        let stream = stream_from(move |tx| async move {
+            let _permit = permit;
+            let mut refresh = tokio::time::interval(PEER_WATCH_REFRESH);
+            refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = this.leaving.cancelled() => return,
+                    () = tx.closed() => return,
+                    _ = refresh.tick() => {}
+                    Ok(()) = peers_changed.changed() => {}
+                    Ok(()) = own_changed.changed() => {}
                 }
-            })
-            .collect();
-        let own = self.caps.snapshot();
-        let peers = with_revoked(peers, self.memory.as_deref());
-        Ok(Response::new(pb::ListPeersResponse {
-            peers: fold_revoked(&own.name, peers),
-            node: Some((&own).into()),
-        }))
+                if tx.send(Ok(this.fleet_view())).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn revoke(
@@ -314,6 +366,16 @@ pub(crate) fn store_status(error: &StoreError, message: String) -> Status {
     match error {
         StoreError::DiskFull(_) => Status::resource_exhausted(message),
         StoreError::Engine(_) => Status::unavailable(message),
+    }
+}
+
+/// A status a peer answered, in words: its message, or the code's description when it sent
+/// none (never both, so a node's own sentence is not prefixed with the code's).
+pub(crate) fn status_words(status: &Status) -> String {
+    if status.message().is_empty() {
+        status.code().to_string()
+    } else {
+        status.message().to_owned()
     }
 }
 
@@ -814,7 +876,8 @@ mod tests {
             .forward(headers_only.clone(), spec)
             .await
             .expect("the stream opens");
-        fails_in_time("Tasks.Submit stream", async {
+        // Said to people as what happened, not as the call's name.
+        fails_in_time("went away mid-task (it sent nothing for 300 ms)", async {
             events.recv().await.expect("the relay reports the silence")
         })
         .await;

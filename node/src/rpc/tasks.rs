@@ -13,6 +13,10 @@ use crate::{
     tasks::{ForwardError, Forwarder, LookupError, SubmitError, TaskManager, TaskRecord},
 };
 
+/// How long `Cancel` waits for the task to end before it answers (a task ends at its next
+/// await point; a forwarded one once the executing node is told).
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The Tasks service: validates requests and hands tasks to the task manager, which admits
 /// and places them.
 #[derive(Debug, Clone)]
@@ -102,7 +106,12 @@ impl pb::tasks_server::Tasks for TasksService {
         let request = request.into_inner();
         let status = self
             .tasks
-            .cancel(task_id(&request.task_id)?, "cancelled by a caller")?;
+            .cancel_and_wait(
+                task_id(&request.task_id)?,
+                "cancelled by a caller",
+                CANCEL_WAIT,
+            )
+            .await?;
         Ok(Response::new(pb::CancelResponse {
             status: pb::TaskStatus::from(status) as i32,
         }))
@@ -297,7 +306,7 @@ impl Forwarder for RemoteTasks {
                         | tonic::Code::InvalidArgument
                         | tonic::Code::FailedPrecondition
                         | tonic::Code::AlreadyExists => ForwardError::Refused(message),
-                        _ => ForwardError::Unavailable(format!("{}: {message}", status.code())),
+                        _ => ForwardError::Unavailable(super::status_words(&status)),
                     });
                 }
             };
@@ -305,20 +314,35 @@ impl Forwarder for RemoteTasks {
             tokio::spawn(async move {
                 loop {
                     let next = stream.message();
-                    let item =
-                        match deadline::within(deadlines.task_idle, "Tasks.Submit stream", next)
-                            .await
-                        {
-                            Ok(Some(event)) => TaskEvent::try_from(event).map_err(|s| {
-                                ForwardError::Unavailable(format!("invalid event: {}", s.message()))
-                            }),
-                            Ok(None) => return,
-                            Err(status) => Err(ForwardError::Unavailable(format!(
-                                "stream broke: {}: {}",
-                                status.code(),
-                                status.message()
-                            ))),
-                        };
+                    let item = match deadline::within(
+                        deadlines.task_idle,
+                        "Tasks.Submit stream",
+                        next,
+                    )
+                    .await
+                    {
+                        Ok(Some(event)) => TaskEvent::try_from(event).map_err(|s| {
+                            ForwardError::Unavailable(format!("invalid event: {}", s.message()))
+                        }),
+                        Ok(None) => return,
+                        Err(status) => {
+                            // The transport's words (`h2 protocol error: …`) are for
+                            // debugging; the caller is told what happened.
+                            tracing::debug!(%addr, code = ?status.code(), error = status.message(), "a forwarded task's stream broke");
+                            Err(ForwardError::Lost(
+                                if status.code() == tonic::Code::DeadlineExceeded {
+                                    let idle = deadlines.task_idle;
+                                    if idle.as_secs() > 0 {
+                                        format!("it sent nothing for {} s", idle.as_secs())
+                                    } else {
+                                        format!("it sent nothing for {} ms", idle.as_millis())
+                                    }
+                                } else {
+                                    "the connection to it closed".into()
+                                },
+                            ))
+                        }
+                    };
                     let end = item.is_err();
                     if tx.send(item).await.is_err() || end {
                         return;

@@ -71,6 +71,23 @@ pub enum ForwardError {
     /// The node refused the task for good (tier, hop limit, bad request).
     #[error("{0}")]
     Refused(String),
+    /// The node took the task and then went away: its stream broke or fell silent before an
+    /// outcome. The text says how, in words (the transport's own error is logged at debug).
+    #[error("went away mid-task ({0})")]
+    Lost(String),
+}
+
+impl ForwardError {
+    /// This failure of the node named `node`, as one clause for people: `gpu went away
+    /// mid-task (…)`, `gpu: queue full: …`.
+    fn of(&self, node: &str) -> String {
+        match self {
+            Self::Lost(_) => format!("{node} {self}"),
+            Self::Exhausted(_) | Self::Unavailable(_) | Self::Refused(_) => {
+                format!("{node}: {self}")
+            }
+        }
+    }
 }
 
 /// Sends a task to another node and streams back its events.
@@ -126,9 +143,14 @@ pub(crate) async fn forward(
     }
     let mut failures: Vec<String> = Vec::new();
     let mut relayed = Relayed::default();
+    let mut left_untried = false;
     for (index, Destination { name, addr }) in candidates.into_iter().enumerate() {
         let attempt = index as u32 + 1;
-        if attempt > MAX_FAILOVERS + 1 || journey.stop.is_cancelled() {
+        if journey.stop.is_cancelled() {
+            break;
+        }
+        if attempt > MAX_FAILOVERS + 1 {
+            left_untried = true;
             break;
         }
         let remaining = journey.deadline.saturating_duration_since(Instant::now());
@@ -148,7 +170,7 @@ pub(crate) async fn forward(
                 });
             }
             Err(e) => {
-                failures.push(format!("{name}: {e}"));
+                failures.push(e.of(&name));
                 continue;
             }
         };
@@ -157,7 +179,9 @@ pub(crate) async fn forward(
             let event = match stream.recv().await {
                 Some(Ok(event)) => event,
                 Some(Err(e)) => break e,
-                None => break ForwardError::Unavailable("stream ended without an outcome".into()),
+                None => {
+                    break ForwardError::Lost("its event stream ended without an outcome".into());
+                }
             };
             match event.kind {
                 // What the node spent is this task's, whatever its outcome.
@@ -198,15 +222,37 @@ pub(crate) async fn forward(
         if let Some(tool) = side_effect {
             return Err(TaskError::Routing {
                 message: format!(
-                    "node {name} was lost after running `{tool}` (its side effects may have happened), so the task is not re-run elsewhere: {lost}"
+                    "{} after running `{tool}` (its side effects may have happened), so the task is not run again elsewhere",
+                    lost.of(&name)
                 ),
             });
         }
-        failures.push(format!("{name}: {lost}"));
+        failures.push(lost.of(&name));
     }
     Err(TaskError::Routing {
-        message: format!("no node completed the task: {}", failures.join("; ")),
+        message: no_outcome(failures, left_untried),
     })
+}
+
+/// Why no node gave the task an outcome, the last failure first: `gpu went away mid-task (…);
+/// no other node could take the task over`.
+fn no_outcome(mut failures: Vec<String>, left_untried: bool) -> String {
+    let Some(last) = failures.pop() else {
+        return "no node could take the task".into();
+    };
+    let rest = if left_untried {
+        format!(
+            "the task was tried on {} nodes, the most it is",
+            MAX_FAILOVERS + 1
+        )
+    } else {
+        "no other node could take the task over".into()
+    };
+    if failures.is_empty() {
+        format!("{last}; {rest}")
+    } else {
+        format!("{last}; before it, {}; {rest}", failures.join("; "))
+    }
 }
 
 #[cfg(test)]

@@ -104,9 +104,12 @@ impl EventSink for Emitter {
         };
         let outcome = match &event.kind {
             EventKind::Completed { .. } => Some("completed"),
-            EventKind::Failed { .. } => Some("failed"),
+            EventKind::Failed { error, .. } => Some(TaskStatus::of_error(error).as_str()),
             _ => None,
         };
+        if let EventKind::ModelCall { model, .. } = &event.kind {
+            model.clone_into(&mut self.task.model.lock_unpoisoned());
+        }
         // A call waiting for a person pauses the task: `input_required` until it is decided.
         let paused = match &event.kind {
             EventKind::ApprovalRequested { .. } => Some(TaskStatus::InputRequired),
@@ -160,6 +163,8 @@ struct LiveTask {
     record: Mutex<TaskRecord>,
     /// What its model calls spent so far (here, and as the nodes it was passed to reported).
     spent: Mutex<Usage>,
+    /// The model its latest model call went to, for the line logged when it ends.
+    model: Mutex<String>,
 }
 
 #[derive(Debug)]
@@ -424,7 +429,37 @@ impl TaskManager {
         Ok(rx)
     }
 
-    /// Cancels a task; a finished task is left as it is. Returns its status.
+    /// Cancels a task and waits (at most `wait`) until it has ended, so the status returned is
+    /// the one after the cancel (`cancelled`, or how it ended first); a finished task is left
+    /// as it is.
+    pub async fn cancel_and_wait(
+        &self,
+        id: &str,
+        reason: &str,
+        wait: Duration,
+    ) -> Result<TaskStatus, LookupError> {
+        // Subscribed before the cancel, so its terminal event cannot be missed.
+        let mut events = self.inner.live(id).map(|task| task.events.subscribe());
+        let status = self.cancel(id, reason)?;
+        if let Some(events) = events.as_mut().filter(|_| !status.finished()) {
+            let ended = async {
+                loop {
+                    match events.recv().await {
+                        Ok(event) if event.kind.is_terminal() => return,
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(wait, ended).await;
+        }
+        self.record(id)?
+            .map(|r| r.status)
+            .ok_or_else(|| LookupError::NotFound(id.to_owned()))
+    }
+
+    /// Cancels a task without waiting for it to end; a finished task is left as it is. Returns
+    /// its status at once (a running task is still `running` here).
     pub fn cancel(&self, id: &str, reason: &str) -> Result<TaskStatus, LookupError> {
         if let Some(task) = self.inner.live(id) {
             let status = task.record.lock_unpoisoned().status;
@@ -562,6 +597,7 @@ impl Inner {
             events,
             record: Mutex::new(record),
             spent: Mutex::default(),
+            model: Mutex::default(),
         });
         self.live.lock_unpoisoned().insert(id, task.clone());
         Ok(task)
@@ -612,7 +648,7 @@ impl Inner {
                 }
             }
             Err(error) => {
-                record.status = TaskStatus::Failed;
+                record.status = TaskStatus::of_error(&error);
                 record.error = Some(error.clone());
                 EventKind::Failed {
                     error,
@@ -659,6 +695,18 @@ async fn worker(
         emitter.emit(EventKind::Started {
             node: inner.node.clone(),
         });
+        let started = Instant::now();
+        let lineage = &task.spec.lineage;
+        let origin = if lineage.origin.is_empty() {
+            inner.node.as_str()
+        } else {
+            lineage.origin.as_str()
+        };
+        let by = lineage
+            .started_by
+            .as_ref()
+            .map_or_else(|| "unknown".to_owned(), ToString::to_string);
+        tracing::info!(task_id = %task.id, origin, by, target = %task.spec.target, "task started");
         let span = tracing::info_span!("task", task_id = %task.id, target = %task.spec.target);
         let run = async {
             match &task.spec.evaluate {
@@ -685,10 +733,39 @@ async fn worker(
             span,
         )
         .await;
+        log_end(&task, origin, started.elapsed(), &result);
         // `finish` before the running count drops, so shutdown waits for the record.
         inner.finish(&task, result);
         inner.running.send_modify(|n| *n -= 1);
         inner.publish_load();
+    }
+}
+
+/// The one line the executing node logs when a task it ran ends: who asked, on which model,
+/// how it ended, its tokens and how long it took.
+fn log_end(task: &LiveTask, origin: &str, took: Duration, result: &Result<Answer, TaskError>) {
+    let model = task.model.lock_unpoisoned().clone();
+    let duration_ms = took.as_millis() as u64;
+    match result {
+        Ok(answer) => tracing::info!(
+            task_id = %task.id,
+            origin,
+            model,
+            outcome = "completed",
+            tokens = answer.usage.prompt_tokens + answer.usage.completion_tokens,
+            rounds = answer.rounds,
+            duration_ms,
+            "task ended"
+        ),
+        Err(error) => tracing::info!(
+            task_id = %task.id,
+            origin,
+            model,
+            outcome = TaskStatus::of_error(error).as_str(),
+            error = %error,
+            duration_ms,
+            "task ended"
+        ),
     }
 }
 

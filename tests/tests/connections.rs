@@ -85,7 +85,7 @@ fn get_within(door: SocketAddr, path: &str) -> anyhow::Result<(String, Duration)
     tcp.set_write_timeout(Some(ANSWER_WITHIN))?;
     write!(
         tcp,
-        "GET {path} HTTP/1.1\r\nhost: door\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
     )?;
     let mut answer = String::new();
     tcp.read_to_string(&mut answer)

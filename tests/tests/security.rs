@@ -579,7 +579,7 @@ fn swim_dropped(node: &mesh_tests::NodeProcess, reason: &str) -> u64 {
     let _ = tcp.set_read_timeout(Some(Duration::from_secs(2)));
     let _ = write!(
         tcp,
-        "GET /metrics HTTP/1.1\r\nhost: door\r\nconnection: close\r\n\r\n"
+        "GET /metrics HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
     );
     let mut answer = String::new();
     let _ = tcp.read_to_string(&mut answer);

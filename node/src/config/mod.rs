@@ -37,13 +37,11 @@ pub use raw::{
     RawHttpKey, RawMcp, RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity,
     RawTasks, RawTls, RawTools,
 };
-pub use runtime::{
-    Layers, MAX_VALUE_BYTES, RuntimeSettings, SETTABLE, SETTINGS_FILE, Settable, Shown, Source,
-};
+pub use runtime::{MAX_VALUE_BYTES, SETTABLE, SETTINGS_FILE, Settable, Shown, Source};
 pub use types::{
     ApprovalConfig, Backend, Config, ConnectionLimits, CronLimits, Discovery, GpuDecl, HttpConfig,
-    HttpKey, KeySecret, Listen, McpConfig, McpTransport, ModelAlias, ModelConfig, PersonaConfig,
-    SystemTurns, TaskLimits, TlsMode, UnknownFields,
+    HttpKey, KeySecret, Layers, Listen, McpConfig, McpTransport, ModelAlias, ModelConfig,
+    PersonaConfig, RuntimeSettings, SystemTurns, TaskLimits, TlsMode, UnknownFields,
 };
 pub use validate::is_valid_name as is_valid_node_name;
 

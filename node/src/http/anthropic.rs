@@ -752,7 +752,7 @@ pub async fn messages(
         unknown,
         dropped,
     } = read_messages(&body, door.clients.reading())?;
-    let client = client_name(&caller, &headers);
+    let client = client_name(caller.key_name(), &headers);
     door.clients.ignored(&client, "/v1/messages", &unknown);
     door.clients
         .dropped_tools(&client, "/v1/messages", &dropped);
@@ -795,7 +795,7 @@ pub async fn count_tokens(
     let unknown = RefCell::new(door.clients.reading());
     let conversation = read_conversation(&Obj::at(String::new(), &value, &unknown)?)?;
     door.clients.ignored(
-        &client_name(&caller, &headers),
+        &client_name(caller.key_name(), &headers),
         "/v1/messages/count_tokens",
         &unknown.borrow(),
     );

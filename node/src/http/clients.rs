@@ -15,10 +15,6 @@ use std::{collections::HashSet, sync::Mutex};
 
 use axum::http::{HeaderMap, HeaderValue, header};
 
-use super::{
-    door::FrontDoor,
-    gateway::{Call, Caller, target_of},
-};
 use crate::config::{HttpConfig, ModelAlias, UnknownFields};
 
 /// Most (client, field) pairs remembered as logged; past it the memory starts again, so a
@@ -122,28 +118,6 @@ impl Clients {
     }
 }
 
-impl FrontDoor {
-    /// The model a request naming `asked` goes to: `asked`, or what `http.model_aliases` maps
-    /// it to when no model or role of the fleet has that name.
-    pub fn model_for(&self, asked: &str) -> String {
-        self.clients
-            .resolve(asked, |name| self.fleet_models().contains_key(name))
-    }
-
-    /// `call`, sent to what [`FrontDoor::model_for`] says its model stands for.
-    pub fn aliased(&self, call: Call) -> Call {
-        let model = self.model_for(&call.model);
-        if model == call.model {
-            return call;
-        }
-        Call {
-            target: target_of(&model),
-            model,
-            ..call
-        }
-    }
-}
-
 /// The most specific alias that covers `asked`.
 fn alias_for<'a>(aliases: &'a [ModelAlias], asked: &str) -> Option<&'a ModelAlias> {
     aliases.iter().find(|alias| {
@@ -155,9 +129,9 @@ fn alias_for<'a>(aliases: &'a [ModelAlias], asked: &str) -> Option<&'a ModelAlia
     })
 }
 
-/// Who a request came from, for the log: its key's name, else its `User-Agent`.
-pub fn client_name(caller: &Caller, headers: &HeaderMap) -> String {
-    let name = match caller.key.as_ref().map(|grant| grant.name.as_str()) {
+/// Who a request came from, for the log: its key's name (`key`), else its `User-Agent`.
+pub fn client_name(key: Option<&str>, headers: &HeaderMap) -> String {
+    let name = match key {
         Some(key) => format!("key {key}"),
         None => headers
             .get(header::USER_AGENT)

@@ -276,8 +276,11 @@ pub async fn embeddings(
 ) -> Result<Json<Value>, ApiError> {
     let mut unknown = door.clients.reading();
     let asked = read(&body, &mut unknown)?;
-    door.clients
-        .ignored(&client_name(&caller, &headers), "/v1/embeddings", &unknown);
+    door.clients.ignored(
+        &client_name(caller.key_name(), &headers),
+        "/v1/embeddings",
+        &unknown,
+    );
     let request = EmbedRequest {
         inputs: texts(asked.inputs).await?,
     };

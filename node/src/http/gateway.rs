@@ -50,6 +50,11 @@ pub struct Caller {
 }
 
 impl Caller {
+    /// The name of the caller's key, when the front door needs keys.
+    pub fn key_name(&self) -> Option<&str> {
+        self.key.as_ref().map(|grant| grant.name.as_str())
+    }
+
     /// The id of the caller's key ([`crate::api_keys::key_id`]), when the front door needs
     /// keys: what owns what the caller stores.
     pub fn key_id(&self) -> Option<&str> {
@@ -126,6 +131,28 @@ impl Call {
             }
         }
         Ok(())
+    }
+}
+
+impl FrontDoor {
+    /// The model a request naming `asked` goes to: `asked`, or what `http.model_aliases` maps
+    /// it to when no model or role of the fleet has that name.
+    pub fn model_for(&self, asked: &str) -> String {
+        self.clients
+            .resolve(asked, |name| self.fleet_models().contains_key(name))
+    }
+
+    /// `call`, sent to what [`FrontDoor::model_for`] says its model stands for.
+    pub fn aliased(&self, call: Call) -> Call {
+        let model = self.model_for(&call.model);
+        if model == call.model {
+            return call;
+        }
+        Call {
+            target: target_of(&model),
+            model,
+            ..call
+        }
     }
 }
 

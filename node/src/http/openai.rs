@@ -498,7 +498,7 @@ pub async fn chat_completions(
         include_usage,
     } = read_chat_completion(&body, &mut unknown)?;
     door.clients.ignored(
-        &client_name(&caller, &headers),
+        &client_name(caller.key_name(), &headers),
         "/v1/chat/completions",
         &unknown,
     );

@@ -891,7 +891,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let mut unknown = door.clients.reading();
     let request = read_responses_call(&body, &mut unknown)?;
-    let client = client_name(&caller, &headers);
+    let client = client_name(caller.key_name(), &headers);
     door.clients.ignored(&client, "/v1/responses", &unknown);
     door.clients
         .dropped_tools(&client, "/v1/responses", &request.dropped);

@@ -732,7 +732,7 @@ impl Memory {
             .trees()?
             .into_iter()
             .filter_map(|name| name.strip_prefix(NS_PREFIX).map(str::to_owned))
-            .filter(|ns| super::readable_by_callers(ns).is_ok())
+            .filter(|ns| super::error::readable_by_callers(ns).is_ok())
             .map(|ns| {
                 let kind = if keys::SYSTEM_NAMESPACES.contains(&ns.as_str()) {
                     NamespaceKind::System

@@ -59,7 +59,9 @@ ns=""
 in_ns=()   # the command prefix that runs a program inside the demo namespace (empty: no namespace)
 run() { "${in_ns[@]}" "$@"; }
 pids=()
+sleeper=""
 cleanup() {
+  if [ -n "$sleeper" ]; then kill "$sleeper" 2>/dev/null || true; fi
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   if [ -n "$ns" ]; then ip netns del "$ns" 2>/dev/null || true; fi
@@ -325,4 +327,4 @@ cat <<EOF
     ${prefix}env HOME=$work/laptop $bin/mesh-cli status      # the laptop's mesh-cli
     ${prefix}curl http://$laptop_http/v1/models
 EOF
-while true; do sleep 3600 & wait $!; done
+while true; do sleep 3600 & sleeper=$!; wait $sleeper; done

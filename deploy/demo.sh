@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The agentmesh demo: builds, fetches the embedded model if missing, starts a local 3-node mesh
-# with its own mesh CA, and walks through what the mesh does, printing each step:
+# The agentmesh demo: builds, fetches the embedded model if missing, and starts a local 3-node
+# mesh joined with tokens, as the README's "Three devices in ten minutes" does on real devices
+# (each node a "device" with a home of its own here), then walks through what the mesh does,
+# printing each step:
+#   server  a home server with no models: its node makes the mesh's CA (the issuer) and hosts
+#           an MCP server (deploy/mcp-sysinfo.py)
 #   gpu     a GPU box: serves role `chat` with the embedded SmolLM2-135M model, declares a GPU
-#   laptop  no models at all
-#   server  a home server with no models; it hosts an MCP server (deploy/mcp-sysinfo.py)
+#   laptop  no models at all; the demo's mesh-cli runs here, with a certificate from a token
 # 1. `mesh-cli status` of the fleet; 2. a task asked of the laptop runs on gpu's model;
 # 3. the laptop's OpenAI-compatible front door lists and reaches gpu's model; 4. a cron schedule
 # added on server fires on gpu; 5. a memory write on the laptop is read on server and gpu;
@@ -11,20 +14,21 @@
 #    approves the call (gpu's [approval] policy); with --once it is approved automatically.
 #
 # mDNS never touches this machine's real interfaces: as root the nodes run inside a network
-# namespace made for the demo, with real mDNS on its loopback; otherwise mDNS is off and laptop
-# and server find gpu through a static peer on 127.0.0.1 (and each other through gpu).
+# namespace made for the demo, with real mDNS on its loopback; otherwise mDNS is off and gpu
+# and laptop find server by dialing the issuer their token names (and each other through it).
 #
 # Usage: deploy/demo.sh [--once]
 #   --once   run the steps, approving step 6's call automatically, then stop the mesh
 #            (default: you approve it at the prompt; the mesh keeps running until Ctrl-C)
-# Environment: DEMO_DIR (work dir; default a new temp dir), CARGO_PROFILE (debug|release).
+# Environment: DEMO_DIR (work dir; default a new temp dir; run again on the same one, the
+# devices keep their certificates), CARGO_PROFILE (debug|release, default debug).
 set -euo pipefail
 
 once=false
 case "${1:-}" in
   --once) once=true ;;
   "") ;;
-  -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "usage: deploy/demo.sh [--once]" >&2; exit 2 ;;
 esac
 
@@ -55,7 +59,9 @@ ns=""
 in_ns=()   # the command prefix that runs a program inside the demo namespace (empty: no namespace)
 run() { "${in_ns[@]}" "$@"; }
 pids=()
+sleeper=""
 cleanup() {
+  if [ -n "$sleeper" ]; then kill "$sleeper" 2>/dev/null || true; fi
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   if [ -n "$ns" ]; then ip netns del "$ns" 2>/dev/null || true; fi
@@ -73,14 +79,16 @@ else
   mdns=false
 fi
 
-ca="$work/ca"
-if [ ! -f "$ca/ca.pem" ]; then
-  "$bin/mesh-cli" ca init --dir "$ca" >/dev/null
-  for name in gpu laptop server; do
-    "$bin/mesh-cli" ca issue --dir "$ca" --role node --name "$name" >/dev/null
-  done
-  "$bin/mesh-cli" ca issue --dir "$ca" --role client --name mesh-cli >/dev/null
-fi
+# Each device has a home of its own, as on real machines: a node with no [tls] in its config
+# keeps its certificates (and, on the first device, the mesh's CA) in its default data dir,
+# ~/.local/share/agentmesh, and mesh-cli finds its own in ~/.config/agentmesh. `on NAME` sets
+# $cmd to the prefix that runs a program on that device: its HOME, the built binaries first on
+# PATH, the demo's namespace, and none of the caller's MESH_* or XDG_* settings.
+on() {
+  cmd=(env -u XDG_DATA_HOME -u XDG_CONFIG_HOME -u MESH_NODE -u MESH_CA -u MESH_CERT -u MESH_KEY
+      -u MESH_JOIN_TOKEN -u MESH_NODE_CONFIG HOME="$work/$1" PATH="$bin:$PATH" "${in_ns[@]}")
+}
+data_dir() { echo "$work/$1/.local/share/agentmesh"; }
 
 # gpu: the GPU box, the only node with a model. `threads = 1` keeps llama.cpp from spinning
 # both cores of a small machine; a real GPU box would leave it at the default.
@@ -116,78 +124,99 @@ args = [\"$root/deploy/mcp-sysinfo.py\"]
 tier = \"read\"
 "
 
-start_node() { # name static_peer extra_toml; sets $started to the address it listens on
-  local name=$1 peer=$2 extra=$3 dir="$work/$1"
-  mkdir -p "$dir"
+start_node() { # name extra_toml [mesh-node args...]: starts its node, waits until it listens
+  local name=$1 extra=$2 dir; shift 2
+  dir=$(data_dir "$name")
+  mkdir -p "$work/$name" "$dir"
   rm -f "$dir/node.addr" "$dir/http.addr"
   {
     echo "[node]"
     echo "name = \"$name\""
     echo "listen = \"127.0.0.1:0\""
-    echo "data_dir = \"$dir\""
     echo "$extra" | sed -n '/^\[node\]/,/^$/p' | sed '1d'
     echo "[discovery]"
     echo "mdns = $mdns"
-    if [ -n "$peer" ]; then echo "static_peers = [\"$peer\"]"; fi
+    # Without mDNS a joined node dials the issuer its token named; a DEMO_DIR used again has
+    # the issuer on a new port, so the configs name it too.
+    if [ -n "$issuer" ]; then echo "static_peers = [\"$issuer\"]"; fi
     echo "[http]"
     echo "listen = \"127.0.0.1:0\""
-    echo "[tls]"
-    echo "ca = \"$ca/ca.pem\""
-    echo "cert = \"$ca/$name.pem\""
-    echo "key = \"$ca/$name.key\""
     echo "$extra" | sed '/^\[node\]/,/^$/d'
   } > "$work/$name.toml"
-  # Not through `run`: a backgrounded function would leave $! pointing at a subshell.
-  "${in_ns[@]}" "$bin/mesh-node" --config "$work/$name.toml" > "$work/$name.log" 2>&1 &
+  on "$name"
+  # Not through a function: a backgrounded function would leave $! pointing at a subshell.
+  "${cmd[@]}" mesh-node --config "$work/$name.toml" "$@" > "$work/$name.log" 2>&1 &
   pids+=($!)
   local deadline=$((SECONDS + 60))
   until [ -s "$dir/node.addr" ] && [ -s "$dir/http.addr" ]; do
-    if [ $SECONDS -ge $deadline ]; then
-      echo "error: $name did not start within 60 s; its log:" >&2; cat "$work/$name.log" >&2; exit 1
+    if [ $SECONDS -ge $deadline ] || ! kill -0 "${pids[-1]}" 2>/dev/null; then
+      echo "error: $name did not start; its log:" >&2; cat "$work/$name.log" >&2; exit 1
     fi
     sleep 0.1 # poll interval; the deadline is above
   done
-  started=$(cat "$dir/node.addr")
-  say "$(printf '%-6s' "$name") gRPC $started   OpenAI API http://$(cat "$dir/http.addr")/v1   log $work/$name.log"
+}
+
+# Shows a command as a person types it on device NAME (a token shortened).
+show() { # name command...
+  local name=$1; shift
+  say "$(printf '%-6s' "$name") \$ $(echo "$*" | sed -E 's/(agentmesh-join:)[^ ]*/\1…/g')"
 }
 
 if $mdns; then
-  step "starting 3 nodes in network namespace $ns; they find each other by mDNS on its loopback"
+  step "3 devices in network namespace $ns, joined with tokens; they find each other by mDNS on its loopback"
 else
-  step "starting 3 nodes on 127.0.0.1 (not root: mDNS off, laptop and server dial gpu as a static peer)"
+  step "3 devices on 127.0.0.1, joined with tokens (not root: mDNS off; gpu and laptop dial the issuer)"
 fi
-start_node gpu "" "$extra_gpu"; gpu=$started
-peer=""; $mdns || peer=$gpu
-start_node laptop "$peer" ""; laptop=$started
-start_node server "$peer" "$extra_server"; server=$started
-laptop_http=$(cat "$work/laptop/http.addr")
+say "(each its own HOME in $work; the nodes' configs set ports and the demo's models and tools)"
+say "server \$ mesh-node --config server.toml &      # no [tls]: its node makes the mesh's CA"
+issuer=""
+start_node server "$extra_server"
+$mdns || issuer=$(cat "$(data_dir server)/node.addr")
+show server mesh-cli token create --uses 2
+on server; node_token=$("${cmd[@]}" mesh-cli token create --uses 2 2>/dev/null)
+for name in gpu laptop; do
+  extra=""; [ "$name" = gpu ] && extra=$extra_gpu
+  say "$(printf '%-6s' "$name") \$ mesh-node --config $name.toml --join agentmesh-join:… &"
+  start_node "$name" "$extra" --join "$node_token"
+done
+# The laptop's mesh-cli gets its own certificate once (join refuses to overwrite it).
+if [ ! -f "$work/laptop/.config/agentmesh/mesh-cli.pem" ]; then
+  show server mesh-cli token create --role client
+  on server; cli_token=$("${cmd[@]}" mesh-cli token create --role client 2>/dev/null)
+  show laptop mesh-cli join --name laptop-cli "$cli_token"
+  on laptop; "${cmd[@]}" mesh-cli join --name laptop-cli "$cli_token" | head -n 1 | sed 's/^/    /'
+fi
+for name in server gpu laptop; do
+  say "$(printf '%-6s' "$name") gRPC $(cat "$(data_dir "$name")/node.addr")   OpenAI API http://$(cat "$(data_dir "$name")/http.addr")/v1   log $work/$name.log"
+done
+laptop_http=$(cat "$(data_dir laptop)/http.addr")
 
-cli() { # node_addr args...: mesh-cli against that node, with the demo's client certificate
-  local node=$1; shift
-  run "$bin/mesh-cli" --node "$node" --ca "$ca/ca.pem" --cert "$ca/mesh-cli.pem" --key "$ca/mesh-cli.key" "$@"
+cli() { # args...: mesh-cli on the laptop, with the certificate it joined with
+  on laptop
+  "${cmd[@]}" mesh-cli "$@"
 }
 # Reads JSON on stdin and prints the result of a Python expression over it (`j`).
 json() { python3 -c "import json,sys; j=json.load(sys.stdin); print($1)"; }
 
 deadline=$((SECONDS + 60))
-until [ "$(cli "$laptop" status --json 2>/dev/null | grep -c '"state": "up"')" = 3 ]; do
+until [ "$(cli status --json 2>/dev/null | grep -c '"state": "up"')" = 3 ]; do
   if [ $SECONDS -ge $deadline ]; then
     echo "error: the mesh did not form within 60 s; logs are in $work" >&2
-    cli "$laptop" status >&2 || true
+    cli status >&2 || true
     exit 1
   fi
   sleep 0.2 # poll interval; the deadline is above
 done
 
 step "1/6 the fleet, as the laptop sees it: mesh-cli status"
-cli "$laptop" status | sed 's/^/    /'
+cli status | sed 's/^/    /'
 
 question="What is the capital of France? Answer in one word."
 step "2/6 a task asked of the laptop (no models) runs where it fits: on gpu's embedded model"
-say "\$ mesh-cli --node <laptop> run --role chat --explain \"$question\""
-cli "$laptop" run --role chat --explain "$question" | sed 's/^/    /'
-say "\$ mesh-cli --node <laptop> run --role chat --json \"$question\""
-result=$(cli "$laptop" run --role chat --json "$question")
+say "\$ mesh-cli run --role chat --explain \"$question\""
+cli run --role chat --explain "$question" | sed 's/^/    /'
+say "\$ mesh-cli run --role chat --json \"$question\""
+result=$(cli run --role chat --json "$question")
 say "executed on: $(echo "$result" | json 'j["executed_on"]')   status: $(echo "$result" | json 'j["status"]')"
 say "answer:      $(echo "$result" | json 'j["output"].strip()')"
 
@@ -208,18 +237,18 @@ print("    answer:", answer["choices"][0]["message"]["content"].strip())
 EOF
 
 step "4/6 a cron schedule added on server fires on gpu (the only node serving role chat)"
-say "\$ mesh-cli --node <server> cron add --name demo-hello --schedule \"*/5 * * * * *\" --role chat \"Say hello.\""
-cli "$server" cron add --name demo-hello --schedule "*/5 * * * * *" --role chat "Say hello." | sed 's/^/    /'
+say "\$ mesh-cli --node server cron add --name demo-hello --schedule \"*/5 * * * * *\" --role chat \"Say hello.\""
+cli --node server cron add --name demo-hello --schedule "*/5 * * * * *" --role chat "Say hello." | sed 's/^/    /'
 deadline=$((SECONDS + 90))
 firing=""
 until [ -n "$firing" ]; do
   if [ $SECONDS -ge $deadline ]; then
     echo "error: the schedule did not complete a firing within 90 s; logs are in $work" >&2
-    cli "$server" cron history demo-hello >&2 || true
+    cli --node server cron history demo-hello >&2 || true
     exit 1
   fi
   sleep 0.5 # poll interval; the deadline is above
-  firing=$(cli "$server" cron history demo-hello --json 2>/dev/null |
+  firing=$(cli --node server cron history demo-hello --json 2>/dev/null |
     python3 -c '
 import json, sys
 for f in json.load(sys.stdin):
@@ -228,22 +257,21 @@ for f in json.load(sys.stdin):
               % (f["scheduled_at"], f["owner"], f["executed_on"], f["status"]))' || true)
 done
 echo "$firing" | head -n 1 | sed 's/^/    /'
-cli "$server" cron rm demo-hello >/dev/null
+cli --node server cron rm demo-hello >/dev/null
 say "(schedule removed)"
 
 step "5/6 shared memory: written on the laptop, read on server and gpu"
-say "\$ mesh-cli --node <laptop> memory put notes greeting \"hello from the laptop\""
-cli "$laptop" memory put notes greeting "hello from the laptop" | sed 's/^/    /'
+say "\$ mesh-cli memory put notes greeting \"hello from the laptop\""
+cli memory put notes greeting "hello from the laptop" | sed 's/^/    /'
 for name in server gpu; do
-  addr=$(cat "$work/$name/node.addr")
   deadline=$((SECONDS + 10))
-  until value=$(cli "$addr" memory get notes greeting 2>/dev/null); do
+  until value=$(cli --node "$name" memory get notes greeting 2>/dev/null); do
     if [ $SECONDS -ge $deadline ]; then
       echo "error: $name did not receive the write within 10 s" >&2; exit 1
     fi
     sleep 0.05 # poll interval; the deadline is above
   done
-  say "$(printf '%-6s' "$name") memory get notes greeting -> $value"
+  say "\$ mesh-cli --node $(printf '%-6s' "$name") memory get notes greeting    # -> $value"
 done
 
 step "6/6 an MCP tool on another node, after a person's approval"
@@ -251,22 +279,22 @@ say "server hosts an MCP server (deploy/mcp-sysinfo.py) with one tool, sysinfo__
 say "tasks are offered it. gpu's policy ([approval] servers = [\"sysinfo\"]) holds each call until a"
 say "person approves it, from any node. --tool makes the small model call it in its first round."
 deadline=$((SECONDS + 60))
-until cli "$gpu" status --json 2>/dev/null | grep -q '"sysinfo__status"'; do
+until cli --node gpu status --json 2>/dev/null | grep -q '"sysinfo__status"'; do
   if [ $SECONDS -ge $deadline ]; then
     echo "error: gpu does not see server's MCP tool within 60 s; server's log: $work/server.log" >&2; exit 1
   fi
   sleep 0.2 # poll interval; the deadline is above
 done
-say "\$ mesh-cli --node <laptop> nodes show server    # (its MCP tools)"
-cli "$laptop" nodes show server | sed -n '/^mcp tools:/,$p' | sed 's/^/    /'
+say "\$ mesh-cli nodes show server    # (its MCP tools)"
+cli nodes show server | sed -n '/^mcp tools:/,$p' | sed 's/^/    /'
 ask="How is the home server doing? Answer in one sentence."
-say "\$ mesh-cli --node <laptop> run --role chat --tool sysinfo__status \"$ask\""
+say "\$ mesh-cli run --role chat --tool sysinfo__status \"$ask\""
 if ! $once && [ -t 0 ] && [ -t 2 ]; then
   say "(mesh-cli asks you below: type y to approve the call, anything else to deny it)"
-  cli "$laptop" run --role chat --tool sysinfo__status "$ask"
+  cli run --role chat --tool sysinfo__status "$ask"
 else
   out="$work/step6.out"
-  cli "$laptop" run --role chat --tool sysinfo__status "$ask" </dev/null >"$out" 2>&1 &
+  cli run --role chat --tool sysinfo__status "$ask" </dev/null >"$out" 2>&1 &
   runner=$!
   deadline=$((SECONDS + 120))
   id=""
@@ -275,14 +303,14 @@ else
       echo "error: no call waited for approval within 120 s; logs are in $work" >&2; cat "$out" >&2; exit 1
     fi
     sleep 0.2 # poll interval; the deadline is above
-    id=$(cli "$laptop" approvals ls --json 2>/dev/null |
+    id=$(cli approvals ls --json 2>/dev/null |
       json 'j["approvals"][0]["approval_id"] if j["approvals"] else ""' || true)
   done
-  say "\$ mesh-cli --node <laptop> approvals ls"
-  cli "$laptop" approvals ls | sed 's/^/    /'
+  say "\$ mesh-cli approvals ls"
+  cli approvals ls | sed 's/^/    /'
   if $once; then why="--once mode"; else why="no terminal to ask in"; fi
-  say "\$ mesh-cli --node <laptop> approvals approve $id    # approved automatically: $why"
-  cli "$laptop" approvals approve "$id" | sed 's/^/    /'
+  say "\$ mesh-cli approvals approve $id    # approved automatically: $why"
+  cli approvals approve "$id" | sed 's/^/    /'
   if ! wait "$runner"; then
     echo "error: the task failed; what mesh-cli printed:" >&2; cat "$out" >&2; exit 1
   fi
@@ -296,7 +324,7 @@ fi
 prefix=""; [ -n "$ns" ] && prefix="ip netns exec $ns "
 step "the mesh keeps running; Ctrl-C stops it. In another terminal:"
 cat <<EOF
-    ${prefix}$bin/mesh-cli --node $laptop --ca $ca/ca.pem --cert $ca/mesh-cli.pem --key $ca/mesh-cli.key status
+    ${prefix}env HOME=$work/laptop $bin/mesh-cli status      # the laptop's mesh-cli
     ${prefix}curl http://$laptop_http/v1/models
 EOF
-while true; do sleep 3600 & wait $!; done
+while true; do sleep 3600 & sleeper=$!; wait $sleeper; done

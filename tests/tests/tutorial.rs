@@ -8,10 +8,13 @@
 //! The block's grammar, which is also how a person reads it: `# on DEVICE` says where the
 //! next commands run; a command ending in `&` starts a node that keeps running; `# prints
 //! NAME` after a command means its output is what NAME stands for in later commands (a token
-//! a person copies to the other device). A foreground command that fails is run again until
-//! it works or a deadline passes, as a person runs it again while a node is still starting.
-//! The embedded model is put where `deploy/fetch-model.sh` finds it, so the walk downloads
-//! nothing. Needs root.
+//! a person copies to the other device), and nothing else is replaced. A foreground command
+//! that fails is run again until it works or a deadline passes, as a person runs it again while
+//! a node is still starting, except for bad usage (exit code 2), which no retry mends. What the
+//! README says a command shows is checked on what it printed (see [`Promise`]); `status` is run
+//! again until it shows it, as a person would while the nodes find each other. The embedded
+//! model is put where `deploy/fetch-model.sh` finds it (from where `deploy/test.sh
+//! --setup-only` fetched it), so the walk downloads nothing. Needs root.
 
 use std::{
     collections::HashMap,
@@ -22,10 +25,9 @@ use std::{
 };
 
 use mesh_tests::{Lan, Netns, bin, embedded_model_path, require_root};
-use serde_json::Value;
 
-/// How long a command may keep failing before the walk fails (a node starting, a peer being
-/// found, the model loading).
+/// How long a command may keep failing, or keep not showing what the README says, before the
+/// walk fails (a node starting, peers being found, the model loading).
 const RETRY_FOR: Duration = Duration::from_secs(120);
 
 /// One command of the walk.
@@ -99,6 +101,120 @@ fn steps(readme: &str) -> Vec<Step> {
     steps
 }
 
+/// What the README says a command of the walk shows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Promise {
+    /// `mesh-cli status`: every device, `up` and `healthy`, and nothing else.
+    Fleet,
+    /// `mesh-cli run`: the task's id first, an answer, and last the completion on the device
+    /// with the model, from its embedded model.
+    Answer,
+    /// `mesh-cli --node NAME nodes ls`: every device, `up` and `healthy`, asked by name.
+    ByName,
+}
+
+/// The promises, by the start of the command they are about; each must be in the walk.
+const PROMISES: [(&str, Promise); 3] = [
+    ("mesh-cli status", Promise::Fleet),
+    ("mesh-cli run ", Promise::Answer),
+    ("mesh-cli --node ", Promise::ByName),
+];
+
+fn promise(command: &str) -> Option<Promise> {
+    PROMISES
+        .iter()
+        .find(|(start, _)| command.starts_with(start))
+        .map(|(_, promise)| *promise)
+}
+
+impl Promise {
+    /// Whether it is run again until it holds (the fleet converging) or checked once.
+    fn polled(self) -> bool {
+        self != Promise::Answer
+    }
+
+    /// Whether `output` shows what the README says: `devices` are the walk's, `model_device`
+    /// the one that fetched the model.
+    fn check(self, output: &Output, devices: &[String], model_device: &str) -> Result<(), String> {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        match self {
+            Promise::Fleet | Promise::ByName => {
+                let rows = table(&stdout);
+                let mut names: Vec<&str> = rows.iter().map(|r| r["NAME"].as_str()).collect();
+                names.sort_unstable();
+                let mut want: Vec<&str> = devices.iter().map(String::as_str).collect();
+                want.sort_unstable();
+                if names != want {
+                    return Err(format!("lists {names:?}, not {want:?}"));
+                }
+                for row in &rows {
+                    if row["STATE"] != "up" || row["HEALTH"] != "healthy" {
+                        return Err(format!(
+                            "{} is {} and {}",
+                            row["NAME"], row["STATE"], row["HEALTH"]
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Promise::Answer => {
+                let lines: Vec<&str> = stderr.lines().collect();
+                if stdout.trim().is_empty() {
+                    return Err("no answer on stdout".into());
+                }
+                if !lines.first().is_some_and(|l| l.starts_with("· task ")) {
+                    return Err("the first line is not the task's id".into());
+                }
+                let done = format!("✓ completed on {model_device} ");
+                if !lines.last().is_some_and(|l| l.starts_with(&done)) {
+                    return Err(format!("the last line is not `{done}…`"));
+                }
+                // The model a zero-config node serves when fetch-model.sh put it there.
+                if !lines.iter().any(|l| l.contains(": smollm2-135m ")) {
+                    return Err("no round ran on the embedded model smollm2-135m".into());
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A table as mesh-cli prints it (a header, columns aligned under it), as one map per row
+/// from the header's column names (which may hold single spaces, as `LAST SEEN`) to the
+/// row's trimmed values.
+fn table(text: &str) -> Vec<HashMap<String, String>> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let header: Vec<char> = header.chars().collect();
+    // A column starts at a non-space after two spaces (or the line's start).
+    let starts: Vec<usize> = (0..header.len())
+        .filter(|&i| {
+            header[i] != ' ' && (i == 0 || (i >= 2 && header[i - 1] == ' ' && header[i - 2] == ' '))
+        })
+        .collect();
+    let cell = |chars: &[char], i: usize| -> String {
+        let from = starts[i].min(chars.len());
+        let to = starts
+            .get(i + 1)
+            .map_or(chars.len(), |&s| s.min(chars.len()));
+        chars[from..to].iter().collect::<String>().trim().to_owned()
+    };
+    let names: Vec<String> = (0..starts.len()).map(|i| cell(&header, i)).collect();
+    lines
+        .map(|line| {
+            let chars: Vec<char> = line.chars().collect();
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| (name.clone(), cell(&chars, i)))
+                .collect()
+        })
+        .collect()
+}
+
 /// One device: its namespace, home and host name.
 struct Device {
     name: String,
@@ -107,28 +223,35 @@ struct Device {
 }
 
 impl Device {
-    /// `line` run by `sh` on this device, as its user: its host name, its home, the built
-    /// binaries first on PATH, in the repository's root (for `deploy/fetch-model.sh`).
-    fn command(&self, line: &str) -> Command {
+    /// `line` run by `sh` on this device, as its user, for at most `limit`: its host name, its
+    /// home, the built binaries first on PATH, in the repository's root (for
+    /// `deploy/fetch-model.sh`).
+    fn command(&self, line: &str, limit: Option<Duration>) -> Command {
         let bins = bin("mesh-node");
         let bins = bins.parent().expect("bin dir");
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.ns, "unshare", "--uts", "sh", "-c"])
-            .arg("hostname \"$0\" && exec sh -c \"$1\"")
-            .arg(&self.name)
-            .arg(line)
-            .env_clear()
-            .env("HOME", &self.home)
-            .env(
-                "PATH",
-                format!(
-                    "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                    bins.display()
-                ),
-            )
-            .env("RUST_LOG", "info,mesh_node=debug")
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-            .stdin(Stdio::null());
+        let mut cmd = Command::new("timeout");
+        match limit {
+            Some(limit) => cmd.args(["-k", "2", &format!("{}", limit.as_secs().max(1))]),
+            None => cmd.arg("0"), // no limit: a node, stopped by `Nodes`
+        };
+        cmd.args([
+            "ip", "netns", "exec", &self.ns, "unshare", "--uts", "sh", "-c",
+        ])
+        .arg("hostname \"$0\" && exec sh -c \"$1\"")
+        .arg(&self.name)
+        .arg(line)
+        .env_clear()
+        .env("HOME", &self.home)
+        .env(
+            "PATH",
+            format!(
+                "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                bins.display()
+            ),
+        )
+        .env("RUST_LOG", "info,mesh_node=debug")
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .stdin(Stdio::null());
         cmd
     }
 }
@@ -200,6 +323,17 @@ fn the_readmes_three_devices_walk_works_as_written() {
         }
     }
     assert_eq!(names.len(), 3, "three devices: {names:?}");
+    for (start, promise) in PROMISES {
+        assert!(
+            steps.iter().any(|s| s.command.starts_with(start)),
+            "the walk has no `{start}…`, which shows {promise:?}"
+        );
+    }
+    let model_device = steps
+        .iter()
+        .find(|s| s.command.starts_with("deploy/fetch-model.sh"))
+        .map(|s| s.device.clone())
+        .expect("a device fetches the model");
     let lan = Lan::new(names.len()).expect("network namespaces");
     let homes = tempfile::Builder::new()
         .prefix("agentmesh-tutorial")
@@ -221,26 +355,20 @@ fn the_readmes_three_devices_walk_works_as_written() {
             )
         })
         .collect();
-    // The model where `deploy/fetch-model.sh` puts it, on the devices that run it, so that it
-    // finds it there and checks it instead of downloading it.
+    // The model where `deploy/fetch-model.sh` puts it on the device that runs it, so that it
+    // finds it there and checks its hash instead of downloading it.
     let model = embedded_model_path();
-    let fetching = steps
-        .iter()
-        .filter(|s| s.command.starts_with("deploy/fetch-model.sh"))
-        .map(|s| &devices[&s.device]);
-    for device in fetching {
-        let models = device.home.join(".local/share/agentmesh/models");
-        fs::create_dir_all(&models).expect("models dir");
-        let target = models.join(model.file_name().expect("file name"));
-        if fs::hard_link(&model, &target).is_err() {
-            fs::copy(&model, &target).expect("copy the model");
-        }
+    let models = devices[&model_device]
+        .home
+        .join(".local/share/agentmesh/models");
+    fs::create_dir_all(&models).expect("models dir");
+    let target = models.join(model.file_name().expect("file name"));
+    if fs::hard_link(&model, &target).is_err() {
+        fs::copy(&model, &target).expect("copy the model");
     }
 
     let mut nodes = Nodes(Vec::new());
     let mut said: HashMap<String, String> = HashMap::new();
-    // (device, command, stdout, stderr) of each foreground command.
-    let mut outputs: Vec<(String, String, String, String)> = Vec::new();
     for step in &steps {
         let device = &devices[&step.device];
         let mut line = step.command.clone();
@@ -250,7 +378,7 @@ fn the_readmes_three_devices_walk_works_as_written() {
         if step.background {
             let log = device.home.join(format!("node-{}.log", nodes.0.len()));
             let child = device
-                .command(&format!("exec {line}"))
+                .command(&format!("exec {line}"), None)
                 .stdout(Stdio::null())
                 .stderr(fs::File::create(&log).expect("log"))
                 .spawn()
@@ -258,85 +386,56 @@ fn the_readmes_three_devices_walk_works_as_written() {
             nodes.0.push((step.device.clone(), child, log));
             continue;
         }
-        let started = Instant::now();
+        let promise = promise(&step.command);
+        let deadline = Instant::now() + RETRY_FOR;
         let output = loop {
             nodes.check_running();
             let output = device
-                .command(&line)
+                .command(
+                    &line,
+                    Some(deadline.saturating_duration_since(Instant::now())),
+                )
                 .output()
                 .unwrap_or_else(|e| panic!("run `{line}` on {}: {e}", step.device));
-            if output.status.success() {
-                break output;
-            }
+            let why = if output.status.code() == Some(2) {
+                panic!(
+                    "`{line}` on {}: bad usage, which no retry mends:\n{}",
+                    step.device,
+                    text(&output)
+                );
+            } else if !output.status.success() {
+                format!("it failed ({})", output.status)
+            } else {
+                match promise.map(|p| (p, p.check(&output, &names, &model_device))) {
+                    None | Some((_, Ok(()))) => break output,
+                    Some((p, Err(why))) if !p.polled() => panic!(
+                        "`{line}` on {} does not show what the README says: {why}:\n{}\n{}",
+                        step.device,
+                        text(&output),
+                        nodes.logs()
+                    ),
+                    Some((_, Err(why))) => why,
+                }
+            };
             assert!(
-                started.elapsed() < RETRY_FOR,
-                "`{line}` on {} still fails after {RETRY_FOR:?}:\n{}\n{}",
+                Instant::now() < deadline,
+                "`{line}` on {}: {why} after {RETRY_FOR:?}:\n{}\n{}",
                 step.device,
                 text(&output),
                 nodes.logs()
             );
-            std::thread::sleep(Duration::from_millis(500)); // a person runs it again; the deadline is above
+            std::thread::sleep(Duration::from_millis(200)); // a person runs it again; the deadline is above
         };
         if let Some(name) = &step.prints {
             let value = String::from_utf8_lossy(&output.stdout).trim().to_owned();
             assert!(
-                value.starts_with("agentmesh-join:"),
-                "`{line}` printed no token: {}",
+                value.starts_with("agentmesh-join:") && !value.contains(char::is_whitespace),
+                "`{line}` printed no token, or more than one line: {}",
                 text(&output)
             );
             said.insert(name.clone(), value);
         }
-        outputs.push((
-            step.device.clone(),
-            step.command.clone(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        ));
     }
-
-    // What the README says the walk shows.
-    let shown = |command: &str| -> (&str, &str) {
-        outputs
-            .iter()
-            .find(|(_, c, _, _)| c.starts_with(command))
-            .map(|(_, _, out, err)| (out.as_str(), err.as_str()))
-            .unwrap_or_else(|| panic!("the walk has no `{command}`"))
-    };
-    let (answer, steps_shown) = shown("mesh-cli run");
-    assert!(!answer.trim().is_empty(), "no answer: {steps_shown}");
-    assert!(
-        steps_shown
-            .lines()
-            .next()
-            .is_some_and(|l| l.starts_with("· task ")),
-        "{steps_shown}"
-    );
-    assert!(
-        steps_shown
-            .lines()
-            .last()
-            .is_some_and(|l| l.starts_with("✓ completed on gpu-box")),
-        "{steps_shown}"
-    );
-    let status = devices["laptop"]
-        .command("mesh-cli status --json")
-        .output()
-        .expect("status");
-    let fleet: Value = serde_json::from_slice(&status.stdout).expect("json");
-    let mut up: Vec<String> = fleet["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["state"] == "up")
-        .filter_map(|n| n["name"].as_str().map(str::to_owned))
-        .collect();
-    up.sort();
-    assert_eq!(up, ["gpu-box", "homeserver", "laptop"], "{fleet:#}");
-    let (listed, _) = shown("mesh-cli --node gpu-box nodes ls");
-    assert!(
-        listed.lines().filter(|l| l.contains(" up ")).count() == 3,
-        "{listed}"
-    );
 }
 
 /// The grammar above, on a block of its own: devices, background nodes, placeholders.
@@ -364,4 +463,37 @@ fn the_tutorial_block_is_read_as_a_person_reads_it() {
             ("c", "mesh-node --join TOKEN", true, None),
         ]
     );
+}
+
+/// The tables the promises read, as mesh-cli prints them (column names with a space, values
+/// with spaces), and what a promise refuses.
+#[test]
+fn a_status_table_is_read_by_its_columns() {
+    let status = "NAME    ID            STATE  HEALTH    LOAD                 LAST SEEN\n\
+                  a       0f42d0730541  up     healthy   0 running, 0 queued  now\n\
+                  b       1f42d0730541  up     degraded  1 running, 0 queued  2s ago\n";
+    let rows = table(status);
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["LOAD"], "0 running, 0 queued");
+    assert_eq!(rows[1]["LAST SEEN"], "2s ago");
+    let output = |stdout: &str| Output {
+        status: Command::new("true").status().expect("true"),
+        stdout: stdout.as_bytes().to_vec(),
+        stderr: Vec::new(),
+    };
+    let devices = ["a".to_owned(), "b".to_owned()];
+    let degraded = Promise::Fleet.check(&output(status), &devices, "a");
+    assert_eq!(degraded, Err("b is up and degraded".into()));
+    let missing = Promise::Fleet.check(
+        &output(&status.replace("degraded", "healthy ")),
+        &devices[..1],
+        "a",
+    );
+    assert!(missing.is_err(), "{missing:?}");
+    let healthy = Promise::Fleet.check(
+        &output(&status.replace("degraded", "healthy ")),
+        &devices,
+        "a",
+    );
+    assert_eq!(healthy, Ok(()));
 }

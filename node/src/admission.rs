@@ -220,7 +220,17 @@ pub struct Admission {
     /// (`remote_max_tier` is advertised, so it is read from the capabilities).
     tiers: Mutex<(Tier, Tier)>,
     /// The client certificates of this node's own machine (see [`Admission::may_operate`]).
-    operators: Vec<NodeId>,
+    operators: Operators,
+}
+
+/// Where the ids of this node's own machine's client certificates come from: asked at each
+/// decision, so a `mesh-cli join` made after the node started counts at once.
+struct Operators(Box<dyn Fn() -> Vec<NodeId> + Send + Sync>);
+
+impl std::fmt::Debug for Operators {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Operators")
+    }
 }
 
 impl Admission {
@@ -231,7 +241,7 @@ impl Admission {
             caps,
             peers,
             tiers: Mutex::new((client_max_tier, Tier::Read)),
-            operators: Vec::new(),
+            operators: Operators(Box::new(Vec::new)),
         }
     }
 
@@ -241,10 +251,16 @@ impl Admission {
         self
     }
 
-    /// The same door with `operators`, the ids of this node's own machine's client
-    /// certificates.
-    pub fn with_operators(self, operators: Vec<NodeId>) -> Self {
-        Self { operators, ..self }
+    /// The same door with `operators`, which says the ids of this node's own machine's client
+    /// certificates each time it is asked (they are files a person may add while it runs).
+    pub fn with_operators(
+        self,
+        operators: impl Fn() -> Vec<NodeId> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            operators: Operators(Box::new(operators)),
+            ..self
+        }
     }
 
     /// Changes `security.client_max_tier` and `security.mcp_max_tier` (a runtime setting).
@@ -273,7 +289,7 @@ impl Admission {
                 "this caller presents {who}, which is not a client certificate"
             )));
         }
-        if self.operators.contains(&who.id) {
+        if (self.operators.0)().contains(&who.id) {
             return Ok(());
         }
         self.allows(Tier::Shell, &Caller::Certificate(who.clone()), None)

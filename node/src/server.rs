@@ -538,10 +538,20 @@ impl Node {
                 "this machine's client certificate operates this node: it may change its settings (mesh-cli config) and the fleet's front-door keys"
             );
         }
+        // Read again at each decision: `mesh-cli join` on this machine after the node started
+        // makes an operator at once.
+        let operators_of = mesh_tls.is_some().then(|| config.data_dir.clone());
         let admission = Arc::new(
             Admission::new(caps.clone(), peers.clone(), config.client_max_tier)
                 .with_mcp_max_tier(config.mcp_max_tier)
-                .with_operators(operators.into_iter().map(|o| o.id).collect()),
+                .with_operators(move || {
+                    operators_of.as_deref().map_or_else(Vec::new, |data_dir| {
+                        bootstrap::operator_certificates(data_dir)
+                            .into_iter()
+                            .map(|o| o.id)
+                            .collect()
+                    })
+                }),
         );
         // This node's MCP servers, each kept connected by a supervised loop (restarted with
         // back-off, named in the health while down); their tools are advertised to the fleet.

@@ -829,6 +829,43 @@ fn a_zero_config_node_is_operated_with_mesh_cli_alone_and_its_settings_survive_a
     assert_eq!(node.http_get("/v1/models").0, 401);
 }
 
+/// Issue 28: on a device whose node joined with a token, its person runs `mesh-cli join` after
+/// the node started (the README's order). That mesh-cli certificate operates the node at once;
+/// before, the node read its machine's client certificates only when it started, so `config
+/// set` was refused until a restart.
+#[test]
+fn a_mesh_cli_joined_after_its_node_started_operates_it_at_once() {
+    let issuer_home = Home::new();
+    let issuer = ZeroConfig::start(&issuer_home, "homeserver", &[], "");
+    let token = |role: &str| {
+        cli_ok(
+            &issuer_home,
+            &["token", "create", "--role", role, "--issuer", &issuer.addr],
+        )
+        .trim()
+        .to_owned()
+    };
+    let home = Home::new();
+    let laptop = ZeroConfig::start(&home, "laptop", &["--join", &token("node")], "");
+    cli_ok(&home, &["join", &token("client")]);
+    let set = home.cli(&[
+        "--node",
+        &laptop.addr,
+        "config",
+        "set",
+        "approval.tiers",
+        "shell",
+    ]);
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let tiers = &settings(&home, &laptop.addr)["approval.tiers"];
+    assert_eq!(tiers["value"], serde_json::json!(["shell"]), "{tiers}");
+    assert_eq!(tiers["source"], "runtime");
+}
+
 /// Issue 28: a second device started without `--join` makes a mesh of its own, and the hint
 /// told the real fleet's members to join it. Now the stray (alone in its mesh) is told how it
 /// joins the fleet, and the fleet's members how to bring it in; each says it once.

@@ -8,8 +8,10 @@
 use std::{net::SocketAddr, path::Path};
 
 use anyhow::{Context, anyhow};
-use mesh_identity::{Dialer, MeshTls, OriginSigner, TlsFiles, bootstrap};
+use mesh_cert::OriginSigner;
+use mesh_join::bootstrap;
 use mesh_proto::v1 as pb;
+use mesh_tls::{Dialer, MeshTls, TlsFiles};
 
 use crate::ConnArgs;
 
@@ -128,7 +130,7 @@ pub(crate) async fn channel(conn: &ConnArgs) -> anyhow::Result<tonic::transport:
         Ok(connection) => connection,
         // It answered, but mesh-cli's certificate is of another mesh: no point asking whether
         // it runs.
-        Err(e @ mesh_identity::DialError::ForeignMesh { .. }) => {
+        Err(e @ mesh_tls::DialError::ForeignMesh { .. }) => {
             return Err(anyhow!(
                 "{e}; to talk to it, use the files of its mesh: --ca, --cert and --key (or MESH_CA, MESH_CERT, MESH_KEY)"
             ));

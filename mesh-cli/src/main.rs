@@ -179,7 +179,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    mesh_identity::install_crypto_provider();
+    mesh_tls::install_crypto_provider();
     let cli = Cli::parse();
     // A node's certificate belongs in its config's [tls], not in an operator's config dir.
     if let Command::Ca(ca::CaCommand::Issue {
@@ -278,7 +278,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             name,
             key_type,
         } => {
-            let key_type: mesh_identity::ca::KeyType =
+            let key_type: mesh_cert::ca::KeyType =
                 key_type.parse().map_err(|e: String| anyhow!(e))?;
             join::join(&token, name, key_type).await
         }

@@ -2006,8 +2006,8 @@ mod tests {
     /// the record; `memory::writers`).
     #[tokio::test]
     async fn a_key_is_added_only_with_its_operators_own_statement_of_it() {
+        use mesh_cert::{CertIdentity, OriginSigner, statement::sign};
         use mesh_domain::CertRole;
-        use mesh_identity::{CertIdentity, OriginSigner, statement::sign};
 
         let mesh = crate::memory::test_support::CaMesh::new("keys-me");
         let keys = Keys::new(mesh.memory.clone(), &http(Vec::new(), &[])).expect("keys");

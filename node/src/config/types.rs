@@ -7,7 +7,7 @@
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use mesh_domain::Tier;
-use mesh_identity::TlsFiles;
+use mesh_tls::TlsFiles;
 
 /// The validated configuration.
 #[derive(Debug, Clone)]

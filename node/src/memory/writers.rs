@@ -21,6 +21,7 @@
 //!
 //! This file decides who may write; what the values mean is for the services that write them.
 
+use mesh_cert::StatementError;
 use mesh_domain::{
     NodeId, Principal,
     api_key::{KEYS_REQUIRED, MAX_SIGNING_SKEW_MS, RuntimeKey},
@@ -31,7 +32,6 @@ use mesh_domain::{
     },
     statement::{ApprovalStatement, KeyStatement, Signed, StatementKind},
 };
-use mesh_identity::StatementError;
 use serde::Deserialize;
 
 use super::{error::MemoryError, record::Entry, revocations::stamp_ms, store::Memory};
@@ -277,6 +277,7 @@ fn http_key_usage(entry: &Entry) -> Verdict {
 mod tests {
     use std::sync::Arc;
 
+    use mesh_cert::{OriginSigner, statement::sign};
     use mesh_domain::{
         CertRole, KeyPolicy,
         id::tagged_uuid,
@@ -284,7 +285,6 @@ mod tests {
         statement::{ApprovalStatement, KeyStatement, Signed, StatementKind},
         time::now_ms,
     };
-    use mesh_identity::{OriginSigner, statement::sign};
 
     use super::*;
     use crate::{

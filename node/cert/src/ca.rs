@@ -26,19 +26,13 @@ use crate::{
     pem::{pem_certs, read, write_new},
 };
 
-/// File names inside a CA directory.
-pub const CA_CERT_FILE: &str = "ca.pem";
-/// The CA's private key; whoever holds it can add nodes to the mesh.
-pub const CA_KEY_FILE: &str = "ca.key";
+pub use crate::layout::{BACKDATED_S, CA_CERT_FILE, CA_KEY_FILE};
 
 /// How long a new CA is valid.
 const CA_VALIDITY: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// How long an issued node or client certificate is valid unless asked for less, and the most
 /// it may be asked for.
 pub const CERT_VALIDITY: Duration = Duration::from_secs(825 * 24 * 3600);
-/// How far before its issue a certificate is valid from (seconds), so a peer whose clock runs
-/// a little slow accepts it at once.
-pub const BACKDATED_S: i64 = 3600;
 
 /// Creates a new mesh CA in `dir`: `ca.pem` (share it with every node) and `ca.key` (keep it
 /// private). Refuses to overwrite an existing CA, since that would orphan every issued cert.

@@ -24,7 +24,7 @@ use mesh_domain::NodeId;
 
 use crate::{
     CertIdentity, CertRole, TlsError,
-    ca::{BACKDATED_S, CA_CERT_FILE},
+    layout::{BACKDATED_S, CA_CERT_FILE},
     pem::{pem_certs, read},
 };
 

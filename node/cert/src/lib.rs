@@ -18,7 +18,8 @@
 //!   ([`OriginVerifier`]).
 //! - [`statement`]: a person's signed acts: an operator's client certificate signs a statement
 //!   (an approval decision, a front-door key) and any node checks it ([`StatementError`]).
-//! - [`pem`]: reading and writing the PEM files; [`error`]: [`TlsError`], naming the file.
+//! - [`layout`]: the files of a CA directory; [`pem`]: reading and writing PEM files;
+//!   [`error`]: [`TlsError`], naming the file.
 //!
 //! This crate has no async runtime and no network: it makes, reads and checks certificates,
 //! keys and signatures. Loading a node's files into TLS configurations and dialing are
@@ -30,6 +31,7 @@ pub mod cert;
 pub mod chain;
 pub mod error;
 pub mod issued;
+pub mod layout;
 pub mod origin;
 pub mod pem;
 pub mod revocation;

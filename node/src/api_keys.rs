@@ -35,9 +35,9 @@ use std::{
 use chrono::{DateTime, Datelike, Months, NaiveDate, Utc};
 use mesh_domain::{
     KeyPolicy, Principal, Target, Usage,
-    api_key::{KEYS_REQUIRED, MAX_SIGNING_SKEW_MS, RuntimeKey, check_key_name},
+    api_key::{KEYS_REQUIRED, KeyStatement, MAX_SIGNING_SKEW_MS, RuntimeKey, check_key_name},
     keys::{HTTP_KEY_USAGE, HTTP_KEYS},
-    statement::{KeyStatement, Signed, StatementKind},
+    statement::{Signed, StatementKind},
     time::now_ms as unix_ms,
 };
 use serde::{Deserialize, Serialize};

@@ -24,13 +24,13 @@
 use mesh_cert::StatementError;
 use mesh_domain::{
     NodeId, Principal,
-    api_key::{KEYS_REQUIRED, MAX_SIGNING_SKEW_MS, RuntimeKey},
+    api_key::{KEYS_REQUIRED, KeyStatement, MAX_SIGNING_SKEW_MS, RuntimeKey},
     id::is_tagged_by,
     keys::{
         self, APPROVALS, CRON_FIRINGS, CRON_SCHEDULES, HTTP_KEY_USAGE, HTTP_KEYS, RESPONSES,
         REVOCATIONS, SESSIONS,
     },
-    statement::{ApprovalStatement, KeyStatement, Signed, StatementKind},
+    statement::{ApprovalStatement, Signed, StatementKind},
 };
 use serde::Deserialize;
 
@@ -282,7 +282,7 @@ mod tests {
         CertRole, KeyPolicy,
         id::tagged_uuid,
         keys::{response_id, turn_key},
-        statement::{ApprovalStatement, KeyStatement, Signed, StatementKind},
+        statement::{ApprovalStatement, Signed, StatementKind},
         time::now_ms,
     };
 

@@ -19,6 +19,7 @@
 
 mod defaults;
 mod error;
+mod layers;
 mod raw;
 mod runtime;
 mod types;
@@ -32,14 +33,13 @@ pub use defaults::{
     default_model_path, default_name, default_threads,
 };
 pub use error::ConfigError;
+pub use layers::{Layers, RuntimeSettings};
 pub use raw::{
     Overrides, RawApproval, RawConfig, RawConnections, RawCron, RawDiscovery, RawGpu, RawHttp,
     RawHttpKey, RawMcp, RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity,
     RawTasks, RawTls, RawTools,
 };
-pub use runtime::{
-    Layers, MAX_VALUE_BYTES, RuntimeSettings, SETTABLE, SETTINGS_FILE, Settable, Shown, Source,
-};
+pub use runtime::{MAX_VALUE_BYTES, SETTABLE, SETTINGS_FILE, Settable, Shown, Source};
 pub use types::{
     ApprovalConfig, Backend, Config, ConnectionLimits, CronLimits, Discovery, GpuDecl, HttpConfig,
     HttpKey, KeySecret, Listen, McpConfig, McpTransport, ModelAlias, ModelConfig, PersonaConfig,

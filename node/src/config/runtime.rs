@@ -22,6 +22,7 @@ use toml::{Table, Value};
 
 use crate::config::{
     error::{ConfigError, Origin},
+    layers::{Layers, RuntimeSettings},
     raw::{Overrides, RawConfig},
     types::Config,
 };
@@ -208,25 +209,6 @@ pub struct Shown {
     pub file: Option<Value>,
     /// The runtime value, if one is set.
     pub runtime: Option<Value>,
-}
-
-/// What the configuration was read from, kept so a runtime change is checked again against
-/// the same file and flags.
-#[derive(Debug, Clone, Default)]
-pub struct Layers {
-    /// The config file, as a table (empty without one).
-    pub file: Table,
-    /// The command-line flags.
-    pub overrides: Overrides,
-    /// The runtime settings laid over the file.
-    pub runtime: RuntimeSettings,
-}
-
-/// The runtime settings of a data dir (`<data_dir>/settings.toml`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RuntimeSettings {
-    path: PathBuf,
-    table: Table,
 }
 
 impl RuntimeSettings {

@@ -79,7 +79,7 @@ pub struct Config {
     pub mcp: Vec<McpConfig>,
     /// What this was read from (the file, the flags, the runtime settings), so a runtime
     /// setting can be checked again against the same file.
-    pub layers: crate::config::Layers,
+    pub layers: crate::config::layers::Layers,
 }
 
 /// Validated `[approval]`.

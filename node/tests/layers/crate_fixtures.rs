@@ -6,6 +6,7 @@ use std::{collections::BTreeSet, fs, path::Path};
 
 use crate::{
     crates::check_crates,
+    fixtures::assert_one_problem_mentions,
     node::{check, read_node_tree},
     workspace::{Member, SourceText, Target, Workspace, read_workspace},
 };
@@ -62,16 +63,6 @@ fn workspace() -> Workspace {
         ],
         problems: Vec::new(),
     }
-}
-
-fn assert_one_problem_mentions(problems: &[String], words: &[&str]) {
-    assert!(
-        problems
-            .iter()
-            .any(|problem| words.iter().all(|word| problem.contains(word))),
-        "no problem mentions all of {words:?}:\n{}",
-        problems.join("\n")
-    );
 }
 
 #[test]

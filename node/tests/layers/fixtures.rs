@@ -34,7 +34,7 @@ fn edges_in(files: &[(&str, &str)]) -> Vec<String> {
     edges
 }
 
-fn assert_one_problem_mentions(problems: &[String], words: &[&str]) {
+pub fn assert_one_problem_mentions(problems: &[String], words: &[&str]) {
     assert!(
         problems
             .iter()

@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-# The same directory as `dirs::data_dir()` + `agentmesh` in node/identity/src/bootstrap.rs.
+# The same directory as `dirs::data_dir()` + `agentmesh` in node/join/src/bootstrap.rs.
 if [ -z "$dir" ]; then
   case "$(uname -s)" in
     Darwin) data="$HOME/Library/Application Support" ;;

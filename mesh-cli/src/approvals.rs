@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Subcommand;
+use mesh_cert::{OriginSigner, statement::sign};
 use mesh_domain::statement::{ApprovalStatement, StatementKind};
-use mesh_identity::{OriginSigner, statement::sign};
 use mesh_proto::{convert::tier_or_read, v1 as pb};
 use serde_json::{Value, json};
 use tonic::transport::Channel;

@@ -9,12 +9,13 @@ use std::{
 
 use anyhow::{Context, anyhow};
 use clap::Subcommand;
-use mesh_domain::NodeId;
-use mesh_identity::{
-    CertRole, Revocation, bootstrap,
+use mesh_cert::{
+    CertRole, Revocation,
     ca::{self, CaSigner},
     issued::{self, IssuedCert},
 };
+use mesh_domain::NodeId;
+use mesh_join::bootstrap;
 use mesh_proto::v1 as pb;
 use serde_json::{Value, json};
 
@@ -374,6 +375,10 @@ async fn send(
             reason: reason.to_owned(),
         }
         .sign(ca)?;
+        let signed = pb::SignedRevocation {
+            entry: signed.entry,
+            signature: signed.signature,
+        };
         let response = client
             .revoke(signed)
             .await

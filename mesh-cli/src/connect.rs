@@ -5,13 +5,52 @@
 //! It decides nothing about what a command does; it only says, in words, why a node cannot be
 //! reached or which certificate to get.
 
-use std::{net::SocketAddr, path::Path};
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context, anyhow};
-use mesh_identity::{Dialer, MeshTls, OriginSigner, TlsFiles, bootstrap};
+use clap::Args;
+use mesh_cert::OriginSigner;
+use mesh_join::bootstrap;
 use mesh_proto::v1 as pb;
+use mesh_tls::{Dialer, MeshTls, TlsFiles};
 
-use crate::ConnArgs;
+// The flags every command shares: which node, and the certificate to show it. (No doc comment:
+// clap would read it as help text.)
+#[derive(Debug, Args)]
+pub(crate) struct ConnArgs {
+    /// Node to talk to: a node's name (as `status` lists it, looked up in the local node's
+    /// peer table), HOST:PORT, or HOST (port 7700). Default: the local node (the address a
+    /// zero-config node of this user wrote into its data dir, else 127.0.0.1:7700).
+    #[arg(
+        long = "node",
+        id = "node",
+        value_name = "NAME|HOST[:PORT]",
+        global = true,
+        env = "MESH_NODE"
+    )]
+    pub(crate) asked: Option<String>,
+    /// The address `--node` resolved to (set by `main` before a command runs).
+    #[arg(skip)]
+    pub(crate) node: String,
+    /// How `--node` was resolved when it named no address, for errors.
+    #[arg(skip)]
+    pub(crate) found: Option<String>,
+    /// Mesh CA certificate (PEM).
+    #[arg(long, global = true, env = "MESH_CA", requires_all = ["cert", "key"])]
+    ca: Option<PathBuf>,
+    /// Client certificate (PEM), issued by the mesh CA.
+    #[arg(long, global = true, env = "MESH_CERT", requires_all = ["ca", "key"])]
+    cert: Option<PathBuf>,
+    /// Client private key (PEM).
+    #[arg(long, global = true, env = "MESH_KEY", requires_all = ["ca", "cert"])]
+    key: Option<PathBuf>,
+    /// Plain TCP, for a node started with --insecure.
+    #[arg(long, global = true, conflicts_with_all = ["ca", "cert", "key"])]
+    insecure: bool,
+}
 
 /// The port a node listens on unless told otherwise (`node.listen`).
 pub(crate) const DEFAULT_PORT: u16 = 7700;
@@ -128,7 +167,7 @@ pub(crate) async fn channel(conn: &ConnArgs) -> anyhow::Result<tonic::transport:
         Ok(connection) => connection,
         // It answered, but mesh-cli's certificate is of another mesh: no point asking whether
         // it runs.
-        Err(e @ mesh_identity::DialError::ForeignMesh { .. }) => {
+        Err(e @ mesh_tls::DialError::ForeignMesh { .. }) => {
             return Err(anyhow!(
                 "{e}; to talk to it, use the files of its mesh: --ca, --cert and --key (or MESH_CA, MESH_CERT, MESH_KEY)"
             ));

@@ -10,10 +10,11 @@ use std::{
 
 use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand};
-use mesh_identity::{
-    CertRole, bootstrap,
-    ca::KeyType,
-    join::{FROM_STDIN, create_token, join_client, read_token},
+use mesh_cert::{CertRole, ca::KeyType};
+use mesh_join::{
+    bootstrap,
+    client::join_client,
+    token::{FROM_STDIN, create_token, read_token},
 };
 use serde_json::json;
 

@@ -3,11 +3,8 @@
 
 use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand};
-use mesh_domain::{
-    KeyPolicy,
-    statement::{KeyStatement, StatementKind},
-};
-use mesh_identity::statement::sign;
+use mesh_cert::statement::sign;
+use mesh_domain::{KeyPolicy, api_key::KeyStatement, statement::StatementKind};
 use mesh_proto::v1 as pb;
 use rand::TryRng;
 use serde_json::{Value, json};

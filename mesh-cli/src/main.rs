@@ -30,16 +30,10 @@ macro_rules! eshow {
     };
 }
 
-use std::{
-    borrow::Cow,
-    path::PathBuf,
-    process::ExitCode,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::process::ExitCode;
 
 use anyhow::anyhow;
-use clap::{Args, CommandFactory, Parser, Subcommand};
-use mesh_domain::text::{LineBreaks, escape_controls};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod approvals;
 mod ca;
@@ -50,10 +44,13 @@ mod join;
 mod keys;
 mod memory;
 mod nodes;
+mod output;
 mod run;
 mod tasks;
 
-use connect::{channel, signer};
+// What every command uses, named here so each module says `crate::channel`, `crate::shown`.
+use connect::{ConnArgs, channel, signer};
+use output::{ago, print_table, refused, shown, status_words, unix_ms};
 
 /// Talk to an agentmesh node: see the fleet, manage the mesh CA.
 ///
@@ -70,39 +67,6 @@ struct Cli {
     conn: ConnArgs,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct ConnArgs {
-    /// Node to talk to: a node's name (as `status` lists it, looked up in the local node's
-    /// peer table), HOST:PORT, or HOST (port 7700). Default: the local node (the address a
-    /// zero-config node of this user wrote into its data dir, else 127.0.0.1:7700).
-    #[arg(
-        long = "node",
-        id = "node",
-        value_name = "NAME|HOST[:PORT]",
-        global = true,
-        env = "MESH_NODE"
-    )]
-    asked: Option<String>,
-    /// The address `--node` resolved to (set by `main` before a command runs).
-    #[arg(skip)]
-    pub(crate) node: String,
-    /// How `--node` was resolved when it named no address, for errors.
-    #[arg(skip)]
-    found: Option<String>,
-    /// Mesh CA certificate (PEM).
-    #[arg(long, global = true, env = "MESH_CA", requires_all = ["cert", "key"])]
-    ca: Option<PathBuf>,
-    /// Client certificate (PEM), issued by the mesh CA.
-    #[arg(long, global = true, env = "MESH_CERT", requires_all = ["ca", "key"])]
-    cert: Option<PathBuf>,
-    /// Client private key (PEM).
-    #[arg(long, global = true, env = "MESH_KEY", requires_all = ["ca", "cert"])]
-    key: Option<PathBuf>,
-    /// Plain TCP, for a node started with --insecure.
-    #[arg(long, global = true, conflicts_with_all = ["ca", "cert", "key"])]
-    insecure: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -179,7 +143,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    mesh_identity::install_crypto_provider();
+    mesh_tls::install_crypto_provider();
     let cli = Cli::parse();
     // A node's certificate belongs in its config's [tls], not in an operator's config dir.
     if let Command::Ca(ca::CaCommand::Issue {
@@ -246,21 +210,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// A call the node refused, in words: the node's own sentence, without tonic's description of
-/// the status code in front of it.
-pub(crate) fn refused(call: &str, node: &str, status: &tonic::Status) -> anyhow::Error {
-    anyhow!("{call} on {node}: {}", status_words(status))
-}
-
-/// A status in words: its message, or the code's description when it has none.
-pub(crate) fn status_words(status: &tonic::Status) -> String {
-    if status.message().is_empty() {
-        status.code().to_string()
-    } else {
-        status.message().to_owned()
-    }
-}
-
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Status { json, watch } => nodes::status(&cli.conn, json, watch).await,
@@ -278,66 +227,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             name,
             key_type,
         } => {
-            let key_type: mesh_identity::ca::KeyType =
+            let key_type: mesh_cert::ca::KeyType =
                 key_type.parse().map_err(|e: String| anyhow!(e))?;
             join::join(&token, name, key_type).await
         }
         Command::Ca(command) => crate::ca::run(&cli.conn, command).await,
-    }
-}
-
-pub(crate) fn ago(now_ms: u64, then_ms: u64) -> String {
-    if then_ms == 0 {
-        return "never".into();
-    }
-    let age = Duration::from_millis(now_ms.saturating_sub(then_ms));
-    match age.as_secs() {
-        0 => "now".into(),
-        s if s < 120 => format!("{s}s ago"),
-        s if s < 7200 => format!("{}m ago", s / 60),
-        s => format!("{}h ago", s / 3600),
-    }
-}
-
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// `text` as a terminal may show it: line breaks and tabs kept, every other control character
-/// escaped (ESC and with it CSI and OSC sequences, CR, backspace, C1 controls; see
-/// [`escape_controls`]).
-pub(crate) fn shown(text: &str) -> Cow<'_, str> {
-    escape_controls(text, LineBreaks::Keep)
-}
-
-/// Prints a table; each cell stays on its line (line breaks in it are escaped too).
-pub(crate) fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
-    let rows: Vec<[Cow<'_, str>; N]> = rows
-        .iter()
-        .map(|row| {
-            row.each_ref()
-                .map(|cell| escape_controls(cell, LineBreaks::Escape))
-        })
-        .collect();
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let parts: Vec<String> = cells
-            .iter()
-            .zip(widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("{}", parts.join("  ").trim_end());
-    };
-    line(header.to_vec());
-    for row in &rows {
-        line(row.iter().map(AsRef::as_ref).collect());
     }
 }

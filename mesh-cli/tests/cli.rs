@@ -53,12 +53,12 @@ fn ca_init_and_issue_write_usable_files_and_never_overwrite() {
     for file in ["ca.pem", "ca.key", "gpu-box.pem", "gpu-box.key"] {
         assert!(std::path::Path::new(ca).join(file).exists(), "{file}");
     }
-    let files = mesh_identity::TlsFiles {
+    let files = mesh_tls::TlsFiles {
         ca: format!("{ca}/ca.pem").into(),
         cert: format!("{ca}/gpu-box.pem").into(),
         key: format!("{ca}/gpu-box.key").into(),
     };
-    let tls = mesh_identity::MeshTls::load(&files).expect("issued files load");
+    let tls = mesh_tls::MeshTls::load(&files).expect("issued files load");
     assert_eq!(tls.identity().common_name.as_deref(), Some("gpu-box"));
 
     let again = mesh_cli(&["ca", "init", "--dir", ca], dir.path());
@@ -143,10 +143,10 @@ fn ca_issue_install_writes_the_operators_files_privately_and_never_overwrites() 
         String::from_utf8_lossy(&output.stderr)
     );
     let config = dir.path().join("config/agentmesh");
-    let files = mesh_identity::bootstrap::user_cli_files(&config);
-    let tls = mesh_identity::MeshTls::load(&files).expect("installed files load");
+    let files = mesh_join::bootstrap::user_cli_files(&config);
+    let tls = mesh_tls::MeshTls::load(&files).expect("installed files load");
     assert_eq!(tls.identity().common_name.as_deref(), Some("alice"));
-    assert_eq!(tls.identity().role, Some(mesh_identity::CertRole::Client));
+    assert_eq!(tls.identity().role, Some(mesh_cert::CertRole::Client));
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&files.key)
@@ -190,7 +190,7 @@ fn token_create_finds_the_local_ca_and_node_and_bounds_what_it_makes() {
     let home = tempfile::tempdir().expect("tempdir");
     // A zero-config node's layout in the default data dir.
     let data = home.path().join("data").join("agentmesh");
-    mesh_identity::ca::ca_init(&data.join("tls")).expect("ca");
+    mesh_cert::ca::ca_init(&data.join("tls")).expect("ca");
     std::fs::write(data.join("node.addr"), "127.0.0.1:7755\n").expect("addr");
 
     let made = mesh_cli(&["token", "create", "--json", "--uses", "3"], home.path());
@@ -203,14 +203,14 @@ fn token_create_finds_the_local_ca_and_node_and_bounds_what_it_makes() {
     assert_eq!(made["issuer"], "127.0.0.1:7755");
     assert_eq!(made["role"], "node");
     assert_eq!(made["uses"], 3);
-    let token: mesh_identity::join::JoinToken = made["token"]
+    let token: mesh_join::token::JoinToken = made["token"]
         .as_str()
         .expect("token")
         .parse()
         .expect("a token");
     assert_eq!(
         token.ca_fingerprint,
-        mesh_identity::join::fingerprint_of(&data.join("tls").join("ca.pem")).expect("fp")
+        mesh_join::client::fingerprint_of(&data.join("tls").join("ca.pem")).expect("fp")
     );
 
     for (args, says) in [

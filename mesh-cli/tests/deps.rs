@@ -1,6 +1,8 @@
 //! `mesh-cli` installs on its own: `cargo install --path mesh-cli` must not build the node's
 //! heavy parts (llama.cpp needs cmake, a C++ compiler and libclang; sled, axum and async-openai
-//! are the node's), so none of them may enter the CLI's dependency tree.
+//! are the node's), so none of them may enter the CLI's dependency tree. And the identity crate
+//! at the bottom of it, `mesh-cert`, has no async runtime and no RPC stack: those belong to the
+//! crates above it (`mesh-tls`, `mesh-join`), so none of them may enter its tree either.
 
 use std::process::Command;
 
@@ -17,10 +19,22 @@ const NODE_ONLY: &[&str] = &[
     "clang-sys",
 ];
 
-#[test]
-fn the_cli_depends_on_none_of_the_nodes_heavy_parts() {
+/// Crates `mesh-cert` must never depend on, directly or not.
+const ABOVE_MESH_CERT: &[&str] = &[
+    "tokio",
+    "tokio-rustls",
+    "tonic",
+    "hyper",
+    "tower",
+    "mesh-proto",
+    "mesh-tls",
+    "mesh-join",
+];
+
+/// Every crate in `package`'s tree of normal and build dependencies, itself included.
+fn dependency_tree(package: &str) -> Vec<String> {
     let output = Command::new(env!("CARGO"))
-        .args(["tree", "--offline", "-p", "mesh-cli", "-e", "normal,build"])
+        .args(["tree", "--offline", "-p", package, "-e", "normal,build"])
         .args(["--prefix", "none", "--format", "{p}"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
@@ -30,18 +44,51 @@ fn the_cli_depends_on_none_of_the_nodes_heavy_parts() {
         "cargo tree failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let tree = String::from_utf8_lossy(&output.stdout);
-    let crates: Vec<&str> = tree
+    String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| line.split_whitespace().next())
-        .collect();
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Which of `forbidden` are in `crates`.
+fn found<'a>(crates: &[String], forbidden: &[&'a str]) -> Vec<&'a str> {
+    forbidden
+        .iter()
+        .copied()
+        .filter(|name| crates.iter().any(|c| c == name))
+        .collect()
+}
+
+#[test]
+fn the_cli_depends_on_none_of_the_nodes_heavy_parts() {
+    let crates = dependency_tree("mesh-cli");
     assert!(
-        crates.contains(&"mesh-identity") && crates.contains(&"mesh-proto"),
-        "not the CLI's tree:\n{tree}"
+        found(
+            &crates,
+            &["mesh-cert", "mesh-tls", "mesh-join", "mesh-proto"]
+        )
+        .len()
+            == 4,
+        "not the CLI's tree:\n{crates:?}"
     );
-    let found: Vec<&&str> = NODE_ONLY.iter().filter(|c| crates.contains(c)).collect();
+    let found = found(&crates, NODE_ONLY);
     assert!(
         found.is_empty(),
-        "mesh-cli depends on {found:?}; keep node-only code out of mesh-identity, mesh-domain and mesh-proto"
+        "mesh-cli depends on {found:?}; keep node-only code out of mesh-cert, mesh-tls, mesh-join, mesh-domain and mesh-proto"
+    );
+}
+
+#[test]
+fn mesh_cert_depends_on_no_runtime_and_no_rpc() {
+    let crates = dependency_tree("mesh-cert");
+    assert!(
+        found(&crates, &["mesh-cert", "rustls"]).len() == 2,
+        "not mesh-cert's tree:\n{crates:?}"
+    );
+    let found = found(&crates, ABOVE_MESH_CERT);
+    assert!(
+        found.is_empty(),
+        "mesh-cert depends on {found:?}; move the code that needs them to mesh-tls or mesh-join"
     );
 }

@@ -35,9 +35,9 @@ use std::{
 use chrono::{DateTime, Datelike, Months, NaiveDate, Utc};
 use mesh_domain::{
     KeyPolicy, Principal, Target, Usage,
-    api_key::{KEYS_REQUIRED, MAX_SIGNING_SKEW_MS, RuntimeKey, check_key_name},
+    api_key::{KEYS_REQUIRED, KeyStatement, MAX_SIGNING_SKEW_MS, RuntimeKey, check_key_name},
     keys::{HTTP_KEY_USAGE, HTTP_KEYS},
-    statement::{KeyStatement, Signed, StatementKind},
+    statement::{Signed, StatementKind},
     time::now_ms as unix_ms,
 };
 use serde::{Deserialize, Serialize};
@@ -2006,8 +2006,8 @@ mod tests {
     /// the record; `memory::writers`).
     #[tokio::test]
     async fn a_key_is_added_only_with_its_operators_own_statement_of_it() {
+        use mesh_cert::{CertIdentity, OriginSigner, statement::sign};
         use mesh_domain::CertRole;
-        use mesh_identity::{CertIdentity, OriginSigner, statement::sign};
 
         let mesh = crate::memory::test_support::CaMesh::new("keys-me");
         let keys = Keys::new(mesh.memory.clone(), &http(Vec::new(), &[])).expect("keys");

@@ -837,8 +837,8 @@ impl Drop for Pending {
 
 #[cfg(test)]
 mod tests {
+    use mesh_cert::{CertIdentity, OriginSigner, statement::sign};
     use mesh_domain::CertRole;
-    use mesh_identity::{CertIdentity, OriginSigner, statement::sign};
 
     use super::*;
     use crate::{capabilities::test_support::test_capabilities, memory::test_support::CaMesh};

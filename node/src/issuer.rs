@@ -2,13 +2,13 @@
 //! (`tls.ca_key`, or a zero-config node's own CA).
 //!
 //! A token is checked without any list of tokens: its MAC is keyed by a key derived from the CA
-//! key (see `mesh_identity::join`), so nothing secret is stored here. What is stored is how often
+//! key (see `mesh_join::token`), so nothing secret is stored here. What is stored is how often
 //! each token id has been redeemed, in the local tree `join_redemptions` (never replicated: a
 //! token names one issuer), until the token expires; so a token is good for its `uses` devices
 //! and no more. The certificate gets the token's role and the name the joiner asks for; only the
 //! public key comes from the CSR. A node certificate is not issued for a name this node or a live
 //! member holds ([`PeerTable::holder_of`]): its holder's peers would refuse the newcomer anyway.
-//! Every certificate it hands out is first recorded in the CA's dir (`mesh_identity::issued`), so
+//! Every certificate it hands out is first recorded in the CA's dir (`mesh_cert::issued`), so
 //! `mesh-cli ca certs` lists it and `ca revoke` finds it by name.
 //!
 //! Attempts are limited where they cost something, never before: a secret's MAC is checked
@@ -27,12 +27,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use mesh_cert::{CertRole, TlsError, ca::CaSigner};
 use mesh_domain::text::{LineBreaks, escape_controls};
-use mesh_identity::{
-    CertRole, TlsError,
-    ca::CaSigner,
-    join::{MAX_CSR_BYTES, MAX_SECRET_BYTES, Secret, TokenError, TokenKey, unix_now},
-};
+use mesh_join::token::{MAX_CSR_BYTES, MAX_SECRET_BYTES, Secret, TokenError, TokenKey, unix_now};
 
 use crate::{
     metrics::{labels, metrics},
@@ -261,7 +258,7 @@ impl Issuer {
     /// An issuer signing with `ca`, counting redemptions in `store`, refusing node names that
     /// `names` says are held.
     pub fn new(ca: CaSigner, store: Arc<dyn Store>, names: Arc<PeerTable>) -> Self {
-        let key = ca.token_key();
+        let key = TokenKey::of(&ca);
         Self {
             ca,
             key,
@@ -432,10 +429,8 @@ impl Issuer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mesh_identity::{
-        ca::{CA_CERT_FILE, CA_KEY_FILE, KeyType, ca_init, new_key_and_csr},
-        join::create_token,
-    };
+    use mesh_cert::ca::{CA_CERT_FILE, CA_KEY_FILE, KeyType, ca_init, new_key_and_csr};
+    use mesh_join::token::create_token;
 
     use mesh_domain::NodeId;
 
@@ -515,7 +510,7 @@ mod tests {
         assert!(matches!(err, RedeemError::UsedUp { uses: 2 }), "{err}");
         assert!(err.to_string().contains("already been used"), "{err}");
         // The CA recorded what it handed out, and not the refused third.
-        let names: Vec<String> = mesh_identity::issued::list(&f.ca_dir)
+        let names: Vec<String> = mesh_cert::issued::list(&f.ca_dir)
             .expect("records")
             .into_iter()
             .map(|cert| cert.name)

@@ -4,12 +4,13 @@
 //!
 //! # Layout
 //!
-//! One module per concept, in layers (docs/architecture.md, "Layers"; `node/tests/layers.rs`
+//! One module per concept, in layers (docs/architecture.md, "Layers"; `node/tests/layers/`
 //! checks them): a module uses its own layer and those below; where a lower one must call up, it
 //! defines a port (a trait) that a higher one implements and [`server`] wires them. The shared
 //! types (ids, tasks, events, node descriptions, chat messages) are the crate `mesh-domain`;
-//! identity, the mesh CA and mTLS are the crate `mesh-identity`; the wire contract and its
-//! conversions are `mesh-proto`.
+//! certificates, the mesh CA and signatures are `mesh-cert`, mTLS and dialing `mesh-tls`,
+//! joining and the zero-config layout `mesh-join`; the wire contract and its conversions are
+//! `mesh-proto`.
 //!
 //! 1. [`config`] (the TOML file and flags, validated), [`storage`] (the ordered store, sled
 //!    behind a trait), [`metrics`] (the Prometheus registry), [`connections`] (caps on the

@@ -5,7 +5,10 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, ValueEnum};
 use std::io::IsTerminal;
 
-use mesh_identity::join::{FROM_STDIN, JoinToken, NodeJoin, join_node, read_token};
+use mesh_join::{
+    client::{NodeJoin, join_node},
+    token::{FROM_STDIN, JoinToken, read_token},
+};
 use mesh_node::{
     config::{Config, Overrides, TlsMode},
     server::{self, Node, StartError},
@@ -79,7 +82,7 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
-    mesh_identity::install_crypto_provider();
+    mesh_tls::install_crypto_provider();
     let args = Args::parse();
     init_tracing(args.log_format);
 

@@ -14,12 +14,14 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use mesh_domain::{HealthStatus, NodeId, PeerState};
-use mesh_identity::{
-    CertIdentity, CertRole, Dialer, MeshTls, OriginSigner, OriginVerifier, RevokedSet, TlsError,
-    TlsFiles, bootstrap,
+use mesh_cert::{
+    CertIdentity, CertRole, OriginSigner, OriginVerifier, RevokedSet, TlsError,
     ca::{self, CaSigner},
+    origin,
 };
+use mesh_domain::{HealthStatus, NodeId, PeerState};
+use mesh_join::bootstrap;
+use mesh_tls::{Dialer, MeshTls, TlsFiles};
 use tokio::{
     net::{TcpListener, UdpSocket},
     sync::mpsc,
@@ -311,7 +313,7 @@ impl Node {
                 );
                 (
                     None,
-                    ca::insecure_identity(&config.data_dir)?,
+                    origin::insecure_identity(&config.data_dir)?,
                     OriginVerifier::self_certified(),
                     String::new(),
                 )
@@ -1240,7 +1242,7 @@ impl RevocationProbe {
     async fn refused_at(&self) -> Option<&str> {
         for addr in self.addrs.iter().take(REVOCATION_PROBES) {
             if self.dialer.certificate_refusal(addr).await
-                == Some(mesh_identity::CertificateRefusal::Revoked)
+                == Some(mesh_tls::CertificateRefusal::Revoked)
             {
                 return Some(addr);
             }

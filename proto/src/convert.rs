@@ -104,7 +104,7 @@ impl From<&Signed> for pb::SignedStatement {
     }
 }
 
-/// Sizes are checked where the statement is verified (`mesh_identity::statement`).
+/// Sizes are checked where the statement is verified (`mesh_cert::statement`).
 impl From<pb::SignedStatement> for Signed {
     fn from(signed: pb::SignedStatement) -> Self {
         Self {

@@ -31,8 +31,9 @@ use std::{
 };
 
 use anyhow::Context;
-use mesh_identity::{MeshTls, OriginSigner};
+use mesh_cert::OriginSigner;
 use mesh_proto::v1 as pb;
+use mesh_tls::MeshTls;
 use tonic::{Request, Response, Status};
 
 use crate::{Harness, NodeProcess};
@@ -80,7 +81,7 @@ impl HostilePeer {
 
     /// A member presenting the certificate and key in `files` (one a test made, such as a
     /// second certificate for a name already issued).
-    pub fn with_files(files: &mesh_identity::TlsFiles) -> anyhow::Result<Self> {
+    pub fn with_files(files: &mesh_tls::TlsFiles) -> anyhow::Result<Self> {
         let tls = MeshTls::load(files)?;
         let signer = tls.origin_signer()?;
         Ok(Self { tls, signer })

@@ -31,10 +31,11 @@ pub mod swim_sim;
 pub mod terminal;
 
 use anyhow::{Context, anyhow, bail};
+use mesh_cert::{CertRole, OriginSigner, ca};
 use mesh_domain::NodeId;
-use mesh_identity::{CertRole, OriginSigner, TlsFiles, ca};
 use mesh_node::memory::{Entry, Record};
 use mesh_proto::v1 as pb;
+use mesh_tls::TlsFiles;
 use serde_json::Value;
 use tempfile::TempDir;
 
@@ -258,7 +259,7 @@ pub fn embedded_model_path() -> PathBuf {
     let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
         Some(path) => PathBuf::from(path),
         None => mesh_node::config::default_model_path(
-            &mesh_identity::bootstrap::default_data_dir().expect("this platform has a data dir"),
+            &mesh_join::bootstrap::default_data_dir().expect("this platform has a data dir"),
         ),
     };
     assert!(
@@ -820,7 +821,7 @@ impl Harness {
         node: &NodeProcess,
     ) -> anyhow::Result<tonic::transport::Channel> {
         let member = self.issue("member")?;
-        let dialer = mesh_identity::MeshTls::load(&member)?.dialer();
+        let dialer = mesh_tls::MeshTls::load(&member)?.dialer();
         Ok(dialer.connect(&node.addr).await?.channel)
     }
 

@@ -21,7 +21,7 @@ use std::{
 };
 
 use anyhow::{Context, bail, ensure};
-use mesh_identity::TlsFiles;
+use mesh_tls::TlsFiles;
 use serde_json::Value;
 
 use crate::{

@@ -8,9 +8,9 @@
 use std::time::Duration;
 
 use mesh_domain::CertRole;
-use mesh_identity::{MeshTls, TlsFiles};
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess, wait_for};
+use mesh_tls::{MeshTls, TlsFiles};
 use serde_json::Value;
 use tonic::transport::Channel;
 

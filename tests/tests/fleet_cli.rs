@@ -349,7 +349,7 @@ async fn a_node_serves_at_most_64_fleet_watchers() {
     use mesh_proto::v1 as pb;
     let harness = Harness::new().expect("harness");
     let alpha = harness.spawn(NodeOptions::new("alpha")).expect("alpha");
-    let dialer = mesh_identity::MeshTls::load(harness.client_files())
+    let dialer = mesh_tls::MeshTls::load(harness.client_files())
         .expect("client files")
         .dialer();
     let channel = dialer.connect(&alpha.addr).await.expect("connect").channel;

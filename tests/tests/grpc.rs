@@ -5,8 +5,9 @@
 
 use std::{path::Path, process::Command};
 
-use mesh_identity::{TlsFiles, ca};
+use mesh_cert::ca;
 use mesh_tests::{Harness, NodeOptions, python3};
+use mesh_tls::TlsFiles;
 use tokio_stream::StreamExt;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -196,7 +197,7 @@ fn grpcio_health_and_reflection_work_with_client_certificates_mesh_cli_makes() {
         ),
         (
             "mesh-cli join (Ed25519)",
-            mesh_identity::bootstrap::user_cli_files(&home.path().join("config/agentmesh")),
+            mesh_join::bootstrap::user_cli_files(&home.path().join("config/agentmesh")),
         ),
     ];
     for (what, files) in &clients {

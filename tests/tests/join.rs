@@ -9,13 +9,14 @@ use std::{
     time::Duration,
 };
 
-use mesh_identity::{
-    CertIdentity, CertRole, Dialer,
+use mesh_cert::{
+    CertIdentity, CertRole,
     ca::{self, CaSigner},
-    join::{JoinToken, unix_now},
 };
+use mesh_join::token::{JoinToken, TokenKey, unix_now};
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, Netns, NodeOptions, NodeProcess, TokenVia, bin, wait_for};
+use mesh_tls::Dialer;
 use rustls::pki_types::pem::PemObject;
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -184,8 +185,7 @@ fn an_expired_token_is_refused_saying_so() {
     .expect("ca");
     let token = JoinToken {
         ca_fingerprint: ca.fingerprint().to_owned(),
-        secret: ca
-            .token_key()
+        secret: TokenKey::of(&ca)
             .mint(ca.fingerprint(), CertRole::Node, unix_now() - 60, 1)
             .expect("mint"),
         issuer: alpha.addr.clone(),
@@ -274,8 +274,8 @@ fn an_operator_joins_mesh_cli_with_a_client_token() {
         String::from_utf8_lossy(&output.stderr)
     );
     let dir = home.path().join("config").join("agentmesh");
-    let files = mesh_identity::bootstrap::user_cli_files(&dir);
-    let tls = mesh_identity::MeshTls::load(&files).expect("the written files load");
+    let files = mesh_join::bootstrap::user_cli_files(&dir);
+    let tls = mesh_tls::MeshTls::load(&files).expect("the written files load");
     assert_eq!(tls.identity().role, Some(CertRole::Client));
 
     // The certificate works: status through it.
@@ -509,7 +509,7 @@ async fn forged_redemptions_lock_out_no_real_join_and_a_callers_name_is_logged_e
         &other.path().join(ca::CA_KEY_FILE),
     )
     .expect("other CA");
-    let forged = mesh_identity::join::create_token(
+    let forged = mesh_join::token::create_token(
         &other,
         CertRole::Node,
         Duration::from_secs(600),
@@ -634,6 +634,6 @@ fn a_join_token_on_stdin_or_in_the_environment_works_and_is_not_in_the_command_l
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let files = mesh_identity::bootstrap::user_cli_files(&home.path().join("config/agentmesh"));
-    mesh_identity::MeshTls::load(&files).expect("the joined files load");
+    let files = mesh_join::bootstrap::user_cli_files(&home.path().join("config/agentmesh"));
+    mesh_tls::MeshTls::load(&files).expect("the joined files load");
 }

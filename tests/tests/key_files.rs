@@ -11,7 +11,8 @@ use std::{
     time::Duration,
 };
 
-use mesh_identity::{CertRole, bootstrap};
+use mesh_cert::CertRole;
+use mesh_join::bootstrap;
 use mesh_tests::{Harness, NodeOptions, bin, python3};
 
 const DEADLINE: Duration = Duration::from_secs(15);
@@ -216,7 +217,7 @@ fn keys_of_a_zero_config_node_a_joined_node_and_mesh_cli_join_load_in_openssl_an
                 .is_compatible(algorithm),
             "{key_type}"
         );
-        let tls = mesh_identity::MeshTls::load(&cli).expect("loads here too");
+        let tls = mesh_tls::MeshTls::load(&cli).expect("loads here too");
         assert_eq!(tls.identity().role, Some(CertRole::Client));
         files.push((
             format!("mesh-cli join --key-type {key_type}"),

@@ -278,7 +278,7 @@ fn keys_added_at_run_time_work_on_another_node_until_revoked_and_only_operators_
     );
     assert!(stderr.contains("client_max_tier"), "{stderr}");
     let node_cert = h
-        .issue_as("intruder", mesh_identity::CertRole::Node)
+        .issue_as("intruder", mesh_cert::CertRole::Node)
         .expect("cert");
     let refused = h
         .cli_as(&node_cert, &gpu, &["keys", "add", "ops"])

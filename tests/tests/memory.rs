@@ -12,13 +12,14 @@ use std::{
     time::Duration,
 };
 
-use mesh_identity::{MeshTls, OriginSigner};
+use mesh_cert::OriginSigner;
 use mesh_proto::v1 as pb;
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
     hostile::{Behaviour, HostilePeer, made_up_ids, ntp_in, seq_map},
     wait_for,
 };
+use mesh_tls::MeshTls;
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -13,7 +13,8 @@ use std::{
     time::Duration,
 };
 
-use mesh_identity::{bootstrap, ca};
+use mesh_cert::ca;
+use mesh_join::bootstrap;
 use mesh_tests::{Harness, Netns, NodeOptions, bin, wait_for};
 use serde_json::Value;
 
@@ -184,7 +185,7 @@ fn flags_and_env_override_the_files_mesh_cli_finds() {
         &other,
         "stranger",
         &home.config_dir(),
-        mesh_identity::ca::KeyType::Ed25519,
+        mesh_cert::ca::KeyType::Ed25519,
     )
     .expect("install");
     let status = ["--node", node.addr.as_str(), "status", "--json"];
@@ -225,9 +226,9 @@ fn a_node_names_a_node_of_another_mesh_once_with_the_way_to_bring_it_in() {
     let other_ca = harness.path().join("other-ca");
     ca::ca_init(&other_ca).expect("other CA");
     let (cert, key) =
-        ca::issue(&other_ca, "mallory", &[], mesh_identity::CertRole::Node).expect("issue");
+        ca::issue(&other_ca, "mallory", &[], mesh_cert::CertRole::Node).expect("issue");
     let mut mallory = NodeOptions::new("mallory").mdns_in(&ns);
-    mallory.tls = Some(mesh_identity::TlsFiles {
+    mallory.tls = Some(mesh_tls::TlsFiles {
         ca: other_ca.join(ca::CA_CERT_FILE),
         cert,
         key,
@@ -259,7 +260,7 @@ fn a_node_names_a_node_of_another_mesh_once_with_the_way_to_bring_it_in() {
     };
     let before = drops(&alpha);
     let sealer = mesh_node::peers::envelope::Sealer::new(std::sync::Arc::new(
-        mesh_identity::MeshTls::load(mallory_tls)
+        mesh_tls::MeshTls::load(mallory_tls)
             .expect("mallory tls")
             .origin_signer()
             .expect("signer"),

@@ -11,12 +11,11 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use mesh_identity::{
-    CertRole, Dialer, MeshTls, Revocation, TlsFiles, ca, revocation::certificate_id,
-};
+use mesh_cert::{CertRole, Revocation, ca, revocation::certificate_id};
 use mesh_node::rpc::accept::EXPIRED_CONNECTION_GRACE;
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess, unix_ms, wait_for};
+use mesh_tls::{Dialer, MeshTls, TlsFiles};
 use prost::Message;
 use rustls::pki_types::pem::PemObject;
 use tokio::{io::AsyncReadExt, net::TcpStream, task::JoinHandle};
@@ -172,6 +171,10 @@ async fn a_revoked_node_and_client_are_dropped_everywhere_within_5_s_and_stay_ou
     altered.entry = inner.encode_to_vec();
     let mut member = client_as(&h.issue("member").expect("member"), &alpha).await;
     for (what, signed) in [("another CA's", foreign), ("an altered", altered)] {
+        let signed = pb::SignedRevocation {
+            entry: signed.entry,
+            signature: signed.signature,
+        };
         let refused = member.revoke(signed).await.expect_err(what);
         assert_eq!(
             refused.code(),

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use mesh_identity::{CertRole, Dialer, MeshTls, TlsFiles, ca};
+use mesh_cert::{CertRole, ca};
 use mesh_node::rpc::PeerClient;
 use mesh_proto::v1 as pb;
 use mesh_tests::{
@@ -19,6 +19,7 @@ use mesh_tests::{
     hostile::{Behaviour, HostilePeer},
     wait_for,
 };
+use mesh_tls::{Dialer, MeshTls, TlsFiles};
 use rustls::{
     ClientConfig, RootCertStore,
     crypto::ring,
@@ -596,7 +597,7 @@ fn swim_dropped(node: &mesh_tests::NodeProcess, reason: &str) -> u64 {
 /// counted by reason, and change nothing: the node's table still lists only its real peer.
 #[test]
 fn forged_altered_or_replayed_membership_datagrams_are_dropped_and_counted() {
-    use mesh_identity::OriginSigner;
+    use mesh_cert::OriginSigner;
     use mesh_node::peers::envelope::Sealer;
 
     let harness = Harness::new().expect("harness");

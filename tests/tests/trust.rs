@@ -10,8 +10,8 @@
 
 use std::{path::Path, process::Output, time::Duration};
 
+use mesh_cert::CertRole;
 use mesh_domain::{Principal, Target, TaskSpec, Tier};
-use mesh_identity::{CertRole, MeshTls, TlsFiles};
 use mesh_node::cron::{Overlap, Schedule};
 use mesh_proto::v1 as pb;
 use mesh_tests::{
@@ -19,6 +19,7 @@ use mesh_tests::{
     fake_openai::{FakeOpenAi, Scripted},
     unix_ms, wait_for,
 };
+use mesh_tls::{MeshTls, TlsFiles};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -527,9 +528,9 @@ fn http_post(url: &str, path: &str, body: &str) -> Value {
 /// no role in its subject.
 fn legacy_identity(h: &Harness, name: &str) -> TlsFiles {
     let ca_dir = h.ca_dir();
-    let ca_pem = std::fs::read_to_string(ca_dir.join(mesh_identity::ca::CA_CERT_FILE)).expect("ca");
+    let ca_pem = std::fs::read_to_string(ca_dir.join(mesh_cert::ca::CA_CERT_FILE)).expect("ca");
     let ca_key = rcgen::KeyPair::from_pem(
-        &std::fs::read_to_string(ca_dir.join(mesh_identity::ca::CA_KEY_FILE)).expect("ca key"),
+        &std::fs::read_to_string(ca_dir.join(mesh_cert::ca::CA_KEY_FILE)).expect("ca key"),
     )
     .expect("ca key pem");
     let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).expect("issuer");
@@ -544,7 +545,7 @@ fn legacy_identity(h: &Harness, name: &str) -> TlsFiles {
     let key = rcgen::KeyPair::generate().expect("key");
     let cert = params.signed_by(&key, &issuer).expect("sign");
     let files = TlsFiles {
-        ca: ca_dir.join(mesh_identity::ca::CA_CERT_FILE),
+        ca: ca_dir.join(mesh_cert::ca::CA_CERT_FILE),
         cert: h.path().join(format!("{name}.pem")),
         key: h.path().join(format!("{name}.key")),
     };

@@ -17,8 +17,6 @@ pub const KEYS_REQUIRED: &str = "!required";
 /// How far apart the time an operator signed a key ([`KeyStatement::signed_ms`]) and the stamp
 /// of the record that stores it may be (10 minutes): a statement replayed later makes a record
 /// stamped long ago, which loses to the key's removal.
-///
-/// [`KeyStatement::signed_ms`]: crate::statement::KeyStatement::signed_ms
 pub const MAX_SIGNING_SKEW_MS: u64 = 10 * 60 * 1000;
 
 /// A key added at run time, as the replicated memory stores it (JSON under the key's name in
@@ -32,10 +30,26 @@ pub struct RuntimeKey {
     pub policy: KeyPolicy,
     /// When it was added (Unix ms).
     pub created_ms: u64,
-    /// The operator's [`KeyStatement`](crate::statement::KeyStatement) of name, hash and
-    /// policy; `None` only in insecure mode, where nobody has a certificate.
+    /// The operator's [`KeyStatement`] of name, hash and policy; `None` only in insecure mode,
+    /// where nobody has a certificate.
     #[serde(default)]
     pub grant: Option<crate::statement::Signed>,
+}
+
+/// An operator adding a front-door key, signed as a
+/// [`StatementKind::KeyAdd`](crate::statement::StatementKind::KeyAdd): its name, the SHA-256 of
+/// the key (the key itself never leaves the operator's machine), its policy, and when it was
+/// signed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyStatement {
+    /// The key's name.
+    pub name: String,
+    /// SHA-256 of the key, 64 hex digits.
+    pub sha256: String,
+    /// What the key may do.
+    pub policy: KeyPolicy,
+    /// When the operator signed it (Unix ms).
+    pub signed_ms: u64,
 }
 
 /// What a key may do: which models and roles it may ask for, and how much.

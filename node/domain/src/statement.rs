@@ -1,6 +1,7 @@
 //! What an operator signs with the key of their own client certificate, so that every node can
 //! check that the person acted, and not a node in their name: a decision on an approval
-//! ([`ApprovalStatement`]) and a front-door key added at run time ([`KeyStatement`]).
+//! ([`ApprovalStatement`]) and a front-door key added at run time
+//! ([`KeyStatement`](crate::api_key::KeyStatement), with the key's other types).
 //!
 //! A statement is JSON; the exact bytes that were signed travel and are stored with the
 //! signature and the signer's certificate ([`Signed`]), and a reader parses those bytes and
@@ -8,12 +9,12 @@
 //! signature is over a prefix naming the kind of statement and its layout, then the bytes
 //! ([`Signed::signed_bytes`]), so a signature over one kind never verifies as another.
 //!
-//! Signing and verifying (certificates, chains, revocations) are `mesh-identity`'s; this
-//! module only says what is signed.
+//! Signing and verifying (certificates, chains, revocations) are `mesh-cert`'s; this module
+//! only says what is signed.
 
 use serde::{Deserialize, Serialize};
 
-use crate::{KeyPolicy, Tier};
+use crate::Tier;
 
 /// Largest statement accepted (its JSON bytes).
 pub const MAX_STATEMENT: usize = 8 * 1024;
@@ -23,7 +24,7 @@ pub const MAX_STATEMENT: usize = 8 * 1024;
 pub enum StatementKind {
     /// An [`ApprovalStatement`].
     ApprovalDecision,
-    /// A [`KeyStatement`].
+    /// A [`KeyStatement`](crate::api_key::KeyStatement).
     KeyAdd,
 }
 
@@ -110,20 +111,6 @@ pub struct ApprovalStatement {
     pub approve: bool,
     /// Why (what the model is told of a denial).
     pub reason: String,
-}
-
-/// An operator adding a front-door key: its name, the SHA-256 of the key (the key itself never
-/// leaves the operator's machine), its policy, and when it was signed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeyStatement {
-    /// The key's name.
-    pub name: String,
-    /// SHA-256 of the key, 64 hex digits.
-    pub sha256: String,
-    /// What the key may do.
-    pub policy: KeyPolicy,
-    /// When the operator signed it (Unix ms).
-    pub signed_ms: u64,
 }
 
 /// Bytes as a hex string in JSON.

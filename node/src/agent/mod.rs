@@ -825,8 +825,8 @@ mod tests {
             .with_floor(dir.path().to_owned(), min_free);
         let (memory, _writes) = Memory::open(
             Arc::new(store),
-            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
-            Arc::new(mesh_identity::OriginVerifier::self_certified()),
+            Arc::new(mesh_cert::OriginSigner::generate().expect("signer")),
+            Arc::new(mesh_cert::OriginVerifier::self_certified()),
             MemoryOptions::default(),
         );
         let models = ModelRegistry::new(

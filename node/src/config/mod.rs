@@ -19,6 +19,7 @@
 
 mod defaults;
 mod error;
+mod layers;
 mod raw;
 mod runtime;
 mod types;
@@ -32,6 +33,7 @@ pub use defaults::{
     default_model_path, default_name, default_threads,
 };
 pub use error::ConfigError;
+pub use layers::{Layers, RuntimeSettings};
 pub use raw::{
     Overrides, RawApproval, RawConfig, RawConnections, RawCron, RawDiscovery, RawGpu, RawHttp,
     RawHttpKey, RawMcp, RawMemory, RawModel, RawNode, RawPersona, RawResources, RawSecurity,
@@ -40,8 +42,8 @@ pub use raw::{
 pub use runtime::{MAX_VALUE_BYTES, SETTABLE, SETTINGS_FILE, Settable, Shown, Source};
 pub use types::{
     ApprovalConfig, Backend, Config, ConnectionLimits, CronLimits, Discovery, GpuDecl, HttpConfig,
-    HttpKey, KeySecret, Layers, Listen, McpConfig, McpTransport, ModelAlias, ModelConfig,
-    PersonaConfig, RuntimeSettings, SystemTurns, TaskLimits, TlsMode, UnknownFields,
+    HttpKey, KeySecret, Listen, McpConfig, McpTransport, ModelAlias, ModelConfig, PersonaConfig,
+    SystemTurns, TaskLimits, TlsMode, UnknownFields,
 };
 pub use validate::is_valid_name as is_valid_node_name;
 

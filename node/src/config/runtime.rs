@@ -22,8 +22,9 @@ use toml::{Table, Value};
 
 use crate::config::{
     error::{ConfigError, Origin},
+    layers::{Layers, RuntimeSettings},
     raw::{Overrides, RawConfig},
-    types::{Config, Layers, RuntimeSettings},
+    types::Config,
 };
 
 /// The runtime settings' file in the data dir.

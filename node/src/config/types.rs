@@ -7,10 +7,7 @@
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 use mesh_domain::Tier;
-use mesh_identity::TlsFiles;
-use toml::Table;
-
-use super::raw::Overrides;
+use mesh_tls::TlsFiles;
 
 /// The validated configuration.
 #[derive(Debug, Clone)]
@@ -82,7 +79,7 @@ pub struct Config {
     pub mcp: Vec<McpConfig>,
     /// What this was read from (the file, the flags, the runtime settings), so a runtime
     /// setting can be checked again against the same file.
-    pub layers: Layers,
+    pub layers: crate::config::layers::Layers,
 }
 
 /// Validated `[approval]`.
@@ -404,23 +401,4 @@ pub enum KeySecret {
     Sha256([u8; 32]),
     /// `key_file`.
     File(std::path::PathBuf),
-}
-
-/// What the configuration was read from, kept so a runtime change is checked again against
-/// the same file and flags.
-#[derive(Debug, Clone, Default)]
-pub struct Layers {
-    /// The config file, as a table (empty without one).
-    pub file: Table,
-    /// The command-line flags.
-    pub overrides: Overrides,
-    /// The runtime settings laid over the file.
-    pub runtime: RuntimeSettings,
-}
-
-/// The runtime settings of a data dir (`<data_dir>/settings.toml`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RuntimeSettings {
-    pub(super) path: PathBuf,
-    pub(super) table: Table,
 }

@@ -359,8 +359,8 @@ pub(super) mod tests {
         let db = sled::open(dir.path()).expect("db");
         let (memory, _writes) = Memory::open(
             Arc::new(crate::storage::SledStore::new(db)),
-            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
-            Arc::new(mesh_identity::OriginVerifier::self_certified()),
+            Arc::new(mesh_cert::OriginSigner::generate().expect("signer")),
+            Arc::new(mesh_cert::OriginVerifier::self_certified()),
             crate::memory::MemoryOptions::default(),
         );
         (dir, memory)

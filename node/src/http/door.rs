@@ -1,6 +1,6 @@
 //! What the front door needs from the node: [`FrontDoor`], the one state every route and
 //! dialect reads. Its own file so that the dialects and the gateway name it without naming the
-//! router that names them (no circle of files; `node/tests/layers.rs`).
+//! router that names them (no circle of files; `node/tests/layers/`).
 
 use std::sync::Arc;
 

@@ -2,8 +2,8 @@
 //! one type (`rpc::memory` maps each variant to a gRPC status once). It describes failures and
 //! decides nothing; in particular it knows no status codes.
 
+use mesh_cert::{OriginError, RevocationError};
 use mesh_domain::keys::{InvalidName, PRIVATE_NAMESPACES, SYSTEM_NAMESPACES};
-use mesh_identity::{OriginError, RevocationError};
 
 use crate::storage::StoreError;
 

@@ -6,8 +6,8 @@
 //! whoever relays them. It decides nothing about connections (the gate, the TLS verifier and the
 //! peer table consult the same set).
 
+use mesh_cert::{Revocation, RevocationError, RevokedSet, revocation::MAX_REVOCATIONS};
 use mesh_domain::keys::REVOCATIONS;
-use mesh_identity::{Revocation, RevocationError, RevokedSet, revocation::MAX_REVOCATIONS};
 
 use super::{error::MemoryError, record::Entry, store::Memory};
 

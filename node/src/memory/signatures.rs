@@ -10,15 +10,15 @@
 //! ([`Memory::sign_stored`]).
 //!
 //! It checks and signs; which record wins is `record`'s rule, when to sync is `sync`'s, and the
-//! cryptography (what a certificate vouches for) is `mesh_identity::origin`'s.
+//! cryptography (what a certificate vouches for) is `mesh_cert::origin`'s.
 
 use std::{
     collections::{BTreeSet, HashMap},
     time::{Duration, Instant},
 };
 
+use mesh_cert::OriginError;
 use mesh_domain::{NodeId, sync::MutexExt};
-use mesh_identity::OriginError;
 
 use super::{
     error::MemoryError,
@@ -573,7 +573,7 @@ mod tests {
     }
 
     /// A verifier that knows test node `origin`'s key.
-    fn verifier_knowing(origin: &NodeId) -> Arc<mesh_identity::OriginVerifier> {
+    fn verifier_knowing(origin: &NodeId) -> Arc<mesh_cert::OriginVerifier> {
         let verifier = verifier();
         verifier.learn(signer(origin).certificate()).expect("learn");
         verifier

@@ -14,12 +14,12 @@ use std::{
     time::Duration,
 };
 
+use mesh_cert::{OriginSigner, OriginVerifier};
 use mesh_domain::{
     NodeId,
     keys::{self, MAX_VALUE},
     sync::MutexExt,
 };
-use mesh_identity::{OriginSigner, OriginVerifier};
 use tokio::sync::{mpsc, watch};
 
 use super::{

@@ -7,8 +7,8 @@ use std::{
     sync::{Arc, Mutex, OnceLock},
 };
 
+use mesh_cert::{OriginSigner, OriginVerifier};
 use mesh_domain::{BoxFuture, NodeId};
-use mesh_identity::{OriginSigner, OriginVerifier};
 
 use super::{
     error::MemoryError,
@@ -99,7 +99,7 @@ impl CaMesh {
     /// A fresh CA and the memory of its node `own`.
     pub(crate) fn new(own: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        mesh_identity::ca::ca_init(&dir.path().join("ca")).expect("ca");
+        mesh_cert::ca::ca_init(&dir.path().join("ca")).expect("ca");
         let tls = member_tls(dir.path(), own, mesh_domain::CertRole::Node);
         let db: Arc<dyn Store> = Arc::new(SledStore::new(
             sled::open(dir.path().join("db")).expect("db"),
@@ -122,15 +122,11 @@ impl CaMesh {
 }
 
 /// The TLS material of a new member `name` of the mesh whose CA is in `dir/ca`.
-fn member_tls(
-    dir: &std::path::Path,
-    name: &str,
-    role: mesh_domain::CertRole,
-) -> mesh_identity::MeshTls {
+fn member_tls(dir: &std::path::Path, name: &str, role: mesh_domain::CertRole) -> mesh_tls::MeshTls {
     let ca = dir.join("ca");
-    let (cert, key) = mesh_identity::ca::issue(&ca, name, &[], role).expect("issue");
-    mesh_identity::MeshTls::load(&mesh_identity::TlsFiles {
-        ca: ca.join(mesh_identity::ca::CA_CERT_FILE),
+    let (cert, key) = mesh_cert::ca::issue(&ca, name, &[], role).expect("issue");
+    mesh_tls::MeshTls::load(&mesh_tls::TlsFiles {
+        ca: ca.join(mesh_cert::ca::CA_CERT_FILE),
         cert,
         key,
     })

@@ -21,17 +21,17 @@
 //!
 //! This file decides who may write; what the values mean is for the services that write them.
 
+use mesh_cert::StatementError;
 use mesh_domain::{
     NodeId, Principal,
-    api_key::{KEYS_REQUIRED, MAX_SIGNING_SKEW_MS, RuntimeKey},
+    api_key::{KEYS_REQUIRED, KeyStatement, MAX_SIGNING_SKEW_MS, RuntimeKey},
     id::is_tagged_by,
     keys::{
         self, APPROVALS, CRON_FIRINGS, CRON_SCHEDULES, HTTP_KEY_USAGE, HTTP_KEYS, RESPONSES,
         REVOCATIONS, SESSIONS,
     },
-    statement::{ApprovalStatement, KeyStatement, Signed, StatementKind},
+    statement::{ApprovalStatement, Signed, StatementKind},
 };
-use mesh_identity::StatementError;
 use serde::Deserialize;
 
 use super::{error::MemoryError, record::Entry, revocations::stamp_ms, store::Memory};
@@ -277,14 +277,14 @@ fn http_key_usage(entry: &Entry) -> Verdict {
 mod tests {
     use std::sync::Arc;
 
+    use mesh_cert::{OriginSigner, statement::sign};
     use mesh_domain::{
         CertRole, KeyPolicy,
         id::tagged_uuid,
         keys::{response_id, turn_key},
-        statement::{ApprovalStatement, KeyStatement, Signed, StatementKind},
+        statement::{ApprovalStatement, Signed, StatementKind},
         time::now_ms,
     };
-    use mesh_identity::{OriginSigner, statement::sign};
 
     use super::*;
     use crate::{

@@ -34,8 +34,8 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use mesh_cert::{CertIdentity, OriginError, OriginSigner, OriginVerifier};
 use mesh_domain::{NodeId, sync::MutexExt};
-use mesh_identity::{CertIdentity, OriginError, OriginSigner, OriginVerifier};
 
 /// First bytes of every membership datagram (version 1 of this layout).
 pub const MAGIC: &[u8; 4] = b"AMS1";
@@ -426,7 +426,8 @@ fn forget_oldest(marks: &mut HashMap<Box<[u8]>, Marks>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mesh_identity::{CertRole, MeshTls, TlsFiles};
+    use mesh_cert::CertRole;
+    use mesh_tls::{MeshTls, TlsFiles};
 
     fn self_certified() -> (Sealer, Opener) {
         let signer = Arc::new(OriginSigner::generate().expect("key"));
@@ -667,15 +668,15 @@ mod tests {
 
     fn mesh_ca(dir: &std::path::Path, name: &str) -> TestCa {
         let dir = dir.join(name);
-        mesh_identity::ca::ca_init(&dir).expect("ca");
+        mesh_cert::ca::ca_init(&dir).expect("ca");
         TestCa { dir }
     }
 
     impl TestCa {
         fn tls(&self, name: &str, role: CertRole) -> MeshTls {
-            let (cert, key) = mesh_identity::ca::issue(&self.dir, name, &[], role).expect("issue");
+            let (cert, key) = mesh_cert::ca::issue(&self.dir, name, &[], role).expect("issue");
             MeshTls::load(&TlsFiles {
-                ca: self.dir.join(mesh_identity::ca::CA_CERT_FILE),
+                ca: self.dir.join(mesh_cert::ca::CA_CERT_FILE),
                 cert,
                 key,
             })

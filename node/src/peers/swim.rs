@@ -1270,7 +1270,7 @@ mod tests {
     /// members in it that it lacks, and to no one else (not itself, not a member it has).
     #[tokio::test]
     async fn a_members_list_makes_the_node_announce_to_the_members_it_lacks() {
-        let signer = Arc::new(mesh_identity::OriginSigner::generate().expect("key"));
+        let signer = Arc::new(mesh_cert::OriginSigner::generate().expect("key"));
         let socket = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("bind"));
         let own_addr = socket.local_addr().expect("addr");
         let membership = Membership {
@@ -1282,7 +1282,7 @@ mod tests {
             socket,
             sealer: Arc::new(Sealer::new(signer.clone())),
             opener: Arc::new(Opener::new(Arc::new(
-                mesh_identity::OriginVerifier::self_certified(),
+                mesh_cert::OriginVerifier::self_certified(),
             ))),
             link: Arc::new(NoLink),
             table: Arc::new(PeerTable::default()),

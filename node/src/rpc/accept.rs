@@ -2,7 +2,7 @@
 //! TLS handshake in a task of its own (so one slow handshake never holds up the next caller),
 //! and hands the finished connections to tonic ([`TlsIncoming`]).
 //!
-//! The handshake's client verifier ([`mesh_identity::MeshTls::server_config`]) refuses a
+//! The handshake's client verifier ([`mesh_tls::MeshTls::server_config`]) refuses a
 //! certificate the mesh CA revoked. A connection that was open before its certificate was
 //! revoked is closed here: every accepted connection whose certificate has an id is registered
 //! (one entry per open connection, gone when it closes), and when the revoked set learns an id,
@@ -30,8 +30,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use mesh_cert::{CertIdentity, RevokedSet};
 use mesh_domain::{NodeId, sync::MutexExt};
-use mesh_identity::{CertIdentity, RevokedSet};
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::TcpStream,
@@ -444,7 +444,8 @@ impl Connected for RevocableStream {
 mod tests {
     use std::time::Duration;
 
-    use mesh_identity::{CertRole, MeshTls, TlsFiles, ca};
+    use mesh_cert::{CertRole, ca};
+    use mesh_tls::{MeshTls, TlsFiles};
     use tokio::net::TcpListener;
 
     use super::*;
@@ -456,7 +457,7 @@ mod tests {
     /// the timeout the first two stay open.
     #[tokio::test]
     async fn silent_sockets_are_closed_after_the_handshake_timeout_and_past_the_cap_at_once() {
-        mesh_identity::install_crypto_provider();
+        mesh_tls::install_crypto_provider();
         let dir = tempfile::tempdir().expect("tempdir");
         ca::ca_init(dir.path()).expect("ca");
         let (cert, key) = ca::issue(dir.path(), "acceptor", &[], CertRole::Node).expect("issue");

@@ -19,8 +19,8 @@ use std::{
 };
 
 use http_body::Frame;
+use mesh_cert::{CertIdentity, RevokedSet};
 use mesh_domain::{BoxFuture, NodeId};
-use mesh_identity::{CertIdentity, RevokedSet};
 use tonic::{
     Status,
     body::Body,
@@ -250,12 +250,12 @@ mod tests {
     #[test]
     fn a_revoked_or_expired_certificate_is_refused_and_says_why() {
         let dir = tempfile::tempdir().expect("tempdir");
-        mesh_identity::ca::ca_init(dir.path()).expect("ca");
+        mesh_cert::ca::ca_init(dir.path()).expect("ca");
         let (cert, key) =
-            mesh_identity::ca::issue(dir.path(), "laptop", &[], mesh_identity::CertRole::Client)
+            mesh_cert::ca::issue(dir.path(), "laptop", &[], mesh_cert::CertRole::Client)
                 .expect("issue");
-        let tls = mesh_identity::MeshTls::load(&mesh_identity::TlsFiles {
-            ca: dir.path().join(mesh_identity::ca::CA_CERT_FILE),
+        let tls = mesh_tls::MeshTls::load(&mesh_tls::TlsFiles {
+            ca: dir.path().join(mesh_cert::ca::CA_CERT_FILE),
             cert,
             key,
         })
@@ -275,7 +275,7 @@ mod tests {
             Some(Refusal::Expired)
         );
         revoked
-            .insert(mesh_identity::Revocation {
+            .insert(mesh_cert::Revocation {
                 id: caller.id.clone(),
                 name: "laptop".into(),
                 revoked_at_ms: 1,

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use mesh_identity::TlsError;
+use mesh_cert::TlsError;
 use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
@@ -47,7 +47,9 @@ impl From<RedeemError> for Status {
             RedeemError::NameInUse { .. } => Status::already_exists(message),
             RedeemError::Busy => Status::resource_exhausted(message),
             RedeemError::Store(e) => super::store_status(&e, message),
-            RedeemError::Record(TlsError::RecordsFull(_)) => Status::resource_exhausted(message),
+            RedeemError::Record(TlsError::RecordsFull { .. }) => {
+                Status::resource_exhausted(message)
+            }
             RedeemError::Record(_) => Status::internal(message),
         }
     }

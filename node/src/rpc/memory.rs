@@ -5,9 +5,10 @@ use std::{
     sync::Arc,
 };
 
+use mesh_cert::{CertRole, OriginError, origin::MAX_CERTIFICATE_BYTES};
 use mesh_domain::{BoxFuture, NodeId, keys};
-use mesh_identity::{CertRole, OriginError, deadline, origin::MAX_CERTIFICATE_BYTES};
 use mesh_proto::{convert::check_len, v1 as pb};
+use mesh_tls::deadline;
 use tonic::{Request, Response, Status};
 
 use crate::memory::{
@@ -97,11 +98,11 @@ impl From<MemoryError> for Status {
             | MemoryError::Writer { .. } => Status::permission_denied(message),
             MemoryError::Revocation(revocation) => match revocation {
                 // (listed in full so a new kind of refusal gets its status here)
-                mesh_identity::RevocationError::Malformed(_) => Status::invalid_argument(message),
-                mesh_identity::RevocationError::BadSignature => Status::permission_denied(message),
-                mesh_identity::RevocationError::NoCa => Status::failed_precondition(message),
-                mesh_identity::RevocationError::Signing(_) => Status::internal(message),
-                mesh_identity::RevocationError::Full => Status::resource_exhausted(message),
+                mesh_cert::RevocationError::Malformed(_) => Status::invalid_argument(message),
+                mesh_cert::RevocationError::BadSignature => Status::permission_denied(message),
+                mesh_cert::RevocationError::NoCa => Status::failed_precondition(message),
+                mesh_cert::RevocationError::Signing(_) => Status::internal(message),
+                mesh_cert::RevocationError::Full => Status::resource_exhausted(message),
             },
             MemoryError::Unverified(origin) => match origin {
                 OriginError::Signing(_) => Status::internal(message),
@@ -440,7 +441,7 @@ impl MemoryPeers for RemoteMemory {
 
 #[cfg(test)]
 mod tests {
-    use mesh_identity::{OriginSigner, OriginVerifier};
+    use mesh_cert::{OriginSigner, OriginVerifier};
     use mesh_proto::v1::memory_server::Memory as _;
 
     use super::*;

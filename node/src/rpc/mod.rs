@@ -24,13 +24,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use mesh_cert::{CertIdentity, CertRole};
 use mesh_domain::{BoxFuture, NodeId, NodeInfo, sync::MutexExt};
-use mesh_identity::{
-    CertIdentity, CertRole, DialError, Dialer,
-    deadline::{Deadlines, within},
-};
 use mesh_proto::convert::{check_len, peer_state};
 use mesh_proto::v1 as pb;
+use mesh_tls::{
+    DialError, Dialer,
+    deadline::{Deadlines, within},
+};
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
@@ -438,7 +439,7 @@ pub struct PeerChannels {
 
 impl PeerChannels {
     /// Dials with `dialer` on first use of an address; calls get the mesh's
-    /// [`mesh_identity::deadline::DEADLINES`].
+    /// [`mesh_tls::deadline::DEADLINES`].
     pub fn new(dialer: Dialer) -> Self {
         Self {
             dialer,
@@ -526,7 +527,7 @@ pub struct NodeLink {
 }
 
 impl NodeLink {
-    /// Dials with `dialer`; calls get the mesh's [`mesh_identity::deadline::DEADLINES`].
+    /// Dials with `dialer`; calls get the mesh's [`mesh_tls::deadline::DEADLINES`].
     pub fn new(dialer: Dialer) -> Self {
         Self {
             dialer,
@@ -634,7 +635,7 @@ impl PeerLink for NodeLink {
 }
 
 impl PeerClient {
-    /// Wraps an open channel; calls get the mesh's [`mesh_identity::deadline::DEADLINES`].
+    /// Wraps an open channel; calls get the mesh's [`mesh_tls::deadline::DEADLINES`].
     pub fn new(channel: Channel) -> Self {
         Self {
             inner: pb::node_client::NodeClient::new(channel)
@@ -701,8 +702,8 @@ impl PeerClient {
 mod tests {
     use std::time::Instant;
 
+    use mesh_cert::{OriginSigner, OriginVerifier};
     use mesh_domain::{ChatRequest, Message, Role, Target, TaskSpec};
-    use mesh_identity::{OriginSigner, OriginVerifier};
     use tokio::net::TcpListener;
 
     use super::*;

@@ -4,8 +4,8 @@
 use std::{pin::Pin, sync::Arc};
 
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Target};
-use mesh_identity::deadline;
 use mesh_proto::{convert::check_len, v1 as pb};
+use mesh_tls::deadline;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
@@ -401,7 +401,7 @@ mod tests {
                 mesh_domain::Tier::Write,
             )),
             Arc::new(RemoteModels::new(super::super::PeerChannels::new(
-                mesh_identity::Dialer::Plain,
+                mesh_tls::Dialer::Plain,
             ))),
         )));
         let chat = ChatRequest {
@@ -494,7 +494,7 @@ mod tests {
                 mesh_domain::Tier::Write,
             )),
             Arc::new(RemoteModels::new(super::super::PeerChannels::new(
-                mesh_identity::Dialer::Plain,
+                mesh_tls::Dialer::Plain,
             ))),
         ))
     }
@@ -519,10 +519,10 @@ mod tests {
         let server = tokio::spawn(server);
 
         let remote = RemoteModels::new(
-            super::super::PeerChannels::new(mesh_identity::Dialer::Plain).with_deadlines(
-                mesh_identity::deadline::Deadlines {
+            super::super::PeerChannels::new(mesh_tls::Dialer::Plain).with_deadlines(
+                mesh_tls::deadline::Deadlines {
                     chat: Duration::from_millis(300),
-                    ..mesh_identity::deadline::DEADLINES
+                    ..mesh_tls::deadline::DEADLINES
                 },
             ),
         );

@@ -3,8 +3,8 @@
 use std::{pin::Pin, sync::Arc};
 
 use mesh_domain::{BoxFuture, TaskError, TaskEvent, TaskSpec, task::check_task_id};
-use mesh_identity::deadline;
 use mesh_proto::v1 as pb;
+use mesh_tls::deadline;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 

@@ -16,8 +16,8 @@ use mesh_domain::{
     mcp::{MAX_ARGUMENTS_BYTES, MAX_FUNCTION_NAME},
     task::check_task_id,
 };
-use mesh_identity::deadline;
 use mesh_proto::{convert::check_len, v1 as pb};
+use mesh_tls::deadline;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, wrappers::ReceiverStream};

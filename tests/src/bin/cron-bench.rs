@@ -23,7 +23,7 @@ fn main() -> ExitCode {
 }
 
 fn bench(firings: usize) -> anyhow::Result<()> {
-    mesh_identity::install_crypto_provider();
+    mesh_tls::install_crypto_provider();
     let fake = FakeOpenAi::start();
     let harness = Harness::new()?;
     let server = harness.spawn(NodeOptions::new("server"))?;
@@ -35,7 +35,7 @@ fn bench(firings: usize) -> anyhow::Result<()> {
     let client_files = harness.issue("bench-client")?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
-        let dialer = mesh_identity::MeshTls::load(&client_files)?.dialer();
+        let dialer = mesh_tls::MeshTls::load(&client_files)?.dialer();
         let mut cron =
             pb::cron_client::CronClient::new(dialer.connect(&server.addr).await?.channel);
         let mut tasks =

@@ -8,12 +8,12 @@
 
 use std::{process::ExitCode, time::Instant};
 
-use mesh_identity::MeshTls;
 use mesh_proto::v1 as pb;
 use mesh_tests::{
     Harness, NodeOptions,
     fake_openai::{FakeOpenAi, Scripted},
 };
+use mesh_tls::MeshTls;
 
 fn main() -> ExitCode {
     let runs = mesh_tests::arg(1, 50);
@@ -27,7 +27,7 @@ fn main() -> ExitCode {
 }
 
 fn bench(runs: usize) -> anyhow::Result<()> {
-    mesh_identity::install_crypto_provider();
+    mesh_tls::install_crypto_provider();
     let fake = FakeOpenAi::start();
     let harness = Harness::new()?;
     let laptop = harness.spawn(NodeOptions::new("laptop"))?;

@@ -32,7 +32,7 @@ fn model_path() -> anyhow::Result<PathBuf> {
     let path = match std::env::var_os("MESH_EMBEDDED_MODEL") {
         Some(path) => PathBuf::from(path),
         None => mesh_node::config::default_model_path(
-            &mesh_identity::bootstrap::default_data_dir().context("no default data dir")?,
+            &mesh_join::bootstrap::default_data_dir().context("no default data dir")?,
         ),
     };
     if !path.is_file() {

@@ -28,9 +28,9 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use mesh_identity::{Dialer, MeshTls};
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess};
+use mesh_tls::{Dialer, MeshTls};
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 

@@ -12,9 +12,9 @@
 use std::{collections::BTreeMap, process::ExitCode, time::Instant};
 
 use anyhow::{Context, bail, ensure};
-use mesh_identity::MeshTls;
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess, fake_openai::FakeOpenAi};
+use mesh_tls::MeshTls;
 
 fn main() -> ExitCode {
     let arg = mesh_tests::arg;
@@ -66,7 +66,7 @@ async fn run_task(
 }
 
 fn bench(tasks: usize, waves: usize) -> anyhow::Result<()> {
-    mesh_identity::install_crypto_provider();
+    mesh_tls::install_crypto_provider();
     let fake = FakeOpenAi::start();
     let harness = Harness::new()?;
     let model = format!(

@@ -11,7 +11,6 @@
 use std::{process::ExitCode, sync::Arc, time::Instant};
 
 use mesh_domain::Tier;
-use mesh_identity::MeshTls;
 use mesh_node::{
     agent::tools::{RemoteCall, RemoteTools},
     config::{McpConfig, McpTransport},
@@ -20,6 +19,7 @@ use mesh_node::{
     supervise::LoopHealth,
 };
 use mesh_tests::{Harness, NodeOptions, python3, wait_for};
+use mesh_tls::MeshTls;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -48,7 +48,7 @@ fn main() -> ExitCode {
 }
 
 fn bench(runs: usize) -> anyhow::Result<()> {
-    mesh_identity::install_crypto_provider();
+    mesh_tls::install_crypto_provider();
     let python = python3();
     let args = ["-m", "mcp_server_time", "--local-timezone", "UTC"];
     let harness = Harness::new()?;

@@ -24,9 +24,9 @@ use std::{
 };
 
 use anyhow::Context;
-use mesh_identity::MeshTls;
 use mesh_node::peers::envelope::{Opener, Sealer};
 use mesh_tests::{Harness, NodeOptions, NodeProcess, arg, wait_for};
+use mesh_tls::MeshTls;
 
 /// Rounds of part 1; the best is reported (the least disturbed by the rest of the machine).
 const ROUNDS: usize = 5;

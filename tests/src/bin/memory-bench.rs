@@ -43,10 +43,11 @@ use std::{
 };
 
 use anyhow::{Context, bail, ensure};
-use mesh_identity::{MeshTls, OriginSigner, OriginVerifier};
+use mesh_cert::{OriginSigner, OriginVerifier};
 use mesh_node::memory::{Entry, Memory, MemoryOptions, Record};
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess};
+use mesh_tls::MeshTls;
 use time::{OffsetDateTime, format_description::well_known::Rfc3339};
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
@@ -158,7 +159,7 @@ impl Report {
 }
 
 fn bench(settings: Settings) -> anyhow::Result<()> {
-    mesh_identity::install_crypto_provider();
+    mesh_tls::install_crypto_provider();
     let runtime = tokio::runtime::Runtime::new()?;
     let mut report = Report::default();
     let mut failed = 0;
@@ -205,11 +206,10 @@ const SIGNED_RECORDS: usize = 20_000;
 /// Sign and verify cost per record, Ed25519 (a node certificate from a real CA) and ECDSA P-256.
 fn signatures(report: &mut Report) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    mesh_identity::ca::ca_init(dir.path())?;
-    let (cert, key) =
-        mesh_identity::ca::issue(dir.path(), "signer", &[], mesh_identity::CertRole::Node)?;
-    let tls = MeshTls::load(&mesh_identity::TlsFiles {
-        ca: dir.path().join(mesh_identity::ca::CA_CERT_FILE),
+    mesh_cert::ca::ca_init(dir.path())?;
+    let (cert, key) = mesh_cert::ca::issue(dir.path(), "signer", &[], mesh_cert::CertRole::Node)?;
+    let tls = MeshTls::load(&mesh_tls::TlsFiles {
+        ca: dir.path().join(mesh_cert::ca::CA_CERT_FILE),
         cert,
         key,
     })?;

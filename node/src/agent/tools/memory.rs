@@ -242,8 +242,8 @@ mod tests {
         let store = SledStore::new(sled::open(dir.path()).expect("db"));
         let (memory, _writes) = Memory::open(
             Arc::new(store),
-            Arc::new(mesh_identity::OriginSigner::generate().expect("signer")),
-            Arc::new(mesh_identity::OriginVerifier::self_certified()),
+            Arc::new(mesh_cert::OriginSigner::generate().expect("signer")),
+            Arc::new(mesh_cert::OriginVerifier::self_certified()),
             MemoryOptions::default(),
         );
         (dir, memory)

@@ -18,7 +18,7 @@ use crate::config::{
 const MAX_LISTED: usize = 256;
 /// Longest wait for a decision, in seconds: 9 minutes, within the 10 minutes a forwarding
 /// node waits for the next event of a task before it takes the executing node for lost
-/// (`mesh_identity::deadline`'s `task_idle`); a waiting call sends none.
+/// (`mesh_tls::deadline`'s `task_idle`); a waiting call sends none.
 const MAX_TIMEOUT_S: u64 = 540;
 /// Most calls that may wait at once.
 const MAX_PENDING: usize = 1024;

@@ -10,7 +10,8 @@ use std::{
     path::PathBuf,
 };
 
-use mesh_identity::{TlsFiles, bootstrap::default_data_dir};
+use mesh_join::bootstrap::default_data_dir;
+use mesh_tls::TlsFiles;
 
 use crate::config::{
     defaults::{

@@ -9,13 +9,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{
-    CertRole, TlsError,
+use mesh_cert::{
+    CertIdentity, CertRole, TlsError,
     ca::{CA_CERT_FILE, CA_KEY_FILE, IssueOptions, ca_init, issue, issue_at},
-    cert::CertIdentity,
     pem::{pem_certs, read, write_new},
-    tls::TlsFiles,
 };
+use mesh_tls::TlsFiles;
 
 /// The certificate a bootstrapped node issues for the local `mesh-cli`.
 pub const CLI_CERT_NAME: &str = "mesh-cli";
@@ -215,8 +214,10 @@ pub fn remembered_issuer(data_dir: &Path) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use mesh_cert::ca::KeyType;
+    use mesh_tls::MeshTls;
+
     use super::*;
-    use crate::{MeshTls, ca::KeyType};
 
     /// Regression: after the upgrade to certificate roles, a zero-config node kept the local
     /// `mesh-cli` certificate it had made before, which has no role, so the operator on the

@@ -1,5 +1,7 @@
 //! The mesh's own certificate authority: creating it (`mesh-cli ca init`), issuing node and
-//! client certificates (`mesh-cli ca issue`), and the stable key of an `--insecure` node.
+//! client certificates (`mesh-cli ca issue`), and the CA as a signer ([`CaSigner`]: of the
+//! certificates join tokens are redeemed for, of revocations, and the key join tokens are
+//! authenticated with).
 //!
 //! Whoever holds the CA key can add devices to the mesh, so it is written readable by its owner
 //! only, and nothing here ever overwrites key material.
@@ -21,23 +23,16 @@ use sha2::{Digest, Sha256};
 use crate::{
     CertRole, TlsError,
     cert::role_unit,
-    origin::OriginSigner,
     pem::{pem_certs, read, write_new},
 };
 
-/// File names inside a CA directory.
-pub const CA_CERT_FILE: &str = "ca.pem";
-/// The CA's private key; whoever holds it can add nodes to the mesh.
-pub const CA_KEY_FILE: &str = "ca.key";
+pub use crate::layout::{BACKDATED_S, CA_CERT_FILE, CA_KEY_FILE};
 
 /// How long a new CA is valid.
 const CA_VALIDITY: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// How long an issued node or client certificate is valid unless asked for less, and the most
 /// it may be asked for.
 pub const CERT_VALIDITY: Duration = Duration::from_secs(825 * 24 * 3600);
-/// How far before its issue a certificate is valid from (seconds), so a peer whose clock runs
-/// a little slow accepts it at once.
-pub const BACKDATED_S: i64 = 3600;
 
 /// Creates a new mesh CA in `dir`: `ca.pem` (share it with every node) and `ca.key` (keep it
 /// private). Refuses to overwrite an existing CA, since that would orphan every issued cert.
@@ -104,7 +99,7 @@ impl KeyType {
 /// The DER of an Ed25519 private key in PKCS#8 v1, the form of RFC 8410 section 7, up to the
 /// 32-byte seed that follows it: `SEQUENCE { INTEGER 0, SEQUENCE { OID 1.3.101.112 },
 /// OCTET STRING { OCTET STRING (32 bytes) } }`.
-const ED25519_PKCS8_V1_PREFIX: [u8; 16] = [
+pub const ED25519_PKCS8_V1_PREFIX: [u8; 16] = [
     0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
 ];
 
@@ -180,7 +175,7 @@ pub fn issue_with(
 
 /// [`issue`], writing the certificate and key to `cert_path` and `key_path` instead of the CA
 /// directory (`mesh-cli ca issue --install` writes them into the operator's config dir).
-pub(crate) fn issue_at(
+pub fn issue_at(
     dir: &Path,
     name: &str,
     sans: &[String],
@@ -302,9 +297,11 @@ impl CaSigner {
         &self.key_der
     }
 
-    /// The key join tokens are authenticated with, derived from the CA key.
-    pub fn token_key(&self) -> crate::join::TokenKey {
-        crate::join::TokenKey::derive(&self.key_der)
+    /// A key derived from the CA key (HKDF-SHA256, extracted with `salt`, which names what it is
+    /// for): a secret only the CA's holders can make, such as the key join tokens are
+    /// authenticated with, without the CA key itself leaving this type.
+    pub fn derive_key(&self, salt: &[u8]) -> ring::hkdf::Prk {
+        ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, salt).extract(&self.key_der)
     }
 
     /// Signs the public key of `csr_pem` as `name` in `role`. Only the key is taken from the
@@ -374,23 +371,6 @@ fn leaf_params(
     Ok(params)
 }
 
-/// Loads (or creates, on first start) the key that gives an insecure node a stable id, with
-/// which it signs its records (under a self-made certificate: an insecure node has no CA).
-pub fn insecure_identity(data_dir: &Path) -> Result<OriginSigner, TlsError> {
-    let path = data_dir.join("insecure-node.key");
-    let key = if path.exists() {
-        KeyPair::from_pem(&read(&path)?).map_err(|e| TlsError::Pem {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?
-    } else {
-        let key = KeyPair::generate()?;
-        write_new(&path, key.serialize_pem().as_bytes(), true)?;
-        key
-    };
-    OriginSigner::self_certified(key).map_err(|e| TlsError::Config(e.to_string()))
-}
-
 fn distinguished_name(common_name: &str) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);
@@ -444,102 +424,6 @@ mod tests {
             issue(dir.path(), "alpha", &[], CertRole::Node),
             Err(TlsError::Exists(_))
         ));
-    }
-
-    /// The DER of the PEM private key in `path`.
-    fn key_der(path: &Path) -> Vec<u8> {
-        use rustls::pki_types::{PrivateKeyDer, pem::PemObject};
-        let pem = read(path).expect("key file");
-        PrivateKeyDer::from_pem_slice(pem.as_bytes())
-            .expect("a PEM private key")
-            .secret_der()
-            .to_vec()
-    }
-
-    /// The version of a PKCS#8 `PrivateKeyInfo` (0: v1, 1: v2), the INTEGER after the outer
-    /// SEQUENCE's header.
-    fn pkcs8_version(der: &[u8]) -> u8 {
-        let header = match der[1] {
-            short if short < 0x80 => 2,
-            long => 2 + usize::from(long & 0x7f),
-        };
-        assert_eq!(
-            der[header..header + 2],
-            [0x02, 0x01],
-            "an INTEGER of one byte"
-        );
-        der[header + 2]
-    }
-
-    /// Regression (issue 26): Ed25519 keys were written as PKCS#8 v2 (with the public key), which
-    /// OpenSSL 3.0, Python's `ssl` and grpcio cannot read. Every key written now is v1: version
-    /// 0, and for Ed25519 exactly the 48 bytes of RFC 8410's form; and it still loads here.
-    #[test]
-    fn issued_keys_are_pkcs8_v1_and_load() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        ca_init(dir.path()).expect("ca");
-        let (ed_cert, ed_key) = issue(dir.path(), "alpha", &[], CertRole::Node).expect("ed25519");
-        let der = key_der(&ed_key);
-        assert_eq!(der.len(), 48, "{der:02x?}");
-        assert_eq!(der[..16], ED25519_PKCS8_V1_PREFIX, "{der:02x?}");
-        let (p_cert, p_key) =
-            issue_with(dir.path(), "beta", &[], CertRole::Client, KeyType::P256).expect("p256");
-        let (_, csr) = new_key_and_csr("gamma", KeyType::Ed25519).expect("csr");
-        assert!(csr.contains("CERTIFICATE REQUEST"));
-        for (key, cert) in [(&ed_key, &ed_cert), (&p_key, &p_cert)] {
-            assert_eq!(pkcs8_version(&key_der(key)), 0, "{}", key.display());
-            let tls = crate::MeshTls::load(&crate::TlsFiles {
-                ca: dir.path().join(CA_CERT_FILE),
-                cert: cert.clone(),
-                key: key.clone(),
-            })
-            .expect("loads");
-            tls.origin_signer()
-                .expect("signs records")
-                .sign(b"x")
-                .expect("sign");
-        }
-        let ca_der = key_der(&dir.path().join(CA_KEY_FILE));
-        assert_eq!(pkcs8_version(&ca_der), 0, "the CA key is v1 too");
-    }
-
-    /// Keys written as PKCS#8 v2 before issue 26 still load, for TLS and for signing records:
-    /// nothing already stored is lost.
-    #[test]
-    fn a_key_written_as_pkcs8_v2_still_loads() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        ca_init(dir.path()).expect("ca");
-        let old = KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("ring's v2 key");
-        assert_eq!(pkcs8_version(&old.serialize_der()), 1, "v2 as before");
-        let mut params = CertificateParams::default();
-        params.distinguished_name = distinguished_name("old");
-        let csr = params
-            .serialize_request(&old)
-            .expect("csr")
-            .pem()
-            .expect("pem");
-        let ca = CaSigner::load(
-            &dir.path().join(CA_CERT_FILE),
-            &dir.path().join(CA_KEY_FILE),
-        )
-        .expect("ca");
-        let files = crate::TlsFiles {
-            ca: dir.path().join(CA_CERT_FILE),
-            cert: dir.path().join("old.pem"),
-            key: dir.path().join("old.key"),
-        };
-        fs::write(
-            &files.cert,
-            ca.sign_csr(&csr, "old", CertRole::Node).expect("sign"),
-        )
-        .expect("write");
-        fs::write(&files.key, old.serialize_pem()).expect("write");
-        let tls = crate::MeshTls::load(&files).expect("a v2 key loads");
-        tls.server_config(false).expect("serves with it");
-        tls.origin_signer()
-            .expect("signs records")
-            .sign(b"x")
-            .expect("sign");
     }
 
     #[test]

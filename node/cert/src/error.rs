@@ -1,64 +1,11 @@
-//! agentmesh identities: who a node or a client is, and how it proves it.
-//!
-//! # Layout
-//!
-//! - [`ca`]: the mesh's own certificate authority: `ca init`, `ca issue`, and the stable key of
-//!   an `--insecure` node.
-//! - [`cert`]: what a certificate says about who presents it ([`CertIdentity`]: node id,
-//!   fingerprint, name, expiry).
-//! - [`tls`]: loading and checking a node's or client's PEM files ([`MeshTls`]), and the
-//!   verifier that accepts exactly the certificates of the mesh CA.
-//! - [`origin`]: records that say who wrote them: signing this node's records with its key
-//!   ([`OriginSigner`]) and verifying any record against its origin's certificate
-//!   ([`OriginVerifier`]).
-//! - [`statement`]: a person's signed acts: an operator's client certificate signs a statement
-//!   (an approval decision, a front-door key) and any node checks it ([`StatementError`]).
-//! - [`issued`]: the CA's record of the certificates it issued (`mesh-cli ca certs`), and finding
-//!   the ones a name, an id prefix or a device stands for (`mesh-cli ca revoke`).
-//! - [`revocation`]: certificates the mesh CA revoked: the CA-signed entry (`mesh-cli ca
-//!   revoke`) and the set every node checks certificates against ([`RevokedSet`]).
-//! - [`dial`]: opening gRPC channels to nodes over mTLS (or plain TCP) ([`Dialer`]).
-//! - [`deadline`]: how long each call one node makes to another may take ([`deadline::DEADLINES`]).
-//! - [`bootstrap`]: the zero-config layout: the data dir, and the CA a node creates there on
-//!   first start with a certificate for the local `mesh-cli` (or the certificate it joined with).
-//! - [`join`]: join tokens (made and checked with a key derived from the CA key) and the
-//!   joiner's side of redeeming one: fetch the CA, check it against the token's pin, send a CSR.
-//!
-//! Both `mesh-node` and `mesh-cli` use this crate; it needs no C++ toolchain, no storage and no
-//! model backend, so the CLI builds on its own. It decides nothing about what a peer may do.
-
-pub mod bootstrap;
-pub mod ca;
-pub mod cert;
-pub mod deadline;
-pub mod dial;
-pub mod issued;
-pub mod join;
-pub mod origin;
-mod pem;
-pub mod revocation;
-pub mod statement;
-pub mod tls;
+//! The one error of making, loading and checking certificates and their files ([`TlsError`]),
+//! shared by the CA, the PEM files, the TLS loader and the join protocol, so each names the file
+//! and the fix the same way.
 
 use std::{
     io,
     path::{Path, PathBuf},
 };
-
-pub use cert::CertIdentity;
-pub use dial::{CertificateRefusal, DialError, Dialer};
-pub use mesh_domain::CertRole;
-pub use origin::{OriginError, OriginSigner, OriginVerifier};
-pub use revocation::{Revocation, RevocationError, RevokedSet};
-pub use statement::StatementError;
-pub use tls::{MeshTls, TlsFiles};
-
-/// Installs the `ring` crypto provider as rustls's process default. Call once at the top of
-/// `main`; library code names the provider explicitly and does not depend on it.
-pub fn install_crypto_provider() {
-    // Err means a provider is already installed, which is what we want anyway.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
 
 /// Errors making or loading certificates.
 #[derive(Debug, thiserror::Error)]
@@ -131,8 +78,13 @@ pub enum TlsError {
         name: String,
     },
     /// The CA keeps as many records of issued certificates as it may.
-    #[error("{} holds {} records of issued certificates, none of them expired: the CA issues no more until some expire or are removed", .0.display(), crate::issued::MAX_ISSUED)]
-    RecordsFull(PathBuf),
+    #[error("{} holds {max} records of issued certificates, none of them expired: the CA issues no more until some expire or are removed", dir.display())]
+    RecordsFull {
+        /// The CA directory.
+        dir: PathBuf,
+        /// How many records it keeps at most.
+        max: usize,
+    },
     /// Key generation or signing failed.
     #[error("certificate generation failed: {0}")]
     Generate(#[from] rcgen::Error),
@@ -148,7 +100,8 @@ impl From<rustls::Error> for TlsError {
 }
 
 impl TlsError {
-    pub(crate) fn io(action: &'static str, path: &Path, source: io::Error) -> Self {
+    /// A file that could not be `action`ed (read, written, created).
+    pub fn io(action: &'static str, path: &Path, source: io::Error) -> Self {
         Self::Io {
             action,
             path: path.to_owned(),

@@ -137,21 +137,9 @@ mod tests {
     use super::*;
     use crate::{
         Revocation,
-        ca::{CA_CERT_FILE, ca_init, issue},
-        tls::{MeshTls, TlsFiles},
+        ca::ca_init,
+        test_support::{member, verifier_of},
     };
-
-    fn member(dir: &std::path::Path, name: &str, role: CertRole) -> (MeshTls, OriginSigner) {
-        let (cert, key) = issue(dir, name, &[], role).expect("issue");
-        let tls = MeshTls::load(&TlsFiles {
-            ca: dir.join(CA_CERT_FILE),
-            cert,
-            key,
-        })
-        .expect("load");
-        let signer = tls.origin_signer().expect("signer");
-        (tls, signer)
-    }
 
     #[test]
     fn only_a_clients_signature_over_the_exact_statement_verifies() {
@@ -159,10 +147,10 @@ mod tests {
         let other = tempfile::tempdir().expect("tempdir");
         ca_init(dir.path()).expect("ca");
         ca_init(other.path()).expect("ca");
-        let (node, node_signer) = member(dir.path(), "alpha", CertRole::Node);
-        let (ada_tls, ada) = member(dir.path(), "ada", CertRole::Client);
+        let (_, node_signer) = member(dir.path(), "alpha", CertRole::Node);
+        let (ada_identity, ada) = member(dir.path(), "ada", CertRole::Client);
         let (_, stranger) = member(other.path(), "eve", CertRole::Client);
-        let verifier = node.origin_verifier().expect("verifier");
+        let verifier = verifier_of(dir.path());
         let kind = StatementKind::ApprovalDecision;
         let now = now_ms();
 
@@ -171,7 +159,7 @@ mod tests {
             .verify_statement(kind, &signed, now)
             .expect("ada's");
         assert_eq!(by.name, "ada");
-        assert_eq!(by.id, ada_tls.identity().id);
+        assert_eq!(by.id, ada_identity.id);
 
         let refused = |signed: &Signed, kind| verifier.verify_statement(kind, signed, now);
         // Another kind of statement over the same bytes.
@@ -217,7 +205,7 @@ mod tests {
         verifier
             .revoked()
             .insert(Revocation {
-                id: ada_tls.identity().id.clone(),
+                id: ada_identity.id.clone(),
                 name: "ada".into(),
                 revoked_at_ms: now,
                 reason: String::new(),

@@ -9,12 +9,13 @@ use std::{
 };
 
 use hyper_util::rt::TokioIo;
+use mesh_cert::CertIdentity;
 use rustls::{ClientConfig, pki_types::ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::{cert::CertIdentity, tls::ForeignCertificate};
+use crate::verify::ForeignCertificate;
 
 /// How long a connection attempt may take before the peer counts as unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -269,8 +270,10 @@ mod tests {
     use tokio::net::TcpListener;
     use tokio_rustls::TlsAcceptor;
 
+    use mesh_cert::{CertRole, ca};
+
     use super::*;
-    use crate::{CertRole, MeshTls, TlsFiles, ca};
+    use crate::{MeshTls, TlsFiles};
 
     /// A node's files from the CA in `dir` (created on first use).
     fn node_files(dir: &std::path::Path, name: &str) -> TlsFiles {

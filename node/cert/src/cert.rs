@@ -1,6 +1,6 @@
 //! What a certificate says about who presents it: the node id (the hash of its public key), the
 //! fingerprint of the certificate itself, its name, its role and its expiry. Nothing here
-//! decides trust; that is the CA's chain, checked in [`crate::tls`], and the node's admission.
+//! decides trust; that is the CA's chain, checked in [`crate::chain`], and the node's admission.
 //!
 //! The role is the subject's organizational unit (OU), which `mesh-cli ca issue --role` sets to
 //! `agentmesh-node` or `agentmesh-client`; a client certificate also lacks the server-auth

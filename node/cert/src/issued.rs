@@ -24,7 +24,7 @@ use mesh_domain::NodeId;
 
 use crate::{
     CertIdentity, CertRole, TlsError,
-    ca::{BACKDATED_S, CA_CERT_FILE},
+    layout::{BACKDATED_S, CA_CERT_FILE},
     pem::{pem_certs, read},
 };
 
@@ -119,7 +119,10 @@ pub fn record(ca_dir: &Path, cert_pem: &str, now: i64) -> Result<NodeId, TlsErro
             left -= 1;
         }
         if left >= MAX_ISSUED {
-            return Err(TlsError::RecordsFull(dir));
+            return Err(TlsError::RecordsFull {
+                dir,
+                max: MAX_ISSUED,
+            });
         }
     }
     // Written aside and renamed, so a record is whole or absent.
@@ -259,7 +262,7 @@ mod tests {
     use crate::ca::{ca_init, issue};
 
     fn now() -> i64 {
-        crate::join::unix_now() as i64
+        time::OffsetDateTime::now_utc().unix_timestamp()
     }
 
     #[test]
@@ -377,7 +380,7 @@ mod tests {
             fs::write(records.join(format!("{i:064x}.pem")), &pem).expect("write");
         }
         let err = record(dir.path(), &two, now()).expect_err("full");
-        assert!(matches!(err, TlsError::RecordsFull(_)), "{err}");
+        assert!(matches!(err, TlsError::RecordsFull { .. }), "{err}");
         // Once they have expired (seen from ten years on), they make room.
         record(dir.path(), &two, now() + 3650 * 86_400).expect("room made");
         assert!(own_records(&records).expect("list").len() < 10);

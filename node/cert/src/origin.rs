@@ -17,6 +17,7 @@
 
 use std::{
     collections::HashMap,
+    path::Path,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -35,7 +36,13 @@ use x509_parser::{
     prelude::{FromDer, X509Certificate},
 };
 
-use crate::{CertRole, cert::CertIdentity, revocation::RevokedSet, tls::MeshServerVerifier};
+use crate::{
+    CertRole, TlsError,
+    cert::CertIdentity,
+    chain::{MeshChain, provider},
+    pem::{read, write_new},
+    revocation::RevokedSet,
+};
 
 /// Most origins whose verified keys an [`OriginVerifier`] keeps; past it the cache starts
 /// over (every message carries the certificates of its origins, so nothing is lost but time).
@@ -151,6 +158,23 @@ impl OriginSigner {
     }
 }
 
+/// Loads (or creates, on first start) the key that gives an insecure node a stable id, with
+/// which it signs its records (under a self-made certificate: an insecure node has no CA).
+pub fn insecure_identity(data_dir: &Path) -> Result<OriginSigner, TlsError> {
+    let path = data_dir.join("insecure-node.key");
+    let key = if path.exists() {
+        KeyPair::from_pem(&read(&path)?).map_err(|e| TlsError::Pem {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?
+    } else {
+        let key = KeyPair::generate()?;
+        write_new(&path, key.serialize_pem().as_bytes(), true)?;
+        key
+    };
+    OriginSigner::self_certified(key).map_err(|e| TlsError::Config(e.to_string()))
+}
+
 /// A verified key of one origin.
 #[derive(Debug, Clone)]
 struct OriginKey {
@@ -169,7 +193,7 @@ struct OriginKey {
 pub struct OriginVerifier {
     /// The mesh CA; `None` for an `--insecure` node, which checks only that a certificate's key
     /// is the origin's (nobody can sign in another node's name, but anybody can join).
-    anchors: Option<MeshServerVerifier>,
+    anchors: Option<MeshChain>,
     /// The mesh CA as it vouches for client certificates (which have no server-auth usage),
     /// for the statements operators sign (see [`crate::statement`]); `None` without a CA.
     clients: Option<Arc<dyn ClientCertVerifier>>,
@@ -190,13 +214,12 @@ impl std::fmt::Debug for OriginVerifier {
 
 impl OriginVerifier {
     /// A verifier that accepts certificates chaining to `roots` (the mesh CA).
-    pub fn new(roots: Arc<RootCertStore>, revoked: RevokedSet) -> Result<Self, crate::TlsError> {
-        let clients =
-            WebPkiClientVerifier::builder_with_provider(roots.clone(), crate::tls::provider())
-                .build()
-                .map_err(|e| crate::TlsError::Config(e.to_string()))?;
+    pub fn new(roots: Arc<RootCertStore>, revoked: RevokedSet) -> Result<Self, TlsError> {
+        let clients = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
         Ok(Self {
-            anchors: Some(MeshServerVerifier::new(roots)?),
+            anchors: Some(MeshChain::new(roots)?),
             clients: Some(clients),
             keys: Mutex::default(),
             revoked,
@@ -317,7 +340,7 @@ impl OriginVerifier {
 /// `notAfter`). An expired certificate is checked as of its last valid second, so what its node
 /// wrote before still verifies.
 fn checked_until(
-    anchors: &MeshServerVerifier,
+    anchors: &MeshChain,
     certificate: &[u8],
     identity: &CertIdentity,
     id: &str,
@@ -384,29 +407,17 @@ fn public_key(
 mod tests {
     use super::*;
     use crate::{
-        ca::{CA_CERT_FILE, ca_init, issue},
-        tls::{MeshTls, TlsFiles},
+        ca::ca_init,
+        test_support::{member, verifier_of},
     };
-
-    fn member(dir: &std::path::Path, name: &str, role: CertRole) -> (MeshTls, OriginSigner) {
-        let (cert, key) = issue(dir, name, &[], role).expect("issue");
-        let tls = MeshTls::load(&TlsFiles {
-            ca: dir.join(CA_CERT_FILE),
-            cert,
-            key,
-        })
-        .expect("load");
-        let signer = tls.origin_signer().expect("signer");
-        (tls, signer)
-    }
 
     #[test]
     fn a_node_signs_and_any_member_verifies_but_not_over_other_bytes_or_in_another_name() {
         let dir = tempfile::tempdir().expect("tempdir");
         ca_init(dir.path()).expect("ca");
-        let (tls, alpha) = member(dir.path(), "alpha", CertRole::Node);
+        let (_, alpha) = member(dir.path(), "alpha", CertRole::Node);
         let (_, beta) = member(dir.path(), "beta", CertRole::Node);
-        let verifier = tls.origin_verifier().expect("verifier");
+        let verifier = verifier_of(dir.path());
         let signature = alpha.sign(b"record").expect("sign");
         assert_eq!(
             verifier.verify(alpha.id(), 0, b"record", &signature),
@@ -446,8 +457,7 @@ mod tests {
         let theirs = tempfile::tempdir().expect("tempdir");
         ca_init(ours.path()).expect("ca");
         ca_init(theirs.path()).expect("ca");
-        let (tls, _) = member(ours.path(), "alpha", CertRole::Node);
-        let verifier = tls.origin_verifier().expect("verifier");
+        let verifier = verifier_of(ours.path());
         let (_, client) = member(ours.path(), "operator", CertRole::Client);
         assert!(matches!(
             verifier.learn(client.certificate()),

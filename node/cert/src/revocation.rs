@@ -5,24 +5,25 @@
 //!
 //! The entry is a protobuf `Revocation`, signed as the exact bytes that travel (with a
 //! domain-separation prefix, so the CA's signature over anything else can never pass for a
-//! revocation) by the CA's ECDSA P-256 key. Only the CA key can revoke; a node holding a
+//! revocation) by the CA's ECDSA P-256 key. The two messages are declared here as well as in
+//! `proto/agentmesh/v1/node.proto`, so this crate needs no RPC stack; the unit tests read and
+//! write them with `mesh-proto`'s types, so the two cannot drift apart unnoticed. Only the CA key can revoke; a node holding a
 //! revocation can pass it on but not forge or alter one. This module decides nothing about what
 //! a revoked certificate may still do; it says which ones are revoked and since when.
 
 use std::{
     collections::HashMap,
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock, Weak},
 };
 
+use futures_channel::oneshot;
 use mesh_domain::NodeId;
-use mesh_proto::v1 as pb;
 use prost::Message;
 use ring::{
     rand::SystemRandom,
     signature::{ECDSA_P256_SHA256_ASN1, ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair},
 };
 use rustls::pki_types::CertificateDer;
-use tokio::sync::watch;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::ca::CaSigner;
@@ -72,8 +73,8 @@ pub enum RevocationError {
 
 impl Revocation {
     /// Signs the entry with the CA key.
-    pub fn sign(&self, ca: &CaSigner) -> Result<pb::SignedRevocation, RevocationError> {
-        let entry = pb::Revocation {
+    pub fn sign(&self, ca: &CaSigner) -> Result<SignedRevocation, RevocationError> {
+        let entry = Entry {
             id: self.id.to_string(),
             name: self.name.clone(),
             revoked_at_ms: self.revoked_at_ms,
@@ -88,8 +89,32 @@ impl Revocation {
             .map_err(|e| RevocationError::Signing(e.to_string()))?
             .as_ref()
             .to_vec();
-        Ok(pb::SignedRevocation { entry, signature })
+        Ok(SignedRevocation { entry, signature })
     }
+}
+
+/// A signed entry as it travels and is stored: `agentmesh.v1.SignedRevocation`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SignedRevocation {
+    /// The encoded entry (`agentmesh.v1.Revocation`), exactly the bytes signed.
+    #[prost(bytes = "vec", tag = "1")]
+    pub entry: Vec<u8>,
+    /// The CA's signature over `agentmesh revocation v1\0` followed by `entry`.
+    #[prost(bytes = "vec", tag = "2")]
+    pub signature: Vec<u8>,
+}
+
+/// One revoked certificate as it is signed: `agentmesh.v1.Revocation`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Entry {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(string, tag = "2")]
+    name: String,
+    #[prost(uint64, tag = "3")]
+    revoked_at_ms: u64,
+    #[prost(string, tag = "4")]
+    reason: String,
 }
 
 fn signed_bytes(entry: &[u8]) -> Vec<u8> {
@@ -117,7 +142,25 @@ struct Inner {
     ca_keys: Vec<Vec<u8>>,
     revoked: RwLock<HashMap<NodeId, Revocation>>,
     /// Bumped on every new revocation, so long-lived streams and the peer table act at once.
-    changed: watch::Sender<u64>,
+    changed: Mutex<Changes>,
+}
+
+/// How many revocations were added, and who waits for the next one.
+#[derive(Debug, Default)]
+struct Changes {
+    count: u64,
+    /// One per waiting [`RevocationWatch::changed`]; a waiter that gave up (its future dropped)
+    /// is pruned when the next one registers, so the list holds at most the live waiters.
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+impl Inner {
+    fn changes(&self) -> std::sync::MutexGuard<'_, Changes> {
+        // A poisoned count is still a count: it only ever grows.
+        self.changed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl RevokedSet {
@@ -127,7 +170,7 @@ impl RevokedSet {
             inner: Arc::new(Inner {
                 ca_keys: ca_keys(cas),
                 revoked: RwLock::default(),
-                changed: watch::Sender::new(0),
+                changed: Mutex::default(),
             }),
         }
     }
@@ -143,7 +186,7 @@ impl RevokedSet {
                 signed.len()
             )));
         }
-        let signed = pb::SignedRevocation::decode(signed)
+        let signed = SignedRevocation::decode(signed)
             .map_err(|e| RevocationError::Malformed(e.to_string()))?;
         let message = signed_bytes(&signed.entry);
         let good = self.inner.ca_keys.iter().any(|key| {
@@ -154,7 +197,7 @@ impl RevokedSet {
         if !good {
             return Err(RevocationError::BadSignature);
         }
-        let entry = pb::Revocation::decode(signed.entry.as_slice())
+        let entry = Entry::decode(signed.entry.as_slice())
             .map_err(|e| RevocationError::Malformed(e.to_string()))?;
         let id =
             NodeId::parse(&entry.id).map_err(|e| RevocationError::Malformed(format!("id: {e}")))?;
@@ -185,7 +228,11 @@ impl RevokedSet {
         }
         revoked.insert(revocation.id.clone(), revocation);
         drop(revoked);
-        self.inner.changed.send_modify(|n| *n += 1);
+        let mut changes = self.inner.changes();
+        changes.count += 1;
+        for waiter in changes.waiters.drain(..) {
+            let _ = waiter.send(()); // Err: that waiter gave up already.
+        }
         Ok(true)
     }
 
@@ -206,9 +253,13 @@ impl RevokedSet {
         all
     }
 
-    /// Changes whenever a revocation is added.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.inner.changed.subscribe()
+    /// Follows the set from now on: its [`RevocationWatch::changed`] returns whenever a
+    /// revocation is added.
+    pub fn subscribe(&self) -> RevocationWatch {
+        RevocationWatch {
+            set: Arc::downgrade(&self.inner),
+            seen: self.inner.changes().count,
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<NodeId, Revocation>> {
@@ -216,6 +267,60 @@ impl RevokedSet {
             .revoked
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Follows a [`RevokedSet`] as a `tokio::sync::watch` receiver follows its sender, without tying
+/// this crate to a runtime: [`RevocationWatch::changed`] returns once a revocation was added
+/// since it last returned (or since [`RevokedSet::subscribe`]).
+#[derive(Debug)]
+pub struct RevocationWatch {
+    /// Weak, so a watch does not keep its node's set alive.
+    set: Weak<Inner>,
+    /// The count of additions last seen.
+    seen: u64,
+}
+
+/// The set a [`RevocationWatch`] follows is gone (its node is shutting down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the revoked set is gone")]
+pub struct SetClosed;
+
+impl RevocationWatch {
+    /// Whether a revocation was added since this watch last looked.
+    pub fn has_changed(&self) -> Result<bool, SetClosed> {
+        let inner = self.set.upgrade().ok_or(SetClosed)?;
+        let count = inner.changes().count;
+        Ok(count != self.seen)
+    }
+
+    /// Counts what was added so far as seen.
+    pub fn mark_unchanged(&mut self) {
+        if let Some(inner) = self.set.upgrade() {
+            self.seen = inner.changes().count;
+        }
+    }
+
+    /// Waits until a revocation is added (returns at once if one was since this watch last
+    /// looked); `Err` once the set is gone. Dropping the future gives up the wait and loses
+    /// nothing: the next call still sees the addition.
+    pub async fn changed(&mut self) -> Result<(), SetClosed> {
+        loop {
+            let woken = {
+                let inner = self.set.upgrade().ok_or(SetClosed)?;
+                let mut changes = inner.changes();
+                if changes.count != self.seen {
+                    self.seen = changes.count;
+                    return Ok(());
+                }
+                changes.waiters.retain(|waiter| !waiter.is_canceled());
+                let (waiter, woken) = oneshot::channel();
+                changes.waiters.push(waiter);
+                woken
+            };
+            // Err: the set was dropped with its waiters, which the next turn reports.
+            let _ = woken.await;
+        }
     }
 }
 
@@ -241,6 +346,15 @@ pub fn certificate_id(
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        future::Future,
+        pin::pin,
+        sync::atomic::{AtomicUsize, Ordering},
+        task::{Context, Poll, Wake, Waker},
+    };
+
+    use mesh_proto::v1 as pb;
+
     use super::*;
     use crate::{
         CertRole,
@@ -338,5 +452,87 @@ mod tests {
         assert_eq!(certificate_id(dir.path(), "beta").expect("by name"), id);
         assert_eq!(certificate_id(dir.path(), id.as_str()).expect("by id"), id);
         assert!(certificate_id(dir.path(), "nobody").is_err());
+    }
+
+    /// The messages declared here are `agentmesh.v1`'s: an entry encoded by `mesh-proto` carries
+    /// the signature made over this crate's encoding, and each side decodes the other's.
+    #[test]
+    fn the_signed_entry_is_the_wire_contracts_message() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (signer, set) = ca(dir.path());
+        let ours = entry().sign(&signer).expect("sign");
+        let wire = pb::SignedRevocation::decode(ours.encode_to_vec().as_slice()).expect("decode");
+        assert_eq!(
+            (&wire.entry, &wire.signature),
+            (&ours.entry, &ours.signature)
+        );
+        let fields = pb::Revocation::decode(wire.entry.as_slice()).expect("decode");
+        assert_eq!(
+            (
+                fields.id.as_str(),
+                fields.name.as_str(),
+                fields.revoked_at_ms
+            ),
+            (entry().id.as_str(), "mallory", entry().revoked_at_ms)
+        );
+        // Encoded again by mesh-proto: the same bytes, so the signature still holds.
+        let again = pb::SignedRevocation {
+            entry: fields.encode_to_vec(),
+            signature: wire.signature,
+        };
+        assert_eq!(set.verify(&again.encode_to_vec()), Ok(entry()));
+    }
+
+    /// Counts the wake-ups of a task, to see that an addition wakes a waiting watch.
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_watch_wakes_on_an_addition_and_ends_with_its_set() {
+        let set = RevokedSet::new(&[]);
+        let wakes = Arc::new(Wakes::default());
+        let waker = Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut watch = set.subscribe();
+        {
+            let mut changed = pin!(watch.changed());
+            assert!(
+                changed.as_mut().poll(&mut cx).is_pending(),
+                "nothing added yet"
+            );
+            assert_eq!(set.insert(entry()), Ok(true));
+            assert_eq!(
+                wakes.0.load(Ordering::SeqCst),
+                1,
+                "the addition wakes the waiter"
+            );
+            assert_eq!(changed.as_mut().poll(&mut cx), Poll::Ready(Ok(())));
+        }
+        // Seen: the next wait waits again, and ends when the set is dropped.
+        let mut changed = pin!(watch.changed());
+        assert!(changed.as_mut().poll(&mut cx).is_pending());
+        drop(set);
+        assert_eq!(changed.as_mut().poll(&mut cx), Poll::Ready(Err(SetClosed)));
+    }
+
+    #[test]
+    fn waits_given_up_leave_nothing_behind() {
+        let set = RevokedSet::new(&[]);
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..1000 {
+            let mut watch = set.subscribe();
+            let mut changed = pin!(watch.changed());
+            assert!(changed.as_mut().poll(&mut cx).is_pending());
+        }
+        let mut watch = set.subscribe();
+        let mut changed = pin!(watch.changed());
+        assert!(changed.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(set.inner.changes().waiters.len(), 1, "only the live waiter");
     }
 }

@@ -1,4 +1,5 @@
-//! Reading and writing the PEM files of certificates and keys.
+//! Reading and writing the PEM files of certificates and keys: every error names the file, and a
+//! new file is never written over an old one.
 
 use std::{fs, path::Path};
 
@@ -6,7 +7,8 @@ use rustls::pki_types::{CertificateDer, pem::PemObject};
 
 use crate::TlsError;
 
-pub(crate) fn pem_certs(path: &Path, pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+/// The certificates in `pem` (the text of `path`); at least one, or an error naming the file.
+pub fn pem_certs(path: &Path, pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<_, _>>()
         .map_err(|e| TlsError::Pem {
@@ -22,11 +24,13 @@ pub(crate) fn pem_certs(path: &Path, pem: &str) -> Result<Vec<CertificateDer<'st
     Ok(certs)
 }
 
-pub(crate) fn read(path: &Path) -> Result<String, TlsError> {
+pub fn read(path: &Path) -> Result<String, TlsError> {
     fs::read_to_string(path).map_err(|e| TlsError::io("read", path, e))
 }
 
-pub(crate) fn write_new(path: &Path, contents: &[u8], private: bool) -> Result<(), TlsError> {
+/// Writes `contents` to `path`, which must not exist yet, and syncs it; `private` makes it
+/// readable by its owner only (a key).
+pub fn write_new(path: &Path, contents: &[u8], private: bool) -> Result<(), TlsError> {
     use std::io::Write;
     let mut options = fs::OpenOptions::new();
     options.write(true).create_new(true);

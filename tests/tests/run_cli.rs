@@ -27,6 +27,22 @@ fn serving(fake: &FakeOpenAi, role: &str) -> String {
     )
 }
 
+/// A laptop without models and a gpu node serving `role` from `fake`, both up.
+fn laptop_and_gpu(harness: &Harness, fake: &FakeOpenAi, role: &str) -> (NodeProcess, NodeProcess) {
+    let laptop = harness.spawn(NodeOptions::new("laptop")).expect("laptop");
+    let gpu = harness
+        .spawn(
+            NodeOptions::new("gpu")
+                .peer(&laptop.addr)
+                .extra(&serving(fake, role)),
+        )
+        .expect("gpu");
+    harness
+        .wait_all_up(&[&laptop, &gpu], DEADLINE)
+        .expect("mesh");
+    (laptop, gpu)
+}
+
 fn tasks(harness: &Harness, node: &NodeProcess) -> Vec<Value> {
     let output = harness.cli(node, &["tasks", "--json"]).expect("tasks");
     let list: Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
@@ -58,17 +74,7 @@ fn task_id(text: &str) -> Option<String> {
 fn run_with_no_flags_uses_chat_and_prints_the_task_id_first_and_the_outcome_last() {
     let fake = FakeOpenAi::start();
     let harness = Harness::new().expect("harness");
-    let laptop = harness.spawn(NodeOptions::new("laptop")).expect("laptop");
-    let gpu = harness
-        .spawn(
-            NodeOptions::new("gpu")
-                .peer(&laptop.addr)
-                .extra(&serving(&fake, "chat")),
-        )
-        .expect("gpu");
-    harness
-        .wait_all_up(&[&laptop, &gpu], DEADLINE)
-        .expect("mesh");
+    let (laptop, _gpu) = laptop_and_gpu(&harness, &fake, "chat");
     fake.push([Scripted::text("Paris.")]);
 
     let output = harness
@@ -106,17 +112,7 @@ fn run_with_no_flags_uses_chat_and_prints_the_task_id_first_and_the_outcome_last
 fn run_with_no_flags_and_no_chat_served_lists_the_roles_served_and_where() {
     let fake = FakeOpenAi::start();
     let harness = Harness::new().expect("harness");
-    let laptop = harness.spawn(NodeOptions::new("laptop")).expect("laptop");
-    let gpu = harness
-        .spawn(
-            NodeOptions::new("gpu")
-                .peer(&laptop.addr)
-                .extra(&serving(&fake, "coder")),
-        )
-        .expect("gpu");
-    harness
-        .wait_all_up(&[&laptop, &gpu], DEADLINE)
-        .expect("mesh");
+    let (laptop, _gpu) = laptop_and_gpu(&harness, &fake, "coder");
     let output = harness.cli(&laptop, &["run", "hello"]).expect("run");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -303,17 +299,7 @@ fn without_a_terminal_ctrl_c_leaves_the_task_running_and_says_how_to_cancel_it()
 fn the_executing_node_logs_a_line_when_a_task_starts_and_when_it_ends() {
     let fake = FakeOpenAi::start();
     let harness = Harness::new().expect("harness");
-    let laptop = harness.spawn(NodeOptions::new("laptop")).expect("laptop");
-    let gpu = harness
-        .spawn(
-            NodeOptions::new("gpu")
-                .peer(&laptop.addr)
-                .extra(&serving(&fake, "chat")),
-        )
-        .expect("gpu");
-    harness
-        .wait_all_up(&[&laptop, &gpu], DEADLINE)
-        .expect("mesh");
+    let (laptop, gpu) = laptop_and_gpu(&harness, &fake, "chat");
     fake.push([Scripted::text("done")]);
     let (code, result) = harness
         .run_json(&laptop, &["--role", "chat", "hello"])

@@ -219,7 +219,7 @@ async fn list(
         .approvals;
     if json {
         let list: Vec<Value> = approvals.iter().map(approval_json).collect();
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&json!({ "approvals": list }))?
         );

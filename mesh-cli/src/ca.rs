@@ -238,7 +238,7 @@ fn certs(dir: &Path, json: bool) -> anyhow::Result<()> {
                 })
             })
             .collect();
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&json!({ "certificates": list }))?
         );

@@ -88,7 +88,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: ConfigCommand) -> anyhow::Resu
                         })
                     })
                     .collect();
-                println!(
+                out!(
                     "{}",
                     serde_json::to_string_pretty(&json!({ "settings": list }))?
                 );
@@ -107,7 +107,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: ConfigCommand) -> anyhow::Resu
                 })
                 .collect();
             print_table(&["KEY", "VALUE", "SOURCE", "NOTE"], &rows);
-            println!(
+            out!(
                 "\nset with `mesh-cli config set KEY VALUE` (applied at once, kept across restarts; wins over the config file), undo with `mesh-cli config unset KEY`"
             );
         }
@@ -125,9 +125,11 @@ pub(crate) async fn run(conn: &ConnArgs, command: ConfigCommand) -> anyhow::Resu
             } else {
                 format!("; it wins over the config file's {}", set.file_json)
             };
-            println!(
+            out!(
                 "{} = {} on {}: applied now, no restart needed, and kept in the node's data dir{over}",
-                set.key, set.value_json, conn.node
+                set.key,
+                set.value_json,
+                conn.node
             );
         }
         ConfigCommand::Unset { setting } => {
@@ -136,7 +138,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: ConfigCommand) -> anyhow::Resu
                 .await
                 .map_err(fail("Settings.Unset"))?
                 .into_inner();
-            println!(
+            out!(
                 "{} = {} on {} (from {}): applied now",
                 unset.key,
                 unset.value_json,

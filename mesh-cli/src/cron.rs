@@ -209,7 +209,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
             let schedules = list_all(&mut client).await?;
             if json {
                 let list: Vec<Value> = schedules.iter().map(schedule_json).collect();
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                out!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(());
             }
             let rows: Vec<[String; 7]> = schedules
@@ -253,7 +253,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
             reasons.sort_unstable();
             reasons.dedup();
             for why in reasons {
-                println!("held: {why}");
+                out!("held: {why}");
             }
         }
         CronCommand::Rm { name } => {
@@ -270,7 +270,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
                 .map_err(fail)?
                 .into_inner();
             if json {
-                println!("{}", serde_json::to_string_pretty(&firing_json(&firing))?);
+                out!("{}", serde_json::to_string_pretty(&firing_json(&firing))?);
             } else {
                 show!(
                     "fired {} ({}): task {}",
@@ -289,7 +289,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: CronCommand) -> anyhow::Result
                 .firings;
             if json {
                 let list: Vec<Value> = firings.iter().map(firing_json).collect();
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                out!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(());
             }
             let rows: Vec<[String; 6]> = firings

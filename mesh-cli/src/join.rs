@@ -83,7 +83,7 @@ pub(crate) fn create(args: CreateArgs) -> anyhow::Result<()> {
     let token = create_token(&ca, role, args.ttl, args.uses, &issuer)?;
     let claims = &token.secret.claims;
     if args.json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&json!({
                 "token": token.to_string(),

@@ -228,7 +228,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                 let mut out = info_json(&added);
                 out["key"] = json!(key);
                 out["first"] = json!(added.first);
-                println!("{}", serde_json::to_string_pretty(&out)?);
+                out!("{}", serde_json::to_string_pretty(&out)?);
             } else {
                 show!(
                     "added key {} ({})\n\n  {key}\n\nthis is the only time it is shown: give it to its user now (Authorization: Bearer <key>, or x-api-key)",
@@ -253,7 +253,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                 .keys;
             if json {
                 let keys: Vec<Value> = keys.iter().map(info_json).collect();
-                println!(
+                out!(
                     "{}",
                     serde_json::to_string_pretty(&json!({ "keys": keys }))?
                 );
@@ -280,7 +280,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: KeysCommand) -> anyhow::Result
                 .keys;
             if json {
                 let keys: Vec<Value> = keys.iter().map(usage_json).collect();
-                println!(
+                out!(
                     "{}",
                     serde_json::to_string_pretty(&json!({ "keys": keys }))?
                 );

@@ -10,13 +10,24 @@
 //! cannot move the cursor or rewrite what the operator reads, say before answering an approval.
 //! `--json` output is printed as is: JSON escapes control characters itself.
 
+/// `println!` that ends mesh-cli quietly when stdout's reader has gone (`mesh-cli … | head`)
+/// instead of panicking, as ripgrep does; every line mesh-cli prints to stdout passes here.
+macro_rules! out {
+    () => {
+        $crate::output::write_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_line(format_args!($($arg)*))
+    };
+}
+
 /// `println!` for what a person reads: the text passes [`shown`].
 macro_rules! show {
     () => {
-        println!()
+        out!()
     };
     ($($arg:tt)*) => {
-        println!("{}", $crate::shown(&format!($($arg)*)))
+        out!("{}", $crate::shown(&format!($($arg)*)))
     };
 }
 

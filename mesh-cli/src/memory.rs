@@ -137,7 +137,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
                 .into_inner()
                 .record;
             match record {
-                Some(r) if json => println!(
+                Some(r) if json => out!(
                     "{}",
                     serde_json::to_string_pretty(&record_json(&r, &names))?
                 ),
@@ -180,7 +180,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
                     .iter()
                     .map(|n| json!({"name": n.name, "kind": n.kind}))
                     .collect();
-                println!(
+                out!(
                     "{}",
                     serde_json::to_string_pretty(&json!({ "namespaces": list }))?
                 );
@@ -211,7 +211,7 @@ pub(crate) async fn run(conn: &ConnArgs, command: MemoryCommand) -> anyhow::Resu
             let next_after = Some(answer.next_after).filter(|key| !key.is_empty());
             if json {
                 let list: Vec<_> = records.iter().map(|r| record_json(r, &names)).collect();
-                println!(
+                out!(
                     "{}",
                     serde_json::to_string_pretty(
                         &json!({ "records": list, "next_after": next_after })

@@ -84,7 +84,7 @@ pub(crate) async fn status(conn: &ConnArgs, json: bool, watch: bool) -> anyhow::
     }
     let nodes = fleet(conn).await?;
     if json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&json!({ "nodes": nodes }))?
         );
@@ -278,7 +278,7 @@ fn load_cell(node: &Value) -> String {
 async fn ls(conn: &ConnArgs, json: bool) -> anyhow::Result<()> {
     let nodes = fleet(conn).await?;
     if json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&json!({ "nodes": nodes }))?
         );
@@ -318,7 +318,7 @@ async fn show(conn: &ConnArgs, name: &str, json: bool) -> anyhow::Result<()> {
         ));
     };
     if json {
-        println!("{}", serde_json::to_string_pretty(node)?);
+        out!("{}", serde_json::to_string_pretty(node)?);
         return Ok(());
     }
     let text = |key: &str| text(node, key);

@@ -11,6 +11,22 @@ use std::{
 use anyhow::anyhow;
 use mesh_domain::text::{LineBreaks, escape_controls};
 
+/// Writes one line to stdout. When its reader has gone (a closed pipe: `mesh-cli status |
+/// head -n 1`), mesh-cli has nothing more to say to anyone: it exits 0 at once, as ripgrep does,
+/// instead of panicking on the next line. Any other failure (a full disk behind a redirect) is
+/// said and ends it with 1.
+pub(crate) fn write_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{line}") {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("error: cannot write to standard output: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
 /// A call the node refused, in words: the node's own sentence, without tonic's description of
 /// the status code in front of it.
 pub(crate) fn refused(call: &str, node: &str, status: &tonic::Status) -> anyhow::Error {
@@ -74,7 +90,7 @@ pub(crate) fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N
             .zip(widths)
             .map(|(c, w)| format!("{c:<w$}"))
             .collect();
-        println!("{}", parts.join("  ").trim_end());
+        out!("{}", parts.join("  ").trim_end());
     };
     line(header.to_vec());
     for row in &rows {

@@ -71,7 +71,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
                 "error_kind": "rejected",
                 "error_fields": {"code": format!("{:?}", status.code())},
             });
-            println!("{}", serde_json::to_string_pretty(&object)?);
+            out!("{}", serde_json::to_string_pretty(&object)?);
             return Err(Reported.into());
         }
         Err(status) => {
@@ -202,7 +202,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
             object["error_kind"] = json!(error.kind);
             object["error_fields"] = json!(error.fields);
         }
-        println!("{}", serde_json::to_string_pretty(&object)?);
+        out!("{}", serde_json::to_string_pretty(&object)?);
     } else if streamed {
         show!();
     } else if let Some(done) = &completed {
@@ -574,7 +574,7 @@ async fn explain(
             .map(|c| json!({"node": c.node, "node_id": c.node_id, "local": c.local, "eligible": c.eligible,
                             "score": c.eligible.then_some(c.score), "reason": c.reason}))
             .collect();
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&json!({ "candidates": list }))?
         );

@@ -240,7 +240,7 @@ async fn list(client: &mut Client, json: bool, limit: u32) -> anyhow::Result<()>
         })
         .collect();
     if json {
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&json!({ "tasks": rows }))?
         );
@@ -304,7 +304,7 @@ async fn show(client: &mut Client, id: &str, json: bool) -> anyhow::Result<()> {
                 Some(event)
             })
             .collect();
-        println!(
+        out!(
             "{}",
             serde_json::to_string_pretty(&json!({"task_id": id, "events": list}))?
         );

@@ -229,3 +229,26 @@ fn token_create_finds_the_local_ca_and_node_and_bounds_what_it_makes() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--issuer HOST:PORT"));
 }
+
+/// A reader that goes away (`mesh-cli … | head -n 1`) ends mesh-cli quietly with 0, as ripgrep
+/// does; it used to panic on the next line ("failed printing to stdout: Broken pipe") and exit
+/// 101, which failed the demo's `set -o pipefail` now and then.
+#[test]
+fn a_closed_stdout_ends_mesh_cli_quietly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let output = Command::new(env!("CARGO_BIN_EXE_mesh-cli"))
+        .args(["ca", "init", "--dir"])
+        .arg(dir.path().join("ca"))
+        .env("HOME", dir.path())
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run mesh-cli");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(dir.path().join("ca/ca.pem").exists(), "the work was done");
+}

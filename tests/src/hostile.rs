@@ -204,6 +204,7 @@ impl HostilePeer {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let service = Service(Arc::new(behaviour.clone()));
         let membership_tls = self.tls.clone();
+        let (seen, seen_rx) = tokio::sync::mpsc::channel(8);
         std::thread::spawn(move || {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -235,7 +236,7 @@ impl HostilePeer {
                 // a thread of its own, so slow answers of the hostile service do not make it
                 // look dead.
                 let leave = tokio_util::sync::CancellationToken::new();
-                let swim = match swim_member(membership_tls, addr, leave.clone()) {
+                let swim = match swim_member(membership_tls, addr, seen_rx, leave.clone()) {
                     Ok(swim) => swim,
                     Err(e) => {
                         let _ = addr_tx.send(Err(e));
@@ -273,6 +274,7 @@ impl HostilePeer {
         Ok(HostileServer {
             addr,
             behaviour,
+            seen,
             stop: Some(stop),
         })
     }
@@ -418,7 +420,25 @@ pub struct HostileServer {
     pub addr: SocketAddr,
     /// What it answers, and the calls it got.
     pub behaviour: Behaviour,
+    /// Where it hears of candidate members, as a node hears of them from discovery.
+    seen: tokio::sync::mpsc::Sender<mesh_node::discovery::DiscoveryEvent>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl HostileServer {
+    /// Makes it announce itself to the member at `addr` (SWIM's join), as a node does to a
+    /// static peer: a test that needs its nodes to know each other first starts them, then
+    /// has this peer come in.
+    pub fn announce_to(&self, addr: &str) -> anyhow::Result<()> {
+        self.seen
+            .blocking_send(mesh_node::discovery::DiscoveryEvent::Seen {
+                addrs: vec![addr.to_owned()],
+                name: None,
+                claim: None,
+                source: mesh_node::discovery::PeerSource::Static,
+            })
+            .map_err(|_| anyhow::anyhow!("the hostile peer's membership has stopped"))
+    }
 }
 
 impl Drop for HostileServer {
@@ -578,6 +598,7 @@ impl pb::memory_server::Memory for Service {
 fn swim_member(
     tls: MeshTls,
     addr: std::net::SocketAddr,
+    mut seen: tokio::sync::mpsc::Receiver<mesh_node::discovery::DiscoveryEvent>,
     leave: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
     use mesh_node::peers::{
@@ -626,8 +647,7 @@ fn swim_member(
                     Arc::new(tokio::sync::Notify::new()),
                 )),
             };
-            let (_events_tx, mut events) = tokio::sync::mpsc::channel(1);
-            membership.run(&mut events, leave).await;
+            membership.run(&mut seen, leave).await;
         });
     }))
 }

@@ -183,14 +183,13 @@ fn a_second_member_claiming_a_live_members_name_is_refused() {
     let twin_server = twin
         .serve(Behaviour::new(twin.info("a")))
         .expect("twin serves");
-    let b = h
-        .spawn(
-            NodeOptions::new("b")
-                .peer(&a.addr)
-                .peer(twin_server.addr.to_string()),
-        )
-        .expect("b");
+    // b knows a before the twin comes: first come, first served (a twin b heard of first would
+    // hold the name at b, and a would be the one refused there).
+    let b = h.spawn(NodeOptions::new("b").peer(&a.addr)).expect("b");
     h.wait_all_up(&[&a, &b], DEADLINE).expect("a and b");
+    twin_server
+        .announce_to(&b.addr)
+        .expect("the twin announces itself to b");
     let a_id = own_id(&h, &a);
     assert_ne!(a_id, twin.id(), "another key, another id");
     let refusal = format!("the name `a` is held by a live member ({})", &a_id[..12]);

@@ -58,6 +58,7 @@ pub mod config;
 pub mod connections;
 pub mod cron;
 pub mod discovery;
+pub mod gateway;
 pub mod http;
 pub mod issuer;
 pub mod llm;

@@ -38,6 +38,7 @@ use crate::{
     config::{Config, ConfigError, DEFAULT_HTTP_PORT, LAST_FALLBACK_PORT, Listen, TlsMode},
     cron::{ScheduleLimits, Scheduler},
     discovery::{Advert, Discovery, Mdns, StaticPeers},
+    gateway::{self, Gateway},
     http::{self, FrontDoor},
     issuer::Issuer,
     llm::ModelRegistry,
@@ -707,11 +708,11 @@ impl Node {
             // Stored Responses-API answers expire; every node deletes what it finds expired.
             let memory = memory.clone();
             supervisor.spawn("responses sweep", leaving.clone(), move |stop| {
-                no_error(http::responses::sweep_loop(memory.clone(), stop))
+                no_error(gateway::sweep_loop(memory.clone(), stop))
             });
         }
         let door = Arc::new(FrontDoor {
-            chat: chat.clone(),
+            gateway: Arc::new(Gateway::new(chat.clone(), keys.clone(), memory.clone())),
             caps: caps.clone(),
             peers: peers.clone(),
             keys: keys.clone(),

@@ -34,9 +34,10 @@ use serde_json::{Map, Value, json};
 use super::{
     clients::{Unknown, client_name, dropped_header, dropped_name},
     door::FrontDoor,
+    encode::{self, Encoder},
     error::{ApiError, Dialect, ErrorKind},
-    gateway::{self, Call, Caller, Encoder, Event},
 };
+use crate::gateway::{Call, Caller, Event, GatewayError};
 
 /// The header naming the API version a client speaks.
 pub const VERSION_HEADER: &str = "anthropic-version";
@@ -757,22 +758,15 @@ pub async fn messages(
     door.clients
         .dropped_tools(&client, "/v1/messages", &dropped);
     let asked = call.model.clone();
-    let run = gateway::start(&door, &caller, door.aliased(call)).await?;
+    let run = door.gateway.start(&caller, door.aliased(call)).await?;
     let id = message_id();
     if stream {
-        let mut response = gateway::stream(run, "text/event-stream", Events::new(id, asked));
+        let mut response = encode::stream(run, "text/event-stream", Events::new(id, asked));
         response.headers_mut().extend(dropped_header(&dropped));
         return Ok(response);
     }
-    let answers = run.finish().await?;
-    let answer = answers.first().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            ErrorKind::Unavailable,
-            "the chat ended without an answer",
-        )
-    })?;
-    let mut response = Json(message_json(&id, answer)?).into_response();
+    let answer = run.answer().await?;
+    let mut response = Json(message_json(&id, &answer)?).into_response();
     response.headers_mut().extend(dropped_header(&dropped));
     Ok(response)
 }
@@ -800,21 +794,7 @@ pub async fn count_tokens(
         &unknown.borrow(),
     );
     let model = door.model_for(&conversation.model);
-    let target = gateway::target_of(&model);
-    if let Some(grant) = &caller.key
-        && !grant.policy.allows(&target)
-    {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            ErrorKind::Permission,
-            format!(
-                "key `{}` may not use `{model}`; ask for a model or role the key allows",
-                grant.name
-            ),
-        )
-        .with_code("model_not_allowed"));
-    }
-    door.chat.place(&target).map_err(ApiError::from_admission)?;
+    door.gateway.check_model(&caller, &model)?;
     let text = countable_text(&conversation);
     let tokens = tokio::task::spawn_blocking(move || super::cl100k::count(&text))
         .await
@@ -1014,7 +994,7 @@ impl Encoder for Events {
             Event::Done { response, .. } => self.done(&response),
             Event::Failed(error) => {
                 self.over = true;
-                vec![error_frame(&error)]
+                vec![error_frame(&error.into())]
             }
         }
     }
@@ -1023,11 +1003,7 @@ impl Encoder for Events {
         if self.over {
             return Vec::new();
         }
-        vec![error_frame(&ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            ErrorKind::Unavailable,
-            "the chat ended without an answer",
-        ))]
+        vec![error_frame(&GatewayError::NoAnswer.into())]
     }
 }
 
@@ -1510,10 +1486,9 @@ mod tests {
         // A failure after the start is one `error` event, and nothing after it.
         let mut encoder = Events::new("msg_2".into(), "m".into());
         let mut frames = encoder.start();
-        frames.extend(encoder.event(Event::Failed(ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            ErrorKind::Unavailable,
-            "node gpu: gone",
+        // A 502, as peers that failed are.
+        frames.extend(encoder.event(Event::Failed(GatewayError::Chat(
+            crate::chat::ChatError::Peers("node gpu: gone".into()),
         ))));
         frames.extend(encoder.end());
         let events = parse_frames(&frames);

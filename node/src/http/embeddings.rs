@@ -26,9 +26,9 @@ use super::{
     clients::{Unknown, client_name},
     door::FrontDoor,
     error::{ApiError, ErrorKind},
-    gateway::{self, Caller},
     openai,
 };
+use crate::gateway::Caller;
 
 /// The fields of an embeddings request that are read.
 const READ: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
@@ -285,7 +285,7 @@ pub async fn embeddings(
         inputs: texts(asked.inputs).await?,
     };
     let model = door.model_for(&asked.model);
-    let response = gateway::embed(&door, &caller, &model, &request).await?;
+    let response = door.gateway.embed(&caller, &model, &request).await?;
     let made = response.vectors.first().map_or(0, Vec::len) as u64;
     if let Some(wanted) = asked.dimensions
         && wanted != made

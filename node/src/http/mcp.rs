@@ -44,12 +44,13 @@ use rmcp::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{door::FrontDoor, gateway::Caller};
+use super::door::FrontDoor;
 use crate::{
     admission::Caller as AdmissionCaller,
     agent::tools::ToolContext,
     api_keys::{Ask, Charge},
     cron::owner_of,
+    gateway::Caller,
     tasks::LookupError,
 };
 
@@ -74,7 +75,7 @@ const SCHEDULE_PROMPT_CHARS: usize = 200;
 /// progress reaches the client while a task runs), bodies bounded by `max_body`. rmcp's own
 /// `Host` check is off: the front door's guard checks `Host`, `Origin` and the content type
 /// of every route, this one included (`http::guard`).
-pub fn service(
+pub(crate) fn service(
     door: Arc<FrontDoor>,
     max_body: usize,
 ) -> StreamableHttpService<MeshTools, NeverSessionManager> {
@@ -92,7 +93,7 @@ pub fn service(
 
 /// The MCP server of one request: the front door's state.
 #[derive(Debug, Clone)]
-pub struct MeshTools {
+pub(crate) struct MeshTools {
     door: Arc<FrontDoor>,
 }
 

@@ -20,18 +20,18 @@
 //! which bounds connections before they send a request (`[connections]`: a header timeout and
 //! a cap).
 
-pub mod anthropic;
+mod anthropic;
 mod cl100k;
 pub mod clients;
 mod door;
-pub mod embeddings;
+mod embeddings;
+mod encode;
 pub mod error;
-pub mod gateway;
 pub mod guard;
-pub mod mcp;
-pub mod ollama;
-pub mod openai;
-pub mod responses;
+mod mcp;
+mod ollama;
+mod openai;
+mod responses;
 
 use std::sync::Arc;
 
@@ -50,15 +50,15 @@ use hyper_util::{
     server::conn::auto,
 };
 
-use self::gateway::Caller;
+pub(crate) use self::door::FrontDoor;
 pub use self::{
-    door::FrontDoor,
     error::{ApiError, Dialect, ErrorKind},
     openai::read_chat_completion,
 };
 use crate::{
     config::ConnectionLimits,
     connections::{ACCEPT_BACKOFF, Cap, ConnectionCap, ConnectionSlot},
+    gateway::Caller,
     metrics::{labels, metrics},
 };
 
@@ -91,7 +91,7 @@ const COUNTED_PATHS: &[&str] = &[
 
 /// The front door's routes: every dialect's API behind the key check, then the health and
 /// metrics endpoints; errors shaped by the path's dialect.
-pub fn router(door: Arc<FrontDoor>) -> Router {
+pub(crate) fn router(door: Arc<FrontDoor>) -> Router {
     let api = Router::new()
         .route("/v1/models", get(openai::list_models))
         .route("/v1/chat/completions", post(openai::chat_completions))

@@ -28,9 +28,10 @@ use serde_json::{Map, Value, json};
 
 use super::{
     door::FrontDoor,
+    encode::{self, Encoder},
     error::{ApiError, Dialect, ErrorKind},
-    gateway::{self, Call, Caller, Encoder, Event},
 };
+use crate::gateway::{Call, Caller, Event, GatewayError};
 
 /// The Ollama release `GET /api/version` reports. Clients gate features on it (structured
 /// output needs 0.5.0; Raycast asks for 0.6.4, Continue for 0.6.5), and this is the release
@@ -192,6 +193,15 @@ fn model_not_found(model: &str) -> ApiError {
         format!("model \"{model}\" not found (GET /api/tags lists the fleet's models)"),
     )
     .with_code("model_not_found")
+}
+
+/// A gateway refusal, with a model no node has worded as Ollama words it (naming `asked`).
+fn unknown_as_not_found(error: GatewayError, asked: &str) -> ApiError {
+    if error.is_unknown_model() {
+        model_not_found(asked)
+    } else {
+        error.into()
+    }
 }
 
 /// The model a client names: as given, or without Ollama's default tag `:latest` when the
@@ -689,7 +699,7 @@ impl Encoder for Lines {
                 lines.push(line(&object(self.kind, &self.model, "", done)));
                 lines
             }
-            Event::Failed(error) => vec![line(&error.body(Dialect::Ollama))],
+            Event::Failed(error) => vec![line(&ApiError::from(error).body(Dialect::Ollama))],
         }
     }
 
@@ -722,12 +732,11 @@ async fn answer(door: Arc<FrontDoor>, caller: Caller, read: Read) -> Result<Resp
     let asked = call.model.clone();
     let max_tokens = call.chat.sampling.max_tokens;
     let clock = Clock::start();
-    let run = gateway::start(&door, &caller, call)
+    let run = door
+        .gateway
+        .start(&caller, call)
         .await
-        .map_err(|e| match e.code {
-            Some("model_not_found") => model_not_found(&asked),
-            _ => e,
-        })?;
+        .map_err(|e| unknown_as_not_found(e, &asked))?;
     if stream {
         let encoder = Lines {
             kind,
@@ -735,16 +744,9 @@ async fn answer(door: Arc<FrontDoor>, caller: Caller, read: Read) -> Result<Resp
             max_tokens,
             clock,
         };
-        return Ok(gateway::stream(run, NDJSON, encoder));
+        return Ok(encode::stream(run, NDJSON, encoder));
     }
-    let answers = run.finish().await?;
-    let response = answers.into_iter().next().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            ErrorKind::Unavailable,
-            "the chat ended without an answer",
-        )
-    })?;
+    let response = run.answer().await?;
     let mut value = object(
         kind,
         &response.model,
@@ -827,12 +829,11 @@ async fn embed_texts(
         ));
     }
     let model = resolve(&body.model, &door.fleet_models());
-    let response = gateway::embed(door, caller, &model, &EmbedRequest { inputs })
+    let response = door
+        .gateway
+        .embed(caller, &model, &EmbedRequest { inputs })
         .await
-        .map_err(|e| match e.code {
-            Some("model_not_found") => model_not_found(&body.model),
-            _ => e,
-        })?;
+        .map_err(|e| unknown_as_not_found(e, &body.model))?;
     let made = response.vectors.first().map_or(0, Vec::len) as u64;
     if let Some(wanted) = body.dimensions
         && wanted != made
@@ -1256,7 +1257,7 @@ mod tests {
             response: answer("x", &[], 1),
         }));
         assert_eq!(done[0]["done_reason"], "stop");
-        let failed = parse_lines(&generate.event(Event::Failed(ApiError::bad_request("broken"))));
+        let failed = parse_lines(&generate.event(Event::Failed(GatewayError::invalid("broken"))));
         assert_eq!(failed[0], json!({"error": "broken"}));
     }
 

@@ -28,9 +28,10 @@ use serde_json::{Map, Value, json};
 use super::{
     clients::{Unknown, client_name},
     door::FrontDoor,
+    encode::{self, Encoder},
     error::ApiError,
-    gateway::{self, Call, Caller, Encoder, Event, unix_s},
 };
+use crate::gateway::{self, Call, Caller, Event, unix_s};
 
 /// Fields of a chat-completions request that are read (and so honoured or refused by value).
 const READ: &[&str] = &[
@@ -503,7 +504,7 @@ pub async fn chat_completions(
         &unknown,
     );
     let asked = call.model.clone();
-    let run = gateway::start(&door, &caller, door.aliased(call)).await?;
+    let run = door.gateway.start(&caller, door.aliased(call)).await?;
     let id = completion_id();
     let created = unix_s();
     if stream {
@@ -515,7 +516,7 @@ pub async fn chat_completions(
             usage: Usage::default(),
             n: 0,
         };
-        return Ok(gateway::stream(run, "text/event-stream", encoder));
+        return Ok(encode::stream(run, "text/event-stream", encoder));
     }
     let answers = run.finish().await?;
     let choices: Vec<Value> = answers
@@ -606,7 +607,7 @@ impl Encoder for Chunks {
             Event::Failed(error) => {
                 vec![format!(
                     "data: {}\n\n",
-                    error.body(super::error::Dialect::OpenAi)
+                    ApiError::from(error).body(super::error::Dialect::OpenAi)
                 )]
             }
         }

@@ -1,5 +1,6 @@
-//! OpenAI's Responses API, translated to and from the gateway's [`Call`] and [`Event`]s, and
-//! the stored conversations that `previous_response_id` and `GET /v1/responses/{id}` read.
+//! OpenAI's Responses API, translated to and from the gateway's [`Call`] and [`Event`]s; the
+//! conversations that `previous_response_id` and `GET /v1/responses/{id}` read are the
+//! gateway's (`gateway::Conversations`).
 //!
 //! `POST /v1/responses` takes the input as text or items (messages, `function_call` and
 //! `function_call_output` items; earlier `reasoning` items are skipped), `instructions` (a
@@ -13,15 +14,11 @@
 //! 400 naming it; one it does not define is ignored (or refused, with
 //! `http.unknown_fields = "refuse"`); the table is in docs/protocol.md.
 //!
-//! With `store` (the default) the answer and the conversation up to it are kept in the
-//! replicated memory's private namespace `responses`, under the response's id, with the name of
-//! the key that asked, for [`TTL_S`]: any node can continue it once it has replicated there,
-//! and only the same key sees it. A conversation over the memory's value limit is not kept (the
-//! answer says `store: false`). [`sweep_loop`] deletes expired entries and, past
-//! [`Bounds::default`], the oldest. This module must not route, fall through, stream or count
-//! usage itself: that is the gateway's.
+//! With `store` (the default) the answer and the conversation up to it are kept by the gateway,
+//! for the key that asked; one it could not keep answers `store: false`. This module must not
+//! route, fall through, stream, count usage or store anything itself: that is the gateway's.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc};
 
 use axum::{
     Json,
@@ -31,27 +28,19 @@ use axum::{
 };
 use mesh_domain::{
     BoxFuture, ChatRequest, ChatResponse, Message, ResponseFormat, Role, Sampling, ToolCall,
-    ToolSpec, Usage,
-    keys::{MAX_VALUE, RESPONSE_ID_PREFIX, RESPONSES, response_id},
+    ToolSpec, Usage, keys::RESPONSE_ID_PREFIX,
 };
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::{
     clients::{Unknown, client_name, dropped_header, dropped_name},
     door::FrontDoor,
-    error::{ApiError, Dialect, ErrorKind},
-    gateway::{self, Call, Caller, Encoder, Event, unix_s},
+    encode::{self, Encoder},
+    error::{ApiError, Dialect},
     openai::{self, tool_choice_of},
 };
-use crate::memory::{Memory, MemoryError};
-
-/// How long a stored response is kept and served: 30 days, as OpenAI keeps them.
-pub const TTL_S: u64 = 30 * 24 * 3600;
-
-/// How often [`sweep_loop`] looks for expired responses.
-const SWEEP_EVERY: Duration = Duration::from_secs(600);
+use crate::gateway::{Call, Caller, Event, GatewayError, Keeper, unix_s};
 
 /// Fields of a Responses request that are read (and so honoured or refused by value).
 const READ: &[&str] = &[
@@ -634,127 +623,6 @@ pub fn read_responses_call(body: &[u8], unknown: &mut Unknown) -> Result<Respons
     })
 }
 
-/// A stored response: who may read it, until when, the conversation a continuation needs, and
-/// the Response object as answered.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Stored {
-    /// Unix second after which it is neither served nor kept.
-    expires_at: u64,
-    /// The id of the key that created it (`api_keys::key_id`; `None` when the front door has
-    /// no keys). Not its name: another key given the same name owns none of it.
-    owner: Option<String>,
-    /// The conversation up to and including this answer, without `instructions`.
-    messages: Vec<Message>,
-    /// The Response object.
-    response: Value,
-}
-
-/// The only field the sweep reads of a stored response.
-#[derive(Debug, Deserialize)]
-struct Expiry {
-    expires_at: u64,
-}
-
-/// A 404 for a response that is not there for this caller, in OpenAI's words.
-fn not_found(id: &str, param: Option<&str>) -> ApiError {
-    let mut error = ApiError::new(
-        StatusCode::NOT_FOUND,
-        ErrorKind::NotFound,
-        format!(
-            "{}response with id `{id}` not found: it is unknown, expired, stored with another key, or not yet replicated to this node (a continuation on another node needs the first answer to have replicated, usually within a second)",
-            param.map_or(String::new(), |p| format!("{p}: "))
-        ),
-    );
-    error.param = param.map(str::to_owned);
-    error.with_code(if param.is_some() {
-        "previous_response_not_found"
-    } else {
-        "response_not_found"
-    })
-}
-
-/// The stored response `id` as `caller` may see it at `now`: absent, expired, unreadable and
-/// another key's are all the same 404 (the last so a key cannot learn of others' ids).
-fn load(
-    memory: &Memory,
-    caller: &Caller,
-    id: &str,
-    now: u64,
-    param: Option<&str>,
-) -> Result<Stored, ApiError> {
-    let record = match memory.get(RESPONSES, id) {
-        Ok(Some(record)) if !record.tombstone => record,
-        Ok(_) | Err(MemoryError::Invalid(_)) => return Err(not_found(id, param)),
-        Err(e) => {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorKind::Unavailable,
-                format!("read stored response `{id}`: {e}"),
-            ));
-        }
-    };
-    let stored: Stored = match serde_json::from_slice(&record.value) {
-        Ok(stored) => stored,
-        Err(e) => {
-            tracing::warn!(%id, error = %e, "a stored response does not decode; treated as absent");
-            return Err(not_found(id, param));
-        }
-    };
-    if stored.expires_at <= now || stored.owner.as_deref() != caller.key_id() {
-        return Err(not_found(id, param));
-    }
-    Ok(stored)
-}
-
-/// Keeps `stored` under `id`; whether it was kept (a conversation over the memory's value
-/// limit, or a failed write, is not).
-async fn keep(memory: &Memory, id: &str, stored: &Stored) -> bool {
-    let value = match serde_json::to_vec(stored) {
-        Ok(value) => value,
-        Err(e) => {
-            tracing::warn!(%id, error = %e, "encode a response to store it");
-            return false;
-        }
-    };
-    // The memory refuses a value over its limit (`mesh_domain::keys::MAX_VALUE`).
-    match memory.put(RESPONSES, id, Some(value)).await {
-        Ok(_) => true,
-        Err(e) => {
-            tracing::warn!(%id, error = %e, "response not stored");
-            false
-        }
-    }
-}
-
-/// What one answer is kept with: where, for whom, and the conversation before it.
-struct Keeper {
-    memory: Arc<Memory>,
-    owner: Option<String>,
-    conversation: Vec<Message>,
-}
-
-impl Keeper {
-    /// Stores `response` (the Response object, `store` set to whether it was kept) with the
-    /// conversation and `answer` appended.
-    async fn keep(self, id: &str, answer: &ChatResponse, response: &mut Value) {
-        let mut messages = self.conversation;
-        messages.push(Message {
-            tool_calls: answer.tool_calls.clone(),
-            ..Message::text(Role::Assistant, answer.content.clone())
-        });
-        response["store"] = json!(true);
-        let stored = Stored {
-            expires_at: unix_s().saturating_add(TTL_S),
-            owner: self.owner,
-            messages,
-            response: response.clone(),
-        };
-        if !keep(&self.memory, id, &stored).await {
-            response["store"] = json!(false);
-        }
-    }
-}
-
 /// The Response object's fixed parts for one request.
 struct Head {
     id: String,
@@ -896,16 +764,12 @@ pub async fn create(
     door.clients
         .dropped_tools(&client, "/v1/responses", &request.dropped);
     let dropped = dropped_header(&request.dropped);
+    let conversations = door.gateway.conversations();
     let mut conversation = match &request.previous_response_id {
         Some(previous) => {
-            load(
-                &door.memory,
-                &caller,
-                previous,
-                unix_s(),
-                Some("previous_response_id"),
-            )?
-            .messages
+            conversations
+                .load(&caller, previous, unix_s(), Some("previous_response_id"))?
+                .messages
         }
         None => Vec::new(),
     };
@@ -918,9 +782,9 @@ pub async fn create(
         .chain(conversation.iter().cloned())
         .collect();
     let call = door.aliased(Call::new(request.model.clone(), chat));
-    let run = gateway::start(&door, &caller, call).await?;
+    let run = door.gateway.start(&caller, call).await?;
     let head = Head {
-        id: response_id(door.memory.own_id()),
+        id: conversations.new_id(),
         created_at: unix_s(),
         model: request.model,
         instructions: request.instructions,
@@ -928,11 +792,9 @@ pub async fn create(
         echo: request.echo,
         namespaces: request.namespaces,
     };
-    let keeper = request.store.then(|| Keeper {
-        memory: door.memory.clone(),
-        owner: caller.key_id().map(str::to_owned),
-        conversation,
-    });
+    let keeper = request
+        .store
+        .then(|| conversations.keeper(&caller, conversation));
     if request.stream {
         let events = Events {
             head,
@@ -942,24 +804,18 @@ pub async fn create(
             answer: None,
             failed: false,
         };
-        let mut response = gateway::stream(run, "text/event-stream", events);
+        let mut response = encode::stream(run, "text/event-stream", events);
         response.headers_mut().extend(dropped);
         return Ok(response);
     }
-    let answer = run.finish().await?.into_iter().next().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            ErrorKind::Unavailable,
-            "the chat ended without an answer",
-        )
-    })?;
+    let answer = run.answer().await?;
     let mut head = head;
     let answer = with_call_ids(answer, head.suffix());
     head.model = answer.model.clone();
     let output = head.output(&answer, has_message(&answer));
     let mut response = head.object("completed", output, answer.usage);
     if let Some(keeper) = keeper {
-        keeper.keep(&head.id, &answer, &mut response).await;
+        keep(keeper, &head.id, &answer, &mut response).await;
     }
     let mut response = Json(response).into_response();
     response.headers_mut().extend(dropped);
@@ -972,9 +828,19 @@ pub async fn retrieve(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(
-        load(&door.memory, &caller, &id, unix_s(), None)?.response,
-    ))
+    let stored = door
+        .gateway
+        .conversations()
+        .load(&caller, &id, unix_s(), None)?;
+    Ok(Json(stored.response))
+}
+
+/// Stores `response` (the Response object) with `keeper`, `store` set to whether it was kept.
+async fn keep(keeper: Keeper, id: &str, answer: &ChatResponse, response: &mut Value) {
+    response["store"] = json!(true);
+    if !keeper.keep(id, answer, response).await {
+        response["store"] = json!(false);
+    }
 }
 
 /// A streamed response: the Responses API's server-sent events, each numbered.
@@ -1117,7 +983,7 @@ impl Encoder for Events {
                 frames
             }
             Event::Done { response, .. } => self.done(response),
-            Event::Failed(error) => self.failed(&error),
+            Event::Failed(error) => self.failed(&error.into()),
         }
     }
 
@@ -1125,11 +991,7 @@ impl Encoder for Events {
         if self.failed || self.answer.is_some() {
             return Vec::new();
         }
-        self.failed(&ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            ErrorKind::Unavailable,
-            "the chat ended without an answer",
-        ))
+        self.failed(&GatewayError::NoAnswer.into())
     }
 
     fn close(&mut self) -> BoxFuture<'_, Vec<String>> {
@@ -1141,90 +1003,10 @@ impl Encoder for Events {
             let output = self.head.output(&answer, self.message_open);
             let mut response = self.head.object("completed", output, answer.usage);
             if let Some(keeper) = self.keeper.take() {
-                keeper.keep(&self.head.id, &answer, &mut response).await;
+                keep(keeper, &self.head.id, &answer, &mut response).await;
             }
             vec![self.frame(json!({"type": "response.completed", "response": response}))]
         })
-    }
-}
-
-/// Bounds on the stored responses: past them the sweep drops the oldest.
-#[derive(Debug, Clone, Copy)]
-pub struct Bounds {
-    /// Most stored responses.
-    pub entries: usize,
-    /// Most bytes of stored responses.
-    pub bytes: usize,
-}
-
-impl Default for Bounds {
-    /// 10,000 responses and 256 MiB on every node, whichever is reached first.
-    fn default() -> Self {
-        Self {
-            entries: 10_000,
-            bytes: 256 * 1024 * 1024,
-        }
-    }
-}
-
-/// Deletes the stored responses expired at `now` and then, past `bounds`, the oldest (ids are
-/// UUIDv7s, so key order is creation order); how many it deleted. It reads the namespace a page
-/// at a time, so its memory use is bounded by a page, not by the namespace.
-pub async fn sweep(memory: &Memory, now: u64, bounds: Bounds) -> Result<usize, MemoryError> {
-    const PAGE: usize = 64;
-    const PAGE_BYTES: usize = 4 * MAX_VALUE;
-    let mut kept: Vec<(String, usize)> = Vec::new();
-    let mut deleted = 0;
-    let mut after = String::new();
-    loop {
-        let page = memory.page(RESPONSES, "", &after, PAGE, PAGE_BYTES)?;
-        for entry in page.entries {
-            // One that does not decode is never served: it goes like an expired one.
-            let expired = serde_json::from_slice::<Expiry>(&entry.record.value)
-                .map_or(true, |e| e.expires_at <= now);
-            if expired {
-                memory.put(RESPONSES, &entry.key, None).await?;
-                deleted += 1;
-            } else {
-                kept.push((entry.key, entry.record.value.len()));
-            }
-        }
-        match page.next_after {
-            Some(next) => after = next,
-            None => break,
-        }
-    }
-    let mut entries = kept.len();
-    let mut bytes: usize = kept.iter().map(|(_, size)| size).sum();
-    for (key, size) in kept {
-        if entries <= bounds.entries && bytes <= bounds.bytes {
-            break;
-        }
-        memory.put(RESPONSES, &key, None).await?;
-        entries -= 1;
-        bytes -= size;
-        deleted += 1;
-    }
-    Ok(deleted)
-}
-
-/// Runs [`sweep`] every ten minutes until `stop`.
-pub async fn sweep_loop(memory: Arc<Memory>, stop: CancellationToken) {
-    let mut every = tokio::time::interval(SWEEP_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = every.tick() => {}
-            () = stop.cancelled() => return,
-        }
-        tokio::select! {
-            result = sweep(&memory, unix_s(), Bounds::default()) => match result {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(deleted = n, "stored responses swept"),
-                Err(e) => tracing::warn!(error = %e, "sweep the stored responses"),
-            },
-            () = stop.cancelled() => return,
-        }
     }
 }
 
@@ -1233,7 +1015,7 @@ mod tests {
     use mesh_domain::ToolChoice;
 
     use super::*;
-    use crate::{api_keys::KeyGrant, config::UnknownFields, memory::MemoryOptions};
+    use crate::{api_keys::KeyGrant, config::UnknownFields, gateway::conversations::Conversations};
 
     /// Reads `body` with `http.unknown_fields = "refuse"`.
     fn read(body: Value) -> Result<ResponsesCall, ApiError> {
@@ -1695,11 +1477,8 @@ mod tests {
         assert_eq!(values[2]["item"]["call_id"], "call_0abc_0");
 
         let mut encoder = events();
-        let error = ApiError::new(
-            StatusCode::BAD_GATEWAY,
-            ErrorKind::Unavailable,
-            "the model failed",
-        );
+        // A 502, as a model's failure is.
+        let error = GatewayError::Chat(crate::chat::ChatError::Peers("the model failed".into()));
         let values = stream(
             &mut encoder,
             vec![
@@ -1726,16 +1505,16 @@ mod tests {
     /// as soon as the client reads it finds it; the stored conversation ends with the answer.
     #[tokio::test]
     async fn a_streamed_answer_is_stored_before_it_completes() {
-        let (_dir, memory) = memory();
+        let (_dir, memory) = crate::memory::test_support::open_memory(
+            &crate::memory::test_support::id("responses"),
+            crate::memory::MemoryOptions::default(),
+        );
+        let conversations = Conversations::new(memory);
         let mut encoder = events();
         let alice = Caller {
-            key: Some(KeyGrant::named("alice", ALICE)),
+            key: Some(KeyGrant::named("alice", "sk-alice-0123456789")),
         };
-        encoder.keeper = Some(Keeper {
-            memory: memory.clone(),
-            owner: alice.key_id().map(str::to_owned),
-            conversation: vec![Message::text(Role::User, "hi")],
-        });
+        encoder.keeper = Some(conversations.keeper(&alice, vec![Message::text(Role::User, "hi")]));
         let answer = ChatResponse {
             model: "served".into(),
             content: "hello".into(),
@@ -1752,7 +1531,9 @@ mod tests {
         let completed = values.last().expect("completed");
         assert_eq!(completed["type"], "response.completed");
         assert_eq!(completed["response"]["store"], true);
-        let stored = load(&memory, &alice, "resp_0abc", unix_s(), None).expect("stored by now");
+        let stored = conversations
+            .load(&alice, "resp_0abc", unix_s(), None)
+            .expect("stored by now");
         assert_eq!(stored.response["output"][0]["content"][0]["text"], "hello");
         assert_eq!(
             stored.messages,
@@ -1761,122 +1542,5 @@ mod tests {
                 Message::text(Role::Assistant, "hello")
             ]
         );
-    }
-
-    fn memory() -> (tempfile::TempDir, Arc<Memory>) {
-        crate::memory::test_support::open_memory(
-            &crate::memory::test_support::id("responses"),
-            MemoryOptions::default(),
-        )
-    }
-
-    /// Alice's key.
-    const ALICE: &str = "sk-alice-0123456789";
-
-    fn stored(owner: Option<&str>, expires_at: u64) -> Stored {
-        Stored {
-            expires_at,
-            owner: owner.map(str::to_owned),
-            messages: vec![Message::text(Role::User, "hi")],
-            response: json!({"id": "x"}),
-        }
-    }
-
-    /// A stored response is served to the key that created it, until it expires: another key,
-    /// no key, an expired or unknown id are the same 404. Issue 26, item 4: it was owned by
-    /// the key's name, so another key with that name (another node's config, or a key added
-    /// under the name after the first was revoked) read it; it is the key's id now.
-    #[tokio::test]
-    async fn a_stored_response_is_served_only_to_its_key_until_it_expires() {
-        let (_dir, memory) = memory();
-        let alice = Caller {
-            key: Some(KeyGrant::named("alice", ALICE)),
-        };
-        assert!(keep(&memory, "resp_1", &stored(alice.key_id(), 100)).await);
-        let bob = Caller {
-            key: Some(KeyGrant::named("bob", "sk-bob-0123456789")),
-        };
-        let another_alice = Caller {
-            key: Some(KeyGrant::named("alice", "sk-not-alice-0123456789")),
-        };
-        assert_eq!(
-            load(&memory, &alice, "resp_1", 99, None)
-                .expect("alice's")
-                .messages
-                .len(),
-            1
-        );
-        for (caller, id, now) in [
-            (&bob, "resp_1", 99),
-            (&another_alice, "resp_1", 99),
-            (&Caller::default(), "resp_1", 99),
-            (&alice, "resp_1", 100),
-            (&alice, "resp_2", 99),
-            (&alice, "", 99),
-        ] {
-            let error = load(&memory, caller, id, now, Some("previous_response_id"))
-                .expect_err("not served");
-            assert_eq!(error.status, StatusCode::NOT_FOUND, "{caller:?} {id} {now}");
-            assert_eq!(error.param.as_deref(), Some("previous_response_id"));
-        }
-        // A conversation over the memory's value limit is not kept.
-        let mut big = stored(None, 100);
-        big.messages = vec![Message::text(Role::User, "x".repeat(MAX_VALUE))];
-        assert!(!keep(&memory, "resp_big", &big).await);
-        assert!(memory.get(RESPONSES, "resp_big").expect("get").is_none());
-    }
-
-    /// The sweep deletes the expired responses, and past the bounds the oldest; the rest stay.
-    #[tokio::test]
-    async fn the_sweep_deletes_expired_and_then_the_oldest() {
-        let (_dir, memory) = memory();
-        for (key, expires_at) in [
-            ("resp_1", 50),
-            ("resp_2", 200),
-            ("resp_3", 200),
-            ("resp_4", 60),
-            ("resp_5", 200),
-        ] {
-            assert!(keep(&memory, key, &stored(None, expires_at)).await);
-        }
-        let live = |memory: &Memory| -> Vec<String> {
-            memory
-                .list(RESPONSES, "", 100)
-                .expect("list")
-                .into_iter()
-                .map(|e| e.key)
-                .collect()
-        };
-        let roomy = Bounds::default();
-        assert_eq!(sweep(&memory, 10, roomy).await.expect("sweep"), 0);
-        assert_eq!(live(&memory).len(), 5);
-        assert_eq!(sweep(&memory, 100, roomy).await.expect("sweep"), 2);
-        assert_eq!(live(&memory), ["resp_2", "resp_3", "resp_5"]);
-        let two = Bounds {
-            entries: 2,
-            bytes: usize::MAX,
-        };
-        assert_eq!(sweep(&memory, 100, two).await.expect("sweep"), 1);
-        assert_eq!(live(&memory), ["resp_3", "resp_5"]);
-        let one_entry_of_bytes = Bounds {
-            entries: 10,
-            bytes: live_bytes(&memory) / 2,
-        };
-        assert_eq!(
-            sweep(&memory, 100, one_entry_of_bytes)
-                .await
-                .expect("sweep"),
-            1
-        );
-        assert_eq!(live(&memory), ["resp_5"]);
-    }
-
-    fn live_bytes(memory: &Memory) -> usize {
-        memory
-            .list(RESPONSES, "", 100)
-            .expect("list")
-            .iter()
-            .map(|e| e.record.value.len())
-            .sum()
     }
 }

@@ -9,6 +9,9 @@
 //!    trait (a port), the higher one implements it, and `server` wires the two together.
 //! 2. **No circle of files.** No file may reach itself through the files it names.
 //! 3. **No circle of modules.** The same for the top-level modules (`agent`, `rpc`, ...).
+//! 4. **Separate dialects.** The folders of a module listed in [`SEPARATE_FOLDERS`] (`http`:
+//!    `http/openai/`, `http/anthropic/`, ...) never name each other; what they share lives in
+//!    the module's own files (`http/clients.rs`).
 //!
 //! It also fails when the table and the tree disagree: a top-level module missing from the table,
 //! or a name in the table that is no module of `node/src`. Names with a `-` in the table are crate
@@ -55,6 +58,8 @@ const TABLE_HEADING: &str = "## Layers";
 const SRC_DIR: &str = "node/src";
 /// The library's crate name, as `main.rs` spells it.
 const LIB_CRATE: &str = "mesh_node";
+/// Modules whose folders are separate API dialects, which never name each other (rule 4).
+const SEPARATE_FOLDERS: &[&str] = &["http"];
 
 // ---------------------------------------------------------------------------------------------
 // The test CI runs
@@ -150,6 +155,7 @@ fn check(doc: &str, files: &[(&str, &str)]) -> Vec<String> {
     }
     no_circle_of_files(&tree, &mut problems);
     no_circle_of_modules(&tree, &mut problems);
+    no_folder_names_a_sibling(&tree, &mut problems);
     problems
 }
 
@@ -263,6 +269,45 @@ fn no_circle_of_modules(tree: &Tree, problems: &mut Vec<String>) {
         }
         problems.push(text);
     }
+}
+
+/// Rule 4: in a module of [`SEPARATE_FOLDERS`], no folder names another. One problem per file
+/// and folder it should not name, with the first path that names it.
+fn no_folder_names_a_sibling(tree: &Tree, problems: &mut Vec<String>) {
+    for (from, targets) in &tree.edges {
+        let Some((module, own)) = separate_folder_of(&tree.files[*from].path) else {
+            continue;
+        };
+        let mut reported = BTreeSet::new();
+        for (to, via) in targets {
+            let Some((_, other)) = separate_folder_of(&tree.files[*to].path)
+                .filter(|(other_module, other)| *other_module == module && *other != own)
+            else {
+                continue;
+            };
+            if reported.insert(other) {
+                problems.push(format!(
+                    "{SRC_DIR}/{}: the `{own}` folder of `{module}` names its `{other}` folder \
+                     through `{via}`.\nThe folders of `{module}` are separate dialects and never \
+                     name each other: move what both need to a file of `{module}` \
+                     ({SRC_DIR}/{module}/*.rs), which each may name",
+                    tree.files[*from].path
+                ));
+            }
+        }
+    }
+}
+
+/// The module of [`SEPARATE_FOLDERS`] and the folder in it that a file lies in:
+/// `http/openai/wire.rs` → `("http", "openai")`; `None` for a file of no such folder
+/// (`http/clients.rs`, `memory/sync.rs`).
+fn separate_folder_of(path: &str) -> Option<(&str, &str)> {
+    let mut parts = path.split('/');
+    let (module, folder) = (parts.next()?, parts.next()?);
+    parts.next()?;
+    SEPARATE_FOLDERS
+        .contains(&module)
+        .then_some((module, folder))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1064,6 +1109,42 @@ fn a_circle_of_modules_fails_even_without_a_circle_of_files() {
             "circle of modules: b → c → b",
             "node/src/b/x.rs names `crate::c::c`",
             "node/src/c.rs names `crate::b::y::y`",
+        ],
+    );
+}
+
+/// Rule 4: a dialect folder of `http` naming another fails; both naming a file of `http` (and
+/// their own files) passes.
+#[test]
+fn a_dialect_folder_naming_another_fails_and_their_shared_files_pass() {
+    let doc = "## Layers\n\n| layer | modules | may use |\n|---|---|---|\n\
+               | 1 | `a` | nothing of ours |\n| 2 | `http` | layer 1 |\n| 3 | `main` | everything |\n";
+    let problems = check(
+        doc,
+        &[
+            ("a.rs", "pub struct A;\n"),
+            ("http/mod.rs", "mod shared;\nmod one;\nmod two;\n"),
+            ("http/shared.rs", "pub struct S;\n"),
+            (
+                "http/one/mod.rs",
+                "mod wire;\nuse super::shared::S;\npub fn f(_: S) { wire::w() }\n",
+            ),
+            ("http/one/wire.rs", "pub fn w() {}\n"),
+            (
+                "http/two/mod.rs",
+                "use crate::{a::A, http::one::f};\npub fn g(_: A) { f(crate::http::shared::S) }\n",
+            ),
+            ("lib.rs", "pub mod a;\npub mod http;\n"),
+            ("main.rs", "fn main() {}\n"),
+        ],
+    );
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert_one_problem_mentions(
+        &problems,
+        &[
+            "node/src/http/two/mod.rs",
+            "the `two` folder of `http` names its `one` folder",
+            "crate::http::one::f",
         ],
     );
 }

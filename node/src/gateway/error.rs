@@ -2,6 +2,7 @@
 //! an HTTP status. `http` maps it to each dialect's error shape once (`http::error`); the
 //! gateway never picks a status, a code or a JSON shape.
 
+use super::data::MeshDataError;
 use crate::{admission::AdmissionError, api_keys::Refusal, chat::ChatError, memory::MemoryError};
 
 /// Why the gateway did not give a call its answer.
@@ -51,6 +52,9 @@ pub enum GatewayError {
         /// The request field that named it (`previous_response_id`), if one did.
         param: Option<String>,
     },
+    /// A data tool of the fleet (`/mcp`'s node list and memory tools) gave no answer.
+    #[error(transparent)]
+    Data(#[from] MeshDataError),
     /// The stored conversations cannot be read now.
     #[error("read stored response `{id}`: {error}")]
     Store {

@@ -16,7 +16,10 @@ use axum::{
 use serde_json::{Value, json};
 
 use crate::{
-    admission::AdmissionError, api_keys::Refusal, chat::ChatError, gateway::GatewayError,
+    admission::AdmissionError,
+    api_keys::Refusal,
+    chat::ChatError,
+    gateway::{GatewayError, MeshDataError},
     llm::ModelError,
 };
 
@@ -249,6 +252,16 @@ impl ApiError {
                     "response_not_found"
                 })
             },
+            GatewayError::Data(MeshDataError::NoKey { .. }) => Self::new(
+                StatusCode::NOT_FOUND,
+                ErrorKind::NotFound,
+                error.to_string(),
+            ),
+            GatewayError::Data(MeshDataError::Memory(_)) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Unavailable,
+                error.to_string(),
+            ),
             GatewayError::Store { .. } => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorKind::Unavailable,

@@ -1,5 +1,5 @@
 //! OpenAI's embeddings (`POST /v1/embeddings`), translated to and from the gateway's
-//! [`gateway::embed`].
+//! embeddings path (`gateway::Gateway::embed`).
 //!
 //! `input` is a string, a list of strings, or token ids of OpenAI's cl100k_base (one list of
 //! ids, or a list of such lists, as langchain's `OpenAIEmbeddings` sends by default): ids are
@@ -21,14 +21,16 @@ use base64::Engine as _;
 use mesh_domain::{EmbedRequest, EmbedResponse};
 use serde_json::{Map, Value, json};
 
-use super::{
-    cl100k,
-    clients::{Unknown, client_name},
-    door::FrontDoor,
-    error::{ApiError, ErrorKind},
-    openai,
+use super::{translate::check_fields, wire::Fields};
+use crate::{
+    gateway::Caller,
+    http::{
+        cl100k,
+        clients::{Unknown, client_name},
+        door::FrontDoor,
+        error::{ApiError, ErrorKind},
+    },
 };
-use crate::gateway::Caller;
 
 /// The fields of an embeddings request that are read.
 const READ: &[&str] = &["model", "input", "encoding_format", "dimensions", "user"];
@@ -78,9 +80,9 @@ fn read(body: &[u8], unknown: &mut Unknown) -> Result<Embeddings, ApiError> {
     let Value::Object(object) = value else {
         return Err(ApiError::bad_request("request body: must be a JSON object"));
     };
-    openai::check_fields(
+    check_fields(
         &object,
-        openai::Fields {
+        Fields {
             read: READ,
             ignored: &[],
             unsupported: &[],

@@ -12,11 +12,11 @@ use crate::{
 
 /// How far behind this node is on each peer of the peer table.
 #[derive(Debug)]
-pub struct LagGauges {
+pub(crate) struct LagGauges {
     /// This node's memory.
-    pub memory: Arc<Memory>,
+    pub(crate) memory: Arc<Memory>,
     /// The peers, with the latest write sequence each advertises.
-    pub peers: Arc<PeerTable>,
+    pub(crate) peers: Arc<PeerTable>,
 }
 
 impl ScrapedGauges for LagGauges {

@@ -25,7 +25,9 @@
 //! 3. [`admission`] (the one door: whether and where a task or chat runs), [`api_keys`] (the
 //!    front door's keys: who a key is, its budgets and rate limits, usage counted fleet-wide
 //!    in the memory), [`chat`] (model
-//!    chains with fall-through, chats on peers through `RemoteChat`), [`agent`] (the tools loop,
+//!    chains with fall-through, chats on peers through `RemoteChat`), [`gateway`] (the front
+//!    door's core: a call whichever API it came in through, its key's reservation and charge,
+//!    the stored conversations; reaches the fleet's data through `MeshData`), [`agent`] (the tools loop,
 //!    the supervisor, the tool table; reports through `EventSink`), [`cron`] (schedules; fires
 //!    through `Runner`), [`issuer`] (redeems join tokens for certificates on a node with the CA
 //!    key), [`approvals`] (approval gates: which tool calls wait for a person, kept in the
@@ -34,7 +36,7 @@
 //! 4. [`tasks`] (the task manager: queue, workers, events, history, forwarding through
 //!    `Forwarder`).
 //! 5. [`rpc`] and [`http`]: the edges, protobuf and JSON in, domain types out; they implement
-//!    the ports.
+//!    the ports. `http` has one folder per API dialect over the `gateway`.
 //! 6. [`server`]: binds, wires, starts and stops a node, in a documented order.
 //!
 //! # Data flow
@@ -59,6 +61,7 @@ pub mod config;
 pub mod connections;
 pub mod cron;
 pub mod discovery;
+pub mod gateway;
 pub mod http;
 pub mod issuer;
 pub mod llm;

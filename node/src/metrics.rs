@@ -254,6 +254,14 @@ impl Metrics {
     }
 }
 
+/// Gauges read from a module's state when `/metrics` is scraped, rather than kept up to date as
+/// the state changes (replication lag per peer): a port the module whose state it is
+/// implements, which the front door's scrape calls before it encodes; `server` wires it.
+pub(crate) trait ScrapedGauges: Send + Sync + std::fmt::Debug {
+    /// Sets the gauges of `metrics` from the state now.
+    fn refresh(&self, metrics: &Metrics);
+}
+
 /// The process-wide metrics.
 pub fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();

@@ -32,7 +32,11 @@ use tonic::transport::Server;
 
 use crate::{
     admission::Admission,
-    agent::{AgentRuntime, hooks::Hooks, tools::ToolRegistry},
+    agent::{
+        AgentRuntime,
+        hooks::Hooks,
+        tools::{DataTools, ToolRegistry},
+    },
     api_keys,
     approvals::Approvals,
     capabilities::Capabilities,
@@ -40,11 +44,12 @@ use crate::{
     config::{Config, ConfigError, DEFAULT_HTTP_PORT, LAST_FALLBACK_PORT, Listen, TlsMode},
     cron::{ScheduleLimits, Scheduler},
     discovery::{Advert, Discovery, Mdns, StaticPeers},
+    gateway::{self, Gateway, GatewayParts},
     http::{self, FrontDoor},
     issuer::Issuer,
     llm::ModelRegistry,
     mcp::{self, McpHub},
-    memory::{self, Memory, MemoryOptions},
+    memory::{self, LagGauges, Memory, MemoryOptions},
     peers::{
         PeerTable,
         adverts::AdvertGuard,
@@ -719,24 +724,34 @@ impl Node {
             // Stored Responses-API answers expire; every node deletes what it finds expired.
             let memory = memory.clone();
             supervisor.spawn("responses sweep", leaving.clone(), move |stop| {
-                no_error(http::responses::sweep_loop(memory.clone(), stop))
+                no_error(gateway::sweep_loop(memory.clone(), stop))
             });
         }
-        let door = Arc::new(FrontDoor {
+        // The gateway reaches the fleet's node list and memory through the agents' data tools
+        // (its `MeshData` port), and `/metrics` the replication lag through the memory's gauges.
+        let gateway = Arc::new(Gateway::new(GatewayParts {
             chat: chat.clone(),
-            caps: caps.clone(),
-            peers: peers.clone(),
             keys: keys.clone(),
             memory: memory.clone(),
             admission: admission.clone(),
+            data: Arc::new(DataTools::new(memory.clone(), caps.clone(), peers.clone())),
+            task_token_budget: config.tasks.token_budget,
+        }));
+        let door = Arc::new(FrontDoor {
+            gateway,
+            caps: caps.clone(),
+            peers: peers.clone(),
+            keys: keys.clone(),
+            gauges: Arc::new(LagGauges {
+                memory: memory.clone(),
+                peers: peers.clone(),
+            }),
             tasks: tasks.clone(),
-            tools: tools.clone(),
             scheduler: scheduler.clone(),
             guard: http::guard::Guard {
                 allowed_hosts: config.http.allowed_hosts.clone(),
                 allowed_origins: config.http.allowed_origins.clone(),
             },
-            task_token_budget: config.tasks.token_budget,
             clients: http::clients::Clients::new(&config.http),
         });
         match bind_up_to(config.http.listen, DEFAULT_HTTP_PORT + 10).await {

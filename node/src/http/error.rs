@@ -15,7 +15,13 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::{admission::AdmissionError, api_keys::Refusal, chat::ChatError, llm::ModelError};
+use crate::{
+    admission::AdmissionError,
+    api_keys::Refusal,
+    chat::ChatError,
+    gateway::{GatewayError, MeshDataError},
+    llm::ModelError,
+};
 
 /// What went wrong, independent of any API's vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,6 +217,59 @@ impl ApiError {
         }
     }
 
+    /// A gateway's refusal or failure: the one mapping of [`GatewayError`] to a status, a
+    /// kind and OpenAI's code, which every dialect then renders in its shape.
+    pub(crate) fn from_gateway(error: GatewayError) -> Self {
+        match error {
+            GatewayError::Invalid { param, message } => Self {
+                param,
+                ..Self::bad_request(message)
+            },
+            GatewayError::Refused(refusal) => Self::from_refusal(refusal),
+            GatewayError::ModelNotAllowed { .. } => Self::new(
+                StatusCode::FORBIDDEN,
+                ErrorKind::Permission,
+                error.to_string(),
+            )
+            .with_code("model_not_allowed"),
+            GatewayError::Placement(error) => Self::from_admission(error),
+            GatewayError::Chat(error) => Self::from_chat(error),
+            GatewayError::NoAnswer => Self::new(
+                StatusCode::BAD_GATEWAY,
+                ErrorKind::Unavailable,
+                error.to_string(),
+            ),
+            GatewayError::NotStored { ref param, .. } => Self {
+                param: param.clone(),
+                ..Self::new(
+                    StatusCode::NOT_FOUND,
+                    ErrorKind::NotFound,
+                    error.to_string(),
+                )
+                .with_code(if param.is_some() {
+                    "previous_response_not_found"
+                } else {
+                    "response_not_found"
+                })
+            },
+            GatewayError::Data(MeshDataError::NoKey { .. }) => Self::new(
+                StatusCode::NOT_FOUND,
+                ErrorKind::NotFound,
+                error.to_string(),
+            ),
+            GatewayError::Data(MeshDataError::Memory(_)) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Unavailable,
+                error.to_string(),
+            ),
+            GatewayError::Store { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Unavailable,
+                error.to_string(),
+            ),
+        }
+    }
+
     /// The error's JSON body in `dialect`'s shape.
     pub fn body(&self, dialect: Dialect) -> Value {
         match dialect {
@@ -253,6 +312,12 @@ impl ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
         response
+    }
+}
+
+impl From<GatewayError> for ApiError {
+    fn from(error: GatewayError) -> Self {
+        Self::from_gateway(error)
     }
 }
 

@@ -50,6 +50,7 @@ mod clock;
 mod error;
 mod frontier;
 mod gc;
+mod lag;
 mod push;
 mod record;
 mod revocations;
@@ -61,6 +62,7 @@ pub(crate) mod test_support;
 mod writers;
 
 pub use error::{MemoryError, readable_by_callers, writable_by_callers};
+pub(crate) use lag::LagGauges;
 pub use record::{Entry, MAX_SIGNATURE, Record};
 pub use store::{Memory, MemoryOptions, NamespaceKind, Page};
 pub use sync::{

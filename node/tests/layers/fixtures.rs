@@ -286,3 +286,39 @@ fn main_names_the_library_as_mesh_node() {
     ]);
     assert_eq!(edges, ["main.rs → c.rs", "main.rs → server.rs"]);
 }
+
+/// Rule 4: a dialect folder of `http` naming another fails; both naming a file of `http` (and
+/// their own files) passes.
+#[test]
+fn a_dialect_folder_naming_another_fails_and_their_shared_files_pass() {
+    let doc = "## Layers\n\n| layer | modules | may use |\n|---|---|---|\n\
+               | 1 | `a` | nothing of ours |\n| 2 | `http` | layer 1 |\n| 3 | `main` | everything |\n";
+    let problems = check(
+        doc,
+        &[
+            ("a.rs", "pub struct A;\n"),
+            ("http/mod.rs", "mod shared;\nmod one;\nmod two;\n"),
+            ("http/shared.rs", "pub struct S;\n"),
+            (
+                "http/one/mod.rs",
+                "mod wire;\nuse super::shared::S;\npub fn f(_: S) { wire::w() }\n",
+            ),
+            ("http/one/wire.rs", "pub fn w() {}\n"),
+            (
+                "http/two/mod.rs",
+                "use crate::{a::A, http::one::f};\npub fn g(_: A) { f(crate::http::shared::S) }\n",
+            ),
+            ("lib.rs", "pub mod a;\npub mod http;\n"),
+            ("main.rs", "fn main() {}\n"),
+        ],
+    );
+    assert_eq!(problems.len(), 1, "{problems:#?}");
+    assert_one_problem_mentions(
+        &problems,
+        &[
+            "node/src/http/two/mod.rs",
+            "the `two` folder of `http` names its `one` folder",
+            "crate::http::one::f",
+        ],
+    );
+}

@@ -17,6 +17,9 @@
 //!    it names.
 //! 3. **No circle of modules.** The same for the top-level modules of each target (`agent`,
 //!    `rpc`, ...; a crate root with code of its own is the module `crate`).
+//! 4. **Separate dialects.** The folders of `http`, one per API dialect (`http/openai/`,
+//!    `http/anthropic/`, ...), never name each other; what they share lives in `http`'s own
+//!    files (`http/clients.rs`).
 //!
 //! It also fails when the tables and the tree disagree: a crate of the workspace without its row
 //! (or in another directory), a row for no crate, a crate in the module table (its layer is the

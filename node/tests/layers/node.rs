@@ -1,6 +1,6 @@
 //! The check of `mesh-node`'s modules against the module table: every top-level module of
 //! `node/src` placed on a layer, none using a module or a crate above its own, no circle of
-//! files or modules.
+//! files or modules, and no dialect folder of `http` naming another.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,6 +14,8 @@ use crate::{
 pub const SRC_DIR: &str = "node/src";
 /// The crate they make up, whose library and daemon the module table covers.
 pub const NODE_CRATE: &str = "mesh-node";
+/// Modules whose folders are separate API dialects, which never name each other (rule 4).
+const SEPARATE_FOLDERS: &[&str] = &["http"];
 
 /// Checks `files` (paths relative to `node/src`, with their text) against the layer table in
 /// `doc` (the text of `docs/architecture.md`). Returns every problem found, empty when all is
@@ -36,7 +38,47 @@ pub fn check(doc: &str, files: &[(&str, &str)]) -> Vec<String> {
     }
     no_circle_of_files(&tree, "", &mut problems);
     no_circle_of_modules(&tree, "", &mut problems);
+    no_folder_names_a_sibling(&tree, &mut problems);
     problems
+}
+
+/// Rule 4: in a module of [`SEPARATE_FOLDERS`], no folder names another. One problem per file
+/// and folder it should not name, with the first path that names it.
+fn no_folder_names_a_sibling(tree: &Tree, problems: &mut Vec<String>) {
+    for (from, targets) in &tree.edges {
+        let Some((module, own)) = separate_folder_of(&tree.files[*from].path) else {
+            continue;
+        };
+        let mut reported = BTreeSet::new();
+        for (to, via) in targets {
+            let Some((_, other)) = separate_folder_of(&tree.files[*to].path)
+                .filter(|(other_module, other)| *other_module == module && *other != own)
+            else {
+                continue;
+            };
+            if reported.insert(other) {
+                problems.push(format!(
+                    "{SRC_DIR}/{}: the `{own}` folder of `{module}` names its `{other}` folder \
+                     through `{via}`.\nThe folders of `{module}` are separate dialects and never \
+                     name each other: move what both need to a file of `{module}` \
+                     ({SRC_DIR}/{module}/*.rs), which each may name",
+                    tree.files[*from].path
+                ));
+            }
+        }
+    }
+}
+
+/// The module of [`SEPARATE_FOLDERS`] and the folder in it that a file lies in:
+/// `http/openai/wire.rs` → `("http", "openai")`; `None` for a file of no such folder
+/// (`http/clients.rs`, `memory/sync.rs`).
+fn separate_folder_of(path: &str) -> Option<(&str, &str)> {
+    let mut parts = path.split('/');
+    let (module, folder) = (parts.next()?, parts.next()?);
+    parts.next()?;
+    SEPARATE_FOLDERS
+        .contains(&module)
+        .then_some((module, folder))
 }
 
 /// `node/src` as a [`Tree`]: paths relative to it, `lib.rs` (which only declares the modules)

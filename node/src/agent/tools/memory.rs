@@ -1,5 +1,7 @@
 //! Memory tools: `memory_get`, `memory_search` (read) and `memory_put` (write) on the fleet's
-//! shared memory. `memory_put` refuses the node's own namespaces.
+//! shared memory. `memory_put` refuses the node's own namespaces. Each answer is made once, by
+//! [`get`], [`search_text`] and [`put`], which the front door's `/mcp` reaches through the
+//! gateway's `MeshData` port (`super::data`).
 
 use std::sync::Arc;
 
@@ -8,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::{
     agent::tools::framework::{Tool, ToolContext, cap, str_arg},
+    gateway::{MemoryQuery, MeshDataError},
     memory::{Memory, readable_by_callers, writable_by_callers},
 };
 
@@ -41,14 +44,22 @@ impl Tool for MemoryGet {
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
             let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
-            readable_by_callers(ns).map_err(|e| e.to_string())?;
-            match self.memory.get(ns, key).map_err(|e| e.to_string())? {
-                Some(record) if !record.tombstone => {
-                    Ok(cap(String::from_utf8_lossy(&record.value).into_owned()))
-                }
-                _ => Err(format!("no key `{key}` in namespace `{ns}`")),
-            }
+            get(&self.memory, ns, key).map_err(|e| e.to_string())
         })
+    }
+}
+
+/// `memory_get`'s answer: the value of `ns`/`key` as text, cut to the tools' output cap.
+pub(crate) fn get(memory: &Memory, ns: &str, key: &str) -> Result<String, MeshDataError> {
+    readable_by_callers(ns)?;
+    match memory.get(ns, key)? {
+        Some(record) if !record.tombstone => {
+            Ok(cap(String::from_utf8_lossy(&record.value).into_owned()))
+        }
+        _ => Err(MeshDataError::NoKey {
+            namespace: ns.to_owned(),
+            key: key.to_owned(),
+        }),
     }
 }
 
@@ -96,27 +107,46 @@ impl Tool for MemorySearch {
         _ctx: &'a ToolContext,
     ) -> BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
-            let text = |name: &str| args.get(name).and_then(Value::as_str).unwrap_or("");
-            let ns = str_arg(args, "namespace")?;
-            readable_by_callers(ns).map_err(|e| e.to_string())?;
-            let (prefix, contains) = (text("prefix"), text("contains"));
-            let limit = args
-                .get("limit")
-                .and_then(Value::as_u64)
-                .unwrap_or(20)
-                .clamp(1, 100) as usize;
-            let found = search(&self.memory, ns, prefix, contains, text("after"), limit)
-                .map_err(|e| e.to_string())?;
-            let mut answer = Value::Array(found.hits).to_string();
-            if let Some((why, after)) = found.cut {
-                answer.push_str(&format!(
-                    "\n[cut: {why}; more entries may match: call memory_search again with \"after\": {}]",
-                    Value::String(after)
-                ));
-            }
-            Ok(answer)
+            let text = |name: &str| {
+                args.get(name)
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            let query = MemoryQuery {
+                namespace: str_arg(args, "namespace")?.to_owned(),
+                prefix: text("prefix"),
+                contains: text("contains"),
+                after: text("after"),
+                limit: args.get("limit").and_then(Value::as_u64),
+            };
+            search_text(&self.memory, &query).map_err(|e| e.to_string())
         })
     }
+}
+
+/// `memory_search`'s answer: the entries of `query` as a JSON list, and where to continue when
+/// it was cut.
+pub(crate) fn search_text(memory: &Memory, query: &MemoryQuery) -> Result<String, MeshDataError> {
+    let ns = query.namespace.as_str();
+    readable_by_callers(ns)?;
+    let limit = query.limit.unwrap_or(20).clamp(1, 100) as usize;
+    let found = search(
+        memory,
+        ns,
+        &query.prefix,
+        &query.contains,
+        &query.after,
+        limit,
+    )?;
+    let mut answer = Value::Array(found.hits).to_string();
+    if let Some((why, after)) = found.cut {
+        answer.push_str(&format!(
+            "\n[cut: {why}; more entries may match: call memory_search again with \"after\": {}]",
+            Value::String(after)
+        ));
+    }
+    Ok(answer)
 }
 
 /// What one search found.
@@ -217,15 +247,24 @@ impl Tool for MemoryPut {
         Box::pin(async move {
             let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
             let value = str_arg(args, "value")?;
-            // The node's own namespaces: only their own services write them.
-            writable_by_callers(ns).map_err(|e| e.to_string())?;
-            self.memory
-                .put(ns, key, Some(value.as_bytes().to_vec()))
+            put(&self.memory, ns, key, value)
                 .await
-                .map_err(|e| e.to_string())?;
-            Ok(format!("stored {ns}/{key} ({} bytes)", value.len()))
+                .map_err(|e| e.to_string())
         })
     }
+}
+
+/// `memory_put`: writes `value` to `ns`/`key`, durably, and says what it stored.
+pub(crate) async fn put(
+    memory: &Memory,
+    ns: &str,
+    key: &str,
+    value: &str,
+) -> Result<String, MeshDataError> {
+    // The node's own namespaces: only their own services write them.
+    writable_by_callers(ns)?;
+    memory.put(ns, key, Some(value.as_bytes().to_vec())).await?;
+    Ok(format!("stored {ns}/{key} ({} bytes)", value.len()))
 }
 
 #[cfg(test)]

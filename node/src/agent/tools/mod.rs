@@ -7,7 +7,10 @@
 //! now). The table is the one place that knows their names and tiers: persona tool lists are
 //! checked against it, and whether a call may have changed something (its tier is above `read`)
 //! is read from it. Tier checks happen before a call, in the supervisor's hooks, not here.
+//! `data.rs` offers the data tools (`list_nodes` and the memory tools) to the front door's
+//! `/mcp` as the gateway's `MeshData` port, with their descriptions and tiers.
 
+mod data;
 mod delegate;
 mod framework;
 mod fs;
@@ -22,6 +25,7 @@ use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 use mesh_domain::{Tier, ToolSpec};
 use serde_json::Value;
 
+pub(crate) use self::data::DataTools;
 pub use self::{
     delegate::SubtaskRunner,
     framework::{MAX_TOOL_OUTPUT, Tool, ToolContext},

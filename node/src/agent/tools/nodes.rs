@@ -40,34 +40,37 @@ impl Tool for ListNodes {
         _args: &'a Value,
         _ctx: &'a ToolContext,
     ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move {
-            let own = self.caps.snapshot();
-            let row = |info: &NodeInfo, addr: &str, state: &str, last_seen_ms: u64| {
-                json!({
-                    "name": info.name,
-                    "id": info.id.to_string(),
-                    "addr": addr,
-                    "state": state,
-                    "health": {"status": info.health.status.as_str(), "reasons": info.health.reasons},
-                    "last_seen_ms": last_seen_ms,
-                    "roles": info.roles,
-                    "labels": info.labels,
-                    "models": info.models.iter().map(|m| &m.name).collect::<Vec<_>>(),
-                    "gpus": info.resources.gpus.iter().map(|g| json!({"name": g.name, "vram_mb": g.vram_mb})).collect::<Vec<_>>(),
-                    "load": {"running": info.load.running, "queued": info.load.queued},
-                })
-            };
-            let here = own.addrs.first().map_or("", String::as_str);
-            let mut nodes = vec![row(&own, here, "up", unix_ms())];
-            nodes.extend(self.peers.snapshot().iter().map(|peer| {
-                row(
-                    &peer.info,
-                    &peer.addr,
-                    peer.state.as_str(),
-                    peer.last_seen_ms(),
-                )
-            }));
-            Ok(Value::Array(nodes).to_string())
-        })
+        Box::pin(async move { Ok(listing(&self.caps, &self.peers)) })
     }
+}
+
+/// `list_nodes`' answer: this node and every peer it knows, one JSON object each.
+pub(crate) fn listing(caps: &Capabilities, peers: &PeerTable) -> String {
+    let own = caps.snapshot();
+    let row = |info: &NodeInfo, addr: &str, state: &str, last_seen_ms: u64| {
+        json!({
+            "name": info.name,
+            "id": info.id.to_string(),
+            "addr": addr,
+            "state": state,
+            "health": {"status": info.health.status.as_str(), "reasons": info.health.reasons},
+            "last_seen_ms": last_seen_ms,
+            "roles": info.roles,
+            "labels": info.labels,
+            "models": info.models.iter().map(|m| &m.name).collect::<Vec<_>>(),
+            "gpus": info.resources.gpus.iter().map(|g| json!({"name": g.name, "vram_mb": g.vram_mb})).collect::<Vec<_>>(),
+            "load": {"running": info.load.running, "queued": info.load.queued},
+        })
+    };
+    let here = own.addrs.first().map_or("", String::as_str);
+    let mut nodes = vec![row(&own, here, "up", unix_ms())];
+    nodes.extend(peers.snapshot().iter().map(|peer| {
+        row(
+            &peer.info,
+            &peer.addr,
+            peer.state.as_str(),
+            peer.last_seen_ms(),
+        )
+    }));
+    Value::Array(nodes).to_string()
 }

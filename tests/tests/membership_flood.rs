@@ -2,7 +2,8 @@
 //! stranger who has seen one datagram of a member, and datagrams the test seals as a member of
 //! the mesh. What costs a signature check is counted by the node
 //! (`agentmesh_swim_signature_checks_total`), so the order of the checks is proved by counting,
-//! not timing; the cost per datagram is measured by `membership-bench` (docs/benchmarks.md).
+//! not timing; the cost per datagram is measured by `membership-bench`
+//! (`tests/src/bin/membership-bench.rs`).
 
 use std::{
     net::{SocketAddr, UdpSocket},

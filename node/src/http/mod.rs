@@ -195,7 +195,7 @@ async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Anthropic's /v1/messages, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, MCP at /mcp, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Anthropic's /v1/messages, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, MCP at /mcp, /healthz and /metrics (docs/src/protocol/http.md lists them)",
     )
 }
 

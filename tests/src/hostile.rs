@@ -604,7 +604,7 @@ fn swim_member(
     use mesh_node::peers::{
         PeerTable,
         envelope::{Opener, Sealer},
-        swim::{Member, Membership, lan_config},
+        swim::{Member, Membership, MembershipParts, lan_config},
     };
     let socket = std::net::UdpSocket::bind(addr).context("bind UDP")?;
     socket.set_nonblocking(true)?;
@@ -627,7 +627,7 @@ fn swim_member(
             };
             // Nothing about it ever changes (its NodeInfo is the behaviour's): no sender kept.
             let (_, changes) = tokio::sync::watch::channel(0);
-            let membership = Membership {
+            let membership = Membership::new(MembershipParts {
                 own: Member {
                     id: signer.id().clone(),
                     addr,
@@ -640,13 +640,12 @@ fn swim_member(
                 table: Arc::new(PeerTable::default()),
                 changes,
                 config: lan_config(),
-                restarts: std::sync::atomic::AtomicU64::new(0),
-                adverts: std::sync::Mutex::new(mesh_node::peers::adverts::AdvertGuard::new(
+                adverts: mesh_node::peers::adverts::AdvertGuard::new(
                     64,
                     64,
                     Arc::new(tokio::sync::Notify::new()),
-                )),
-            };
+                ),
+            });
             membership.run(&mut seen, leave).await;
         });
     }))

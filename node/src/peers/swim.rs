@@ -264,9 +264,9 @@ struct Fetched {
     retry: Option<(Instant, Duration)>,
 }
 
-/// What [`Membership::run`] needs from the node.
+/// What a [`Membership`] is made of: the node's parts it runs with.
 #[derive(Debug)]
-pub struct Membership {
+pub struct MembershipParts {
     /// This node as a member (its `bump` is its start time).
     pub own: Member,
     /// The bound UDP socket on the node's address.
@@ -283,11 +283,25 @@ pub struct Membership {
     pub changes: tokio::sync::watch::Receiver<u64>,
     /// foca's settings.
     pub config: Config,
-    /// How often [`Membership::run`] started; each start is a new run (bump) of this node.
-    pub restarts: std::sync::atomic::AtomicU64,
     /// Bounds what mDNS adverts may make this node announce to (pending announces, failing
     /// addresses held back).
-    pub adverts: Mutex<AdvertGuard>,
+    pub adverts: AdvertGuard,
+}
+
+/// What [`Membership::run`] needs from the node, and how often it ran.
+#[derive(Debug)]
+pub struct Membership {
+    own: Member,
+    socket: Arc<UdpSocket>,
+    sealer: Arc<Sealer>,
+    opener: Arc<Opener>,
+    link: Arc<dyn PeerLink>,
+    table: Arc<PeerTable>,
+    changes: tokio::sync::watch::Receiver<u64>,
+    config: Config,
+    /// How often [`Membership::run`] started; each start is a new run (bump) of this node.
+    restarts: std::sync::atomic::AtomicU64,
+    adverts: Mutex<AdvertGuard>,
 }
 
 /// How long a suspect has to refute before it is declared down. memberlist's LAN rule would
@@ -484,6 +498,33 @@ impl ForeignNodes {
 }
 
 impl Membership {
+    /// A membership of `parts.own` that has not run yet.
+    pub fn new(parts: MembershipParts) -> Self {
+        let MembershipParts {
+            own,
+            socket,
+            sealer,
+            opener,
+            link,
+            table,
+            changes,
+            config,
+            adverts,
+        } = parts;
+        Self {
+            own,
+            socket,
+            sealer,
+            opener,
+            link,
+            table,
+            changes,
+            config,
+            restarts: std::sync::atomic::AtomicU64::new(0),
+            adverts: Mutex::new(adverts),
+        }
+    }
+
     /// A new run of this node: foca and the loop's state, before anything is sent. A restarted
     /// loop (after a panic) is a new run of this node: its bump must win.
     fn start(&self) -> Run<'_> {
@@ -1273,7 +1314,7 @@ mod tests {
         let signer = Arc::new(mesh_cert::OriginSigner::generate().expect("key"));
         let socket = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("bind"));
         let own_addr = socket.local_addr().expect("addr");
-        let membership = Membership {
+        let membership = Membership::new(MembershipParts {
             own: Member {
                 id: signer.id().clone(),
                 addr: own_addr,
@@ -1288,13 +1329,8 @@ mod tests {
             table: Arc::new(PeerTable::default()),
             changes: tokio::sync::watch::channel(0).1,
             config: lan_config(),
-            restarts: std::sync::atomic::AtomicU64::new(0),
-            adverts: Mutex::new(AdvertGuard::new(
-                64,
-                64,
-                Arc::new(tokio::sync::Notify::new()),
-            )),
-        };
+            adverts: AdvertGuard::new(64, 64, Arc::new(tokio::sync::Notify::new())),
+        });
         let mut run = membership.start();
         let known = member(1);
         run.foca

@@ -54,7 +54,7 @@ pub enum Caller {
 
 /// What a node lets each kind of caller do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Policy {
+pub struct TierPolicy {
     /// `security.remote_max_tier`: anything not started by this node's operators.
     pub remote_max_tier: Tier,
     /// `security.client_max_tier`: an operator's client certificate.
@@ -63,7 +63,7 @@ pub struct Policy {
     pub mcp_max_tier: Tier,
 }
 
-impl Policy {
+impl TierPolicy {
     /// The highest tier a task that reached this node as `caller`, started by `starter` (its
     /// lineage's claim), may run at; `None` when nothing caps it. Every rule only lowers: a
     /// claim can never raise what the way in allows, and a task that came through another node
@@ -72,7 +72,7 @@ impl Policy {
         self.cap_by(caller, starter).map(|(tier, _)| tier)
     }
 
-    /// [`Policy::cap`], with the setting that made it (`security.remote_max_tier`,
+    /// [`TierPolicy::cap`], with the setting that made it (`security.remote_max_tier`,
     /// `security.client_max_tier` or `security.mcp_max_tier`), for the error a refused caller
     /// sees.
     pub fn cap_by(
@@ -269,9 +269,9 @@ impl Admission {
     }
 
     /// This node's policy.
-    pub fn policy(&self) -> Policy {
+    pub fn policy(&self) -> TierPolicy {
         let (client_max_tier, mcp_max_tier) = *self.tiers.lock_unpoisoned();
-        Policy {
+        TierPolicy {
             remote_max_tier: self.caps.remote_max_tier(),
             client_max_tier,
             mcp_max_tier,
@@ -656,7 +656,7 @@ mod tests {
             (Shell, Shell, Caller::FrontDoor, &None, Some(Read)),
         ];
         for (remote, client_max, caller, starter, expected) in cases {
-            let policy = Policy {
+            let policy = TierPolicy {
                 remote_max_tier: remote,
                 client_max_tier: client_max,
                 mcp_max_tier: Read,

@@ -1,6 +1,6 @@
 //! Approval gates: tool calls that wait for a person's decision before they run.
 //!
-//! [`Policy`] (pure) says which calls need approval: their tier, their tool's name, or their
+//! [`ApprovalPolicy`] (pure) says which calls need approval: their tier, their tool's name, or their
 //! MCP server (`<server>__<tool>`), as `[approval]` lists them. [`Approvals`] keeps the gated
 //! calls in the replicated system namespace `approvals`, so every node lists them and takes a
 //! decision for any of them:
@@ -68,11 +68,11 @@ const RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
 
 /// Which tool calls need approval on this node (`[approval]`). Pure.
 #[derive(Debug, Clone, Default)]
-pub struct Policy {
+pub struct ApprovalPolicy {
     config: ApprovalConfig,
 }
 
-impl Policy {
+impl ApprovalPolicy {
     /// The policy `[approval]` describes.
     pub fn new(config: ApprovalConfig) -> Self {
         Self { config }
@@ -296,7 +296,7 @@ struct Inner {
     /// Decides who may approve.
     admission: Arc<Admission>,
     /// `[approval]`, which runtime settings change.
-    policy: Mutex<Policy>,
+    policy: Mutex<ApprovalPolicy>,
     /// This node's name, written into its approvals.
     node: String,
     /// Whether callers present certificates (false in insecure mode: decisions carry no
@@ -319,7 +319,7 @@ impl Approvals {
             inner: Arc::new(Inner {
                 memory,
                 admission,
-                policy: Mutex::new(Policy::new(config)),
+                policy: Mutex::new(ApprovalPolicy::new(config)),
                 node,
                 tls,
                 pending: Mutex::default(),
@@ -328,14 +328,14 @@ impl Approvals {
     }
 
     /// Which calls need approval here, now.
-    pub fn policy(&self) -> Policy {
+    pub fn policy(&self) -> ApprovalPolicy {
         self.inner.policy.lock_unpoisoned().clone()
     }
 
     /// Changes which calls need approval here (a runtime setting); calls already waiting keep
     /// the timeout they were given.
     pub fn set_policy(&self, config: ApprovalConfig) {
-        *self.inner.policy.lock_unpoisoned() = Policy::new(config);
+        *self.inner.policy.lock_unpoisoned() = ApprovalPolicy::new(config);
     }
 
     /// Asks for approval of `call`: stores the request, which replicates, and returns what to
@@ -1224,8 +1224,8 @@ mod tests {
             .expect("the cancelled call's slot is free");
     }
 
-    fn policy(tiers: &[Tier], tools: &[&str], servers: &[&str]) -> Policy {
-        Policy::new(ApprovalConfig {
+    fn policy(tiers: &[Tier], tools: &[&str], servers: &[&str]) -> ApprovalPolicy {
+        ApprovalPolicy::new(ApprovalConfig {
             tiers: tiers.iter().copied().collect(),
             tools: tools.iter().map(|t| (*t).to_owned()).collect(),
             servers: servers.iter().map(|s| (*s).to_owned()).collect(),

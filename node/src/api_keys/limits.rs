@@ -22,7 +22,7 @@ use crate::{
 /// key's other requests off until it ends.
 pub const DEFAULT_GRANT: u64 = 16_384;
 
-impl Admission {
+impl Reservation {
     /// Tokens reserved for the request while it runs: its prompt's upper bound and its granted
     /// `max_tokens`, per choice (0 for a key without token limits).
     pub fn reserved(&self) -> u64 {
@@ -39,45 +39,45 @@ impl Admission {
 pub struct Charge {
     keys: Arc<Keys>,
     /// Until settled.
-    admission: Option<Admission>,
+    reservation: Option<Reservation>,
 }
 
 impl Charge {
-    /// `max_tokens` to send to the model (see [`Admission::max_tokens`]).
+    /// `max_tokens` to send to the model (see [`Reservation::max_tokens`]).
     pub fn max_tokens(&self) -> Option<u32> {
-        self.admission.as_ref().and_then(|a| a.max_tokens)
+        self.reservation.as_ref().and_then(|a| a.max_tokens)
     }
 
     /// Tokens reserved for the request while it runs.
     pub fn reserved(&self) -> u64 {
-        self.admission.as_ref().map_or(0, Admission::reserved)
+        self.reservation.as_ref().map_or(0, Reservation::reserved)
     }
 
     /// Settles the request with what it `spent`.
     pub async fn settle(mut self, spent: Usage) {
-        if let Some(admission) = self.admission.take() {
-            self.keys.record(admission, spent).await;
+        if let Some(reservation) = self.reservation.take() {
+            self.keys.record(reservation, spent).await;
         }
     }
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        let Some(admission) = self.admission.take() else {
+        let Some(reservation) = self.reservation.take() else {
             return;
         };
         let spent = Usage {
             prompt_tokens: 0,
-            completion_tokens: admission.reserved,
+            completion_tokens: reservation.reserved,
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let keys = Arc::clone(&self.keys);
-                runtime.spawn(async move { keys.record(admission, spent).await });
+                runtime.spawn(async move { keys.record(reservation, spent).await });
             }
             // No runtime (the node is gone): the reservation stays counted for the day.
             Err(_) => tracing::warn!(
-                key = %admission.key,
+                key = %reservation.key,
                 "a front-door request's charge was dropped outside the runtime; its reservation stays counted"
             ),
         }
@@ -180,7 +180,7 @@ pub enum Refusal {
 /// its count. Dropping it without recording leaves its reservation counted for the day (the
 /// conservative side); the front door holds it in a [`Charge`], which settles it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Admission {
+pub struct Reservation {
     /// `max_tokens` to send to the model: the request's, capped to what the key's token limits
     /// have left (`None`: the request's own, unlimited).
     pub max_tokens: Option<u32>,
@@ -205,10 +205,10 @@ impl Keys {
         model: &str,
         ask: Ask,
     ) -> Result<Charge, Refusal> {
-        let admission = self.admit_at(grant, model, ask, unix_ms()).await?;
+        let reservation = self.admit_at(grant, model, ask, unix_ms()).await?;
         Ok(Charge {
             keys: Arc::clone(self),
-            admission: Some(admission),
+            reservation: Some(reservation),
         })
     }
 
@@ -223,7 +223,7 @@ impl Keys {
         model: &str,
         ask: Ask,
         now_ms: u64,
-    ) -> Result<Admission, Refusal> {
+    ) -> Result<Reservation, Refusal> {
         let target = model
             .parse::<Target>()
             .unwrap_or_else(|_| Target::Model(model.to_owned()));
@@ -241,7 +241,7 @@ impl Keys {
                 .http_key_requests
                 .get_or_create(&labels(&[("key", &grant.name), ("model", model)]))
                 .inc();
-            return Ok(Admission {
+            return Ok(Reservation {
                 max_tokens: ask.completion.map(saturating_u32),
                 key: grant.name.clone(),
                 counted: false,
@@ -366,7 +366,7 @@ impl Keys {
             .http_key_requests
             .get_or_create(&labels(&[("key", &grant.name), ("model", model)]))
             .inc();
-        Ok(Admission {
+        Ok(Reservation {
             max_tokens,
             key: grant.name.clone(),
             counted: true,
@@ -378,41 +378,42 @@ impl Keys {
 
     /// Settles an admitted request with what it `spent` (the request stays counted, with these
     /// tokens), releasing its reservation.
-    pub async fn record(&self, admission: Admission, spent: Usage) {
-        self.record_at(admission, spent, unix_ms()).await;
+    pub async fn record(&self, reservation: Reservation, spent: Usage) {
+        self.record_at(reservation, spent, unix_ms()).await;
     }
 
     /// [`Keys::record`] at `now_ms`. A failure to write is logged: the request already ran.
-    pub async fn record_at(&self, admission: Admission, spent: Usage, now_ms: u64) {
+    pub async fn record_at(&self, reservation: Reservation, spent: Usage, now_ms: u64) {
         let (prompt, completion) = (spent.prompt_tokens, spent.completion_tokens);
-        let name = admission.key.as_str();
+        let name = reservation.key.as_str();
         let tokens = metrics();
         for (kind, n) in [("prompt", prompt), ("completion", completion)] {
             tokens
                 .http_key_tokens
                 .get_or_create(&labels(&[
                     ("key", name),
-                    ("model", &admission.model),
+                    ("model", &reservation.model),
                     ("kind", kind),
                 ]))
                 .inc_by(n);
         }
-        if !admission.counted {
+        if !reservation.counted {
             // Not counted in the memory; the metrics above say what a plain key spent.
             return;
         }
         let _counting = self.counting.lock().await;
         let written = self
-            .update_own(name, admission.day, |record| {
-                let count = record.models.entry(admission.model.clone()).or_default();
+            .update_own(name, reservation.day, |record| {
+                let count = record.models.entry(reservation.model.clone()).or_default();
                 count.prompt_tokens += prompt;
                 count.completion_tokens += completion;
-                record.reserved = record.reserved.saturating_sub(admission.reserved);
+                record.reserved = record.reserved.saturating_sub(reservation.reserved);
                 let minute = now_ms / 60_000;
                 if record.minute == minute {
-                    record.minute_tokens = record.minute_tokens.saturating_sub(admission.reserved)
-                        + prompt
-                        + completion;
+                    record.minute_tokens =
+                        record.minute_tokens.saturating_sub(reservation.reserved)
+                            + prompt
+                            + completion;
                 } else {
                     record.minute = minute;
                     record.minute_requests = 0;

@@ -27,7 +27,7 @@ mod limits;
 mod store;
 mod usage;
 
-pub use limits::{Admission, Ask, Charge, DEFAULT_GRANT, LimitKind, Refusal};
+pub use limits::{Ask, Charge, DEFAULT_GRANT, LimitKind, Refusal, Reservation};
 pub use store::{
     KEY_PREFIX, KeyGrant, KeyInfo, KeySource, Keys, KeysError, MAX_RUNTIME_KEYS, key_id, key_sha256,
 };

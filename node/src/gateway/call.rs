@@ -20,7 +20,7 @@ use mesh_domain::{
 };
 use tokio::sync::mpsc;
 
-use super::{caller::Caller, error::GatewayError, service::Gateway};
+use super::{caller::DoorCaller, error::GatewayError, service::Gateway};
 use crate::{api_keys::Charge, chat::ChatService, router::Placement};
 
 /// Most choices one request may ask for (`n`).
@@ -204,7 +204,7 @@ impl Gateway {
     /// anything is sent) and starts it: its choices run concurrently, each where the placement
     /// says (with the failover of [`crate::chat::ChatService::run`]). When they end, what they
     /// spent is charged to the key (see [`run_placed`]).
-    pub async fn start(&self, caller: &Caller, mut call: Call) -> Result<Run, GatewayError> {
+    pub async fn start(&self, caller: &DoorCaller, mut call: Call) -> Result<Run, GatewayError> {
         call.check()?;
         let charge = self.reserve_chat(caller, &mut call).await?;
         let placement = match self.chat.place(&call.target) {
@@ -222,7 +222,7 @@ impl Gateway {
 
     /// Whether `model` is one `caller`'s key may use and some node of the fleet serves, for a
     /// request that runs nothing (Anthropic's `count_tokens`): nothing is counted or charged.
-    pub fn check_model(&self, caller: &Caller, model: &str) -> Result<(), GatewayError> {
+    pub fn check_model(&self, caller: &DoorCaller, model: &str) -> Result<(), GatewayError> {
         let target = target_of(model);
         if let Some(grant) = &caller.key
             && !grant.policy.allows(&target)
@@ -245,7 +245,7 @@ impl Gateway {
     /// tokens the model reported (estimated when it reported none, or when it failed).
     pub async fn embed(
         &self,
-        caller: &Caller,
+        caller: &DoorCaller,
         model: &str,
         request: &EmbedRequest,
     ) -> Result<EmbedResponse, GatewayError> {

@@ -11,7 +11,7 @@ use mesh_domain::{
 };
 use tokio::sync::mpsc;
 
-use super::{call::Call, caller::Caller, error::GatewayError, service::Gateway};
+use super::{call::Call, caller::DoorCaller, error::GatewayError, service::Gateway};
 use crate::api_keys::{Ask, Charge};
 
 impl Gateway {
@@ -19,7 +19,7 @@ impl Gateway {
     /// it is reserved. `None` when the front door needs no key.
     pub(super) async fn reserve_chat(
         &self,
-        caller: &Caller,
+        caller: &DoorCaller,
         call: &mut Call,
     ) -> Result<Option<Charge>, GatewayError> {
         let Some(grant) = &caller.key else {
@@ -39,7 +39,7 @@ impl Gateway {
     /// nothing: the reservation is the inputs' upper bound.
     pub(super) async fn reserve_embed(
         &self,
-        caller: &Caller,
+        caller: &DoorCaller,
         model: &str,
         request: &EmbedRequest,
     ) -> Result<Option<Charge>, GatewayError> {
@@ -59,7 +59,7 @@ impl Gateway {
     /// all of it reserved while it runs; the task's token budget becomes what the key grants.
     pub async fn reserve_task(
         &self,
-        caller: &Caller,
+        caller: &DoorCaller,
         spec: &mut TaskSpec,
     ) -> Result<Option<Charge>, GatewayError> {
         let Some(grant) = &caller.key else {

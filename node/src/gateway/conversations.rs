@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{caller::Caller, error::GatewayError};
+use super::{caller::DoorCaller, error::GatewayError};
 use crate::memory::{Memory, MemoryError};
 
 /// How long a stored response is kept and served: 30 days, as OpenAI keeps them.
@@ -78,7 +78,7 @@ impl Conversations {
     /// learn of others' ids). `param` is the request field that named the id, if one did.
     pub fn load(
         &self,
-        caller: &Caller,
+        caller: &DoorCaller,
         id: &str,
         now: u64,
         param: Option<&str>,
@@ -131,7 +131,7 @@ impl Conversations {
     }
 
     /// What the answer to `conversation` is kept with, for `caller`.
-    pub fn keeper(&self, caller: &Caller, conversation: Vec<Message>) -> Keeper {
+    pub fn keeper(&self, caller: &DoorCaller, conversation: Vec<Message>) -> Keeper {
         Keeper {
             conversations: self.clone(),
             owner: caller.key_id().map(str::to_owned),
@@ -283,7 +283,7 @@ mod tests {
     async fn a_stored_response_is_served_only_to_its_key_until_it_expires() {
         let (_dir, memory) = memory();
         let conversations = Conversations::new(memory.clone());
-        let alice = Caller {
+        let alice = DoorCaller {
             key: Some(KeyGrant::named("alice", ALICE)),
         };
         assert!(
@@ -291,10 +291,10 @@ mod tests {
                 .keep("resp_1", &stored(alice.key_id(), 100))
                 .await
         );
-        let bob = Caller {
+        let bob = DoorCaller {
             key: Some(KeyGrant::named("bob", "sk-bob-0123456789")),
         };
-        let another_alice = Caller {
+        let another_alice = DoorCaller {
             key: Some(KeyGrant::named("alice", "sk-not-alice-0123456789")),
         };
         assert_eq!(
@@ -308,7 +308,7 @@ mod tests {
         for (caller, id, now) in [
             (&bob, "resp_1", 99),
             (&another_alice, "resp_1", 99),
-            (&Caller::default(), "resp_1", 99),
+            (&DoorCaller::default(), "resp_1", 99),
             (&alice, "resp_1", 100),
             (&alice, "resp_2", 99),
             (&alice, "", 99),

@@ -12,14 +12,14 @@ use super::{
     error::GatewayError,
     service::Gateway,
 };
-use crate::admission::Caller as AdmissionCaller;
+use crate::admission::Caller;
 
 impl Gateway {
     /// Whether this node lets a front-door caller (`/mcp`) do something of `tier`: the one
     /// decision, `admission`'s (`security.mcp_max_tier`).
     pub fn allow(&self, tier: Tier) -> Result<(), GatewayError> {
         self.admission
-            .allows(tier, &AdmissionCaller::FrontDoor, None)
+            .allows(tier, &Caller::FrontDoor, None)
             .map_err(GatewayError::from)
     }
 

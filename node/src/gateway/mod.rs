@@ -9,7 +9,7 @@
 //! outcome, and reaches the fleet's node list and shared memory through the [`MeshData`] port,
 //! which the agents' data tools implement. Every refusal and failure is one [`GatewayError`].
 //!
-//! `http` sits above it: routes, authentication (which finds the [`Caller`]), the guard, and
+//! `http` sits above it: routes, authentication (which finds the [`DoorCaller`]), the guard, and
 //! one folder per dialect that translates its wire shapes to and from these types and maps a
 //! [`GatewayError`] to its error shape. This module must not know a status code, a header or a
 //! JSON shape of any API.
@@ -26,7 +26,7 @@ mod service;
 pub use self::call::Call;
 pub(crate) use self::{
     call::{Event, Run, total_usage},
-    caller::Caller,
+    caller::DoorCaller,
     charge::settle_from_outcome,
     conversations::{Keeper, sweep_loop, unix_s},
     data::{DataTool, MemoryQuery, MeshData, MeshDataError},

@@ -2,7 +2,7 @@
 //! `Authorization: Bearer <key>` or Anthropic's `x-api-key`), refuses a missing or unknown one
 //! when the door has keys (a program of this machine passes without one under
 //! `http.loopback_without_key`, [`from_this_machine`]), refuses `/mcp` to a key without the
-//! `mcp` scope, and hands the gateway the [`Caller`] it found. Which key may do what is
+//! `mcp` scope, and hands the gateway the [`DoorCaller`] it found. Which key may do what is
 //! `api_keys`' to decide; this module only reads the request.
 
 use std::sync::Arc;
@@ -18,13 +18,13 @@ use super::{
     door::FrontDoor,
     error::{ApiError, ErrorKind},
 };
-use crate::gateway::Caller;
+use crate::gateway::DoorCaller;
 
 /// Where the MCP server is.
 pub(super) const MCP_PATH: &str = "/mcp";
 
 /// Lets a request with a known key through (any request when no keys are set, or from this
-/// machine with `http.loopback_without_key`), with the [`Caller`] it found for the gateway;
+/// machine with `http.loopback_without_key`), with the [`DoorCaller`] it found for the gateway;
 /// `/mcp` only with a key that may use it ([`crate::api_keys::KeyGrant::may_use_mcp`]).
 pub(super) async fn authorize(
     State(door): State<Arc<FrontDoor>>,
@@ -37,7 +37,7 @@ pub(super) async fn authorize(
         .required_from(from_this_machine(&request))
         .map_err(keys_unavailable)?
     {
-        request.extensions_mut().insert(Caller::default());
+        request.extensions_mut().insert(DoorCaller::default());
         return Ok(next.run(request).await);
     }
     let presented = headers
@@ -56,7 +56,7 @@ pub(super) async fn authorize(
             }
             request
                 .extensions_mut()
-                .insert(Caller { key: Some(grant) });
+                .insert(DoorCaller { key: Some(grant) });
             Ok(next.run(request).await)
         }
         None => Err(ApiError::new(

@@ -1,7 +1,7 @@
 //! Checks `[approval]`: the tiers, tool names and MCP server names whose calls wait for a
 //! person, how long they wait and how many may wait at once. It must not decide whether a call
-//! needs approval (that is `approvals::Policy`) or check that a listed tool exists: MCP tools
-//! appear only once their servers run.
+//! needs approval (that is `approvals::ApprovalPolicy`) or check that a listed tool exists: MCP
+//! tools appear only once their servers run.
 
 use std::{collections::BTreeSet, time::Duration};
 

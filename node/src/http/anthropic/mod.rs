@@ -53,12 +53,12 @@ use super::{
     encode,
     error::{ApiError, ErrorKind},
 };
-use crate::gateway::Caller;
+use crate::gateway::DoorCaller;
 
 /// `POST /v1/messages`.
 pub(super) async fn messages(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -96,7 +96,7 @@ pub(super) async fn messages(
 /// charged.
 pub(super) async fn count_tokens(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {

@@ -50,7 +50,7 @@ use self::wire::{
 use super::door::FrontDoor;
 use crate::{
     cron::owner_of,
-    gateway::{Caller, DataTool, GatewayError, MemoryQuery},
+    gateway::{DataTool, DoorCaller, GatewayError, MemoryQuery},
 };
 
 /// Most schedules one `cron_list` answer carries.
@@ -123,7 +123,7 @@ impl MeshTools {
         &self,
         name: &str,
         args: Option<&JsonObject>,
-        caller: &Caller,
+        caller: &DoorCaller,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, CallError> {
         match name {
@@ -289,7 +289,7 @@ impl ServerHandler for MeshTools {
         let caller = context
             .extensions
             .get::<Parts>()
-            .and_then(|parts| parts.extensions.get::<Caller>())
+            .and_then(|parts| parts.extensions.get::<DoorCaller>())
             .cloned()
             .ok_or_else(|| ErrorData::internal_error("no authenticated caller", None))?;
         let outcome = self

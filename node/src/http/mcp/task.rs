@@ -16,9 +16,9 @@ use super::{
     wire::{CallError, RUN_TASK, RunTask, TaskAnswer, TokenCounts},
 };
 use crate::{
-    admission::Caller as AdmissionCaller,
+    admission::Caller,
     api_keys::Charge,
-    gateway::{Caller, settle_from_outcome},
+    gateway::{DoorCaller, settle_from_outcome},
     tasks::{LookupError, TaskManager},
 };
 
@@ -37,7 +37,7 @@ impl MeshTools {
     pub(super) async fn run_task(
         &self,
         args: RunTask,
-        caller: &Caller,
+        caller: &DoorCaller,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResult, CallError> {
         let mut spec = args.spec().map_err(|problem| CallError::Arguments {
@@ -88,7 +88,7 @@ impl MeshTools {
         context: &RequestContext<RoleServer>,
     ) -> Result<Done, CallError> {
         let tasks = &self.door.tasks;
-        let id = match tasks.submit(spec, &AdmissionCaller::FrontDoor) {
+        let id = match tasks.submit(spec, &Caller::FrontDoor) {
             Ok(id) => id,
             Err(e) => {
                 if let Some(charge) = charge {

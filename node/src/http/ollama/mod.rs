@@ -42,7 +42,7 @@ use self::{
     wire::{EmbedBody, NDJSON, ShowBody, VERSION, read},
 };
 use super::{door::FrontDoor, encode, error::ApiError};
-use crate::gateway::{Call, Caller};
+use crate::gateway::{Call, DoorCaller};
 
 /// The answer to a request with nothing to say (no messages, or an empty prompt): Ollama loads
 /// the model and answers `done_reason: "load"`; mesh models are loaded, so only the name is
@@ -58,7 +58,11 @@ fn load_answer(kind: Kind, model: &str) -> Response {
 }
 
 /// Places and runs a chat or generate request, whole or streamed.
-async fn answer(door: Arc<FrontDoor>, caller: Caller, read: Read) -> Result<Response, ApiError> {
+async fn answer(
+    door: Arc<FrontDoor>,
+    caller: DoorCaller,
+    read: Read,
+) -> Result<Response, ApiError> {
     let Read {
         kind,
         mut call,
@@ -111,7 +115,7 @@ async fn answer(door: Arc<FrontDoor>, caller: Caller, read: Read) -> Result<Resp
 /// `POST /api/chat`.
 pub async fn chat(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     answer(door, caller, read_chat(&body)?).await
@@ -120,7 +124,7 @@ pub async fn chat(
 /// `POST /api/generate`.
 pub async fn generate(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     answer(door, caller, read_generate(&body)?).await
@@ -129,7 +133,7 @@ pub async fn generate(
 /// Embeds the texts through the gateway; a `dimensions` other than the model's is a 400.
 async fn embed_texts(
     door: &FrontDoor,
-    caller: &Caller,
+    caller: &DoorCaller,
     body: EmbedBody,
     inputs: Vec<String>,
     started: Instant,
@@ -166,7 +170,7 @@ async fn embed_texts(
 /// `POST /api/embed`: `{"model", "embeddings": [[…]], …}`, one vector per input.
 pub async fn embed(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let started = Instant::now();
@@ -181,7 +185,7 @@ pub async fn embed(
 /// `POST /api/embeddings` (Ollama's older endpoint): one `prompt`, `{"embedding": […]}`.
 pub async fn embeddings(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let started = Instant::now();

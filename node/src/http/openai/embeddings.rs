@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 
 use super::{translate::check_fields, wire::Fields};
 use crate::{
-    gateway::Caller,
+    gateway::DoorCaller,
     http::{
         cl100k,
         clients::{Unknown, client_name},
@@ -272,7 +272,7 @@ fn answer(response: &EmbedResponse, encoding: Encoding) -> Value {
 /// `POST /v1/embeddings`.
 pub async fn embeddings(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {

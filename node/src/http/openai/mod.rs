@@ -44,12 +44,12 @@ use self::{
     translate::{completion_id, completion_json, model_entry},
 };
 use super::{clients::client_name, door::FrontDoor, encode, error::ApiError};
-use crate::gateway::{Caller, unix_s};
+use crate::gateway::{DoorCaller, unix_s};
 
 /// `POST /v1/chat/completions`.
 pub(super) async fn chat_completions(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {

@@ -43,7 +43,7 @@ use self::{
     translate::{Head, has_message, keep, read_responses_call, with_call_ids},
 };
 use crate::{
-    gateway::{Call, Caller, unix_s},
+    gateway::{Call, DoorCaller, unix_s},
     http::{
         clients::{client_name, dropped_header},
         door::FrontDoor,
@@ -55,7 +55,7 @@ use crate::{
 /// `POST /v1/responses`.
 pub async fn create(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -127,7 +127,7 @@ pub async fn create(
 /// `GET /v1/responses/{id}`: a stored response, for the key that created it.
 pub async fn retrieve(
     State(door): State<Arc<FrontDoor>>,
-    Extension(caller): Extension<Caller>,
+    Extension(caller): Extension<DoorCaller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = door

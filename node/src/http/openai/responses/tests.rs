@@ -502,7 +502,7 @@ async fn a_streamed_answer_is_stored_before_it_completes() {
     );
     let conversations = Conversations::new(memory);
     let mut encoder = events();
-    let alice = Caller {
+    let alice = DoorCaller {
         key: Some(KeyGrant::named("alice", "sk-alice-0123456789")),
     };
     encoder.keeper = Some(conversations.keeper(&alice, vec![Message::text(Role::User, "hi")]));

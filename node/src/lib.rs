@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //!
-//! One module per concept, in layers (docs/architecture.md, "Layers"; `node/tests/layers/`
+//! One module per concept, in layers (docs/src/architecture/layers.md; `node/tests/layers/`
 //! checks them): a module uses its own layer and those below; where a lower one must call up, it
 //! defines a port (a trait) that a higher one implements and [`server`] wires them. The shared
 //! types (ids, tasks, events, node descriptions, chat messages) are the crate `mesh-domain`;

@@ -15,7 +15,8 @@ use mesh_node::{
 };
 
 /// mimalloc instead of glibc's malloc: the front door allocates per request on many threads, where
-/// glibc's arenas showed up as lock waits and consolidation in profiles (docs/benchmarks.md).
+/// glibc's arenas showed up as lock waits and consolidation in profiles
+/// (docs/src/benchmarks/front-door.md).
 /// Built without transparent huge pages (`no_thp`): with them an idle node's few megabytes of
 /// heap sat in 2-MiB pages, ~48 MB of its RSS.
 #[global_allocator]
@@ -29,7 +30,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "mesh-node", version, about, long_about)]
 struct Args {
-    /// TOML config file (see docs/operations.md for every key).
+    /// TOML config file (see docs/src/operations/config.md for every key).
     #[arg(short, long, env = "MESH_NODE_CONFIG")]
     config: Option<PathBuf>,
     /// Node name (overrides node.name).

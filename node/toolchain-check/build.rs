@@ -60,7 +60,7 @@ fn main() {
         "cargo::error=mesh-node's `embedded` feature (on by default) builds llama.cpp, which \
          needs cmake, a C++ compiler and libclang; not found here: {}. Fix: {install}{elsewhere}; \
          or build mesh-node without the embedded model backend: `cargo build -p mesh-node \
-         --no-default-features` (docs/operations.md, Building)",
+         --no-default-features` (docs/src/operations/building.md)",
         what.join(", ")
     );
 }

@@ -138,7 +138,7 @@ impl HostileSoakReport {
 pub fn run(options: &HostileSoakOptions) -> anyhow::Result<HostileSoakReport> {
     // The flood holds two sockets per idle connection it keeps, plus room.
     crate::raise_open_files_limit(2 * options.idle_sockets as u64 + 500)?;
-    let h = Harness::new()?;
+    let h = Harness::alone()?;
     let runtime = tokio::runtime::Runtime::new()?;
     let beta = h.spawn(NodeOptions::new("beta"))?;
     let gamma = h.spawn(NodeOptions::new("gamma").peer(beta.addr.clone()))?;

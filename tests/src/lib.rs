@@ -743,11 +743,79 @@ pub struct Harness {
     dir: TempDir,
     ca_dir: PathBuf,
     client: TlsFiles,
+    /// Declared last: released after the temp dir is gone (the nodes, declared after the
+    /// harness in a test, are stopped before it).
+    _turn: Turn,
+}
+
+/// The tests are one binary whose tests run two at a time. Most share the machine; a test
+/// whose load is its point (a datagram flood at full speed, a soak) runs alone, as it did
+/// when each file was a binary of its own: [`Harness::alone`] waits for every other harness
+/// to go and keeps new ones waiting (std's lock lets a waiting writer in before new readers).
+static TURNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+thread_local! {
+    /// Harnesses this thread holds: a test with two harnesses takes its turn once (a second
+    /// read while a writer waits would wait for itself).
+    static HELD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A harness's share of the machine.
+#[derive(Debug)]
+enum Turn {
+    /// `None` for a second harness of the same test.
+    Shared {
+        _guard: Option<std::sync::RwLockReadGuard<'static, ()>>,
+    },
+    Alone {
+        _guard: std::sync::RwLockWriteGuard<'static, ()>,
+    },
+}
+
+impl Turn {
+    fn shared() -> Self {
+        let guard = (HELD.get() == 0).then(|| {
+            TURNS
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        });
+        HELD.set(HELD.get() + 1);
+        Turn::Shared { _guard: guard }
+    }
+
+    fn alone() -> Self {
+        assert_eq!(
+            HELD.get(),
+            0,
+            "Harness::alone in a test that already holds a harness would wait for itself"
+        );
+        let guard = TURNS
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        HELD.set(1);
+        Turn::Alone { _guard: guard }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        HELD.set(HELD.get().saturating_sub(1));
+    }
 }
 
 impl Harness {
     /// Creates the CA and a client certificate for `mesh-cli`.
     pub fn new() -> anyhow::Result<Self> {
+        Self::with_turn(Turn::shared())
+    }
+
+    /// [`Harness::new`] for a test that must have the machine to itself (see [`TURNS`]): it
+    /// waits until no other test holds a harness.
+    pub fn alone() -> anyhow::Result<Self> {
+        Self::with_turn(Turn::alone())
+    }
+
+    fn with_turn(turn: Turn) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("agentmesh-test")
             .tempdir()?;
@@ -763,6 +831,7 @@ impl Harness {
             dir,
             ca_dir,
             client,
+            _turn: turn,
         })
     }
 

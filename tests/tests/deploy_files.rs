@@ -71,7 +71,7 @@ fn the_examples_directory_holds_exactly_the_three_documented_configs() {
     names.sort();
     assert_eq!(
         names, EXAMPLES,
-        "deploy/examples must hold exactly the three examples that docs/operations.md lists"
+        "deploy/examples must hold exactly the three examples docs/src/operations/running.md lists"
     );
 }
 
@@ -278,7 +278,7 @@ fn dockerfile_file(dockerfile: &str, path: &str) -> String {
 
 /// The image's config loads with the node's loader, keeps state in the volume, and the ports
 /// it exposes are the node's defaults. (Building the image needs a Docker daemon and its base
-/// images, so that was verified by hand: docs/operations.md, "Running in a container".)
+/// images, so that was verified by hand: docs/src/operations/container.md.)
 #[test]
 fn the_dockerfile_config_loads_and_its_ports_and_volume_are_the_nodes() {
     use mesh_node::config::{DEFAULT_HTTP_PORT, DEFAULT_PORT};

@@ -1,6 +1,6 @@
 //! The hostile soak (issue 16), short: a connection flood, a hostile member and a normal
 //! workload on one node of a 3-node mesh for a few seconds. `hostile-soak` runs it for minutes
-//! (docs/benchmarks.md).
+//! (docs/src/benchmarks/tasks.md, "Hostile soak").
 
 use std::time::Duration;
 

@@ -207,11 +207,14 @@ fn the_mcp_client_uses_the_fleet_through_a_node_without_models() {
         .filter_map(Value::as_str)
         .collect();
     assert!(
-        progress.iter().any(|p| p.starts_with("sent to gpu")),
+        // The events' own words, as `mesh-cli run` prints them.
+        progress.iter().any(|p| p.starts_with("↪ delegated to gpu")),
         "{progress:?}"
     );
     assert!(
-        progress.iter().any(|p| p.contains("calling model m")),
+        progress
+            .iter()
+            .any(|p| p.contains("round 1: m (attempt 1)")),
         "{progress:?}"
     );
     assert_eq!(fake.requests().len(), 1, "the task reached the gpu's model");

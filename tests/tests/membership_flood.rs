@@ -2,7 +2,8 @@
 //! stranger who has seen one datagram of a member, and datagrams the test seals as a member of
 //! the mesh. What costs a signature check is counted by the node
 //! (`agentmesh_swim_signature_checks_total`), so the order of the checks is proved by counting,
-//! not timing; the cost per datagram is measured by `membership-bench` (docs/benchmarks.md).
+//! not timing; the cost per datagram is measured by `membership-bench`
+//! (`tests/src/bin/membership-bench.rs`).
 
 use std::{
     net::{SocketAddr, UdpSocket},
@@ -121,21 +122,15 @@ fn verdict(line: &str) -> bool {
 /// How long each flood lasts.
 const FLOOD_FOR: Duration = Duration::from_secs(8);
 
-/// Held by the test whose flood runs (see [`flooded_fleet`]).
-static ONE_FLOOD: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// A 3-node fleet flooded by a stranger who saw one datagram of beta: `mix` from `sources`
 /// ports at every node, as fast as one thread sends, for [`FLOOD_FOR`]. Fails the test when a
 /// node declares a live member down during the flood (its log, polled), or when
 /// the fleet is not all up after it. Returns the nodes and each node's signature checks during
 /// the flood.
 fn flooded_fleet(mix: FloodMix, sources: usize) -> (Harness, [NodeProcess; 3], [u64; 3]) {
-    // One flood at a time: each is as fast as one sending thread goes, the attack the test is
-    // about; two at once on a 2-core machine would be a bigger attack than that.
-    let _one_flood = ONE_FLOOD
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let h = Harness::new().expect("harness");
+    // Alone: each flood is as fast as one sending thread goes, the attack the test is about;
+    // another test's load beside it on a 2-core machine would be a bigger attack than that.
+    let h = Harness::alone().expect("harness");
     // Where the stranger sees a member's datagram: beta announces itself to it (a static peer
     // that never answers), as it would to any address on the LAN.
     let wire = UdpSocket::bind("127.0.0.1:0").expect("udp");

@@ -23,9 +23,10 @@
 //! - [`time`], [`text`], [`sync`], [`future`], [`throttle`]: small helpers every layer needs
 //!   once.
 //!
-//! This crate is the bottom layer (layer 0 in docs/architecture.md): it uses no other crate of
-//! the workspace, no async runtime, no network and no storage, so the node, the CLI and the wire
-//! contract (`mesh-proto`, which converts these types to and from protobuf) can all share it.
+//! This crate is the bottom layer (layer 0 in docs/src/architecture/layers.md): it uses no other
+//! crate of the workspace, no async runtime, no network and no storage, so the node, the CLI and
+//! the wire contract (`mesh-proto`, which converts these types to and from protobuf) can all
+//! share it.
 
 pub mod api_key;
 pub mod chat;

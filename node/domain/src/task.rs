@@ -650,6 +650,147 @@ impl EventKind {
     }
 }
 
+/// One line for a person following the task, after a mark that tells its kind at a glance
+/// (`·` progress, `↪` sent elsewhere, `→`/`←` a tool call and its result, `!` trouble, `?`
+/// waiting for a person, `★`/`↻` the evaluator, `✓`/`✗` the end; streamed text is `output:`,
+/// no step): what `mesh-cli run` and `tasks show` print and the front door's MCP progress
+/// says, so they cannot drift apart.
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Accepted {
+                node,
+                queue_position: 0,
+            } => write!(f, "· accepted by {node}"),
+            Self::Accepted {
+                node,
+                queue_position,
+            } => write!(f, "· queued on {node} ({queue_position} ahead)"),
+            Self::Started { node } => write!(f, "· running on {node}"),
+            Self::Delegated {
+                node,
+                attempt: 0 | 1,
+                ..
+            } => write!(f, "↪ delegated to {node}"),
+            Self::Delegated {
+                node,
+                attempt,
+                reason,
+            } => write!(f, "↪ re-routed to {node} (attempt {attempt}): {reason}"),
+            Self::ModelCall {
+                model,
+                round,
+                attempt,
+            } => write!(f, "· round {round}: {model} (attempt {attempt})"),
+            Self::ModelFailed {
+                model,
+                error,
+                falling_through,
+            } => {
+                let next = if *falling_through {
+                    "; trying the next model"
+                } else {
+                    ""
+                };
+                write!(f, "! model {model} failed: {error}{next}")
+            }
+            Self::ToolCalled {
+                name, arguments, ..
+            } => write!(f, "→ {name} {arguments}"),
+            Self::ToolResult {
+                name,
+                ok,
+                output,
+                consecutive_failures,
+                ..
+            } => {
+                let first: String = output
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(120)
+                    .collect();
+                write!(f, "← {name} {}", if *ok { "ok" } else { "failed" })?;
+                if *consecutive_failures > 0 {
+                    write!(f, " ({consecutive_failures} failures in a row)")?;
+                }
+                write!(f, ": {first}")
+            }
+            Self::Intervention { rule, message } => write!(f, "! supervisor ({rule}): {message}"),
+            Self::Warning { message } => write!(f, "! warning: {message}"),
+            Self::OutputDelta { text } => write!(f, "output: {text}"),
+            Self::Completed {
+                executed_on,
+                rounds,
+                usage,
+                ..
+            } => write!(
+                f,
+                "✓ completed on {executed_on} in {rounds} round{} ({} tokens)",
+                if *rounds == 1 { "" } else { "s" },
+                usage.prompt_tokens + usage.completion_tokens
+            ),
+            Self::Failed {
+                error: error @ TaskError::Cancelled { .. },
+                ..
+            } => write!(f, "✗ cancelled: {error}"),
+            Self::Failed { error, .. } => write!(f, "✗ failed: {error}"),
+            Self::ApprovalRequested {
+                approval_id,
+                tool,
+                arguments,
+                node,
+                ..
+            } => write!(
+                f,
+                "? approval {approval_id} asked: `{tool}` on {node} {arguments}"
+            ),
+            Self::ApprovalDecided {
+                approval_id,
+                approved,
+                by,
+                reason,
+            } => {
+                let mark = if *approved {
+                    "✓ approved"
+                } else {
+                    "✗ denied"
+                };
+                write!(f, "{mark} {approval_id}")?;
+                if !by.is_empty() {
+                    write!(f, " by {by}")?;
+                }
+                if !reason.is_empty() {
+                    write!(f, ": {reason}")?;
+                }
+                Ok(())
+            }
+            Self::Evaluated {
+                attempt,
+                score: Some(score),
+                critique,
+                model,
+                node,
+                ..
+            } => write!(
+                f,
+                "★ attempt {attempt} scored {score:.2} by {model} on {node}: {critique}"
+            ),
+            Self::Evaluated { attempt, error, .. } => write!(
+                f,
+                "★ attempt {attempt} unscored: {}",
+                error.as_deref().unwrap_or_default()
+            ),
+            Self::AttemptStarted {
+                attempt,
+                attempts,
+                reason,
+            } => write!(f, "↻ attempt {attempt} of {attempts}: {reason}"),
+        }
+    }
+}
+
 /// One event of one task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskEvent {
@@ -666,6 +807,45 @@ pub struct TaskEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An event is one line however its parts read (a tool's output of many lines shows its
+    /// first), with the words `mesh-cli` users and the README know.
+    #[test]
+    fn an_event_reads_as_one_line() {
+        let result = EventKind::ToolResult {
+            call_id: "c".into(),
+            name: "shell_exec".into(),
+            ok: false,
+            output: "first\nsecond".into(),
+            consecutive_failures: 2,
+        };
+        assert_eq!(
+            result.to_string(),
+            "← shell_exec failed (2 failures in a row): first"
+        );
+        let done = EventKind::Completed {
+            output: "x".into(),
+            usage: Usage {
+                prompt_tokens: 20,
+                completion_tokens: 3,
+            },
+            executed_on: "gpu".into(),
+            rounds: 1,
+        };
+        assert_eq!(
+            done.to_string(),
+            "✓ completed on gpu in 1 round (23 tokens)"
+        );
+        let failover = EventKind::Delegated {
+            node: "gpu2".into(),
+            attempt: 2,
+            reason: "gpu1 went away".into(),
+        };
+        assert_eq!(
+            failover.to_string(),
+            "↪ re-routed to gpu2 (attempt 2): gpu1 went away"
+        );
+    }
 
     /// Regression (issue 16): task ids from the network were only length-checked, so one could
     /// carry a separator or a NUL byte into the keys of the task history.

@@ -14,9 +14,9 @@
 //! node's replica. A request counts as started before it runs, with a reservation of everything
 //! it is granted: an upper bound of its prompt (what [`Ask`] says) and the `max_tokens` it may
 //! write. So concurrent requests see each other, and on one node a key's token limits hold
-//! whatever the concurrency; see docs/operations.md for how far concurrent nodes can pass a
-//! budget. A request's [`Charge`] settles once with what it spent, or, dropped unsettled, with
-//! its whole reservation. Records of days before the previous month are collected
+//! whatever the concurrency; see docs/src/operations/keys.md for how far concurrent nodes can
+//! pass a budget. A request's [`Charge`] settles once with what it spent, or, dropped unsettled,
+//! with its whole reservation. Records of days before the previous month are collected
 //! ([`Keys::collect`]).
 //!
 //! This module decides and counts; it speaks no HTTP or protobuf (the front door and

@@ -59,7 +59,7 @@ impl RawConfig {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_owned(),
             message: format!(
-                "{}\n(every key is listed in docs/operations.md)",
+                "{}\n(every key is listed in docs/src/operations/config.md)",
                 e.to_string().trim_end()
             ),
         })

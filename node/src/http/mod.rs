@@ -60,6 +60,12 @@ use crate::metrics::{labels, metrics};
 
 /// Largest request body.
 const MAX_BODY: usize = 4 * 1024 * 1024;
+/// How much of a body announced over [`MAX_BODY`] is read and dropped before the 413 is sent,
+/// and for how long at most: a client still sending when the answer comes and the connection
+/// closes sees a broken pipe instead of the 413 (nginx's "lingering close" for the same case).
+/// Past either bound the connection is closed unread.
+const DRAIN_AT_MOST: usize = 4 * MAX_BODY;
+const DRAIN_FOR: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The paths counted by name in `agentmesh_http_requests_total` (any other is `other`).
 const COUNTED_PATHS: &[&str] = &[
@@ -138,10 +144,21 @@ async fn count(request: Request, next: Next) -> Response {
 
 /// Renders a failure in the shape of the API its path belongs to: handlers, the key check and
 /// the fallback return an [`ApiError`] (which travels in the response's extensions), and a body
-/// over [`MAX_BODY`] (refused by axum before any handler runs) becomes one too.
+/// over [`MAX_BODY`] (refused here when its length is announced, after [`drain`], else by axum
+/// before any handler runs) becomes one too.
 async fn shape(request: Request, next: Next) -> Response {
     let dialect = Dialect::of_path(request.uri().path());
-    let mut response = next.run(request).await;
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let mut response = match announced {
+        Some(length) if length > MAX_BODY as u64 => {
+            drain(request.into_body()).await;
+            StatusCode::PAYLOAD_TOO_LARGE.into_response()
+        }
+        _ => next.run(request).await,
+    };
     let error = match response.extensions_mut().remove::<ApiError>() {
         Some(error) => error,
         None if response.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
@@ -157,11 +174,28 @@ async fn shape(request: Request, next: Next) -> Response {
     error.render(dialect)
 }
 
+/// Reads and drops `body` within [`DRAIN_AT_MOST`] and [`DRAIN_FOR`], so the client has sent it
+/// when the 413 comes.
+async fn drain(body: axum::body::Body) {
+    use tokio_stream::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut read = 0;
+    let _ = tokio::time::timeout(DRAIN_FOR, async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            read += chunk.len();
+            if read > DRAIN_AT_MOST {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 async fn not_found() -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
         ErrorKind::InvalidRequest,
-        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Anthropic's /v1/messages, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, MCP at /mcp, /healthz and /metrics (docs/protocol.md lists them)",
+        "no such endpoint; this node serves OpenAI's /v1/models, /v1/chat/completions, /v1/embeddings and /v1/responses, Anthropic's /v1/messages, Ollama's /api/chat, /api/generate, /api/embed, /api/embeddings, /api/tags, /api/show, /api/ps and /api/version, MCP at /mcp, /healthz and /metrics (docs/src/protocol/http.md lists them)",
     )
 }
 

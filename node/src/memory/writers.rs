@@ -17,7 +17,8 @@
 //! the rule is that the origin is the node named. Where a node writes on a person's behalf (a
 //! decision on an approval, a front-door key), the record carries the person's statement, signed
 //! with their own client key, and the rule checks it. What each rule leaves a rogue node
-//! certificate able to do is in docs/security.md ("Who may write the system namespaces").
+//! certificate able to do is in docs/src/security/memory.md ("Who may write the system
+//! namespaces").
 //!
 //! This file decides who may write; what the values mean is for the services that write them.
 

@@ -3,7 +3,7 @@
 //!
 //! [`bind`] picks the listening socket (7700, else the next free port up to 7710 when the port
 //! was not chosen explicitly); [`Node::start`] takes that bound listener, so tests bind
-//! `127.0.0.1:0` and read the port back. Start-up runs in the order docs/architecture.md
+//! `127.0.0.1:0` and read the port back. Start-up runs in the order docs/src/architecture/startup.md
 //! (Startup) gives, one step per line of [`Node::start`], each built in the file of its
 //! concern: `binding` (listeners), `identity` (TLS, name, issuer, operators, revocations),
 //! `health`, `fleet` (membership, discovery, memory, replication), `work` (models, MCP, tools,
@@ -69,7 +69,7 @@ pub struct Node {
 }
 
 impl Node {
-    /// Starts a node on an already-bound listener, in the steps of docs/architecture.md
+    /// Starts a node on an already-bound listener, in the steps of docs/src/architecture/startup.md
     /// (Startup), numbered alike here.
     pub async fn start(mut config: Config, listener: TcpListener) -> Result<Self, StartError> {
         let addr = binding::bound_addr(&listener, &config)?;

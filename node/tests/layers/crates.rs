@@ -12,8 +12,9 @@ use crate::{
     workspace::{Member, Target, Workspace},
 };
 
-/// Checks `workspace` against the crate table in `doc` (the text of `docs/architecture.md`).
-/// `mesh-node`'s library and daemon are left to the module table's check.
+/// Checks `workspace` against the crate table in `doc` (the text of
+/// `docs/src/architecture/layers.md`). `mesh-node`'s library and daemon are left to the module
+/// table's check.
 pub fn check_crates(doc: &str, workspace: &Workspace) -> Vec<String> {
     let mut problems = workspace.problems.clone();
     match parse_crate_table(doc, &mut problems) {

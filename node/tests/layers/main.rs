@@ -2,10 +2,10 @@
 //! `node/src` may use which.
 //!
 //! The crates of the workspace and the modules of `mesh-node` are stacked in layers, on one
-//! scale (0 is the bottom). Under the heading `## Layers` in `docs/architecture.md`, the crate
-//! table gives each crate its row (layer and directory), and the module table places the
-//! top-level modules of `node/src`. This test reads both tables, every crate's manifest and the
-//! files of every target of every crate (library, binaries, tests, benches, build script), and
+//! scale (0 is the bottom). Under the heading `## Layers` in `docs/src/architecture/layers.md`,
+//! the crate table gives each crate its row (layer and directory), and the module table places
+//! the top-level modules of `node/src`. This test reads both tables, every crate's manifest and
+//! the files of every target of every crate (library, binaries, tests, benches, build script), and
 //! fails when the code disagrees with them:
 //!
 //! 1. **Layering.** A crate may depend on crates of its own layer and of the layers below, never

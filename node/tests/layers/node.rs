@@ -18,8 +18,8 @@ pub const NODE_CRATE: &str = "mesh-node";
 const SEPARATE_FOLDERS: &[&str] = &["http"];
 
 /// Checks `files` (paths relative to `node/src`, with their text) against the layer table in
-/// `doc` (the text of `docs/architecture.md`). Returns every problem found, empty when all is
-/// well.
+/// `doc` (the text of `docs/src/architecture/layers.md`). Returns every problem found, empty
+/// when all is well.
 pub fn check(doc: &str, files: &[(&str, &str)]) -> Vec<String> {
     let mut problems = Vec::new();
     let layers = parse_layer_table(doc, &mut problems);

@@ -1,12 +1,12 @@
-//! The two tables under `## Layers` in `docs/architecture.md`: the crate table (one row per crate
-//! of the workspace: its layer and directory) and the module table (the layers of `mesh-node`'s
-//! modules). Both count layers on one scale, so a module may use a crate of its own layer or
-//! below.
+//! The two tables under `## Layers` in `docs/src/architecture/layers.md`: the crate table (one
+//! row per crate of the workspace: its layer and directory) and the module table (the layers of
+//! `mesh-node`'s modules). Both count layers on one scale, so a module may use a crate of its own
+//! layer or below.
 
 use std::collections::BTreeMap;
 
 /// Where the layer tables live, relative to the workspace root.
-pub const TABLE_DOC: &str = "docs/architecture.md";
+pub const TABLE_DOC: &str = "docs/src/architecture/layers.md";
 /// The heading the tables sit under.
 pub const TABLE_HEADING: &str = "## Layers";
 

@@ -14,7 +14,7 @@
 //! tools, each read, ignored, dropped or refused as above.
 //! `POST /v1/messages/count_tokens` answers an estimate ([`count_tokens`]); `GET /v1/models`
 //! with an `anthropic-version` header answers Anthropic's list ([`models`]). The table is in
-//! docs/protocol.md.
+//! docs/src/protocol/http-dialects.md.
 //!
 //! The request's wire shape (the fields, and the reader that walks them with their paths) is in
 //! `wire`, its translation and the answer's JSON in `translate`, the streamed answer in

@@ -194,83 +194,8 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// One line of progress for an event that is not the task's end.
+/// One line of progress for an event that is not the task's end: the event's own words, as
+/// `mesh-cli` shows them.
 fn describe(kind: &EventKind) -> String {
-    let text = match kind {
-        EventKind::Accepted {
-            node,
-            queue_position,
-        } => format!("accepted by {node} (queue position {queue_position})"),
-        EventKind::Started { node } => format!("started on {node}"),
-        EventKind::Delegated {
-            node,
-            attempt,
-            reason,
-        } => match attempt {
-            1 => format!("sent to {node}"),
-            n => format!("sent to {node} (attempt {n}: {reason})"),
-        },
-        EventKind::ModelCall {
-            model,
-            round,
-            attempt,
-        } => format!("round {round}: calling model {model} (attempt {attempt})"),
-        EventKind::ModelFailed {
-            model,
-            error,
-            falling_through,
-        } => format!(
-            "model {model} failed: {error}{}",
-            if *falling_through {
-                "; trying the next"
-            } else {
-                ""
-            }
-        ),
-        EventKind::ToolCalled {
-            name, arguments, ..
-        } => format!("calling tool {name} {arguments}"),
-        EventKind::ToolResult { name, ok, .. } => {
-            format!("tool {name} {}", if *ok { "answered" } else { "failed" })
-        }
-        EventKind::ApprovalRequested {
-            approval_id,
-            tool,
-            node,
-            ..
-        } => format!(
-            "waiting for approval of {tool} on {node}: mesh-cli approvals approve {approval_id} (or deny {approval_id} --reason ...)"
-        ),
-        EventKind::ApprovalDecided {
-            approved,
-            by,
-            reason,
-            ..
-        } => match (approved, by.is_empty()) {
-            (true, _) => format!("approved by {by}"),
-            (false, true) => format!("denied: {reason}"),
-            (false, false) => format!("denied by {by}: {reason}"),
-        },
-        EventKind::Intervention { rule, message } => format!("supervisor ({rule}): {message}"),
-        EventKind::Warning { message } => format!("warning: {message}"),
-        EventKind::OutputDelta { text } => format!("output: {text}"),
-        EventKind::Completed { executed_on, .. } => format!("completed on {executed_on}"),
-        EventKind::Failed { error, .. } => format!("failed: {error}"),
-        EventKind::Evaluated {
-            attempt,
-            score: Some(score),
-            critique,
-            ..
-        } => format!("attempt {attempt} scored {score:.2}: {critique}"),
-        EventKind::Evaluated { attempt, error, .. } => format!(
-            "attempt {attempt} unscored: {}",
-            error.as_deref().unwrap_or("no verdict")
-        ),
-        EventKind::AttemptStarted {
-            attempt,
-            attempts,
-            reason,
-        } => format!("attempt {attempt} of {attempts}: {reason}"),
-    };
-    truncate(&text, MAX_PROGRESS_MESSAGE).to_owned()
+    truncate(&kind.to_string(), MAX_PROGRESS_MESSAGE).to_owned()
 }

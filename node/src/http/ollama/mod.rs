@@ -9,7 +9,7 @@
 //! names the Ollama release whose API this follows (`wire::VERSION`). Like Ollama's own
 //! decoder this ignores fields it does not know; a known field of the wrong type, or a setting
 //! that would change the answer and that the mesh cannot honour, is a 400 naming it. The field
-//! table is in docs/protocol.md.
+//! table is in docs/src/protocol/http-dialects.md.
 //!
 //! The request bodies' wire shapes are in `wire`, their translation and the answers' JSON in
 //! `translate`, the streamed answer in `stream`. It only translates: placing, falling through,

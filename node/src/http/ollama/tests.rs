@@ -116,8 +116,8 @@ fn options(options: Value) -> Result<Sampling, ApiError> {
     sampling_of(options.as_object())
 }
 
-/// The per-option decisions of docs/protocol.md: performance options accepted and unused,
-/// answer-changing ones refused unless neutral, wrong types named.
+/// The per-option decisions of docs/src/protocol/http-dialects.md: performance options accepted
+/// and unused, answer-changing ones refused unless neutral, wrong types named.
 #[test]
 fn options_are_honoured_ignored_or_refused_by_name() {
     assert_eq!(

@@ -8,7 +8,7 @@
 //! `audio`, a non-zero penalty, …) is a 400 naming it; a field OpenAI does not define is
 //! ignored (or, with `http.unknown_fields = "refuse"`, refused in OpenAI's words); fields that
 //! do not change the answer (`user`, `metadata`, `store`, …) are accepted. The table is in
-//! docs/protocol.md. `GET /v1/models` lists every model of the fleet.
+//! docs/src/protocol/http.md. `GET /v1/models` lists every model of the fleet.
 //!
 //! The request's wire shape is in `wire`, its translation to a `gateway::Call` and the answer's
 //! JSON in `translate`, the streamed answer in `stream`. It only translates: checking, placing,

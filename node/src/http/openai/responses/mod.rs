@@ -12,7 +12,7 @@
 //! tools are not offered to the model and are named in the answer's
 //! `x-agentmesh-dropped-tools` header. A field OpenAI defines that the mesh cannot honour is a
 //! 400 naming it; one it does not define is ignored (or refused, with
-//! `http.unknown_fields = "refuse"`); the table is in docs/protocol.md.
+//! `http.unknown_fields = "refuse"`); the table is in docs/src/protocol/http.md.
 //!
 //! With `store` (the default) the answer and the conversation up to it are kept by the gateway,
 //! for the key that asked; one it could not keep answers `store: false`. The request's wire

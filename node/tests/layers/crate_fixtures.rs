@@ -35,6 +35,7 @@ fn member(name: &str, dir: &str, deps: &[&str], lib: &[(&str, &str)]) -> Member 
                 path: format!("{dir}/src/{path}"),
                 module,
                 text: text.to_string(),
+                test_only: false,
             }
         })
         .collect();
@@ -213,7 +214,7 @@ fn a_module_using_a_crate_above_its_layer_fails() {
 }
 
 /// Writes `files` (path relative to `dir`, text) under `dir`.
-fn write(dir: &Path, files: &[(&str, &str)]) {
+pub fn write(dir: &Path, files: &[(&str, &str)]) {
     for (path, text) in files {
         let path = dir.join(path);
         fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");

@@ -20,6 +20,10 @@
 //! 4. **Separate dialects.** The folders of `http`, one per API dialect (`http/openai/`,
 //!    `http/anthropic/`, ...), never name each other; what they share lives in `http`'s own
 //!    files (`http/clients.rs`).
+//! 5. **No long file.** No product file of any crate (libraries, binaries, build scripts; not
+//!    tests, not `#[cfg(test)]` code, not the test crate `mesh-tests`) has more than 800 lines
+//!    of code (`size.rs` says what counts). A longer one holds several concerns: split it
+//!    along them.
 //!
 //! It also fails when the tables and the tree disagree: a crate of the workspace without its row
 //! (or in another directory), a row for no crate, a crate in the module table (its layer is the
@@ -54,6 +58,8 @@ mod crate_fixtures;
 mod crates;
 mod fixtures;
 mod node;
+mod size;
+mod size_fixtures;
 mod table;
 mod tree;
 mod workspace;
@@ -90,7 +96,35 @@ fn node_src_keeps_to_the_layer_table() {
 fn every_crate_keeps_to_the_layer_table() {
     let root = workspace_root();
     let doc = read_doc(&root);
-    let workspace = read_workspace(&root);
+    let workspace = read_node_workspace(&root);
+    let problems = check_crates(&doc, &workspace);
+    assert!(
+        problems.is_empty(),
+        "{}",
+        report("the workspace's crates", &problems)
+    );
+}
+
+#[test]
+fn no_product_file_is_over_800_lines_of_code() {
+    let root = workspace_root();
+    let workspace = read_node_workspace(&root);
+    let problems = size::check_sizes(&workspace);
+    let mut text = format!(
+        "product files over {} lines of code (rule 5): {}\n\n",
+        size::MAX_LINES_OF_CODE,
+        problems.len()
+    );
+    for (number, problem) in problems.iter().enumerate() {
+        text += &format!("{}. {}\n\n", number + 1, problem.replace('\n', "\n   "));
+    }
+    text += "The rules are at the top of node/tests/layers/main.rs.";
+    assert!(problems.is_empty(), "{text}");
+}
+
+/// The workspace at `root`, which must hold `mesh-node` (else the root is wrong).
+fn read_node_workspace(root: &std::path::Path) -> workspace::Workspace {
+    let workspace = read_workspace(root);
     assert!(
         workspace
             .members
@@ -99,12 +133,7 @@ fn every_crate_keeps_to_the_layer_table() {
         "no mesh-node among the members of {}/Cargo.toml: is the workspace root right?",
         root.display()
     );
-    let problems = check_crates(&doc, &workspace);
-    assert!(
-        problems.is_empty(),
-        "{}",
-        report("the workspace's crates", &problems)
-    );
+    workspace
 }
 
 fn read_doc(root: &std::path::Path) -> String {

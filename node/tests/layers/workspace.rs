@@ -10,6 +10,8 @@ use std::{
 
 use syn::Item;
 
+use crate::tree::is_test_only;
+
 /// The crates of the workspace, and what could not be read.
 #[derive(Debug, Default)]
 pub struct Workspace {
@@ -49,6 +51,9 @@ pub struct SourceText {
     /// Its module path from the target's root (empty for the root).
     pub module: Vec<String>,
     pub text: String,
+    /// Whether only tests build it: it is reached through a `#[cfg(test)] mod x;` (here or in
+    /// a module above it).
+    pub test_only: bool,
 }
 
 /// Reads the workspace at `root`. Panics when the root manifest cannot be read: then there is
@@ -232,8 +237,9 @@ fn walk(root: &Path, root_file: &str, problems: &mut Vec<String>) -> Vec<SourceT
         root_file.to_string(),
         Vec::<String>::new(),
         parent(root_file),
+        false,
     )];
-    while let Some((path, module, children_dir)) = pending.pop() {
+    while let Some((path, module, children_dir, test_only)) = pending.pop() {
         if !seen.insert(path.clone()) {
             continue;
         }
@@ -246,14 +252,27 @@ fn walk(root: &Path, root_file: &str, problems: &mut Vec<String>) -> Vec<SourceT
         };
         if let Ok(file) = syn::parse_file(&text) {
             let mut declared = Vec::new();
-            declarations(&file.items, &children_dir, &module, &mut declared);
-            for (name, dir, child, attribute) in declared {
-                let candidates = match attribute {
+            declarations(
+                &file.items,
+                &children_dir,
+                &module,
+                test_only,
+                &mut declared,
+            );
+            for child in declared {
+                let name = &child.name;
+                let dir = &child.dir;
+                let candidates = match &child.path_attribute {
                     Some(explicit) => vec![format!("{}/{explicit}", parent(&path))],
                     None => vec![format!("{dir}/{name}.rs"), format!("{dir}/{name}/mod.rs")],
                 };
                 match candidates.iter().find(|file| root.join(file).is_file()) {
-                    Some(file) => pending.push((file.clone(), child, format!("{dir}/{name}"))),
+                    Some(file) => pending.push((
+                        file.clone(),
+                        child.module,
+                        format!("{dir}/{name}"),
+                        child.test_only,
+                    )),
                     None => problems.push(format!(
                         "{path}: `mod {name};` has no file ({})",
                         candidates.join(" or ")
@@ -261,29 +280,51 @@ fn walk(root: &Path, root_file: &str, problems: &mut Vec<String>) -> Vec<SourceT
                 }
             }
         } // a file that does not parse is reported when its target is read
-        files.push(SourceText { path, module, text });
+        files.push(SourceText {
+            path,
+            module,
+            text,
+            test_only,
+        });
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
     files
 }
 
-/// The `mod x;` lines in `items` (inside inline modules too): the name, the directory its file
-/// is looked for in, its module path, and its `#[path = "…"]` if any.
+/// A `mod x;` line.
+struct Declared {
+    name: String,
+    /// The directory its file is looked for in.
+    dir: String,
+    /// Its module path.
+    module: Vec<String>,
+    /// Its `#[path = "…"]`, if any.
+    path_attribute: Option<String>,
+    /// Whether it is declared under `#[cfg(test)]` (itself or a module around it).
+    test_only: bool,
+}
+
+/// The `mod x;` lines in `items` (inside inline modules too); `test_only` when `items` are
+/// built only for tests.
 fn declarations(
     items: &[Item],
     dir: &str,
     module: &[String],
-    out: &mut Vec<(String, String, Vec<String>, Option<String>)>,
+    test_only: bool,
+    out: &mut Vec<Declared>,
 ) {
     for item in items {
         let Item::Mod(declared) = item else { continue };
         let name = declared.ident.to_string();
         let mut child = module.to_vec();
         child.push(name.clone());
+        let test_only = test_only || is_test_only(&declared.attrs);
         match &declared.content {
-            Some((_, inner)) => declarations(inner, &format!("{dir}/{name}"), &child, out),
+            Some((_, inner)) => {
+                declarations(inner, &format!("{dir}/{name}"), &child, test_only, out);
+            }
             None => {
-                let explicit = declared.attrs.iter().find_map(|attr| {
+                let path_attribute = declared.attrs.iter().find_map(|attr| {
                     let syn::Meta::NameValue(value) = &attr.meta else {
                         return None;
                     };
@@ -296,7 +337,13 @@ fn declarations(
                     };
                     value.path.is_ident("path").then(|| path.value())
                 });
-                out.push((name, dir.to_string(), child, explicit));
+                out.push(Declared {
+                    name,
+                    dir: dir.to_string(),
+                    module: child,
+                    path_attribute,
+                    test_only,
+                });
             }
         }
     }

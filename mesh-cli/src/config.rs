@@ -34,13 +34,11 @@ pub(crate) enum ConfigCommand {
         /// The key, as the config file spells it (`section.field`).
         #[arg(value_name = "KEY")]
         setting: String,
-        /// The value.
         value: String,
     },
     /// Remove a runtime setting: the config file's value (or the default) applies again, at
     /// once. Operators only.
     Unset {
-        /// The key.
         #[arg(value_name = "KEY")]
         setting: String,
     },

@@ -245,7 +245,6 @@ pub enum ApprovalError {
     /// It is no longer pending.
     #[error("approval `{id}` is already {status}{by}")]
     Settled {
-        /// Its id.
         id: String,
         /// What became of it.
         status: &'static str,

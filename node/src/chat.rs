@@ -95,7 +95,6 @@ pub async fn fall_through(
 /// Why a chat on a peer failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteChatError {
-    /// What happened.
     pub message: String,
     /// Some of the answer was already passed on.
     pub streamed: bool,

@@ -51,7 +51,6 @@ pub struct PeerView {
 pub struct FleetView {
     /// The node that answered.
     pub own: NodeInfo,
-    /// Its peers.
     pub peers: Vec<PeerView>,
 }
 

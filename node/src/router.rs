@@ -59,7 +59,6 @@ pub enum Requested<'a> {
     Id(&'a NodeId),
     /// A prefix several nodes' ids start with.
     Ambiguous {
-        /// The prefix.
         prefix: &'a str,
         /// How many ids start with it.
         count: usize,
@@ -847,7 +846,6 @@ pub enum Placement {
 /// A node a task or chat is sent to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destination {
-    /// Its name.
     pub name: String,
     /// `host:port` it is reached at.
     pub addr: String,

@@ -31,7 +31,6 @@ pub enum SettingsError {
     /// The settings file could not be written; nothing changed.
     #[error("cannot keep the runtime settings in {}: {source}; nothing was changed", path.display())]
     Save {
-        /// The file.
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,

@@ -13,7 +13,6 @@ pub enum Role {
     System,
     /// The task or an intervention.
     User,
-    /// The model.
     Assistant,
     /// A tool result.
     Tool,
@@ -24,7 +23,6 @@ pub enum Role {
 pub struct Message {
     /// Who wrote it.
     pub role: Role,
-    /// Its text.
     pub content: String,
     /// Tool calls the assistant made (assistant messages only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -361,7 +361,6 @@ pub enum TaskError {
         rule: String,
         /// The action it stopped.
         action: String,
-        /// What happened.
         message: String,
     },
     /// A budget ran out.
@@ -369,7 +368,6 @@ pub enum TaskError {
     Budget {
         /// `tokens` or `rounds`.
         what: String,
-        /// The limit.
         limit: u64,
         /// What was used.
         used: u64,
@@ -394,16 +392,10 @@ pub enum TaskError {
     },
     /// The deadline passed.
     #[error("deadline of {seconds} s exceeded")]
-    Deadline {
-        /// The deadline.
-        seconds: u64,
-    },
+    Deadline { seconds: u64 },
     /// A bug or a local failure (disk).
     #[error("internal error: {message}")]
-    Internal {
-        /// What failed.
-        message: String,
-    },
+    Internal { message: String },
 }
 
 impl TaskError {
@@ -634,7 +626,6 @@ pub enum EventKind {
     },
     /// Sent to another node.
     Delegated {
-        /// The node.
         node: String,
         /// 1-based; more than 1 is a failover.
         attempt: u32,
@@ -800,7 +791,6 @@ pub struct TaskEvent {
     pub seq: u64,
     /// Unix ms.
     pub at_ms: u64,
-    /// What happened.
     pub kind: EventKind,
 }
 

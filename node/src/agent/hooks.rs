@@ -85,7 +85,6 @@ pub enum Verdict {
     },
     /// Run as planned, and add `message` to the conversation.
     Intervene {
-        /// The rule.
         rule: &'static str,
         /// What the model is told.
         message: String,
@@ -103,7 +102,6 @@ pub struct HookInput<'a> {
     pub outcome: Option<Outcome>,
 }
 
-/// A hook.
 pub trait Hook: Send + Sync + std::fmt::Debug {
     /// Name, for errors and logs.
     fn name(&self) -> &'static str;

@@ -153,7 +153,6 @@ pub enum Refusal {
         key: String,
         /// Which limit.
         kind: LimitKind,
-        /// The limit.
         limit: u64,
         /// How much of it the fleet used, or reserved for requests still running.
         used: u64,
@@ -171,7 +170,6 @@ pub enum Refusal {
     Unavailable {
         /// The key's name.
         key: String,
-        /// What failed.
         problem: String,
     },
 }

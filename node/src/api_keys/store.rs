@@ -64,7 +64,6 @@ pub enum KeysError {
     KeyFile {
         /// The key's name.
         name: String,
-        /// The file.
         path: PathBuf,
         /// What is wrong and how to fix it.
         problem: String,
@@ -100,7 +99,6 @@ impl KeySource {
 /// A key as `Keys.List` shows it: never its hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KeyInfo {
-    /// Its name.
     pub name: String,
     /// Where it is defined.
     pub source: KeySource,

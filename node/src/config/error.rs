@@ -10,7 +10,6 @@ pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config file {}: {source}", path.display())]
     Read {
-        /// The file.
         path: PathBuf,
         /// The OS error.
         source: std::io::Error,
@@ -18,7 +17,6 @@ pub enum ConfigError {
     /// The file is not valid TOML or has unknown keys / wrong types.
     #[error("invalid config file {}: {message}", path.display())]
     Parse {
-        /// The file.
         path: PathBuf,
         /// toml's message, which names the key and shows the line.
         message: String,

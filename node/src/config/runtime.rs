@@ -197,7 +197,6 @@ impl Source {
 /// A runtime setting as `mesh-cli config show` lists it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shown {
-    /// The key.
     pub key: &'static str,
     /// What it does.
     pub about: &'static str,

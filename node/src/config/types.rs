@@ -130,9 +130,7 @@ pub struct McpConfig {
 pub enum McpTransport {
     /// A child process speaking MCP on its stdin and stdout.
     Stdio {
-        /// The program.
         command: String,
-        /// Its arguments.
         args: Vec<String>,
         /// Environment variables set for it (besides the few passed on from the node's).
         env: BTreeMap<String, String>,

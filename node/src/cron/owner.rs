@@ -31,9 +31,7 @@ pub fn owner<'a>(
 /// A node that may own schedules: live as this node sees the fleet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveNode {
-    /// Its id.
     pub id: NodeId,
-    /// Its name.
     pub name: String,
     /// Its `security.remote_max_tier`, as it advertises it.
     pub remote_max_tier: Tier,

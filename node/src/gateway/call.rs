@@ -129,7 +129,6 @@ pub enum Event {
     Delta {
         /// Which choice (from 0).
         choice: u32,
-        /// The text.
         text: String,
     },
     /// Choice `choice` is complete; `response.model` names the model that served it.

@@ -18,7 +18,6 @@ pub enum ModelError {
     Server {
         /// HTTP status.
         status: u16,
-        /// Its message.
         message: String,
     },
     /// The server refused the request (4xx other than 429).
@@ -26,7 +25,6 @@ pub enum ModelError {
     Refused {
         /// HTTP status.
         status: u16,
-        /// Its message.
         message: String,
     },
     /// No complete answer within the model's timeout.

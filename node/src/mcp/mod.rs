@@ -89,16 +89,10 @@ pub enum McpError {
     },
     /// No answer within the server's `timeout_s`.
     #[error("`{tool}` did not answer within {seconds} s")]
-    Timeout {
-        /// The tool.
-        tool: String,
-        /// The limit.
-        seconds: u64,
-    },
+    Timeout { tool: String, seconds: u64 },
     /// The call failed (the server went away, answered with a protocol error, …).
     #[error("`{tool}` failed: {message}")]
     Failed {
-        /// The tool.
         tool: String,
         /// What went wrong.
         message: String,

@@ -27,7 +27,6 @@ pub enum StartError {
     /// The data dir cannot be created.
     #[error("cannot create data dir {}: {}; set node.data_dir or --data-dir to a writable directory", path.display(), io_words(error))]
     DataDir {
-        /// The directory.
         path: PathBuf,
         /// The OS error.
         error: io::Error,

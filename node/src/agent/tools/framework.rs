@@ -11,7 +11,6 @@ use mesh_domain::{BoxFuture, EventKind, TaskSpec, Tier, ToolSpec};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-/// A tool.
 pub trait Tool: Send + Sync + std::fmt::Debug {
     /// Name, description and argument schema.
     fn spec(&self) -> ToolSpec;

@@ -153,7 +153,6 @@ impl RunTask {
 pub(super) struct MemoryGet {
     /// The namespace (a user namespace: the node's own are refused).
     pub(super) namespace: String,
-    /// The key.
     pub(super) key: String,
 }
 
@@ -164,7 +163,6 @@ pub(super) struct MemoryGet {
 pub(super) struct MemoryPut {
     /// The namespace (a user namespace: the node's own are refused).
     pub(super) namespace: String,
-    /// The key.
     pub(super) key: String,
     /// The value (text), at most 1 MiB.
     #[schemars(length(max = 1048576))]

@@ -64,7 +64,6 @@ enum Inputs {
 struct Embeddings {
     /// The model asked for.
     model: String,
-    /// The inputs.
     inputs: Inputs,
     /// How to write the vectors.
     encoding: Encoding,

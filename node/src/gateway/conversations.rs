@@ -68,6 +68,17 @@ impl Conversations {
         Self { memory }
     }
 
+    /// Conversations in a memory of their own on a temp dir (kept while the dir lives), for
+    /// the tests of the edges that store them, which do not reach memory themselves.
+    #[cfg(test)]
+    pub(crate) fn in_temp_memory() -> (tempfile::TempDir, Self) {
+        let (dir, memory) = crate::memory::test_support::open_memory(
+            &crate::memory::test_support::id("responses"),
+            crate::memory::MemoryOptions::default(),
+        );
+        (dir, Self::new(memory))
+    }
+
     /// A new response id, unique in the fleet (it names this node's id).
     pub fn new_id(&self) -> String {
         response_id(self.memory.own_id())

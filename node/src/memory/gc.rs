@@ -12,10 +12,9 @@ use mesh_domain::{NodeId, time::now_ms};
 use super::{
     error::MemoryError,
     frontier::CONTACT_KEY,
+    index::{TOMBS, index_value, split_index_key, split_index_value},
     record::Record,
-    store::{
-        META, Memory, RESYNC, TOMBS, index_value, ns_tree, split_index_key, split_index_value,
-    },
+    store::{META, Memory, RESYNC, ns_tree},
 };
 use crate::storage::Write;
 

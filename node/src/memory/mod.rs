@@ -50,6 +50,7 @@ mod clock;
 mod error;
 mod frontier;
 mod gc;
+mod index;
 mod lag;
 mod push;
 mod record;

@@ -22,8 +22,9 @@ use mesh_domain::{NodeId, sync::MutexExt};
 
 use super::{
     error::MemoryError,
+    index::unindex,
     record::{Entry, Record},
-    store::{META, Memory, ns_tree, unindex},
+    store::{META, Memory, ns_tree},
 };
 use crate::{metrics::metrics, storage::Write};
 

@@ -19,9 +19,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     error::MemoryError,
+    index::index_value,
     push::{Push, PushCall, PushQueues},
     record::Entry,
-    store::{Memory, RESYNC, index_value},
+    store::{Memory, RESYNC},
 };
 use crate::{
     peers::{PeerTable, UpPeer},

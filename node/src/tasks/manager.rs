@@ -29,7 +29,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admission::{Admission, AdmissionError, Caller},
+    admission::{Admission, Caller},
     agent::{AgentRuntime, EventSink, evaluate::Evaluator, tools::SubtaskRunner},
     capabilities::Capabilities,
     chat::ChatService,
@@ -37,8 +37,9 @@ use crate::{
     cron::Runner,
     metrics::{labels, metrics},
     router::{Destination, Placement},
-    storage::{Store, StoreError},
+    storage::Store,
     tasks::{
+        error::{LookupError, SubmitError},
         forward::{Forwarder, Journey, forward},
         history::{History, Replayed, TaskRecord, recover},
     },
@@ -46,45 +47,6 @@ use crate::{
 
 /// Most tasks `List` returns.
 pub const MAX_LIST: usize = 1000;
-
-/// Why a task was not taken.
-#[derive(Debug, thiserror::Error)]
-pub enum SubmitError {
-    /// It may not run, or cannot run anywhere.
-    #[error(transparent)]
-    Admission(AdmissionError),
-    /// Queue full.
-    #[error("queue full: {queued} tasks waiting for {workers} workers; try another node or later")]
-    QueueFull {
-        /// Tasks waiting.
-        queued: usize,
-        /// Tasks that run at once.
-        workers: usize,
-    },
-    /// The node is shutting down.
-    #[error("node is shutting down")]
-    ShuttingDown,
-    /// The task cannot run here.
-    #[error(transparent)]
-    Rejected(TaskError),
-    /// A task with this id already exists here: a forwarding loop.
-    #[error("task `{0}` already exists on this node (a delegation loop?)")]
-    Duplicate(String),
-    /// Storage failed, or the disk is full.
-    #[error("storage: {0}")]
-    Storage(StoreError),
-}
-
-/// Lookup errors.
-#[derive(Debug, thiserror::Error)]
-pub enum LookupError {
-    /// No such task.
-    #[error("no task with id `{0}`")]
-    NotFound(String),
-    /// Storage failed.
-    #[error("storage: {0}")]
-    Storage(String),
-}
 
 /// Records and broadcasts one task's events.
 #[derive(Debug)]

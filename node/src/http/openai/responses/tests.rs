@@ -496,11 +496,7 @@ async fn tool_calls_and_failures_have_their_events() {
 /// as soon as the client reads it finds it; the stored conversation ends with the answer.
 #[tokio::test]
 async fn a_streamed_answer_is_stored_before_it_completes() {
-    let (_dir, memory) = crate::memory::test_support::open_memory(
-        &crate::memory::test_support::id("responses"),
-        crate::memory::MemoryOptions::default(),
-    );
-    let conversations = Conversations::new(memory);
+    let (_dir, conversations) = Conversations::in_temp_memory();
     let mut encoder = events();
     let alice = DoorCaller {
         key: Some(KeyGrant::named("alice", "sk-alice-0123456789")),

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::{ConnArgs, channel, print_table, signer, unix_ms};
 
-/// How a key made here starts (the node's `api_keys::KEY_PREFIX`).
+/// How a key made here starts (the node accepts any key it is given the hash of).
 const KEY_PREFIX: &str = "sk-mesh-";
 
 #[derive(Debug, Subcommand)]

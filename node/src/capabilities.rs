@@ -26,9 +26,6 @@ use crate::{
     supervise::LoopHealth,
 };
 
-/// How often nvidia-smi is asked for free VRAM.
-pub const GPU_PROBE_INTERVAL: Duration = Duration::from_secs(10);
-
 /// Live load counters, shared with whatever runs tasks.
 #[derive(Debug, Default)]
 pub struct LoadGauge {

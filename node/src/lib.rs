@@ -51,29 +51,67 @@
 //! `PeerLink` port, `GetInfo` in rpc, when its gossiped version changes) →
 //! [`peers::PeerTable`] → `ListPeers` and `WatchPeers` (rpc) → `mesh-cli status`.
 
-pub mod admission;
-pub mod agent;
-pub mod api_keys;
-pub mod approvals;
-pub mod capabilities;
-pub mod chat;
+mod admission;
+mod agent;
+mod api_keys;
+mod approvals;
+mod capabilities;
+mod chat;
 pub mod config;
-pub mod connections;
-pub mod cron;
-pub mod discovery;
-pub mod gateway;
-pub mod http;
-pub mod issuer;
-pub mod llm;
-pub mod mcp;
-pub mod memory;
-pub mod metrics;
-pub mod peers;
-pub mod process;
-pub mod router;
-pub mod rpc;
+mod connections;
+mod cron;
+mod discovery;
+mod gateway;
+mod http;
+mod issuer;
+mod llm;
+mod mcp;
+mod memory;
+mod metrics;
+mod peers;
+mod process;
+mod router;
+mod rpc;
 pub mod server;
-pub mod settings;
-pub mod storage;
-pub mod supervise;
-pub mod tasks;
+mod settings;
+mod storage;
+mod supervise;
+mod tasks;
+
+pub use connections::raise_open_files_limit;
+
+/// What the integration tests (`tests/`) and the bench binaries reach inside a node, and nothing
+/// else: the rest of the crate is private to it. A name here is a seam a test drives directly (a
+/// hostile peer built from the node's own membership, a model without a node, a memory on a
+/// bare store); everything else is tested through the binaries' sockets.
+pub mod testing {
+    #[cfg(feature = "embedded")]
+    pub use crate::llm::embedded::EmbeddedModel;
+    pub use crate::{
+        agent::tools::{RemoteCall, RemoteTools},
+        api_keys::key_sha256,
+        cron::{Overlap, Schedule},
+        discovery::{DiscoveryEvent, PeerSource},
+        llm::{
+            ChatModel, ModelError,
+            embedded::{EmbeddedOptions, MEASURE_TOKENS},
+        },
+        mcp::McpHub,
+        memory::{Entry, Memory, MemoryOptions, Record, SYNC_BATCH},
+        peers::{
+            PeerTable,
+            adverts::AdvertGuard,
+            budget::{FAILURE_BURST, FAILURES_PER_SECOND},
+            envelope::{Opener, Sealer},
+            swim::{Member, Membership, MembershipParts, STRANGER_CHECKS_PER_SECOND, lan_config},
+        },
+        router::{Candidate, rank},
+        rpc::{
+            NodeLink, PeerChannels, PeerClient,
+            accept::{EXPIRED_CONNECTION_GRACE, TlsIncoming},
+            tools::RemoteToolsClient,
+        },
+        storage::SledStore,
+        supervise::LoopHealth,
+    };
+}

@@ -126,7 +126,7 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    match mesh_node::connections::raise_open_files_limit() {
+    match mesh_node::raise_open_files_limit() {
         Ok(limit) => tracing::info!(
             was = limit.was,
             open_files = %limit

@@ -252,7 +252,7 @@ impl HostilePeer {
                             .max_encoding_message_size(64 << 20),
                     )
                     .serve_with_incoming_shutdown(
-                        mesh_node::rpc::accept::TlsIncoming::new(
+                        mesh_node::testing::TlsIncoming::new(
                             tonic::transport::server::TcpIncoming::from(listener),
                             server_tls,
                             revoked,
@@ -421,7 +421,7 @@ pub struct HostileServer {
     /// What it answers, and the calls it got.
     pub behaviour: Behaviour,
     /// Where it hears of candidate members, as a node hears of them from discovery.
-    seen: tokio::sync::mpsc::Sender<mesh_node::discovery::DiscoveryEvent>,
+    seen: tokio::sync::mpsc::Sender<mesh_node::testing::DiscoveryEvent>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -431,11 +431,11 @@ impl HostileServer {
     /// has this peer come in.
     pub fn announce_to(&self, addr: &str) -> anyhow::Result<()> {
         self.seen
-            .blocking_send(mesh_node::discovery::DiscoveryEvent::Seen {
+            .blocking_send(mesh_node::testing::DiscoveryEvent::Seen {
                 addrs: vec![addr.to_owned()],
                 name: None,
                 claim: None,
-                source: mesh_node::discovery::PeerSource::Static,
+                source: mesh_node::testing::PeerSource::Static,
             })
             .map_err(|_| anyhow::anyhow!("the hostile peer's membership has stopped"))
     }
@@ -598,13 +598,11 @@ impl pb::memory_server::Memory for Service {
 fn swim_member(
     tls: MeshTls,
     addr: std::net::SocketAddr,
-    mut seen: tokio::sync::mpsc::Receiver<mesh_node::discovery::DiscoveryEvent>,
+    mut seen: tokio::sync::mpsc::Receiver<mesh_node::testing::DiscoveryEvent>,
     leave: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    use mesh_node::peers::{
-        PeerTable,
-        envelope::{Opener, Sealer},
-        swim::{Member, Membership, MembershipParts, lan_config},
+    use mesh_node::testing::{
+        Member, Membership, MembershipParts, Opener, PeerTable, Sealer, lan_config,
     };
     let socket = std::net::UdpSocket::bind(addr).context("bind UDP")?;
     socket.set_nonblocking(true)?;
@@ -636,11 +634,11 @@ fn swim_member(
                 socket: Arc::new(socket),
                 sealer: Arc::new(Sealer::new(signer)),
                 opener: Arc::new(opener),
-                link: Arc::new(mesh_node::rpc::NodeLink::new(tls.dialer())),
+                link: Arc::new(mesh_node::testing::NodeLink::new(tls.dialer())),
                 table: Arc::new(PeerTable::default()),
                 changes,
                 config: lan_config(),
-                adverts: mesh_node::peers::adverts::AdvertGuard::new(
+                adverts: mesh_node::testing::AdvertGuard::new(
                     64,
                     64,
                     Arc::new(tokio::sync::Notify::new()),

@@ -33,7 +33,7 @@ pub mod terminal;
 use anyhow::{Context, anyhow, bail};
 use mesh_cert::{CertRole, OriginSigner, ca};
 use mesh_domain::NodeId;
-use mesh_node::memory::{Entry, Record};
+use mesh_node::testing::{Entry, Record};
 use mesh_proto::v1 as pb;
 use mesh_tls::TlsFiles;
 use serde_json::Value;

@@ -342,7 +342,7 @@ fn system_turns_stay_in_place_unless_the_model_takes_them_first() {
 #[test]
 fn an_alias_does_not_take_a_key_past_its_models_and_count_tokens_needs_a_key() {
     let key = "compat-team-key-5d2c8e4f6a1b0d9c";
-    let hash: String = mesh_node::api_keys::key_sha256(key)
+    let hash: String = mesh_node::testing::key_sha256(key)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();

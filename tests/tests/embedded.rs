@@ -17,10 +17,9 @@ use std::{
 use mesh_domain::{ChatRequest, Message, ResponseFormat, Role, Sampling, ToolChoice, ToolSpec};
 use mesh_node::{
     config::FETCH_HINT,
-    llm::embedded::{EmbeddedModel, EmbeddedOptions},
-    llm::{ChatModel, ModelError},
+    testing::{ChatModel, EmbeddedModel, EmbeddedOptions, ModelError},
 };
-use mesh_tests::{Harness, NodeOptions, wait_for};
+use mesh_tests::{Harness, NodeOptions, http_request, wait_for};
 use serde_json::{Value, json};
 
 const QUESTION: &str = "What is the capital of France? Answer in one word.";
@@ -121,6 +120,21 @@ fn a_chat_task_from_a_laptop_runs_on_the_embedded_model_of_the_gpu_node() {
         (speed > 0.0).then_some(())
     })
     .expect("the speed is advertised");
+    // And on the gpu node's /metrics, as a gauge per model; the laptop, with no model, has
+    // no series rather than a zero.
+    let (status, _, metrics) = http_request(&gpu, "GET", "/metrics", &[], "");
+    assert_eq!(status, 200, "{metrics}");
+    let speed: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"agentmesh_model_tokens_per_second{model="smol"} "#))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no speed gauge for smol: {metrics}"));
+    assert!(speed > 0.0, "{metrics}");
+    let (_, _, metrics) = http_request(&laptop, "GET", "/metrics", &[], "");
+    assert!(
+        !metrics.contains("agentmesh_model_tokens_per_second{"),
+        "{metrics}"
+    );
 }
 
 #[test]

@@ -104,7 +104,7 @@ fn usage_of(h: &Harness, node: &NodeProcess, name: &str) -> Value {
 }
 
 fn sha256_hex(key: &str) -> String {
-    mesh_node::api_keys::key_sha256(key)
+    mesh_node::testing::key_sha256(key)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

@@ -420,7 +420,7 @@ fn a_client_that_gives_up_on_run_task_cancels_the_task() {
 }
 
 fn sha256_hex(key: &str) -> String {
-    mesh_node::api_keys::key_sha256(key)
+    mesh_node::testing::key_sha256(key)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

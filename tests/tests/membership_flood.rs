@@ -11,11 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use mesh_node::peers::{
-    budget::{FAILURE_BURST, FAILURES_PER_SECOND},
-    envelope::Sealer,
-    swim::STRANGER_CHECKS_PER_SECOND,
-};
+use mesh_node::testing::{FAILURE_BURST, FAILURES_PER_SECOND, STRANGER_CHECKS_PER_SECOND, Sealer};
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
     hostile::{FloodMix, HostilePeer, MembershipFlood},

@@ -1146,7 +1146,7 @@ async fn system_records_a_node_certificate_pushes_are_refused_unless_theirs_to_w
     );
     let evil_key = format!(
         r#"{{"sha256": "{}", "policy": {{}}, "created_ms": 1}}"#,
-        mesh_node::api_keys::key_sha256("sk-evil-0123456789abcdef")
+        mesh_node::testing::key_sha256("sk-evil-0123456789abcdef")
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect::<String>()

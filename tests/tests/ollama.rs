@@ -129,7 +129,7 @@ fn the_ollama_client_reaches_a_peers_model_through_a_node_without_models() {
 fn a_keys_model_list_and_budget_hold_on_ollamas_api() {
     let h = Harness::new().expect("harness");
     let fake = FakeOpenAi::start();
-    let hash: String = mesh_node::api_keys::key_sha256(KEY)
+    let hash: String = mesh_node::testing::key_sha256(KEY)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();

@@ -259,7 +259,7 @@ fn a_node_names_a_node_of_another_mesh_once_with_the_way_to_bring_it_in() {
             .count()
     };
     let before = drops(&alpha);
-    let sealer = mesh_node::peers::envelope::Sealer::new(std::sync::Arc::new(
+    let sealer = mesh_node::testing::Sealer::new(std::sync::Arc::new(
         mesh_tls::MeshTls::load(mallory_tls)
             .expect("mallory tls")
             .origin_signer()

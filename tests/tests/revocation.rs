@@ -12,7 +12,7 @@ use std::{
 };
 
 use mesh_cert::{CertRole, Revocation, ca, revocation::certificate_id};
-use mesh_node::rpc::accept::EXPIRED_CONNECTION_GRACE;
+use mesh_node::testing::EXPIRED_CONNECTION_GRACE;
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess, unix_ms, wait_for};
 use mesh_tls::{Dialer, MeshTls, TlsFiles};

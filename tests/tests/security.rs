@@ -12,7 +12,7 @@ use std::{
 };
 
 use mesh_cert::{CertRole, ca};
-use mesh_node::rpc::PeerClient;
+use mesh_node::testing::PeerClient;
 use mesh_proto::v1 as pb;
 use mesh_tests::{
     Harness, NodeOptions,
@@ -598,7 +598,7 @@ fn swim_dropped(node: &mesh_tests::NodeProcess, reason: &str) -> u64 {
 #[test]
 fn forged_altered_or_replayed_membership_datagrams_are_dropped_and_counted() {
     use mesh_cert::OriginSigner;
-    use mesh_node::peers::envelope::Sealer;
+    use mesh_node::testing::Sealer;
 
     let harness = Harness::new().expect("harness");
     let alpha = harness.spawn(NodeOptions::new("alpha")).expect("alpha");

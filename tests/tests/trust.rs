@@ -12,7 +12,7 @@ use std::{path::Path, process::Output, time::Duration};
 
 use mesh_cert::CertRole;
 use mesh_domain::{Principal, Target, TaskSpec, Tier};
-use mesh_node::cron::{Overlap, Schedule};
+use mesh_node::testing::{Overlap, Schedule};
 use mesh_proto::v1 as pb;
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,

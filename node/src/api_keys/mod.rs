@@ -27,10 +27,10 @@ mod limits;
 mod store;
 mod usage;
 
-pub use limits::{Ask, Charge, DEFAULT_GRANT, LimitKind, Refusal, Reservation};
-pub use store::{
-    KEY_PREFIX, KeyGrant, KeyInfo, KeySource, Keys, KeysError, MAX_RUNTIME_KEYS, key_id, key_sha256,
-};
+pub use limits::{Ask, Charge, Refusal};
+#[cfg(test)]
+pub(crate) use store::KeySource;
+pub use store::{KeyGrant, KeyInfo, Keys, KeysError, key_sha256};
 pub use usage::{KeyUsage, ModelCount};
 
 #[cfg(test)]
@@ -45,7 +45,11 @@ mod tests {
         time::now_ms as unix_ms,
     };
 
-    use super::{store::read_key_file, *};
+    use super::{
+        limits::{DEFAULT_GRANT, LimitKind},
+        store::read_key_file,
+        *,
+    };
     use crate::{
         config::{HttpConfig, HttpKey, KeySecret, Listen},
         memory::{

@@ -26,8 +26,6 @@ use crate::{
     memory::{Memory, MemoryError},
 };
 
-/// How a key made by `mesh-cli keys add` starts.
-pub const KEY_PREFIX: &str = "sk-mesh-";
 /// Most keys the fleet keeps in the memory: each request's authentication reads them all.
 pub const MAX_RUNTIME_KEYS: usize = 1000;
 

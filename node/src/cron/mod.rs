@@ -43,11 +43,8 @@ mod table;
 mod timetable;
 
 pub use error::CronError;
-pub use limits::{Cap, Footprint, ScheduleLimits};
-pub use owner::{LiveNode, owner, owner_of, task_id_for};
-pub use schedule::{
-    DEFAULT_CATCH_UP_S, Firing, FiringStatus, Overlap, Schedule, check_name, firing_key,
-};
-pub use scheduler::{HISTORY_KEPT, Runner, Scheduler};
-pub use table::{Active, Parsed, ScheduleTable, StoredSchedule};
-pub use timetable::{Due, Timetable, due};
+pub use limits::ScheduleLimits;
+pub use owner::{LiveNode, owner_of};
+pub use schedule::{DEFAULT_CATCH_UP_S, Firing, Overlap, Schedule, check_name};
+pub use scheduler::{Runner, Scheduler};
+pub use timetable::Timetable;

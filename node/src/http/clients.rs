@@ -208,6 +208,7 @@ impl Unknown {
     }
 
     /// The fields ignored so far.
+    #[cfg(test)]
     pub fn found(&self) -> &[String] {
         &self.found
     }

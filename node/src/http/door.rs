@@ -29,8 +29,9 @@ pub(crate) struct FrontDoor {
     /// The API keys (`http.api_keys`, `[[http.keys]]`, and those added at run time): who a
     /// presented key is; with none, the front door is open.
     pub(crate) keys: Arc<Keys>,
-    /// For `/metrics`: the gauges read at each scrape (replication lag per peer).
-    pub(crate) gauges: Arc<dyn ScrapedGauges>,
+    /// For `/metrics`: the gauges read at each scrape (replication lag per peer, decode speed
+    /// per model).
+    pub(crate) gauges: Vec<Arc<dyn ScrapedGauges>>,
     /// `/mcp`'s `run_task`: submits and follows tasks.
     pub(crate) tasks: TaskManager,
     /// `/mcp`'s `cron_list`.

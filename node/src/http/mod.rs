@@ -51,9 +51,7 @@ use serde_json::{Value, json};
 use self::auth::MCP_PATH;
 pub(crate) use self::door::FrontDoor;
 pub use self::{
-    auth::bearer,
     error::{ApiError, Dialect, ErrorKind},
-    openai::read_chat_completion,
     serve::serve,
 };
 use crate::metrics::{labels, metrics};
@@ -242,7 +240,9 @@ async fn scrape(State(door): State<Arc<FrontDoor>>) -> impl IntoResponse {
             .get_or_create(&labels(&[("state", peer.state.as_str())]))
             .inc();
     }
-    door.gauges.refresh(m);
+    for gauges in &door.gauges {
+        gauges.refresh(m);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -16,9 +16,12 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
-pub use self::model::{ChatModel, ModelError, SpeedGauge};
+pub use self::model::{ChatModel, ModelError};
 use self::{embedded::EmbeddedOptions, openai::OpenAiModel};
-use crate::config::{Backend, Config, default_model_path};
+use crate::{
+    config::{Backend, Config, default_model_path},
+    metrics::{Metrics, ScrapedGauges, labels},
+};
 
 /// How long the startup probe (`GET /models`) waits for each model server.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -187,4 +190,20 @@ fn start_embedded(_: &str, _: EmbeddedOptions) -> Result<Arc<dyn ChatModel>, Str
          `cargo build --features embedded` (needs cmake and libclang)"
             .into(),
     )
+}
+
+/// `agentmesh_model_tokens_per_second`: each model's measured decode speed, set at each scrape; a
+/// model not measured yet has no series rather than a zero.
+impl ScrapedGauges for ModelRegistry {
+    fn refresh(&self, metrics: &Metrics) {
+        metrics.tokens_per_second.clear();
+        for (name, model) in &self.models {
+            if let Some(speed) = model.tokens_per_s() {
+                metrics
+                    .tokens_per_second
+                    .get_or_create(&labels(&[("model", name)]))
+                    .set(speed);
+            }
+        }
+    }
 }

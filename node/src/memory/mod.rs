@@ -65,8 +65,9 @@ mod writers;
 pub use error::{MemoryError, readable_by_callers, writable_by_callers};
 pub(crate) use lag::LagGauges;
 pub use record::{Entry, MAX_SIGNATURE, Record};
-pub use store::{Memory, MemoryOptions, NamespaceKind, Page};
+pub use store::{Memory, MemoryOptions};
+#[cfg(test)]
+pub(crate) use sync::sync_from;
 pub use sync::{
-    BATCH_BYTES, MemoryPeers, RESYNCING, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync,
-    replicate, resync_from, sync_from,
+    MemoryPeers, RESYNCING, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync, replicate,
 };

@@ -117,13 +117,9 @@ impl FailingSources {
     }
 
     /// How many sources are remembered.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.buckets.len()
-    }
-
-    /// Whether no source is remembered.
-    pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
     }
 }
 

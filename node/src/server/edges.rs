@@ -89,7 +89,8 @@ pub(super) async fn front_door(
             no_error(gateway::sweep_loop(swept.clone(), stop))
         });
     // The gateway reaches the fleet's node list and memory through the agents' data tools
-    // (its `MeshData` port), and `/metrics` the replication lag through the memory's gauges.
+    // (its `MeshData` port), and `/metrics` the replication lag and the models' decode speeds
+    // through their gauges.
     let gateway = Arc::new(Gateway::new(GatewayParts {
         chat: work.chat.clone(),
         keys: keys.clone(),
@@ -103,10 +104,13 @@ pub(super) async fn front_door(
         caps: caps.clone(),
         peers: peers.clone(),
         keys: keys.clone(),
-        gauges: Arc::new(LagGauges {
-            memory: memory.clone(),
-            peers: peers.clone(),
-        }),
+        gauges: vec![
+            Arc::new(LagGauges {
+                memory: memory.clone(),
+                peers: peers.clone(),
+            }),
+            work.models.clone(),
+        ],
         tasks: work.tasks.clone(),
         scheduler: scheduler.clone(),
         guard: http::guard::Guard {

@@ -37,6 +37,8 @@ pub(super) struct Work {
     pub(super) mcp_hub: Arc<McpHub>,
     pub(super) approvals: Approvals,
     pub(super) chat: Arc<ChatService>,
+    /// For `/metrics`: each model's decode speed, read at each scrape.
+    pub(super) models: Arc<ModelRegistry>,
     pub(super) tasks: TaskManager,
     /// Stops the task workers once running tasks are finished or cancelled.
     pub(super) task_stop: CancellationToken,
@@ -136,7 +138,7 @@ pub(super) fn start(
         .with_approvals(approvals.clone()),
     );
     let chat = Arc::new(ChatService::new(
-        models,
+        models.clone(),
         admission.clone(),
         Arc::new(RemoteModels::new(channels.clone())),
     ));
@@ -162,6 +164,7 @@ pub(super) fn start(
         mcp_hub,
         approvals,
         chat,
+        models,
         tasks,
         task_stop,
         task_workers,

@@ -18,7 +18,7 @@ pub mod manager;
 
 pub use self::{
     error::{LookupError, SubmitError},
-    forward::{ForwardError, Forwarder, MAX_FAILOVERS},
+    forward::{ForwardError, Forwarder},
     history::TaskRecord,
-    manager::{Emitter, MAX_LIST, TaskManager, TaskParts},
+    manager::{TaskManager, TaskParts},
 };

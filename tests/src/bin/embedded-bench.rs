@@ -12,10 +12,7 @@ use std::{path::PathBuf, process::ExitCode, time::Instant};
 
 use anyhow::{Context, bail};
 use mesh_domain::{ChatRequest, Message, Role};
-use mesh_node::{
-    llm::ChatModel,
-    llm::embedded::{EmbeddedModel, EmbeddedOptions},
-};
+use mesh_node::testing::{ChatModel, EmbeddedModel, EmbeddedOptions};
 
 fn main() -> ExitCode {
     let arg = mesh_tests::arg;
@@ -72,7 +69,7 @@ fn bench(tokens: usize, threads: usize, runs: usize) -> anyhow::Result<()> {
         println!(
             "at load: {:.1} tok/s (the node's measurement, {} tokens)",
             model.tokens_per_s().unwrap_or(0.0),
-            mesh_node::llm::embedded::MEASURE_TOKENS
+            mesh_node::testing::MEASURE_TOKENS
         );
         let mut rates = Vec::with_capacity(runs);
         for run in 1..=runs {

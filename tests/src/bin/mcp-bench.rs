@@ -12,11 +12,8 @@ use std::{process::ExitCode, sync::Arc, time::Instant};
 
 use mesh_domain::Tier;
 use mesh_node::{
-    agent::tools::{RemoteCall, RemoteTools},
     config::{McpConfig, McpTransport},
-    mcp::McpHub,
-    rpc::{PeerChannels, tools::RemoteToolsClient},
-    supervise::LoopHealth,
+    testing::{LoopHealth, McpHub, PeerChannels, RemoteCall, RemoteTools, RemoteToolsClient},
 };
 use mesh_tests::{Harness, NodeOptions, python3, wait_for};
 use mesh_tls::MeshTls;

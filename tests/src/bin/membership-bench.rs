@@ -24,7 +24,7 @@ use std::{
 };
 
 use anyhow::Context;
-use mesh_node::peers::envelope::{Opener, Sealer};
+use mesh_node::testing::{Opener, Sealer};
 use mesh_tests::{Harness, NodeOptions, NodeProcess, arg, wait_for};
 use mesh_tls::MeshTls;
 

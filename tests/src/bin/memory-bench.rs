@@ -44,7 +44,7 @@ use std::{
 
 use anyhow::{Context, bail, ensure};
 use mesh_cert::{OriginSigner, OriginVerifier};
-use mesh_node::memory::{Entry, Memory, MemoryOptions, Record};
+use mesh_node::testing::{Entry, Memory, MemoryOptions, Record};
 use mesh_proto::v1 as pb;
 use mesh_tests::{Harness, NodeOptions, NodeProcess};
 use mesh_tls::MeshTls;
@@ -259,8 +259,8 @@ fn signatures(report: &mut Report) -> anyhow::Result<()> {
             format!(
                 "{:.1} µs (a Sync batch of {}: {:.1} ms)",
                 per(verify),
-                mesh_node::memory::SYNC_BATCH,
-                per(verify) * mesh_node::memory::SYNC_BATCH as f64 / 1000.0
+                mesh_node::testing::SYNC_BATCH,
+                per(verify) * mesh_node::testing::SYNC_BATCH as f64 / 1000.0
             ),
         );
     }
@@ -275,7 +275,7 @@ fn open_memory(name: &str) -> anyhow::Result<(tempfile::TempDir, sled::Db, Arc<M
         .tempdir()?;
     let db = sled::open(dir.path().join("db"))?;
     let (memory, mut writes) = Memory::open(
-        std::sync::Arc::new(mesh_node::storage::SledStore::new(db.clone())),
+        std::sync::Arc::new(mesh_node::testing::SledStore::new(db.clone())),
         Arc::new(OriginSigner::generate()?),
         Arc::new(OriginVerifier::self_certified()),
         MemoryOptions::default(),

@@ -9,7 +9,7 @@ use mesh_domain::{
     Gpu, Health, Load, ModelInfo, NodeId, NodeInfo, PeerState, PersonaInfo, Requirements,
     Resources, Target, Tier,
 };
-use mesh_node::router::{Candidate, rank};
+use mesh_node::testing::{Candidate, rank};
 
 fn node(i: usize) -> NodeInfo {
     let roles: Vec<String> = match i % 3 {

@@ -28,7 +28,7 @@ use serde_json::Value;
 pub(crate) use self::data::DataTools;
 pub use self::{
     delegate::SubtaskRunner,
-    framework::{MAX_TOOL_OUTPUT, Tool, ToolContext},
+    framework::{Tool, ToolContext},
     mcp::{RemoteCall, RemoteToolError, RemoteTools},
 };
 use self::{

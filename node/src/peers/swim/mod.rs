@@ -40,10 +40,6 @@ mod member;
 mod run;
 mod versions;
 
-pub use announce::{ADVERT_ANSWER_WITHIN, ANNOUNCE_EVERY};
 pub use inbox::{STRANGER_CHECKS_PER_SECOND, enlarge_receive_buffer};
-pub use member::{
-    CLUSTER_SIZE, MAX_TRANSMISSIONS, Member, PROBE_PERIOD, PROBE_RTT, SUSPECT_TO_DOWN, lan_config,
-};
+pub use member::{Member, lan_config};
 pub use run::{Membership, MembershipParts};
-pub use versions::{BadVersion, InfoVersion, VERSION_EVERY, Versions};

@@ -3,10 +3,7 @@
 //! the cursor or rewrite what the operator reads. `--json` output does not pass here: JSON
 //! escapes control characters itself.
 
-use std::{
-    borrow::Cow,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{borrow::Cow, time::Duration};
 
 use anyhow::anyhow;
 use mesh_domain::text::{LineBreaks, escape_controls};
@@ -55,12 +52,7 @@ pub(crate) fn ago(now_ms: u64, then_ms: u64) -> String {
     }
 }
 
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use mesh_domain::time::now_ms as unix_ms;
 
 /// `text` as a terminal may show it: line breaks and tabs kept, every other control character
 /// escaped (ESC and with it CSI and OSC sequences, CR, backspace, C1 controls; see

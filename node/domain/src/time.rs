@@ -13,3 +13,8 @@ pub fn unix_ms(time: SystemTime) -> u64 {
 pub fn now_ms() -> u64 {
     unix_ms(SystemTime::now())
 }
+
+/// Now, in seconds since the Unix epoch (0 before it).
+pub fn now_s() -> u64 {
+    now_ms() / 1000
+}

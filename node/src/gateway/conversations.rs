@@ -13,6 +13,7 @@ use std::{sync::Arc, time::Duration};
 use mesh_domain::{
     ChatResponse, Message, Role,
     keys::{MAX_VALUE, RESPONSES, response_id},
+    time::now_s,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -26,14 +27,6 @@ pub const TTL_S: u64 = 30 * 24 * 3600;
 
 /// How often [`sweep_loop`] looks for expired responses.
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
-
-/// Seconds since the Unix epoch (when a stored response expires; also the `created` of
-/// answers).
-pub fn unix_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
 
 /// A stored response: who may read it, until when, the conversation a continuation needs, and
 /// the Response object as answered.
@@ -169,7 +162,7 @@ impl Keeper {
             ..Message::text(Role::Assistant, answer.content.clone())
         });
         let stored = Stored {
-            expires_at: unix_s().saturating_add(TTL_S),
+            expires_at: now_s().saturating_add(TTL_S),
             owner: self.owner,
             messages,
             response: response.clone(),
@@ -248,7 +241,7 @@ pub async fn sweep_loop(memory: Arc<Memory>, stop: CancellationToken) {
             () = stop.cancelled() => return,
         }
         tokio::select! {
-            result = sweep(&memory, unix_s(), Bounds::default()) => match result {
+            result = sweep(&memory, now_s(), Bounds::default()) => match result {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(deleted = n, "stored responses swept"),
                 Err(e) => tracing::warn!(error = %e, "sweep the stored responses"),

@@ -28,7 +28,7 @@ pub(crate) use self::{
     call::{Event, Run, total_usage},
     caller::DoorCaller,
     charge::settle_from_outcome,
-    conversations::{Keeper, sweep_loop, unix_s},
+    conversations::{Keeper, sweep_loop},
     data::{DataTool, MemoryQuery, MeshData, MeshDataError},
     error::GatewayError,
     service::{Gateway, GatewayParts},

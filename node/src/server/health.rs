@@ -6,7 +6,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use mesh_domain::HealthStatus;
@@ -155,10 +155,7 @@ fn check_data_dir(caps: &Capabilities, dir: &Path) {
 }
 
 fn check_cert_expiry(caps: &Capabilities, not_after: i64) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
+    let now = i64::try_from(mesh_domain::time::now_s()).unwrap_or(i64::MAX);
     let left = not_after - now;
     let failure = if left <= 0 {
         Some((

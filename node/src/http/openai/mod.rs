@@ -44,7 +44,9 @@ use self::{
     translate::{completion_id, completion_json, model_entry},
 };
 use super::{clients::client_name, door::FrontDoor, encode, error::ApiError};
-use crate::gateway::{DoorCaller, unix_s};
+use mesh_domain::time::now_s;
+
+use crate::gateway::DoorCaller;
 
 /// `POST /v1/chat/completions`.
 pub(super) async fn chat_completions(
@@ -67,7 +69,7 @@ pub(super) async fn chat_completions(
     let asked = call.model.clone();
     let run = door.gateway.start(&caller, door.aliased(call)).await?;
     let id = completion_id();
-    let created = unix_s();
+    let created = now_s();
     if stream {
         let encoder = Chunks {
             id,

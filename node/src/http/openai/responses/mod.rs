@@ -35,7 +35,7 @@ use axum::{
     http::HeaderMap,
     response::{IntoResponse, Response},
 };
-use mesh_domain::{Message, Role};
+use mesh_domain::{Message, Role, time::now_s};
 use serde_json::Value;
 
 use self::{
@@ -43,7 +43,7 @@ use self::{
     translate::{Head, has_message, keep, read_responses_call, with_call_ids},
 };
 use crate::{
-    gateway::{Call, DoorCaller, unix_s},
+    gateway::{Call, DoorCaller},
     http::{
         clients::{client_name, dropped_header},
         door::FrontDoor,
@@ -70,7 +70,7 @@ pub async fn create(
     let mut conversation = match &request.previous_response_id {
         Some(previous) => {
             conversations
-                .load(&caller, previous, unix_s(), Some("previous_response_id"))?
+                .load(&caller, previous, now_s(), Some("previous_response_id"))?
                 .messages
         }
         None => Vec::new(),
@@ -87,7 +87,7 @@ pub async fn create(
     let run = door.gateway.start(&caller, call).await?;
     let head = Head {
         id: conversations.new_id(),
-        created_at: unix_s(),
+        created_at: now_s(),
         model: request.model,
         instructions: request.instructions,
         previous_response_id: request.previous_response_id,
@@ -133,6 +133,6 @@ pub async fn retrieve(
     let stored = door
         .gateway
         .conversations()
-        .load(&caller, &id, unix_s(), None)?;
+        .load(&caller, &id, now_s(), None)?;
     Ok(Json(stored.response))
 }

@@ -519,7 +519,7 @@ async fn a_streamed_answer_is_stored_before_it_completes() {
     assert_eq!(completed["type"], "response.completed");
     assert_eq!(completed["response"]["store"], true);
     let stored = conversations
-        .load(&alice, "resp_0abc", unix_s(), None)
+        .load(&alice, "resp_0abc", now_s(), None)
         .expect("stored by now");
     assert_eq!(stored.response["output"][0]["content"][0]["text"], "hello");
     assert_eq!(

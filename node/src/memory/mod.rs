@@ -62,11 +62,11 @@ mod sync;
 pub(crate) mod test_support;
 mod writers;
 
-pub use error::{MemoryError, readable_by_callers, writable_by_callers};
+pub use error::{MemoryError, PeerCallError, SyncError, readable_by_callers, writable_by_callers};
 pub(crate) use lag::LagGauges;
 pub use record::{Entry, MAX_SIGNATURE, Record};
 pub use store::{Memory, MemoryOptions, NamespaceKind, Page};
 pub use sync::{
-    BATCH_BYTES, MemoryPeers, RESYNCING, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync,
-    replicate, resync_from, sync_from,
+    BATCH_BYTES, MemoryPeers, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync, replicate,
+    resync_from, sync_from,
 };

@@ -23,8 +23,6 @@ pub enum TaskOutcome {
     },
     /// It failed, was cancelled or ran out of time, having spent `usage`.
     Failed { error: TaskError, usage: Usage },
-    /// Its events ended before either: the node shut down or the follower fell behind for good.
-    Unknown,
 }
 
 impl TaskOutcome {
@@ -91,10 +89,11 @@ impl TaskHandle {
         }
     }
 
-    /// Follows the task to its end, passing over the progress not yet taken.
-    pub async fn outcome(mut self) -> TaskOutcome {
+    /// Follows the task to its end, passing over the progress not yet taken; `None` when its
+    /// events ended without an outcome (the node shut down, or the task's record was lost).
+    pub async fn outcome(mut self) -> Option<TaskOutcome> {
         while self.progress().await.is_some() {}
-        self.end.unwrap_or(TaskOutcome::Unknown)
+        self.end
     }
 }
 
@@ -190,10 +189,10 @@ mod tests {
         assert!(task.progress().await.is_none(), "and it stays ended");
         assert_eq!(
             task.outcome().await,
-            TaskOutcome::Failed {
+            Some(TaskOutcome::Failed {
                 error: cancelled,
                 usage: spent,
-            }
+            })
         );
     }
 
@@ -210,15 +209,12 @@ mod tests {
         tx.send(event(1, completed.clone())).await.expect("send");
         assert_eq!(
             TaskHandle::new("t1".into(), rx).outcome().await,
-            TaskOutcome::of(completed).expect("an outcome")
+            TaskOutcome::of(completed).ok()
         );
 
         let (tx, rx) = mpsc::channel(8);
         tx.send(event(0, started())).await.expect("send");
         drop(tx);
-        assert_eq!(
-            TaskHandle::new("t1".into(), rx).outcome().await,
-            TaskOutcome::Unknown
-        );
+        assert_eq!(TaskHandle::new("t1".into(), rx).outcome().await, None);
     }
 }

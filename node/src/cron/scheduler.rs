@@ -484,14 +484,14 @@ impl Scheduler {
             }
         }
         let (status, error) = match task.outcome().await {
-            TaskOutcome::Completed { executed_on, .. } => {
+            Some(TaskOutcome::Completed { executed_on, .. }) => {
                 if !executed_on.is_empty() {
                     firing.executed_on = executed_on;
                 }
                 (FiringStatus::Done, String::new())
             }
-            TaskOutcome::Failed { error, .. } => (FiringStatus::Failed, error.to_string()),
-            TaskOutcome::Unknown => (
+            Some(TaskOutcome::Failed { error, .. }) => (FiringStatus::Failed, error.to_string()),
+            None => (
                 FiringStatus::Failed,
                 "the task's events ended without an outcome".into(),
             ),

@@ -756,9 +756,9 @@ impl SubtaskRunner for TaskManager {
             let task = tasks.run(spec, &Caller::Subtask)?;
             let id = task.id().to_owned();
             match task.outcome().await {
-                TaskOutcome::Completed { output, .. } => Ok(output),
-                TaskOutcome::Failed { error, .. } => Err(SubtaskError::Failed { id, error }),
-                TaskOutcome::Unknown => Err(SubtaskError::NoOutcome { id }),
+                Some(TaskOutcome::Completed { output, .. }) => Ok(output),
+                Some(TaskOutcome::Failed { error, .. }) => Err(SubtaskError::Failed { id, error }),
+                None => Err(SubtaskError::NoOutcome { id }),
             }
         })
     }

@@ -100,9 +100,9 @@ impl MeshTools {
         };
         if let Some(charge) = charge {
             // Apart from this call, which may end first (the client cancels or goes away).
-            match tasks.watch(&id, true) {
-                Ok(events) => {
-                    tokio::spawn(settle_from_outcome(events, charge));
+            match tasks.follow(&id) {
+                Ok(task) => {
+                    tokio::spawn(settle_from_outcome(task, charge));
                 }
                 // Dropped: charged its whole reservation.
                 Err(e) => {
@@ -137,27 +137,27 @@ impl MeshTools {
             }
         }
         let outcome = task.outcome().await;
-        if !matches!(outcome, TaskOutcome::Unknown) {
+        if outcome.is_some() {
             // It ended: nothing is left to cancel.
             waiting.id = None;
         }
         match outcome {
-            TaskOutcome::Completed {
+            Some(TaskOutcome::Completed {
                 output,
                 usage,
                 executed_on,
                 rounds,
-            } => Ok(Done {
+            }) => Ok(Done {
                 task_id: id,
                 output,
                 usage,
                 executed_on,
                 rounds,
             }),
-            TaskOutcome::Failed { error, .. } => {
+            Some(TaskOutcome::Failed { error, .. }) => {
                 Err(CallError::Tool(format!("task {id} failed: {error}")))
             }
-            TaskOutcome::Unknown => Err(CallError::Tool(format!(
+            None => Err(CallError::Tool(format!(
                 "task {id}: its events ended without an answer (`mesh-cli tasks show {id}`)"
             ))),
         }

@@ -10,9 +10,10 @@
 //! text for the model, and a [`ToolError`] when the call failed (the model sees its `Display`,
 //! and the supervisor counts the failure).
 
+use std::{future::Future, path::Path};
+
 pub use mesh_domain::chat::MAX_TOOL_OUTPUT;
 pub(crate) use mesh_domain::chat::cap_tool_output as cap;
-use std::{future::Future, path::Path};
 
 use mesh_domain::{BoxFuture, EventKind, TaskError, TaskSpec, Tier, ToolSpec};
 use serde_json::Value;
@@ -119,11 +120,7 @@ pub enum ToolError {
     NoHost(String),
     /// Every node offering the MCP tool was unreachable (`reasons`: `addr: why` each).
     #[error("no node offering `{name}` could be reached: {}", reasons.join("; "))]
-    Unreachable {
-        /// The tool.
-        name: String,
-        reasons: Vec<String>,
-    },
+    Unreachable { name: String, reasons: Vec<String> },
 }
 
 /// Why a sub-task gave no answer. Its `Display` reaches the model as `delegate`'s error.

@@ -32,7 +32,9 @@
 //!    through `Runner`), [`issuer`] (redeems join tokens for certificates on a node with the CA
 //!    key), [`approvals`] (approval gates: which tool calls wait for a person, kept in the
 //!    memory so any node can decide them), [`settings`] (the runtime settings `mesh-cli config
-//!    set` changes: checked as the config file is, kept in the data dir, applied at once).
+//!    set` changes: checked as the config file is, kept in the data dir, applied at once),
+//!    [`task_handle`] (a task as its submitter holds it: followed to its outcome; why a task
+//!    was not taken or found).
 //! 4. [`tasks`] (the task manager: queue, workers, events, history, forwarding through
 //!    `Forwarder`).
 //! 5. [`rpc`] and [`http`]: the edges, protobuf and JSON in, domain types out; they implement
@@ -76,6 +78,7 @@ pub mod server;
 mod settings;
 mod storage;
 mod supervise;
+mod task_handle;
 mod tasks;
 
 pub use connections::raise_open_files_limit;

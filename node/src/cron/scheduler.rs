@@ -18,11 +18,11 @@ use std::{
 };
 
 use mesh_domain::{
-    EventKind, NodeId, PeerState, TaskEvent, TaskSpec, Tier,
+    EventKind, NodeId, PeerState, TaskSpec, Tier,
     keys::{CRON_FIRINGS, CRON_SCHEDULES},
     sync::MutexExt,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -33,7 +33,11 @@ use super::{
     table::{Active, ScheduleTable},
     timetable::{Timetable, due},
 };
-use crate::{memory::Memory, peers::PeerTable};
+use crate::{
+    memory::Memory,
+    peers::PeerTable,
+    task_handle::{SubmitError, TaskHandle, TaskOutcome},
+};
 
 /// Firings kept per schedule; older ones are deleted as new ones come.
 pub const HISTORY_KEPT: usize = 200;
@@ -51,15 +55,11 @@ fn now_ms() -> i64 {
 }
 
 /// Starts tasks for firings: routes and submits a task whose `lineage.task_id` is set,
-/// returning its events (a port: the task manager implements it).
+/// returning it followed (a port: the task manager implements it).
 pub trait Runner: Send + Sync + fmt::Debug {
     /// Submits `spec`, started by its `lineage.started_by` (the schedule's creator), where the
     /// router places it; `written_here` when this node wrote the schedule.
-    fn start(
-        &self,
-        spec: TaskSpec,
-        written_here: bool,
-    ) -> Result<mpsc::Receiver<TaskEvent>, String>;
+    fn start(&self, spec: TaskSpec, written_here: bool) -> Result<TaskHandle, SubmitError>;
 }
 
 /// Per schedule this node owns: the last scheduled time handled and the one after it.
@@ -454,7 +454,7 @@ impl Scheduler {
         match self.runner.start(spec, written_here) {
             Err(e) => {
                 firing.status = FiringStatus::Failed;
-                firing.error = e;
+                firing.error = e.to_string();
                 self.save(&mut firing).await?;
             }
             Ok(events) => {
@@ -469,9 +469,8 @@ impl Scheduler {
     }
 
     /// Records a firing's progress from its task's events.
-    async fn follow(self: Arc<Self>, mut firing: Firing, mut events: mpsc::Receiver<TaskEvent>) {
-        let mut outcome = None;
-        while let Some(event) = events.recv().await {
+    async fn follow(self: Arc<Self>, mut firing: Firing, mut task: TaskHandle) {
+        while let Some(event) = task.progress().await {
             match event.kind {
                 EventKind::Accepted { node, .. } => firing.executed_on = node,
                 EventKind::Started { node } => {
@@ -481,24 +480,22 @@ impl Scheduler {
                         tracing::warn!(fire_id = %firing.fire_id, error = %e, "record a firing");
                     }
                 }
-                EventKind::Completed { executed_on, .. } => {
-                    if !executed_on.is_empty() {
-                        firing.executed_on = executed_on;
-                    }
-                    outcome = Some((FiringStatus::Done, String::new()));
-                    break;
-                }
-                EventKind::Failed { error, .. } => {
-                    outcome = Some((FiringStatus::Failed, error.to_string()));
-                    break;
-                }
                 _ => {}
             }
         }
-        let (status, error) = outcome.unwrap_or((
-            FiringStatus::Failed,
-            "the task's events ended without an outcome".into(),
-        ));
+        let (status, error) = match task.outcome().await {
+            Some(TaskOutcome::Completed { executed_on, .. }) => {
+                if !executed_on.is_empty() {
+                    firing.executed_on = executed_on;
+                }
+                (FiringStatus::Done, String::new())
+            }
+            Some(TaskOutcome::Failed { error, .. }) => (FiringStatus::Failed, error.to_string()),
+            None => (
+                FiringStatus::Failed,
+                "the task's events ended without an outcome".into(),
+            ),
+        };
         firing.status = status;
         firing.error = error;
         if let Err(e) = self.save(&mut firing).await {
@@ -553,6 +550,9 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
+    use mesh_domain::TaskEvent;
+    use tokio::sync::mpsc;
+
     use super::*;
     use crate::cron::{
         schedule::tests::{T0, schedule},
@@ -568,11 +568,7 @@ mod tests {
     }
 
     impl Runner for FakeRunner {
-        fn start(
-            &self,
-            spec: TaskSpec,
-            _written_here: bool,
-        ) -> Result<mpsc::Receiver<TaskEvent>, String> {
+        fn start(&self, spec: TaskSpec, _written_here: bool) -> Result<TaskHandle, SubmitError> {
             let (tx, rx) = mpsc::channel(8);
             let id = spec.lineage.task_id.clone().unwrap_or_default();
             let event = |seq, kind| TaskEvent {
@@ -602,7 +598,7 @@ mod tests {
                 ));
             }
             self.started.lock().expect("lock").push(spec);
-            Ok(rx)
+            Ok(TaskHandle::new(id, rx))
         }
     }
 

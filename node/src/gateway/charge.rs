@@ -6,13 +6,13 @@
 //! dropped unsettled, with its whole reservation. The limits and the counting are `api_keys`';
 //! this module only says what each run asks.
 
-use mesh_domain::{
-    EmbedRequest, EventKind, Message, Role, Target, TaskEvent, TaskSpec, chat::prompt_token_bound,
-};
-use tokio::sync::mpsc;
+use mesh_domain::{EmbedRequest, Message, Role, Target, TaskSpec, chat::prompt_token_bound};
 
 use super::{call::Call, caller::DoorCaller, error::GatewayError, service::Gateway};
-use crate::api_keys::{Ask, Charge};
+use crate::{
+    api_keys::{Ask, Charge},
+    task_handle::{TaskHandle, TaskOutcome},
+};
 
 impl Gateway {
     /// Admits `call` for the caller's key: `max_tokens` becomes what the key grants, and all of
@@ -84,18 +84,15 @@ impl Gateway {
     }
 }
 
-/// Follows a task's `events` to its end and charges its key what it spent: a completed task
-/// its usage, a failed or cancelled one the usage its `failed` event carries (what its model
-/// calls reported, and the estimate of a call cut off). Events that end without an outcome
-/// drop the charge, which charges its whole reservation.
-pub async fn settle_from_outcome(mut events: mpsc::Receiver<TaskEvent>, charge: Charge) {
-    while let Some(event) = events.recv().await {
-        match event.kind {
-            EventKind::Completed { usage, .. } | EventKind::Failed { usage, .. } => {
-                charge.settle(usage).await;
-                return;
-            }
-            _ => {}
+/// Follows `task` to its end and charges its key what it spent: a completed task its usage,
+/// a failed or cancelled one the usage its `failed` event carries (what its model calls
+/// reported, and the estimate of a call cut off). Events that end without an outcome drop the
+/// charge, which charges its whole reservation.
+pub async fn settle_from_outcome(task: TaskHandle, charge: Charge) {
+    match task.outcome().await {
+        Some(TaskOutcome::Completed { usage, .. } | TaskOutcome::Failed { usage, .. }) => {
+            charge.settle(usage).await;
         }
+        None => {}
     }
 }

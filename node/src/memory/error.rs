@@ -1,6 +1,8 @@
 //! What can go wrong in the memory: one error enum for every file of it, so callers branch on
-//! one type (`rpc::memory` maps each variant to a gRPC status once). It describes failures and
-//! decides nothing; in particular it knows no status codes.
+//! one type (`rpc::memory` maps each variant to a gRPC status once); and, apart, why a call to
+//! a peer's memory failed ([`PeerCallError`], what the `MemoryPeers` port returns) and why a
+//! pull from a peer stopped ([`SyncError`]). It describes failures and decides nothing; in
+//! particular it knows no status codes.
 
 use mesh_cert::{OriginError, RevocationError};
 use mesh_domain::keys::{InvalidName, PRIVATE_NAMESPACES, SYSTEM_NAMESPACES};
@@ -89,6 +91,43 @@ impl MemoryError {
     pub fn counts_as_received(&self) -> bool {
         matches!(self, Self::Writer { .. })
     }
+}
+
+/// Why a call to a peer's memory (`MemoryPeers::sync` or `push`) gave no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerCallError {
+    /// No connection to the peer could be opened.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The peer is resyncing itself and answers no `Sync` until it is done.
+    #[error("the peer is resyncing")]
+    Resyncing,
+    /// The peer answered with an error (its status code and message).
+    #[error("{0}")]
+    Refused(String),
+    /// The peer's answer breaks the protocol; the text names what.
+    #[error("{0}")]
+    BadAnswer(String),
+    /// No answer within the call's deadline.
+    #[error("no answer within {seconds} s")]
+    NoAnswer { seconds: u64 },
+}
+
+/// Why a pull (or a full resync) from a peer stopped before the end.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SyncError {
+    /// A call to the peer failed.
+    #[error(transparent)]
+    Peer(#[from] PeerCallError),
+    /// This node's memory could not take what came.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// The peer answered `more` with nothing past what it had sent.
+    #[error("the peer answered `more` with nothing new; giving up this pull")]
+    Stuck,
+    /// A resync's peer had more to send than one resync takes.
+    #[error("the peer had more than {batches} batches to send; resyncing from another")]
+    TooLong { batches: usize },
 }
 
 /// Whether a caller outside the node's own services (a client or node over `Memory.Put` and

@@ -62,12 +62,10 @@ mod sync;
 pub(crate) mod test_support;
 mod writers;
 
-pub use error::{MemoryError, readable_by_callers, writable_by_callers};
+pub use error::{MemoryError, PeerCallError, readable_by_callers, writable_by_callers};
 pub(crate) use lag::LagGauges;
 pub use record::{Entry, MAX_SIGNATURE, Record};
 pub use store::{Memory, MemoryOptions};
 #[cfg(test)]
 pub(crate) use sync::sync_from;
-pub use sync::{
-    MemoryPeers, RESYNCING, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync, replicate,
-};
+pub use sync::{MemoryPeers, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync, replicate};

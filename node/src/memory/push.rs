@@ -18,13 +18,13 @@ use tokio_util::sync::CancellationToken;
 
 use mesh_domain::BoxFuture;
 
-use super::{record::Entry, store::Memory};
+use super::{error::PeerCallError, record::Entry, store::Memory};
 
 /// How a batch reaches a peer: `(address, records, certificates)` to the peer's frontier for
 /// this node's writes. `sync::replicate` makes it from its `MemoryPeers::push`; it is a
 /// function here so that this file names nothing above `store`.
 pub(super) type PushCall = Arc<
-    dyn Fn(String, Vec<Entry>, Vec<Vec<u8>>) -> BoxFuture<'static, Result<u64, String>>
+    dyn Fn(String, Vec<Entry>, Vec<Vec<u8>>) -> BoxFuture<'static, Result<u64, PeerCallError>>
         + Send
         + Sync,
 >;
@@ -167,7 +167,7 @@ async fn send(
         let result = tokio::select! {
             () = cancel.cancelled() => return,
             result = tokio::time::timeout(PUSH_CALL_DEADLINE, call) => result
-                .unwrap_or_else(|_| Err(format!("no answer within {} s", PUSH_CALL_DEADLINE.as_secs()))),
+                .unwrap_or_else(|_| Err(PeerCallError::NoAnswer { seconds: PUSH_CALL_DEADLINE.as_secs() })),
         };
         match result {
             // The peer's frontier for our writes: what lets us collect our tombstones early;

@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    error::MemoryError,
+    error::{MemoryError, PeerCallError, SyncError},
     index::index_value,
     push::{Push, PushCall, PushQueues},
     record::Entry,
@@ -44,10 +44,12 @@ async fn sync_call(
     peers: &dyn MemoryPeers,
     addr: &str,
     request: SyncRequest,
-) -> Result<SyncBatch, String> {
+) -> Result<SyncBatch, PeerCallError> {
     tokio::time::timeout(SYNC_CALL_DEADLINE, peers.sync(addr.to_owned(), request))
         .await
-        .map_err(|_| format!("no answer within {} s", SYNC_CALL_DEADLINE.as_secs()))?
+        .map_err(|_| PeerCallError::NoAnswer {
+            seconds: SYNC_CALL_DEADLINE.as_secs(),
+        })?
 }
 
 /// Most `Sync` calls one pull makes (up to [`SYNC_BATCH`] records each); a longer catch-up
@@ -56,11 +58,6 @@ async fn sync_call(
 const PULL_BATCHES: usize = 64;
 /// Most `Sync` calls of a full resync (two million records), which must see everything.
 const RESYNC_BATCHES: usize = 4096;
-/// Why a pull stops when the peer answers "more" with nothing past what it sent.
-const STUCK: &str = "the peer answered `more` with nothing new; giving up this pull";
-
-/// What [`MemoryPeers::sync`] fails with when the peer is resyncing itself.
-pub const RESYNCING: &str = "the peer is resyncing";
 
 /// A `Sync` call.
 #[derive(Debug, Clone, Default)]
@@ -99,7 +96,7 @@ pub trait MemoryPeers: Send + Sync + fmt::Debug {
         &self,
         addr: String,
         request: SyncRequest,
-    ) -> BoxFuture<'static, Result<SyncBatch, String>>;
+    ) -> BoxFuture<'static, Result<SyncBatch, PeerCallError>>;
     /// Sends our new records, with our certificate, to the peer at `addr`; answers the peer's
     /// frontier for our writes.
     fn push(
@@ -107,7 +104,7 @@ pub trait MemoryPeers: Send + Sync + fmt::Debug {
         addr: String,
         entries: Vec<Entry>,
         certificates: Vec<Vec<u8>>,
-    ) -> BoxFuture<'static, Result<u64, String>>;
+    ) -> BoxFuture<'static, Result<u64, PeerCallError>>;
 }
 
 /// Answers a peer's `Sync`: for each origin we hold, the records after the peer's watermark.
@@ -250,7 +247,7 @@ pub async fn sync_from(
     peers: &dyn MemoryPeers,
     peer: &NodeId,
     addr: &str,
-) -> Result<usize, String> {
+) -> Result<usize, SyncError> {
     let mut applied = 0;
     // What this pull asks for next: past every record received, refused ones included, so a
     // peer that keeps sending a refused record cannot hold the pull in a loop. The stored
@@ -293,25 +290,20 @@ pub async fn sync_from(
         }
         for (origin, seq) in highest {
             if seq > memory.watermark(peer, &origin) {
-                memory
-                    .set_watermark(peer, &origin, seq)
-                    .map_err(|e| e.to_string())?;
+                memory.set_watermark(peer, &origin, seq)?;
             }
         }
-        memory.flush().await.map_err(|e| e.to_string())?;
+        memory.flush().await?;
         if !batch.more || batch.entries.is_empty() {
             for (origin, head) in &batch.heads {
                 if !refused.contains(origin) && *head > memory.watermark(peer, origin) {
-                    memory
-                        .set_watermark(peer, origin, *head)
-                        .map_err(|e| e.to_string())?;
+                    memory.set_watermark(peer, origin, *head)?;
                 }
             }
             memory
                 .note_peer(peer, &batch.frontier)
                 .and_then(|()| memory.merge_known(&batch.known))
-                .and_then(|()| memory.touch_contact())
-                .map_err(|e| e.to_string())?;
+                .and_then(|()| memory.touch_contact())?;
             memory
                 .synced_at
                 .lock_unpoisoned()
@@ -319,7 +311,7 @@ pub async fn sync_from(
             return Ok(applied);
         }
         if after == before {
-            return Err(STUCK.to_owned());
+            return Err(SyncError::Stuck);
         }
     }
     // A long catch-up goes on at the next pull, from the watermarks stored so far.
@@ -334,9 +326,8 @@ pub async fn resync_from(
     peers: &dyn MemoryPeers,
     peer: &NodeId,
     addr: &str,
-) -> Result<(usize, usize), String> {
-    let fail = |e: MemoryError| e.to_string();
-    memory.store.drop_tree(RESYNC).map_err(|e| e.to_string())?;
+) -> Result<(usize, usize), SyncError> {
+    memory.store.drop_tree(RESYNC).map_err(MemoryError::from)?;
     let mut after: BTreeMap<NodeId, u64> = BTreeMap::new();
     // As in `sync_from`: no watermark is stored past a refused record.
     let mut refused: HashSet<NodeId> = HashSet::new();
@@ -345,9 +336,9 @@ pub async fn resync_from(
     let batch = loop {
         batches += 1;
         if batches > RESYNC_BATCHES {
-            return Err(format!(
-                "the peer had more than {RESYNC_BATCHES} batches to send; resyncing from another"
-            ));
+            return Err(SyncError::TooLong {
+                batches: RESYNC_BATCHES,
+            });
         }
         let request = SyncRequest {
             node: Some(memory.own_id().clone()),
@@ -372,7 +363,7 @@ pub async fn resync_from(
         memory
             .store
             .commit(held.collect())
-            .map_err(|e| e.to_string())?;
+            .map_err(MemoryError::from)?;
         let before = after.clone();
         for entry in &batch.entries {
             let seen = after.entry(entry.record.origin.clone()).or_default();
@@ -382,21 +373,20 @@ pub async fn resync_from(
             break batch;
         }
         if after == before {
-            return Err(STUCK.to_owned());
+            return Err(SyncError::Stuck);
         }
     };
-    let dropped = memory.drop_collected(peer, &batch.frontier).map_err(fail)?;
+    let dropped = memory.drop_collected(peer, &batch.frontier)?;
     for (origin, seq) in after.iter().chain(&batch.heads) {
         if !refused.contains(origin) {
-            memory.set_watermark(peer, origin, *seq).map_err(fail)?;
+            memory.set_watermark(peer, origin, *seq)?;
         }
     }
     memory
         .note_peer(peer, &batch.frontier)
         .and_then(|()| memory.merge_known(&batch.known))
-        .and_then(|()| memory.touch_contact())
-        .map_err(fail)?;
-    memory.flush().await.map_err(fail)?;
+        .and_then(|()| memory.touch_contact())?;
+    memory.flush().await?;
     let _ = memory.store.drop_tree(RESYNC);
     Ok((applied, dropped))
 }
@@ -571,7 +561,7 @@ pub async fn replicate(
                                 break;
                             }
                             Err(e) => {
-                                all_away &= e == RESYNCING;
+                                all_away &= matches!(e, SyncError::Peer(PeerCallError::Resyncing));
                                 tracing::warn!(peer = %peer.name, error = %e, "resync memory");
                             }
                         }
@@ -688,6 +678,8 @@ mod tests {
         Slow,
         /// At once, with an error.
         Fail,
+        /// At once: the peer is resyncing too.
+        Resyncing,
         /// After 100 ms, with "more" and one record of a new made-up origin, for ever.
         Endless,
     }
@@ -741,7 +733,7 @@ mod tests {
             &self,
             _: String,
             request: SyncRequest,
-        ) -> BoxFuture<'static, Result<SyncBatch, String>> {
+        ) -> BoxFuture<'static, Result<SyncBatch, PeerCallError>> {
             use std::sync::atomic::Ordering::SeqCst;
             let this = self.clone();
             Box::pin(async move {
@@ -754,7 +746,8 @@ mod tests {
                         tokio::time::sleep(Duration::from_secs(3)).await;
                         Ok(SyncBatch::default())
                     }
-                    Answer::Fail => Err("refused".into()),
+                    Answer::Fail => Err(PeerCallError::Refused("refused".into())),
+                    Answer::Resyncing => Err(PeerCallError::Resyncing),
                     Answer::Endless => {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         let seq = this.next_seq.fetch_add(1, SeqCst) + 1;
@@ -781,7 +774,7 @@ mod tests {
             _: String,
             _: Vec<Entry>,
             _: Vec<Vec<u8>>,
-        ) -> BoxFuture<'static, Result<u64, String>> {
+        ) -> BoxFuture<'static, Result<u64, PeerCallError>> {
             let this = self.clone();
             Box::pin(async move {
                 let _call = this.pushes.enter();
@@ -967,6 +960,35 @@ mod tests {
         let total = fake.syncs.total();
         assert!((10..=11).contains(&total), "{total} resyncs");
         assert!(memory.stale(), "no peer brought it back");
+    }
+
+    /// When every reachable peer answers that it is resyncing too, the fleet was away together
+    /// and nobody collected deletes: the stale node goes on as usual; any other failure (the
+    /// test above) keeps it stale.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_node_whose_every_peer_is_resyncing_too_resumes() {
+        let options = MemoryOptions {
+            tombstone_window: Duration::from_secs(3600),
+            ..MemoryOptions::default()
+        };
+        let (_dir, memory) = open_memory(&id("stale"), options);
+        let long_ago = now_ms() - 2 * 3600 * 1000;
+        memory
+            .store
+            .commit(vec![Write::Put(
+                META.into(),
+                CONTACT_KEY.to_vec(),
+                long_ago.to_be_bytes().to_vec(),
+            )])
+            .expect("age contact");
+        assert!(memory.stale());
+        let fake = Arc::new(Fake {
+            answer: Answer::Resyncing,
+            ..Fake::default()
+        });
+        replicate_memory(&memory, &fake, 0, 0, Duration::from_secs(5)).await;
+        assert!(fake.syncs.total() >= 1, "the peer was asked");
+        assert!(!memory.stale(), "the whole fleet was away together");
     }
 
     /// Regression: a pull went on as long as the peer answered "more", so a peer whose answers

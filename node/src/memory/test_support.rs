@@ -11,10 +11,10 @@ use mesh_cert::{OriginSigner, OriginVerifier};
 use mesh_domain::{BoxFuture, NodeId};
 
 use super::{
-    error::MemoryError,
+    error::{MemoryError, PeerCallError},
     record::{Entry, Record},
     store::{Memory, MemoryOptions},
-    sync::{MemoryPeers, RESYNCING, SyncBatch, SyncRequest, answer_sync},
+    sync::{MemoryPeers, SyncBatch, SyncRequest, answer_sync},
 };
 use crate::storage::{SledStore, Store};
 
@@ -142,13 +142,13 @@ impl MemoryPeers for InProcess {
         &self,
         addr: String,
         request: SyncRequest,
-    ) -> BoxFuture<'static, Result<SyncBatch, String>> {
+    ) -> BoxFuture<'static, Result<SyncBatch, PeerCallError>> {
         let peer = self.0.lock().expect("lock").get(&addr).cloned();
         Box::pin(async move {
-            let peer = peer.ok_or("no such peer")?;
+            let peer = peer.ok_or_else(|| PeerCallError::Unreachable("no such peer".into()))?;
             match answer_sync(&peer, &request) {
-                Err(MemoryError::Resyncing) => Err(RESYNCING.to_owned()),
-                other => other.map_err(|e| e.to_string()),
+                Err(MemoryError::Resyncing) => Err(PeerCallError::Resyncing),
+                other => other.map_err(|e| PeerCallError::Refused(e.to_string())),
             }
         })
     }
@@ -158,10 +158,10 @@ impl MemoryPeers for InProcess {
         addr: String,
         entries: Vec<Entry>,
         certificates: Vec<Vec<u8>>,
-    ) -> BoxFuture<'static, Result<u64, String>> {
+    ) -> BoxFuture<'static, Result<u64, PeerCallError>> {
         let peer = self.0.lock().expect("lock").get(&addr).cloned();
         Box::pin(async move {
-            let peer = peer.ok_or("no such peer")?;
+            let peer = peer.ok_or_else(|| PeerCallError::Unreachable("no such peer".into()))?;
             let sender = entries.first().map(|e| e.record.origin.clone());
             Ok(peer.accept_push(sender.as_ref(), &entries, &certificates).2)
         })
@@ -186,7 +186,11 @@ impl CannedPeer {
 }
 
 impl MemoryPeers for CannedPeer {
-    fn sync(&self, _: String, _: SyncRequest) -> BoxFuture<'static, Result<SyncBatch, String>> {
+    fn sync(
+        &self,
+        _: String,
+        _: SyncRequest,
+    ) -> BoxFuture<'static, Result<SyncBatch, PeerCallError>> {
         let batch = self.0.lock().expect("lock").clone();
         Box::pin(async move { Ok(batch) })
     }
@@ -196,7 +200,7 @@ impl MemoryPeers for CannedPeer {
         _: String,
         _: Vec<Entry>,
         _: Vec<Vec<u8>>,
-    ) -> BoxFuture<'static, Result<u64, String>> {
+    ) -> BoxFuture<'static, Result<u64, PeerCallError>> {
         Box::pin(async { Ok(0) })
     }
 }

@@ -12,7 +12,8 @@ use mesh_tls::deadline;
 use tonic::{Request, Response, Status};
 
 use crate::memory::{
-    self, Entry, MAX_SIGNATURE, Memory, MemoryError, MemoryPeers, Record, SYNC_BATCH, SyncBatch,
+    self, Entry, MAX_SIGNATURE, Memory, MemoryError, MemoryPeers, PeerCallError, Record,
+    SYNC_BATCH, SyncBatch,
 };
 
 /// The byte budget of one `List` answer (keys, values and signatures): far below the 16 MiB a
@@ -358,8 +359,12 @@ impl RemoteMemory {
     async fn client(
         &self,
         addr: &str,
-    ) -> Result<pb::memory_client::MemoryClient<tonic::transport::Channel>, String> {
-        let channel = self.channels.get(addr).await.map_err(|e| e.to_string())?;
+    ) -> Result<pb::memory_client::MemoryClient<tonic::transport::Channel>, PeerCallError> {
+        let channel = self
+            .channels
+            .get(addr)
+            .await
+            .map_err(|e| PeerCallError::Unreachable(e.to_string()))?;
         Ok(pb::memory_client::MemoryClient::new(channel)
             .max_decoding_message_size(16 * super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(8 * super::MAX_MESSAGE_BYTES))
@@ -375,7 +380,7 @@ impl MemoryPeers for RemoteMemory {
         &self,
         addr: String,
         request: memory::SyncRequest,
-    ) -> BoxFuture<'static, Result<SyncBatch, String>> {
+    ) -> BoxFuture<'static, Result<SyncBatch, PeerCallError>> {
         let this = self.clone();
         Box::pin(async move {
             let mut client = this.client(&addr).await?;
@@ -389,24 +394,25 @@ impl MemoryPeers for RemoteMemory {
             let response = match deadline::within(limit, "Memory.Sync", call).await {
                 Ok(response) => response.into_inner(),
                 Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                    return Err(memory::RESYNCING.to_owned());
+                    return Err(PeerCallError::Resyncing);
                 }
                 Err(s) => {
                     this.forget(&addr);
-                    return Err(format!("{}: {}", s.code(), s.message()));
+                    return Err(refused(&s));
                 }
             };
-            check_certificates(&response.certificates)?;
+            let bad = PeerCallError::BadAnswer;
+            check_certificates(&response.certificates).map_err(bad)?;
             let mut entries = Vec::with_capacity(response.records.len());
             for record in response.records {
-                entries.push(Entry::try_from(record).map_err(|s| s.message().to_owned())?);
+                entries.push(Entry::try_from(record).map_err(|s| bad(s.message().to_owned()))?);
             }
             Ok(SyncBatch {
                 entries,
                 more: response.more,
-                heads: parse_seqs("heads", response.heads)?,
-                frontier: parse_seqs("frontier", response.frontier)?,
-                known: parse_seqs("known", response.known)?,
+                heads: parse_seqs("heads", response.heads).map_err(bad)?,
+                frontier: parse_seqs("frontier", response.frontier).map_err(bad)?,
+                known: parse_seqs("known", response.known).map_err(bad)?,
                 certificates: response.certificates,
             })
         })
@@ -417,7 +423,7 @@ impl MemoryPeers for RemoteMemory {
         addr: String,
         entries: Vec<Entry>,
         certificates: Vec<Vec<u8>>,
-    ) -> BoxFuture<'static, Result<u64, String>> {
+    ) -> BoxFuture<'static, Result<u64, PeerCallError>> {
         let this = self.clone();
         Box::pin(async move {
             let mut client = this.client(&addr).await?;
@@ -432,11 +438,16 @@ impl MemoryPeers for RemoteMemory {
                 Ok(response) => Ok(response.into_inner().frontier),
                 Err(s) => {
                     this.forget(&addr);
-                    Err(format!("{}: {}", s.code(), s.message()))
+                    Err(refused(&s))
                 }
             }
         })
     }
+}
+
+/// A peer's error answer to a memory call, as the memory reports it: `{code}: {message}`.
+fn refused(status: &Status) -> PeerCallError {
+    PeerCallError::Refused(format!("{}: {}", status.code(), status.message()))
 }
 
 #[cfg(test)]

@@ -184,6 +184,7 @@ impl From<SubmitError> for Status {
             SubmitError::Duplicate(_) => Status::already_exists(message),
             SubmitError::Rejected(task_error) => task_error_status(&task_error),
             SubmitError::Storage(store) => super::store_status(&store, message),
+            SubmitError::Unfollowed(lookup) => lookup.into(),
         }
     }
 }

@@ -16,7 +16,7 @@ use mesh_domain::{Answer, BoxFuture, EventKind, TaskError, TaskEvent, TaskSpec, 
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::{agent::EventSink, router::Destination};
+use crate::{agent::EventSink, router::Destination, task_handle::TaskOutcome};
 
 /// Re-routes after the first node at most this many times.
 pub const MAX_FAILOVERS: u32 = 2;
@@ -183,14 +183,14 @@ pub(crate) async fn forward(
                     break ForwardError::Lost("its event stream ended without an outcome".into());
                 }
             };
-            match event.kind {
+            match TaskOutcome::of(event.kind) {
                 // What the node spent is this task's, whatever its outcome.
-                EventKind::Completed {
+                Ok(TaskOutcome::Completed {
                     output,
                     usage,
                     executed_on,
                     rounds,
-                } => {
+                }) => {
                     journey.events.spend(usage);
                     return Ok(Answer {
                         output,
@@ -199,13 +199,13 @@ pub(crate) async fn forward(
                         executed_on: Some(executed_on),
                     });
                 }
-                EventKind::Failed { error, usage } => {
+                Ok(TaskOutcome::Failed { error, usage }) => {
                     journey.events.spend(usage);
                     return Err(error);
                 }
                 // The executing node's own admission is not news to our caller.
-                EventKind::Accepted { .. } => {}
-                kind => {
+                Err(EventKind::Accepted { .. }) => {}
+                Err(kind) => {
                     if let EventKind::ToolCalled {
                         name: tool,
                         arguments,

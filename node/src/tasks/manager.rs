@@ -30,7 +30,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::{Admission, Caller},
-    agent::{AgentRuntime, EventSink, evaluate::Evaluator, tools::SubtaskRunner},
+    agent::{
+        AgentRuntime, EventSink,
+        evaluate::Evaluator,
+        tools::{SubtaskError, SubtaskRunner},
+    },
     capabilities::Capabilities,
     chat::ChatService,
     config::TaskLimits,
@@ -38,8 +42,8 @@ use crate::{
     metrics::{labels, metrics},
     router::{Destination, Placement},
     storage::Store,
+    task_handle::{LookupError, SubmitError, TaskHandle, TaskOutcome},
     tasks::{
-        error::{LookupError, SubmitError},
         forward::{Forwarder, Journey, forward},
         history::{History, Replayed, TaskRecord, recover},
     },
@@ -391,6 +395,19 @@ impl TaskManager {
         Ok(rx)
     }
 
+    /// Follows task `id` to its outcome: its events from the start, then new ones until it
+    /// ends.
+    pub fn follow(&self, id: &str) -> Result<TaskHandle, LookupError> {
+        Ok(TaskHandle::new(id.to_owned(), self.watch(id, true)?))
+    }
+
+    /// Submits `spec` for `caller` and follows it ([`TaskManager::submit`], then
+    /// [`TaskManager::follow`]).
+    pub fn run(&self, spec: TaskSpec, caller: &Caller) -> Result<TaskHandle, SubmitError> {
+        let id = self.submit(spec, caller)?;
+        self.follow(&id).map_err(SubmitError::Unfollowed)
+    }
+
     /// Cancels a task and waits (at most `wait`) until it has ended, so the status returned is
     /// the one after the cancel (`cancelled`, or how it ended first); a finished task is left
     /// as it is.
@@ -733,38 +750,24 @@ fn log_end(task: &LiveTask, origin: &str, took: Duration, result: &Result<Answer
 
 /// The `delegate` tool's sub-tasks are admitted like any task, as this node's own.
 impl SubtaskRunner for TaskManager {
-    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, String>> {
+    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, SubtaskError>> {
         let tasks = self.clone();
         Box::pin(async move {
-            let id = tasks
-                .submit(spec, &Caller::Subtask)
-                .map_err(|e| e.to_string())?;
-            let mut events = tasks.watch(&id, true).map_err(|e| e.to_string())?;
-            while let Some(event) = events.recv().await {
-                match event.kind {
-                    EventKind::Completed { output, .. } => return Ok(output),
-                    EventKind::Failed { error, .. } => {
-                        return Err(format!("sub-task {id} failed: {error}"));
-                    }
-                    _ => {}
-                }
+            let task = tasks.run(spec, &Caller::Subtask)?;
+            let id = task.id().to_owned();
+            match task.outcome().await {
+                Some(TaskOutcome::Completed { output, .. }) => Ok(output),
+                Some(TaskOutcome::Failed { error, .. }) => Err(SubtaskError::Failed { id, error }),
+                None => Err(SubtaskError::NoOutcome { id }),
             }
-            Err(format!("sub-task {id} ended without an outcome"))
         })
     }
 }
 
 /// Cron firings are admitted like any task, as their schedule's creator, placed as new ones.
 impl Runner for TaskManager {
-    fn start(
-        &self,
-        spec: TaskSpec,
-        written_here: bool,
-    ) -> Result<mpsc::Receiver<TaskEvent>, String> {
-        let id = self
-            .submit(spec, &Caller::Schedule { written_here })
-            .map_err(|e| e.to_string())?;
-        self.watch(&id, true).map_err(|e| e.to_string())
+    fn start(&self, spec: TaskSpec, written_here: bool) -> Result<TaskHandle, SubmitError> {
+        self.run(spec, &Caller::Schedule { written_here })
     }
 }
 

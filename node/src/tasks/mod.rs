@@ -5,20 +5,18 @@
 //!   them, keeps the live ones with their events, cancels them, and forwards those placed
 //!   elsewhere.
 //! - [`history`]: each task's record and events in the store, and the recovery at start.
-//! - `error`: why a task was not taken ([`SubmitError`]) or not found ([`LookupError`]).
 //! - [`forward`]: the [`Forwarder`] port and the failover loop of a task run on other nodes.
 //!
 //! This module runs tasks but decides nothing about how (that is `agent`) or where (that is
 //! `admission`).
 
-mod error;
 pub mod forward;
 pub mod history;
 pub mod manager;
 
 pub use self::{
-    error::{LookupError, SubmitError},
     forward::{ForwardError, Forwarder},
     history::TaskRecord,
     manager::{TaskManager, TaskParts},
 };
+pub use crate::task_handle::{LookupError, SubmitError, TaskOutcome};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use mesh_domain::{BoxFuture, Tier};
 
 use super::{
-    framework::Tool,
+    framework::DynTool,
     memory::{self, MemoryGet, MemoryPut, MemorySearch},
     nodes::{self, ListNodes},
 };
@@ -43,7 +43,7 @@ impl DataTools {
         }
     }
 
-    fn tool(&self, tool: DataTool) -> &dyn Tool {
+    fn tool(&self, tool: DataTool) -> &dyn DynTool {
         match tool {
             DataTool::ListNodes => &self.nodes,
             DataTool::MemoryGet => &self.get,

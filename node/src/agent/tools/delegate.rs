@@ -6,13 +6,13 @@ use std::sync::{Arc, OnceLock};
 use mesh_domain::{BoxFuture, Lineage, Requirements, Target, TaskSpec, Tier, ToolSpec};
 use serde_json::{Value, json};
 
-use crate::agent::tools::framework::{Tool, ToolContext, str_arg};
+use crate::agent::tools::framework::{SubtaskError, Tool, ToolContext, ToolError, str_arg};
 
 /// Runs the `delegate` tool's sub-tasks: places them like any submitted task and waits for the
 /// outcome (a port: the task manager implements it).
 pub trait SubtaskRunner: Send + Sync + std::fmt::Debug {
-    /// Runs `spec` to an outcome: its output, or why it failed.
-    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, String>>;
+    /// Runs `spec` to an outcome: its output, or why it gave none.
+    fn run_subtask(&self, spec: TaskSpec) -> BoxFuture<'static, Result<String, SubtaskError>>;
 }
 
 /// Where `delegate` finds its runner: connected once the task manager exists, since that needs
@@ -25,12 +25,12 @@ pub(crate) struct Delegate {
     pub(crate) runner: RunnerSlot,
 }
 
-fn tier_arg(args: &Value) -> Result<Tier, String> {
+fn tier_arg(args: &Value) -> Result<Tier, ToolError> {
     match args.get("tier").and_then(Value::as_str) {
         None => Ok(Tier::Read),
-        Some(text) => {
-            Tier::parse(text).ok_or_else(|| format!("`tier` is `{text}`: use read, write or shell"))
-        }
+        Some(text) => Tier::parse(text).ok_or_else(|| {
+            ToolError::Arguments(format!("`tier` is `{text}`: use read, write or shell"))
+        }),
     }
 }
 
@@ -62,57 +62,51 @@ impl Tool for Delegate {
         tier_arg(args).unwrap_or(Tier::Shell)
     }
 
-    fn call<'a>(
-        &'a self,
-        args: &'a Value,
-        ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move {
-            let runner = self
-                .runner
-                .get()
-                .cloned()
-                .ok_or("the mesh is not ready yet")?;
-            let prompt = str_arg(args, "prompt")?.to_owned();
-            let pick = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_owned);
-            let target = match (pick("role"), pick("model"), pick("persona")) {
-                (Some(r), None, None) => Target::Role(r),
-                (None, Some(m), None) => Target::Model(m),
-                (None, None, Some(p)) => Target::Persona(p),
-                _ => return Err("name exactly one of `role`, `model` or `persona`".into()),
-            };
-            let tier = tier_arg(args)?;
-            if tier > ctx.spec.tier {
-                return Err(format!(
-                    "a sub-task may not ask for tier `{tier}`: this task runs at `{}`",
-                    ctx.spec.tier
+    async fn call(&self, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        let runner = self.runner.get().cloned().ok_or(ToolError::NotReady)?;
+        let prompt = str_arg(args, "prompt")?.to_owned();
+        let pick = |key: &str| args.get(key).and_then(Value::as_str).map(str::to_owned);
+        let target = match (pick("role"), pick("model"), pick("persona")) {
+            (Some(r), None, None) => Target::Role(r),
+            (None, Some(m), None) => Target::Model(m),
+            (None, None, Some(p)) => Target::Persona(p),
+            _ => {
+                return Err(ToolError::Arguments(
+                    "name exactly one of `role`, `model` or `persona`".into(),
                 ));
             }
-            let spec = TaskSpec {
-                prompt,
-                target,
-                tier,
-                timeout: ctx.spec.timeout,
-                max_rounds: None,
-                token_budget: ctx.spec.token_budget,
-                require: Requirements {
-                    on: pick("on"),
-                    ..Default::default()
-                },
-                lineage: Lineage {
-                    task_id: None,
-                    parent_id: Some(ctx.task_id.clone()),
-                    origin: ctx.spec.lineage.origin.clone(),
-                    hops: ctx.spec.lineage.hops + 1,
-                    // A sub-task acts for whoever started its parent.
-                    started_by: ctx.spec.lineage.started_by.clone(),
-                },
-                session: None,
-                // The parent's evaluation scores the parent's answer, not each sub-task's.
-                evaluate: None,
-                tool: None,
-            };
-            runner.run_subtask(spec).await
-        })
+        };
+        let tier = tier_arg(args)?;
+        if tier > ctx.spec.tier {
+            return Err(ToolError::Arguments(format!(
+                "a sub-task may not ask for tier `{tier}`: this task runs at `{}`",
+                ctx.spec.tier
+            )));
+        }
+        let spec = TaskSpec {
+            prompt,
+            target,
+            tier,
+            timeout: ctx.spec.timeout,
+            max_rounds: None,
+            token_budget: ctx.spec.token_budget,
+            require: Requirements {
+                on: pick("on"),
+                ..Default::default()
+            },
+            lineage: Lineage {
+                task_id: None,
+                parent_id: Some(ctx.task_id.clone()),
+                origin: ctx.spec.lineage.origin.clone(),
+                hops: ctx.spec.lineage.hops + 1,
+                // A sub-task acts for whoever started its parent.
+                started_by: ctx.spec.lineage.started_by.clone(),
+            },
+            session: None,
+            // The parent's evaluation scores the parent's answer, not each sub-task's.
+            evaluate: None,
+            tool: None,
+        };
+        Ok(runner.run_subtask(spec).await?)
     }
 }

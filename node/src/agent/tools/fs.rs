@@ -6,11 +6,11 @@ use std::{
     sync::Arc,
 };
 
-use mesh_domain::{BoxFuture, Tier, ToolSpec, time::now_ms};
+use mesh_domain::{Tier, ToolSpec, time::now_ms};
 use serde_json::{Value, json};
 
 use crate::agent::tools::{
-    framework::{Tool, ToolContext, cap, str_arg},
+    framework::{Tool, ToolContext, ToolError, cap, str_arg},
     roots::Roots,
 };
 
@@ -51,18 +51,12 @@ impl Tool for FileRead {
         Tier::Read
     }
 
-    fn call<'a>(
-        &'a self,
-        args: &'a Value,
-        _ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move {
-            let path = self.roots.resolve(str_arg(args, "path")?)?;
-            let bytes = tokio::fs::read(&path)
-                .await
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            Ok(cap(String::from_utf8_lossy(&bytes).into_owned()))
-        })
+    async fn call(&self, args: &Value, _ctx: &ToolContext) -> Result<String, ToolError> {
+        let path = self.roots.resolve(str_arg(args, "path")?)?;
+        let bytes = tokio::fs::read(&path)
+            .await
+            .map_err(ToolError::io("cannot read", &path))?;
+        Ok(cap(String::from_utf8_lossy(&bytes).into_owned()))
     }
 }
 
@@ -93,49 +87,43 @@ impl Tool for FileWrite {
         Tier::Write
     }
 
-    fn call<'a>(
-        &'a self,
-        args: &'a Value,
-        _ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move {
-            let path = self.roots.resolve(str_arg(args, "path")?)?;
-            let content = str_arg(args, "content")?;
-            if let Some(parent) = path.parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
-                    .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-            }
-            let mut note = String::new();
-            if path.exists() {
-                let stamp = now_ms();
-                let mut backup = path.clone().into_os_string();
-                backup.push(format!(".{stamp}.bak"));
-                let backup = PathBuf::from(backup);
-                let previous = tokio::fs::read(&path)
-                    .await
-                    .map_err(|e| format!("cannot back up {}: {e}", path.display()))?;
-                write_new(&backup, &previous)
-                    .await
-                    .map_err(|e| format!("cannot back up {}: {e}", path.display()))?;
-                note = format!(" (previous version kept as {})", backup.display());
-            }
-            // Write beside the target and rename, so a crash never leaves half a file.
-            let mut temp = path.clone().into_os_string();
-            temp.push(format!(".{}.agentmesh-tmp", uuid::Uuid::now_v7().simple()));
-            let temp = PathBuf::from(temp);
-            write_new(&temp, content.as_bytes())
+    async fn call(&self, args: &Value, _ctx: &ToolContext) -> Result<String, ToolError> {
+        let path = self.roots.resolve(str_arg(args, "path")?)?;
+        let content = str_arg(args, "content")?;
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent)
                 .await
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            tokio::fs::rename(&temp, &path)
+                .map_err(ToolError::io("cannot create", parent))?;
+        }
+        let mut note = String::new();
+        if path.exists() {
+            let stamp = now_ms();
+            let mut backup = path.clone().into_os_string();
+            backup.push(format!(".{stamp}.bak"));
+            let backup = PathBuf::from(backup);
+            let previous = tokio::fs::read(&path)
                 .await
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            Ok(format!(
-                "wrote {} bytes to {}{note}",
-                content.len(),
-                path.display()
-            ))
-        })
+                .map_err(ToolError::io("cannot back up", &path))?;
+            write_new(&backup, &previous)
+                .await
+                .map_err(ToolError::io("cannot back up", &path))?;
+            note = format!(" (previous version kept as {})", backup.display());
+        }
+        // Write beside the target and rename, so a crash never leaves half a file.
+        let mut temp = path.clone().into_os_string();
+        temp.push(format!(".{}.agentmesh-tmp", uuid::Uuid::now_v7().simple()));
+        let temp = PathBuf::from(temp);
+        write_new(&temp, content.as_bytes())
+            .await
+            .map_err(ToolError::io("cannot write", &path))?;
+        tokio::fs::rename(&temp, &path)
+            .await
+            .map_err(ToolError::io("cannot write", &path))?;
+        Ok(format!(
+            "wrote {} bytes to {}{note}",
+            content.len(),
+            path.display()
+        ))
     }
 }
 

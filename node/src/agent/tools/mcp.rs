@@ -19,8 +19,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::{
-    agent::tools::framework::{Tool, ToolContext},
-    mcp::{McpError, McpHub, McpOutput},
+    agent::tools::framework::{Tool, ToolContext, ToolError},
+    mcp::{McpHub, McpOutput},
     peers::PeerTable,
 };
 
@@ -121,12 +121,9 @@ impl FleetTools {
     }
 
     /// Runs `name` here when this node hosts it, else on a peer.
-    async fn call(&self, name: &str, args: &Value, ctx: &ToolContext) -> Result<String, String> {
+    async fn call(&self, name: &str, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
         let result = if self.hub.tool(name).is_some() {
-            self.hub
-                .call(name, args)
-                .await
-                .map_err(|e: McpError| e.to_string())
+            self.hub.call(name, args).await.map_err(ToolError::from)
         } else {
             self.call_remote(name, args, ctx).await
         };
@@ -138,7 +135,7 @@ impl FleetTools {
             McpOutput {
                 text,
                 is_error: true,
-            } => Err(text),
+            } => Err(ToolError::Failed(text)),
         }
     }
 
@@ -147,17 +144,17 @@ impl FleetTools {
         name: &str,
         args: &Value,
         ctx: &ToolContext,
-    ) -> Result<McpOutput, String> {
+    ) -> Result<McpOutput, ToolError> {
         let hosts = self.hosts(name);
         if hosts.is_empty() {
-            return Err(format!("no node of the mesh offers `{name}` now"));
+            return Err(ToolError::NoHost(name.to_owned()));
         }
         let arguments = args.to_string();
         if arguments.len() > MAX_ARGUMENTS_BYTES {
-            return Err(format!(
+            return Err(ToolError::Arguments(format!(
                 "the arguments have {} bytes, more than {MAX_ARGUMENTS_BYTES}",
                 arguments.len()
-            ));
+            )));
         }
         let call = RemoteCall {
             name: name.to_owned(),
@@ -170,16 +167,16 @@ impl FleetTools {
         for addr in &hosts {
             match self.remote.call(addr, &call, ctx.events.as_ref()).await {
                 Ok(output) => return Ok(output),
-                Err(RemoteToolError::Failed(message)) => return Err(message),
+                Err(RemoteToolError::Failed(message)) => return Err(ToolError::Failed(message)),
                 Err(RemoteToolError::Unreachable(message)) => {
                     unreachable.push(format!("{addr}: {message}"));
                 }
             }
         }
-        Err(format!(
-            "no node offering `{name}` could be reached: {}",
-            unreachable.join("; ")
-        ))
+        Err(ToolError::Unreachable {
+            name: name.to_owned(),
+            reasons: unreachable,
+        })
     }
 }
 
@@ -199,12 +196,8 @@ impl Tool for McpTool {
         self.info.tier
     }
 
-    fn call<'a>(
-        &'a self,
-        args: &'a Value,
-        ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(self.fleet.call(&self.info.name, args, ctx))
+    async fn call(&self, args: &Value, ctx: &ToolContext) -> Result<String, ToolError> {
+        self.fleet.call(&self.info.name, args, ctx).await
     }
 }
 

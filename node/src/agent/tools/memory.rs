@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use mesh_domain::{BoxFuture, Tier, ToolSpec, text::truncate};
+use mesh_domain::{Tier, ToolSpec, text::truncate};
 use serde_json::{Value, json};
 
 use crate::{
-    agent::tools::framework::{Tool, ToolContext, cap, str_arg},
+    agent::tools::framework::{Tool, ToolContext, ToolError, cap, str_arg},
     gateway::{MemoryQuery, MeshDataError},
     memory::{Memory, readable_by_callers, writable_by_callers},
 };
@@ -37,15 +37,9 @@ impl Tool for MemoryGet {
         Tier::Read
     }
 
-    fn call<'a>(
-        &'a self,
-        args: &'a Value,
-        _ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move {
-            let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
-            get(&self.memory, ns, key).map_err(|e| e.to_string())
-        })
+    async fn call(&self, args: &Value, _ctx: &ToolContext) -> Result<String, ToolError> {
+        let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
+        Ok(get(&self.memory, ns, key)?)
     }
 }
 
@@ -101,27 +95,21 @@ impl Tool for MemorySearch {
         Tier::Read
     }
 
-    fn call<'a>(
-        &'a self,
-        args: &'a Value,
-        _ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move {
-            let text = |name: &str| {
-                args.get(name)
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned()
-            };
-            let query = MemoryQuery {
-                namespace: str_arg(args, "namespace")?.to_owned(),
-                prefix: text("prefix"),
-                contains: text("contains"),
-                after: text("after"),
-                limit: args.get("limit").and_then(Value::as_u64),
-            };
-            search_text(&self.memory, &query).map_err(|e| e.to_string())
-        })
+    async fn call(&self, args: &Value, _ctx: &ToolContext) -> Result<String, ToolError> {
+        let text = |name: &str| {
+            args.get(name)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        let query = MemoryQuery {
+            namespace: str_arg(args, "namespace")?.to_owned(),
+            prefix: text("prefix"),
+            contains: text("contains"),
+            after: text("after"),
+            limit: args.get("limit").and_then(Value::as_u64),
+        };
+        Ok(search_text(&self.memory, &query)?)
     }
 }
 
@@ -239,18 +227,10 @@ impl Tool for MemoryPut {
         Tier::Write
     }
 
-    fn call<'a>(
-        &'a self,
-        args: &'a Value,
-        _ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move {
-            let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
-            let value = str_arg(args, "value")?;
-            put(&self.memory, ns, key, value)
-                .await
-                .map_err(|e| e.to_string())
-        })
+    async fn call(&self, args: &Value, _ctx: &ToolContext) -> Result<String, ToolError> {
+        let (ns, key) = (str_arg(args, "namespace")?, str_arg(args, "key")?);
+        let value = str_arg(args, "value")?;
+        Ok(put(&self.memory, ns, key, value).await?)
     }
 }
 
@@ -365,7 +345,8 @@ mod tests {
                     &ctx(),
                 )
                 .await
-                .expect_err("a system namespace is refused");
+                .expect_err("a system namespace is refused")
+                .to_string();
             assert!(refused.contains("belongs to the node"), "{refused}");
             assert!(memory.get(ns, "x").expect("get").is_none());
         }
@@ -394,7 +375,8 @@ mod tests {
             let refused = get
                 .call(&json!({"namespace": ns, "key": "resp_1"}), &ctx())
                 .await
-                .expect_err("get refused");
+                .expect_err("get refused")
+                .to_string();
             assert!(refused.contains("private"), "{refused}");
             let search = MemorySearch {
                 memory: memory.clone(),
@@ -402,7 +384,8 @@ mod tests {
             let refused = search
                 .call(&json!({"namespace": ns}), &ctx())
                 .await
-                .expect_err("search refused");
+                .expect_err("search refused")
+                .to_string();
             assert!(refused.contains("private"), "{refused}");
         }
     }

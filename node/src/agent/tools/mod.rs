@@ -28,7 +28,7 @@ use serde_json::Value;
 pub(crate) use self::data::DataTools;
 pub use self::{
     delegate::SubtaskRunner,
-    framework::{Tool, ToolContext},
+    framework::{DynTool, SubtaskError, Tool, ToolContext},
     mcp::{RemoteCall, RemoteToolError, RemoteTools},
 };
 use self::{
@@ -45,7 +45,7 @@ use crate::{capabilities::Capabilities, mcp::McpHub, memory::Memory, peers::Peer
 /// The one table of tools.
 #[derive(Debug, Default)]
 pub struct ToolRegistry {
-    tools: BTreeMap<String, Arc<dyn Tool>>,
+    tools: BTreeMap<String, Arc<dyn DynTool>>,
     /// What `delegate` runs its sub-tasks through, once connected.
     subtasks: RunnerSlot,
     /// The fleet's MCP tools, when the node has connected them.
@@ -62,7 +62,7 @@ impl ToolRegistry {
     ) -> Self {
         let roots = Arc::new(Roots::new(roots));
         let subtasks = RunnerSlot::default();
-        let tools: Vec<Arc<dyn Tool>> = vec![
+        let tools: Vec<Arc<dyn DynTool>> = vec![
             Arc::new(Delegate {
                 runner: subtasks.clone(),
             }),
@@ -111,7 +111,7 @@ impl ToolRegistry {
     }
 
     /// The tool named `name`: a built-in one, or an MCP tool the fleet offers now.
-    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+    pub fn get(&self, name: &str) -> Option<Arc<dyn DynTool>> {
         if let Some(tool) = self.tools.get(name) {
             return Some(tool.clone());
         }

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use mesh_domain::{BoxFuture, NodeInfo, Tier, ToolSpec, time::now_ms as unix_ms};
+use mesh_domain::{NodeInfo, Tier, ToolSpec, time::now_ms as unix_ms};
 use serde_json::{Value, json};
 
 use crate::{
-    agent::tools::framework::{Tool, ToolContext},
+    agent::tools::framework::{Tool, ToolContext, ToolError},
     capabilities::Capabilities,
     peers::PeerTable,
 };
@@ -35,12 +35,8 @@ impl Tool for ListNodes {
         Tier::Read
     }
 
-    fn call<'a>(
-        &'a self,
-        _args: &'a Value,
-        _ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move { Ok(listing(&self.caps, &self.peers)) })
+    async fn call(&self, _args: &Value, _ctx: &ToolContext) -> Result<String, ToolError> {
+        Ok(listing(&self.caps, &self.peers))
     }
 }
 

@@ -3,6 +3,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use super::framework::ToolError;
+
 /// Directories file tools may use.
 #[derive(Debug)]
 pub(crate) struct Roots {
@@ -19,19 +21,19 @@ impl Roots {
         Self { roots }
     }
 
-    pub(crate) fn default_dir(&self) -> Result<PathBuf, String> {
+    pub(crate) fn default_dir(&self) -> Result<PathBuf, ToolError> {
         self.roots
             .first()
             .cloned()
-            .ok_or_else(|| "no tool roots configured".to_owned())
+            .ok_or_else(|| ToolError::Path("no tool roots configured".to_owned()))
     }
 
     /// Resolves `path` (relative to the first root, or absolute) to a location inside a root.
     /// The longest existing ancestor is canonicalised, so symlinks and `..` are followed before
     /// the check; the rest must be plain names.
-    pub(crate) fn resolve(&self, path: &str) -> Result<PathBuf, String> {
+    pub(crate) fn resolve(&self, path: &str) -> Result<PathBuf, ToolError> {
         if path.is_empty() {
-            return Err("`path` is empty".into());
+            return Err(ToolError::Path("`path` is empty".into()));
         }
         let requested = Path::new(path);
         let joined = if requested.is_absolute() {
@@ -42,23 +44,23 @@ impl Roots {
         let mut existing = joined.as_path();
         let mut rest = Vec::new();
         while !existing.exists() {
-            let name = existing
-                .file_name()
-                .ok_or_else(|| format!("`{path}` has no existing parent directory"))?;
+            let name = existing.file_name().ok_or_else(|| {
+                ToolError::Path(format!("`{path}` has no existing parent directory"))
+            })?;
             rest.push(name.to_owned());
-            existing = existing
-                .parent()
-                .ok_or_else(|| format!("`{path}` has no existing parent directory"))?;
+            existing = existing.parent().ok_or_else(|| {
+                ToolError::Path(format!("`{path}` has no existing parent directory"))
+            })?;
         }
         let mut resolved = existing
             .canonicalize()
-            .map_err(|e| format!("cannot resolve `{path}`: {e}"))?;
+            .map_err(|e| ToolError::Path(format!("cannot resolve `{path}`: {e}")))?;
         for name in rest.into_iter().rev() {
             if Path::new(&name)
                 .components()
                 .any(|c| !matches!(c, Component::Normal(_)))
             {
-                return Err(format!("`{path}` is not a plain path"));
+                return Err(ToolError::Path(format!("`{path}` is not a plain path")));
             }
             resolved.push(name);
         }
@@ -70,14 +72,14 @@ impl Roots {
         if inside {
             Ok(resolved)
         } else {
-            Err(format!(
+            Err(ToolError::Path(format!(
                 "`{path}` is outside the directories this node allows ({})",
                 self.roots
                     .iter()
                     .map(|r| r.display().to_string())
                     .collect::<Vec<_>>()
                     .join(", ")
-            ))
+            )))
         }
     }
 }

@@ -4,13 +4,13 @@
 
 use std::{process::Stdio, sync::Arc, time::Duration};
 
-use mesh_domain::{BoxFuture, Tier, ToolSpec};
+use mesh_domain::{Tier, ToolSpec};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
 use crate::{
     agent::tools::{
-        framework::{MAX_TOOL_OUTPUT, Tool, ToolContext, str_arg},
+        framework::{MAX_TOOL_OUTPUT, Tool, ToolContext, ToolError, str_arg},
         roots::Roots,
     },
     process::ProcessGroup,
@@ -43,82 +43,91 @@ impl Tool for ShellExec {
         Tier::Shell
     }
 
-    fn call<'a>(
-        &'a self,
-        args: &'a Value,
-        _ctx: &'a ToolContext,
-    ) -> BoxFuture<'a, Result<String, String>> {
-        Box::pin(async move {
-            let command = str_arg(args, "command")?;
-            let timeout_s = match args.get("timeout_s") {
-                None | Some(Value::Null) => 30,
-                Some(v) => v
-                    .as_u64()
-                    .filter(|t| (1..=120).contains(t))
-                    .ok_or("`timeout_s` must be an integer from 1 to 120")?,
-            };
-            let cwd = match args.get("cwd").and_then(Value::as_str) {
-                Some(dir) => self.roots.resolve(dir)?,
-                None => self.roots.default_dir()?,
-            };
-            let mut child = tokio::process::Command::new("sh")
-                .arg("-c")
-                // Route stderr into stdout inside the shell so the output keeps its order.
-                .arg(format!("exec 2>&1\n{command}"))
-                .current_dir(&cwd)
-                // Not the node's environment (it may hold model API keys): only these.
-                .env_clear()
-                .envs(
-                    SHELL_ENV
-                        .iter()
-                        .filter_map(|k| Some((k, std::env::var_os(k)?))),
-                )
-                // Its own process group, so everything it starts can be killed with it.
-                .process_group(0)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("cannot start sh: {e}"))?;
-            // However the call ends (done, timed out, task cancelled), `sh` and whatever it
-            // left running in its group are killed (tokio reaps the dropped child).
-            let _group = ProcessGroup::of(&child);
-            let mut stdout = child.stdout.take().ok_or("no stdout pipe")?;
-            let run = async {
-                let mut output = Vec::new();
-                let mut buf = [0u8; 8192];
-                let mut truncated = false;
-                loop {
-                    let n = stdout.read(&mut buf).await.map_err(|e| e.to_string())?;
-                    if n == 0 {
-                        break;
-                    }
-                    let room = MAX_TOOL_OUTPUT.saturating_sub(output.len());
-                    truncated |= n > room;
-                    output.extend_from_slice(&buf[..n.min(room)]);
+    async fn call(&self, args: &Value, _ctx: &ToolContext) -> Result<String, ToolError> {
+        let command = str_arg(args, "command")?;
+        let timeout_s = match args.get("timeout_s") {
+            None | Some(Value::Null) => 30,
+            Some(v) => v
+                .as_u64()
+                .filter(|t| (1..=120).contains(t))
+                .ok_or_else(|| {
+                    ToolError::Arguments("`timeout_s` must be an integer from 1 to 120".into())
+                })?,
+        };
+        let cwd = match args.get("cwd").and_then(Value::as_str) {
+            Some(dir) => self.roots.resolve(dir)?,
+            None => self.roots.default_dir()?,
+        };
+        let mut child = tokio::process::Command::new("sh")
+            .arg("-c")
+            // Route stderr into stdout inside the shell so the output keeps its order.
+            .arg(format!("exec 2>&1\n{command}"))
+            .current_dir(&cwd)
+            // Not the node's environment (it may hold model API keys): only these.
+            .env_clear()
+            .envs(
+                SHELL_ENV
+                    .iter()
+                    .filter_map(|k| Some((k, std::env::var_os(k)?))),
+            )
+            // Its own process group, so everything it starts can be killed with it.
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| ToolError::Io {
+                what: "cannot start sh".into(),
+                source,
+            })?;
+        // However the call ends (done, timed out, task cancelled), `sh` and whatever it
+        // left running in its group are killed (tokio reaps the dropped child).
+        let _group = ProcessGroup::of(&child);
+        let mut stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| ToolError::Failed("no stdout pipe".into()))?;
+        let run = async {
+            let mut output = Vec::new();
+            let mut buf = [0u8; 8192];
+            let mut truncated = false;
+            loop {
+                let n = stdout
+                    .read(&mut buf)
+                    .await
+                    .map_err(|source| ToolError::Io {
+                        what: "read the command's output".into(),
+                        source,
+                    })?;
+                if n == 0 {
+                    break;
                 }
-                let status = child.wait().await.map_err(|e| e.to_string())?;
-                Ok::<_, String>((status, output, truncated))
-            };
-            match tokio::time::timeout(Duration::from_secs(timeout_s), run).await {
-                Err(_) => Err(format!(
-                    "timed out after {timeout_s} s (the command was killed)"
-                )),
-                Ok(Err(e)) => Err(e),
-                Ok(Ok((status, output, truncated))) => {
-                    let result = json!({
-                        "exit_code": status.code(),
-                        "output": String::from_utf8_lossy(&output),
-                        "truncated": truncated,
-                    });
-                    if status.success() {
-                        Ok(result.to_string())
-                    } else {
-                        Err(result.to_string())
-                    }
+                let room = MAX_TOOL_OUTPUT.saturating_sub(output.len());
+                truncated |= n > room;
+                output.extend_from_slice(&buf[..n.min(room)]);
+            }
+            let status = child.wait().await.map_err(|source| ToolError::Io {
+                what: "wait for the command".into(),
+                source,
+            })?;
+            Ok::<_, ToolError>((status, output, truncated))
+        };
+        match tokio::time::timeout(Duration::from_secs(timeout_s), run).await {
+            Err(_) => Err(ToolError::TimedOut(timeout_s)),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok((status, output, truncated))) => {
+                let result = json!({
+                    "exit_code": status.code(),
+                    "output": String::from_utf8_lossy(&output),
+                    "truncated": truncated,
+                });
+                if status.success() {
+                    Ok(result.to_string())
+                } else {
+                    Err(ToolError::Failed(result.to_string()))
                 }
             }
-        })
+        }
     }
 }
 
@@ -147,11 +156,13 @@ mod tests {
             .call(&json!({"command": "exit 3"}), &ctx())
             .await
             .expect_err("exit 3");
+        let failed = failed.to_string();
         assert!(failed.contains("\"exit_code\":3"), "{failed}");
         let slow = shell
             .call(&json!({"command": "sleep 5", "timeout_s": 1}), &ctx())
             .await
             .expect_err("timeout");
+        let slow = slow.to_string();
         assert!(slow.contains("timed out after 1 s"), "{slow}");
         assert!(
             shell
@@ -192,6 +203,7 @@ mod tests {
             )
             .await
             .expect_err("timeout");
+        let slow = slow.to_string();
         assert!(slow.contains("timed out"), "{slow}");
         let pid = std::fs::read_to_string(&pidfile).expect("pid file");
         let stat = format!("/proc/{}/stat", pid.trim());

@@ -19,7 +19,7 @@ use crate::{
     admission::Caller,
     api_keys::Charge,
     gateway::{DoorCaller, settle_from_outcome},
-    tasks::{LookupError, TaskManager},
+    tasks::{LookupError, TaskManager, TaskOutcome},
 };
 
 /// Most bytes of a task's answer sent back; the rest is cut, with a note (`tasks show` has it).
@@ -100,9 +100,9 @@ impl MeshTools {
         };
         if let Some(charge) = charge {
             // Apart from this call, which may end first (the client cancels or goes away).
-            match tasks.watch(&id, true) {
-                Ok(events) => {
-                    tokio::spawn(settle_from_outcome(events, charge));
+            match tasks.follow(&id) {
+                Ok(task) => {
+                    tokio::spawn(settle_from_outcome(task, charge));
                 }
                 // Dropped: charged its whole reservation.
                 Err(e) => {
@@ -115,54 +115,51 @@ impl MeshTools {
             tasks: tasks.clone(),
             id: Some(id.clone()),
         };
-        let mut events = tasks
-            .watch(&id, true)
+        let mut task = tasks
+            .follow(&id)
             .map_err(|e: LookupError| CallError::Tool(format!("follow task {id}: {e}")))?;
         let progress = context.meta.get_progress_token();
         let mut step = 0u32;
         loop {
             let event = tokio::select! {
-                event = events.recv() => event,
+                event = task.progress() => event,
                 () = context.ct.cancelled() => {
                     return Err(CallError::Tool(format!("task {id}: the MCP client cancelled the call")));
                 }
             };
-            let Some(event) = event else {
-                return Err(CallError::Tool(format!(
-                    "task {id}: its events ended without an answer (`mesh-cli tasks show {id}`)"
-                )));
-            };
-            if event.kind.is_terminal() {
-                waiting.id = None;
+            let Some(event) = event else { break };
+            if let Some(token) = &progress {
+                step += 1;
+                let note = ProgressNotificationParam::new(token.clone(), f64::from(step))
+                    .with_message(describe(&event.kind));
+                // A client that stopped reading is noticed by the cancellation above.
+                let _ = context.peer.notify_progress(note).await;
             }
-            match event.kind {
-                EventKind::Completed {
-                    output,
-                    usage,
-                    executed_on,
-                    rounds,
-                } => {
-                    return Ok(Done {
-                        task_id: id.clone(),
-                        output,
-                        usage,
-                        executed_on,
-                        rounds,
-                    });
-                }
-                EventKind::Failed { error, .. } => {
-                    return Err(CallError::Tool(format!("task {id} failed: {error}")));
-                }
-                other => {
-                    if let Some(token) = &progress {
-                        step += 1;
-                        let note = ProgressNotificationParam::new(token.clone(), f64::from(step))
-                            .with_message(describe(&other));
-                        // A client that stopped reading is noticed by the cancellation above.
-                        let _ = context.peer.notify_progress(note).await;
-                    }
-                }
+        }
+        let outcome = task.outcome().await;
+        if outcome.is_some() {
+            // It ended: nothing is left to cancel.
+            waiting.id = None;
+        }
+        match outcome {
+            Some(TaskOutcome::Completed {
+                output,
+                usage,
+                executed_on,
+                rounds,
+            }) => Ok(Done {
+                task_id: id,
+                output,
+                usage,
+                executed_on,
+                rounds,
+            }),
+            Some(TaskOutcome::Failed { error, .. }) => {
+                Err(CallError::Tool(format!("task {id} failed: {error}")))
             }
+            None => Err(CallError::Tool(format!(
+                "task {id}: its events ended without an answer (`mesh-cli tasks show {id}`)"
+            ))),
         }
     }
 }

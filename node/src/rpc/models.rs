@@ -6,13 +6,12 @@ use std::{pin::Pin, sync::Arc};
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Target};
 use mesh_proto::{convert::check_len, v1 as pb};
 use mesh_tls::deadline;
-use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::{
     chat::{ChatService, RemoteChat, RemoteChatError},
-    llm::ModelError,
+    llm::{Deltas, ModelError, delta_channel},
 };
 
 /// Most texts one `Models.Embed` call carries, and most bytes of text: the answer (JSON floats,
@@ -81,7 +80,10 @@ impl pb::models_server::Models for ModelsService {
         let service = self.chat.clone();
         Ok(Response::new(Box::pin(super::stream_from(
             move |tx| async move {
-                let (deltas, mut rx) = mpsc::unbounded_channel();
+                // Bounded both ways: the model waits while the caller's stream is full (the
+                // caller reads as fast as its own client does), so a slow client far away
+                // still holds the generation here back.
+                let (deltas, mut rx) = delta_channel();
                 let run = service.serve_here(&target, &chat, &deltas);
                 tokio::pin!(run);
                 let result = loop {
@@ -197,7 +199,7 @@ impl RemoteChat for RemoteModels {
         addr: &'a str,
         target: &'a Target,
         request: &'a ChatRequest,
-        deltas: &'a mpsc::UnboundedSender<String>,
+        deltas: &'a Deltas,
     ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
         Box::pin(chat_remote(&self.channels, addr, target, request, deltas))
     }
@@ -298,7 +300,7 @@ async fn chat_remote(
     addr: &str,
     target: &Target,
     request: &ChatRequest,
-    deltas: &mpsc::UnboundedSender<String>,
+    deltas: &Deltas,
 ) -> Result<ChatResponse, RemoteChatError> {
     let fail = |message: String| failure(message, false);
     let channel = channels.get(addr).await.map_err(|e| fail(e.to_string()))?;
@@ -336,7 +338,9 @@ async fn chat_remote(
                 kind: Some(pb::chat_chunk::Kind::Delta(text)),
             })) => {
                 streamed = true;
-                let _ = deltas.send(text);
+                // Not reading the stream while the reader is behind: HTTP/2 flow control
+                // then holds the peer's model back.
+                let _ = deltas.send(text).await;
             }
             Ok(Some(pb::ChatChunk {
                 kind: Some(pb::chat_chunk::Kind::Response(bytes)),
@@ -469,7 +473,7 @@ mod tests {
         fn chat<'a>(
             &'a self,
             _request: &'a ChatRequest,
-            _deltas: &'a mpsc::UnboundedSender<String>,
+            _deltas: &'a Deltas,
         ) -> BoxFuture<'a, Result<ChatResponse, crate::llm::ModelError>> {
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -530,7 +534,7 @@ mod tests {
             messages: vec![Message::text(Role::User, "hi")],
             ..Default::default()
         };
-        let (deltas, _rx) = mpsc::unbounded_channel();
+        let (deltas, _rx) = delta_channel();
         let error = tokio::time::timeout(
             Duration::from_secs(5),
             remote.chat(&addr, &Target::Model("m".into()), &request, &deltas),

@@ -11,11 +11,10 @@
 use std::{sync::Arc, time::Instant};
 
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Target};
-use tokio::sync::mpsc;
 
 use crate::{
     admission::{Admission, AdmissionError},
-    llm::{ChatModel, ModelError, ModelRegistry},
+    llm::{ChatModel, Deltas, ModelError, ModelRegistry},
     metrics::metrics,
     router::Placement,
 };
@@ -23,12 +22,11 @@ use crate::{
 /// Most peers one chat is tried on (the best and two more), as for tasks.
 pub const MAX_CHAT_TRIES: usize = 3;
 
-/// What the caller of [`fall_through`] hears while a chain runs.
+/// What the caller of [`fall_through`] hears while a chain runs (its text goes to the
+/// chain's [`Deltas`]).
 pub trait ChainObserver: Send {
     /// A model of the chain is about to be called (`attempt` counts from 1).
     fn attempt(&mut self, _model: &str, _attempt: u32) {}
-    /// Text the model produced, in order.
-    fn delta(&mut self, text: String);
     /// A call failed; `falling_through` says whether the next model is tried.
     fn failed(&mut self, _model: &str, _error: &ModelError, _falling_through: bool) {}
 }
@@ -48,30 +46,20 @@ impl ChainFailure {
 }
 
 /// Calls the chain in order until one model answers; a transient failure (connect error, 5xx,
-/// timeout) falls through to the next model, anything else ends the chain. The answer names the
-/// model that gave it.
+/// timeout) falls through to the next model, anything else ends the chain. The models' text
+/// goes to `deltas` as they generate it. The answer names the model that gave it.
 pub async fn fall_through(
     chain: &[Arc<dyn ChatModel>],
     request: &ChatRequest,
+    deltas: &Deltas,
     observer: &mut dyn ChainObserver,
 ) -> Result<ChatResponse, ChainFailure> {
     let mut attempts = Vec::new();
     for (i, model) in chain.iter().enumerate() {
         observer.attempt(model.name(), i as u32 + 1);
-        let (tx, mut rx) = mpsc::unbounded_channel();
         let started = Instant::now();
-        let call = model.chat(request, &tx);
-        tokio::pin!(call);
-        let result = loop {
-            tokio::select! {
-                result = &mut call => break result,
-                Some(text) = rx.recv() => observer.delta(text),
-            }
-        };
+        let result = model.chat(request, deltas).await;
         metrics().model_call(model.name(), started.elapsed().as_secs_f64());
-        while let Ok(text) = rx.try_recv() {
-            observer.delta(text);
-        }
         match result {
             Ok(response) => {
                 return Ok(ChatResponse {
@@ -105,14 +93,14 @@ pub struct RemoteChatError {
 /// Runs a chat or embeddings on a peer's models (a port: `rpc` implements it with
 /// `Models/Chat` and `Models/Embed`).
 pub trait RemoteChat: Send + Sync + std::fmt::Debug {
-    /// Runs `request` for `target` on the node at `addr`, passing its text on to `deltas`; the
-    /// complete answer at the end.
+    /// Runs `request` for `target` on the node at `addr`, passing its text on to `deltas` (as
+    /// fast as they are read: a slow reader slows the peer); the complete answer at the end.
     fn chat<'a>(
         &'a self,
         addr: &'a str,
         target: &'a Target,
         request: &'a ChatRequest,
-        deltas: &'a mpsc::UnboundedSender<String>,
+        deltas: &'a Deltas,
     ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>>;
 
     /// Embeds `request` with `model` on the node at `addr`.
@@ -146,14 +134,10 @@ pub struct ChatService {
     remote: Arc<dyn RemoteChat>,
 }
 
-/// Passes a local chain's text on to a channel and logs its fall-throughs.
-struct Forward<'a>(&'a mpsc::UnboundedSender<String>);
+/// Logs a local chain's fall-throughs.
+struct LogFallThrough;
 
-impl ChainObserver for Forward<'_> {
-    fn delta(&mut self, text: String) {
-        let _ = self.0.send(text);
-    }
-
+impl ChainObserver for LogFallThrough {
     fn failed(&mut self, model: &str, error: &ModelError, falling_through: bool) {
         if falling_through {
             tracing::warn!(
@@ -200,10 +184,10 @@ impl ChatService {
         &self,
         target: &Target,
         request: &ChatRequest,
-        deltas: &mpsc::UnboundedSender<String>,
+        deltas: &Deltas,
     ) -> Option<Result<ChatResponse, ModelError>> {
         let chain = self.chain(target)?;
-        match fall_through(&chain, request, &mut Forward(deltas)).await {
+        match fall_through(&chain, request, deltas, &mut LogFallThrough).await {
             Ok(response) => Some(Ok(response)),
             Err(failure) => failure.attempts.into_iter().last().map(|(_, e)| Err(e)),
         }
@@ -227,7 +211,7 @@ impl ChatService {
         placement: Placement,
         target: &Target,
         request: &ChatRequest,
-        deltas: &mpsc::UnboundedSender<String>,
+        deltas: &Deltas,
     ) -> Result<ChatResponse, ChatError> {
         self.run_on(placement, target, request, deltas)
             .await
@@ -240,7 +224,7 @@ impl ChatService {
         placement: Placement,
         target: &Target,
         request: &ChatRequest,
-        deltas: &mpsc::UnboundedSender<String>,
+        deltas: &Deltas,
     ) -> Result<(ChatResponse, Option<String>), ChatError> {
         let peers = match placement {
             Placement::Local => {
@@ -363,7 +347,7 @@ mod tests {
             addr: &'a str,
             _target: &'a Target,
             _request: &'a ChatRequest,
-            _deltas: &'a mpsc::UnboundedSender<String>,
+            _deltas: &'a Deltas,
         ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
             self.tried.lock().expect("lock").push(addr.to_owned());
             let fail = |invalid_request| RemoteChatError {
@@ -484,7 +468,7 @@ mod tests {
             remote.clone(),
         );
         let target = Target::Model("m".into());
-        let (deltas, _) = mpsc::unbounded_channel();
+        let (deltas, _) = crate::llm::delta_channel();
         let request = ChatRequest::default();
         let answer = service
             .run(peers(&["down", "up"]), &target, &request, &deltas)

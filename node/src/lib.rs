@@ -96,7 +96,7 @@ pub mod testing {
         cron::{Overlap, Schedule},
         discovery::{DiscoveryEvent, PeerSource},
         llm::{
-            ChatModel, ModelError,
+            ChatModel, ModelError, delta_channel,
             embedded::{EmbeddedOptions, MEASURE_TOKENS},
         },
         mcp::McpHub,

@@ -40,6 +40,11 @@ pub struct Metrics {
     pub lag_seconds: Family<Labels, FloatGauge>,
     /// Decode speed per local model, tokens/s (set at scrape).
     pub tokens_per_second: Family<Labels, FloatGauge>,
+    /// Tokens the embedded models of this node generated, by `model`, counted as each is
+    /// sampled: how far a generation got while it runs (a chat whose reader stopped reading
+    /// stops adding to it). Only the engine counts; a build without it keeps the series empty.
+    #[cfg_attr(not(feature = "embedded"), allow(dead_code))]
+    pub model_tokens_generated: Family<Labels, Counter>,
     /// Join-token redemptions on this issuer, by outcome (`issued`, or why one was refused).
     pub join_redemptions: Family<Labels, Counter>,
     /// Replicated records refused before they were applied, by `reason`: `signature` (does not
@@ -134,6 +139,12 @@ impl Metrics {
             "Measured decode speed of each model on this node",
             tokens_per_second.clone(),
         );
+        let model_tokens_generated = Family::default();
+        registry.register(
+            "model_tokens_generated",
+            "Tokens the embedded models of this node generated, by model, counted as each is sampled",
+            model_tokens_generated.clone(),
+        );
         let join_redemptions = Family::default();
         registry.register(
             "join_redemptions",
@@ -226,6 +237,7 @@ impl Metrics {
             lag_records,
             lag_seconds,
             tokens_per_second,
+            model_tokens_generated,
             memory_records_refused,
             approval_decisions_ignored,
         }

@@ -14,10 +14,12 @@ use std::{
     time::Duration,
 };
 
-use mesh_domain::{ChatRequest, Message, ResponseFormat, Role, Sampling, ToolChoice, ToolSpec};
+use mesh_domain::{
+    ChatRequest, ChatResponse, Message, ResponseFormat, Role, Sampling, ToolChoice, ToolSpec,
+};
 use mesh_node::{
     config::FETCH_HINT,
-    testing::{ChatModel, EmbeddedModel, EmbeddedOptions, ModelError},
+    testing::{ChatModel, EmbeddedModel, EmbeddedOptions, ModelError, delta_channel},
 };
 use mesh_tests::{Harness, NodeOptions, http_request, wait_for};
 use serde_json::{Value, json};
@@ -50,6 +52,28 @@ fn embedded_toml(name: &str, path: &Path) -> String {
     format!(
         "[[models]]\nname = {name:?}\nbackend = \"embedded\"\npath = {path:?}\nthreads = {THREADS}\n"
     )
+}
+
+/// Runs `request` on `model`, reading its deltas as they come (the channel is bounded: the
+/// engine waits for a reader): the answer, and the text streamed.
+async fn chat_streamed(
+    model: &EmbeddedModel,
+    request: &ChatRequest,
+) -> (Result<ChatResponse, ModelError>, String) {
+    let (tx, mut rx) = delta_channel();
+    let chat = async move {
+        let answer = model.chat(request, &tx).await;
+        drop(tx);
+        answer
+    };
+    let read = async {
+        let mut streamed = String::new();
+        while let Some(delta) = rx.recv().await {
+            streamed.push_str(&delta);
+        }
+        streamed
+    };
+    tokio::join!(chat, read)
 }
 
 /// The token count in a `completed` event's text: "✓ completed on gpu in 1 rounds (42 tokens)".
@@ -144,18 +168,13 @@ fn the_model_streams_its_answer_reports_usage_and_measures_its_speed() {
     runtime.block_on(async {
         let model = EmbeddedModel::start("smol", options(&path));
         model.ready().await.expect("the model loads");
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let request = ChatRequest {
             messages: vec![Message::text(Role::User, QUESTION)],
             tools: Vec::new(),
             ..Default::default()
         };
-        let response = model.chat(&request, &tx).await.expect("chat");
-        drop(tx);
-        let mut streamed = String::new();
-        while let Some(delta) = rx.recv().await {
-            streamed.push_str(&delta);
-        }
+        let (response, streamed) = chat_streamed(&model, &request).await;
+        let response = response.expect("chat");
         assert_eq!(streamed, response.content, "the deltas are the answer");
         assert!(!response.content.trim().is_empty());
         assert!(
@@ -194,7 +213,8 @@ fn max_tokens_stop_strings_and_seeded_sampling_reach_the_engine() {
         let ask = |sampling: Sampling| {
             let model = &model;
             async move {
-                let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+                // Nobody reads the text (the receiver is dropped): only the answer counts.
+                let (tx, _) = delta_channel();
                 let request = ChatRequest {
                     messages: vec![Message::text(Role::User, QUESTION)],
                     sampling,
@@ -286,7 +306,8 @@ fn a_missing_or_broken_model_file_is_a_clear_error_naming_the_path_and_the_fix()
             assert!(message.contains(problem), "{message}");
             assert!(message.contains(FETCH_HINT), "{message}");
             // A chat call gets the same answer, as an error the chain falls through.
-            let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+            // Nobody reads the text (the receiver is dropped): only the answer counts.
+            let (tx, _) = delta_channel();
             let request = ChatRequest {
                 messages: vec![Message::text(Role::User, "hi")],
                 tools: Vec::new(),
@@ -342,6 +363,162 @@ fn a_node_with_a_missing_model_file_starts_degraded_and_its_chain_falls_through(
     );
 }
 
+/// A streaming client on a raw socket with a small receive buffer: sends a chat for `max_tokens`
+/// tokens to the front door at `base`, reads until the first chunk, says `stalled` and stops
+/// reading. Then, for each `count` line on its stdin, it prints the tokens the model generated
+/// so far (`/metrics`, read on a connection of its own); on any other line it reads the stream
+/// to its end and prints what it got as JSON.
+const STALLING_CLIENT: &str = r#"
+import json, socket, sys, urllib.request
+base, max_tokens = sys.argv[1], int(sys.argv[2])
+host, port = base.removeprefix("http://").rsplit(":", 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+# Before connecting: the window the client advertises is then small from the start.
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect((host, int(port)))
+body = json.dumps({"model": "smol", "stream": True, "max_tokens": max_tokens, "seed": 7,
+                   "messages": [{"role": "user", "content":
+                       "Write a very long story about a lighthouse keeper and the sea."}]}).encode()
+s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+          b"Content-Type: application/json\r\nConnection: close\r\n"
+          b"Content-Length: %d\r\n\r\n" % len(body) + body)
+got = b""
+while b"data: {" not in got:
+    piece = s.recv(1024)
+    if not piece:
+        sys.exit("the stream ended before its first chunk: " + got.decode(errors="replace"))
+    got += piece
+print("stalled", flush=True)
+series = 'agentmesh_model_tokens_generated_total{model="smol"} '
+for command in sys.stdin:
+    if command.strip() != "count":
+        break
+    metrics = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    print(next((l[len(series):] for l in metrics.splitlines() if l.startswith(series)), "0"),
+          flush=True)
+while True:
+    piece = s.recv(65536)
+    if not piece:
+        break
+    got += piece
+text = got.decode(errors="replace")
+print(json.dumps({"head": text.split("\r\n")[0], "done": "data: [DONE]" in text}), flush=True)
+"#;
+
+/// Issue 29: a chat's text crossed unbounded channels from the embedded engine to the front
+/// door's client, so a client that stopped reading made the node generate, and hold, the whole
+/// answer. Now the stream is bounded from the engine thread to the socket: while the client
+/// does not read, the engine waits, and the tokens generated (`/metrics`) stop well short of
+/// `max_tokens`; once it reads again, the generation goes on to the end of the answer.
+///
+/// In a namespace of its own, whose TCP send buffers are capped as a real link's would be: on
+/// the machine's loopback (64 KiB segments) the kernel starts a connection's send buffer at a few
+/// MiB, more than the whole answer of this model's 2,048-token context.
+#[test]
+fn a_slow_streaming_client_holds_the_embedded_models_generation_back() {
+    use std::io::{BufRead, Write};
+    /// What the answer may reach: far more tokens than the buffers on the way hold.
+    const MAX_TOKENS: u64 = 1000;
+    /// Most tokens generated while the client does not read: the deltas, events and frames
+    /// channels (16 + 64 + 64 deltas), the response body's queue and both sockets' buffers
+    /// (some 200 bytes of server-sent event per token), with room.
+    const HELD: u64 = 500;
+    let path = model_path();
+    let ns = mesh_tests::Netns::new().expect("namespace");
+    let status = std::process::Command::new("ip")
+        .args(["netns", "exec", ns.name()])
+        .args(["sysctl", "-q", "-w", "net.ipv4.tcp_wmem=4096 16384 16384"])
+        .status()
+        .expect("run sysctl");
+    assert!(status.success(), "cap the namespace's TCP send buffers");
+    let harness = Harness::new().expect("harness");
+    let gpu = harness
+        .spawn(
+            NodeOptions::new("gpu")
+                .in_netns(&ns)
+                .extra(&embedded_toml("smol", &path)),
+        )
+        .expect("gpu");
+    let url = gpu.http_url().expect("front door");
+    let mut client = ns
+        .command(&mesh_tests::python3())
+        .args(["-c", STALLING_CLIENT, &url, &MAX_TOKENS.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3");
+    let mut stdin = client.stdin.take().expect("stdin");
+    let mut said = std::io::BufReader::new(client.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    said.read_line(&mut line).expect("read the client");
+    assert_eq!(line.trim(), "stalled", "the client got no first chunk");
+    let mut generated = || -> u64 {
+        writeln!(stdin, "count").expect("ask the client");
+        line.clear();
+        said.read_line(&mut line).expect("read the client");
+        line.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+
+    // The client reads nothing now. Unheld, the model would pass `HELD` tokens in `HELD / speed`
+    // seconds; the count is watched twice that long (10 to 40 s) and must stay under.
+    let speed = wait_for("the model's decode speed", DEADLINE, || {
+        let status = harness.status(&gpu).ok()?;
+        let gpu = status["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == "gpu")?;
+        gpu["models"][0]["tokens_per_s"]
+            .as_f64()
+            .filter(|v| *v > 0.0)
+    })
+    .expect("the speed is measured at load");
+    let watched = Duration::from_secs_f64((2.0 * HELD as f64 / speed).clamp(10.0, 40.0));
+    let until = std::time::Instant::now() + watched;
+    let mut held = 0;
+    while std::time::Instant::now() < until {
+        held = generated();
+        assert!(
+            held < HELD,
+            "{held} tokens generated for a client that reads nothing (decode speed {speed:.0} tok/s)"
+        );
+        std::thread::sleep(Duration::from_millis(200)); // poll until `until`
+    }
+    assert!(held > 0, "the generation started");
+
+    // The client reads again: the generation goes on to the end of the answer.
+    writeln!(stdin, "resume").expect("resume the client");
+    line.clear();
+    said.read_line(&mut line).expect("read the client");
+    let got: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+    assert!(client.wait().expect("client").success());
+    assert!(
+        got["head"].as_str().unwrap_or_default().contains(" 200"),
+        "{got}"
+    );
+    assert_eq!(got["done"], true, "the stream ended with [DONE]: {got}");
+    let metrics = ns
+        .command(&mesh_tests::python3())
+        .args(["-c", "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())"])
+        .arg(format!("{url}/metrics"))
+        .output()
+        .expect("read /metrics");
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    let total: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("agentmesh_model_tokens_generated_total{model=\"smol\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no count of generated tokens: {metrics}"));
+    assert!(
+        total > held,
+        "the generation went on once the client read: {total} after {held} held"
+    );
+    println!(
+        "held {held} tokens while the client stalled; {total} in all (speed {speed:.0} tok/s, watched {watched:?})"
+    );
+}
+
 #[test]
 fn a_call_that_times_out_is_abandoned_and_the_engine_serves_the_next_one() {
     let path = model_path();
@@ -356,7 +533,8 @@ fn a_call_that_times_out_is_abandoned_and_the_engine_serves_the_next_one() {
             },
         );
         model.ready().await.expect("the model loads");
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        // Nobody reads the text (the receiver is dropped): only the answer counts.
+        let (tx, _) = delta_channel();
         let request = ChatRequest {
             messages: vec![Message::text(
                 Role::User,
@@ -390,7 +568,8 @@ fn structured_output_follows_the_schema_and_what_cannot_be_honoured_is_refused()
         let ask = |format: ResponseFormat| {
             let model = &model;
             async move {
-                let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+                // Nobody reads the text (the receiver is dropped): only the answer counts.
+                let (tx, _) = delta_channel();
                 let request = ChatRequest {
                     messages: vec![Message::text(
                         Role::User,
@@ -495,7 +674,6 @@ fn a_demanded_tool_call_follows_the_tools_schema() {
         let ask = |choice: ToolChoice, max_tokens: Option<u32>| {
             let (model, tools) = (&model, tools.clone());
             async move {
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
                 let mut request = ChatRequest {
                     messages: vec![Message::text(Role::User, "What is the weather in Paris?")],
                     tools,
@@ -503,13 +681,7 @@ fn a_demanded_tool_call_follows_the_tools_schema() {
                     ..Default::default()
                 };
                 request.sampling.max_tokens = max_tokens;
-                let answer = model.chat(&request, &tx).await;
-                drop(tx);
-                let mut streamed = String::new();
-                while let Some(delta) = rx.recv().await {
-                    streamed.push_str(&delta);
-                }
-                (answer, streamed)
+                chat_streamed(model, &request).await
             }
         };
         let (answer, streamed) = ask(ToolChoice::Function("weather".into()), None).await;

@@ -270,7 +270,7 @@ impl Sampling {
     }
 }
 
-/// A model's complete answer to one request; between nodes it travels as JSON at the end of a
+/// A model's complete answer to one request; between nodes it travels as the last chunk of a
 /// `agentmesh.v1.Models/Chat` stream.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatResponse {

@@ -1,6 +1,6 @@
 //! Embeddings: texts in, one vector per text out. The front door, the model backends and
-//! `agentmesh.v1.Models/Embed` (which carries these as JSON, as `Models/Chat` carries chats)
-//! all speak these; what a request may hold is checked here once, so every way in refuses the
+//! `agentmesh.v1.Models/Embed` (as protobuf messages, converted in `mesh-proto`) all speak
+//! these; what a request may hold is checked here once, so every way in refuses the
 //! same things with the same words.
 
 use serde::{Deserialize, Serialize};
@@ -64,8 +64,8 @@ impl EmbedRequest {
     }
 }
 
-/// A model's embeddings of one [`EmbedRequest`]; between nodes it travels as JSON in
-/// `agentmesh.v1.Models/Embed`'s answer.
+/// A model's embeddings of one [`EmbedRequest`]; between nodes it travels in
+/// `agentmesh.v1.Models/Embed`'s answer, each vector a `repeated float`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EmbedResponse {
     /// The configured name of the model that made them.

@@ -1,5 +1,5 @@
 //! Network messages → domain values: the first byte picks a message type, the rest is its
-//! protobuf (or, for a chat between nodes, JSON) encoding. Every conversion answers a value or
+//! protobuf encoding. Every conversion answers a value or
 //! an error, never a panic.
 #![no_main]
 
@@ -38,9 +38,9 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         4 => {
-            // Models.Chat: the request travels as JSON inside the protobuf.
+            // Models.Chat: the request, its tools' schemas as JSON text, and its settings.
             if let Ok(call) = pb::ChatCall::decode(bytes)
-                && let Ok(chat) = serde_json::from_slice::<ChatRequest>(&call.request)
+                && let Ok(chat) = ChatRequest::try_from(call.request.unwrap_or_default())
             {
                 let _ = chat.sampling.check();
             }

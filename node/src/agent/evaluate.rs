@@ -21,7 +21,6 @@ use mesh_domain::{
     TaskError, TaskSpec, Usage, text::truncate,
 };
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use super::{AgentRuntime, EventSink};
 use crate::chat::ChatService;
@@ -223,7 +222,7 @@ impl Evaluator {
                 }
             };
             // The evaluator's text is not the task's output: no deltas.
-            let (deltas, _) = mpsc::unbounded_channel();
+            let (deltas, _) = crate::llm::delta_channel();
             let (response, peer) = match self
                 .chat
                 .run_on(placement, &target, &request, &deltas)

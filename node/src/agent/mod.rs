@@ -37,7 +37,7 @@ use crate::{
     approvals::{Approvals, Call as GatedCall},
     chat::{ChainObserver, fall_through},
     config::{PersonaConfig, TaskLimits},
-    llm::{ChatModel, ModelError, ModelRegistry},
+    llm::{ChatModel, ModelError, ModelRegistry, delta_channel},
     memory::Memory,
 };
 
@@ -557,38 +557,10 @@ async fn relaying<T>(
     result
 }
 
-/// Turns a chain's progress into task events, and charges the call to the task once: what the
-/// model reported (or an estimate, [`ChainEvents::settle`]), or, when every model failed or
-/// the call was cut off (the task cancelled or past its deadline while it ran: the future is
-/// dropped), the estimate of its prompt and of the text it streamed. A server that read the
-/// prompt spent it whether or not it answered, and a client cannot spend unseen by stopping
-/// its task before the answer comes.
+/// Turns a chain's attempts and failures into task events.
 struct ChainEvents<'a> {
     events: &'a dyn EventSink,
     round: u32,
-    /// The estimate of the call's prompt until the call is settled (then `None`).
-    unsettled_prompt: Option<u64>,
-    /// Bytes of text streamed so far.
-    streamed: usize,
-}
-
-impl ChainEvents<'_> {
-    /// Charges the call what it cost.
-    fn settle(&mut self, usage: Usage) {
-        self.unsettled_prompt = None;
-        self.events.spend(usage);
-    }
-}
-
-impl Drop for ChainEvents<'_> {
-    fn drop(&mut self) {
-        if let Some(prompt_tokens) = self.unsettled_prompt.take() {
-            self.events.spend(Usage {
-                prompt_tokens,
-                completion_tokens: mesh_domain::chat::estimate_text_tokens(self.streamed),
-            });
-        }
-    }
 }
 
 impl ChainObserver for ChainEvents<'_> {
@@ -600,17 +572,51 @@ impl ChainObserver for ChainEvents<'_> {
         });
     }
 
-    fn delta(&mut self, text: String) {
-        self.streamed += text.len();
-        self.events.emit(EventKind::OutputDelta { text });
-    }
-
     fn failed(&mut self, model: &str, error: &ModelError, falling_through: bool) {
         self.events.emit(EventKind::ModelFailed {
             model: model.to_owned(),
             error: error.to_string(),
             falling_through,
         });
+    }
+}
+
+/// Passes a chain's text on as task events, and charges the call to the task once: what the
+/// model reported (or an estimate, [`CallCharge::settle`]), or, when every model failed or
+/// the call was cut off (the task cancelled or past its deadline while it ran: the future is
+/// dropped), the estimate of its prompt and of the text it streamed. A server that read the
+/// prompt spent it whether or not it answered, and a client cannot spend unseen by stopping
+/// its task before the answer comes.
+struct CallCharge<'a> {
+    events: &'a dyn EventSink,
+    /// The estimate of the call's prompt until the call is settled (then `None`).
+    unsettled_prompt: Option<u64>,
+    /// Bytes of text streamed so far.
+    streamed: usize,
+}
+
+impl CallCharge<'_> {
+    /// Text the model produced, in order.
+    fn delta(&mut self, text: String) {
+        self.streamed += text.len();
+        self.events.emit(EventKind::OutputDelta { text });
+    }
+
+    /// Charges the call what it cost.
+    fn settle(&mut self, usage: Usage) {
+        self.unsettled_prompt = None;
+        self.events.spend(usage);
+    }
+}
+
+impl Drop for CallCharge<'_> {
+    fn drop(&mut self) {
+        if let Some(prompt_tokens) = self.unsettled_prompt.take() {
+            self.events.spend(Usage {
+                prompt_tokens,
+                completion_tokens: mesh_domain::chat::estimate_text_tokens(self.streamed),
+            });
+        }
     }
 }
 
@@ -621,18 +627,29 @@ async fn call_chain(
     round: u32,
     events: &dyn EventSink,
 ) -> Result<ChatResponse, TaskError> {
-    let mut observer = ChainEvents {
+    let mut charge = CallCharge {
         events,
-        round,
         unsettled_prompt: Some(estimate_prompt_tokens(&request.messages, &request.tools)),
         streamed: 0,
     };
-    let answered = fall_through(chain, request, &mut observer).await;
-    if let Ok(response) = &answered {
-        observer.settle(response.usage_or_estimate(request));
+    let (deltas, mut text) = delta_channel();
+    let mut observer = ChainEvents { events, round };
+    let call = fall_through(chain, request, &deltas, &mut observer);
+    tokio::pin!(call);
+    let answered = loop {
+        tokio::select! {
+            answered = &mut call => break answered,
+            Some(text) = text.recv() => charge.delta(text),
+        }
+    };
+    while let Ok(text) = text.try_recv() {
+        charge.delta(text);
     }
-    // A failure is charged as `observer` is dropped.
-    drop(observer);
+    if let Ok(response) = &answered {
+        charge.settle(response.usage_or_estimate(request));
+    }
+    // A failure is charged as `charge` is dropped.
+    drop(charge);
     answered.map_err(|failure| match failure.last() {
         Some((name, error)) => TaskError::Model {
             name: name.clone(),
@@ -674,7 +691,6 @@ mod tests {
     use std::{collections::VecDeque, sync::Mutex};
 
     use mesh_domain::{BoxFuture, sync::MutexExt};
-    use tokio::sync::mpsc;
 
     use super::*;
     use crate::{
@@ -697,7 +713,7 @@ mod tests {
         fn chat<'a>(
             &'a self,
             _request: &'a ChatRequest,
-            deltas: &'a mpsc::UnboundedSender<String>,
+            deltas: &'a crate::llm::Deltas,
         ) -> BoxFuture<'a, Result<ChatResponse, ModelError>> {
             Box::pin(async move {
                 let response = self
@@ -706,7 +722,7 @@ mod tests {
                     .pop_front()
                     .ok_or_else(|| ModelError::Protocol("the script ran out".into()))?;
                 if !response.content.is_empty() {
-                    let _ = deltas.send(response.content.clone());
+                    let _ = deltas.send(response.content.clone()).await;
                 }
                 Ok(response)
             })
@@ -767,9 +783,8 @@ mod tests {
     #[test]
     fn a_call_cut_off_is_charged_its_prompt_and_streamed_text() {
         let events = VecSink::default();
-        let mut call = ChainEvents {
+        let mut call = CallCharge {
             events: &events,
-            round: 1,
             unsettled_prompt: Some(40),
             streamed: 0,
         };
@@ -777,9 +792,8 @@ mod tests {
         drop(call);
         let spent = *events.1.lock_unpoisoned();
         assert_eq!((spent.prompt_tokens, spent.completion_tokens), (40, 2));
-        let mut settled = ChainEvents {
+        let mut settled = CallCharge {
             events: &events,
-            round: 2,
             unsettled_prompt: Some(40),
             streamed: 0,
         };

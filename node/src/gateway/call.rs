@@ -21,7 +21,7 @@ use mesh_domain::{
 use tokio::sync::mpsc;
 
 use super::{caller::DoorCaller, error::GatewayError, service::Gateway};
-use crate::{api_keys::Charge, chat::ChatService, router::Placement};
+use crate::{api_keys::Charge, chat::ChatService, llm::delta_channel, router::Placement};
 
 /// Most choices one request may ask for (`n`).
 pub const MAX_CHOICES: u32 = 8;
@@ -329,7 +329,7 @@ fn run_placed(
                 Arc::clone(&tally),
             );
             choices.spawn(async move {
-                let (tx, mut deltas) = mpsc::unbounded_channel();
+                let (tx, mut deltas) = delta_channel();
                 let run = chat.run(placement, &call.target, &call.chat, &tx);
                 tokio::pin!(run);
                 let streamed = |text: &str| {
@@ -508,7 +508,7 @@ mod tests {
             _addr: &'a str,
             _target: &'a Target,
             _request: &'a ChatRequest,
-            deltas: &'a mpsc::UnboundedSender<String>,
+            deltas: &'a crate::llm::Deltas,
         ) -> BoxFuture<'a, Result<ChatResponse, crate::chat::RemoteChatError>> {
             Box::pin(async move {
                 let (content, usage) = match self {
@@ -521,7 +521,7 @@ mod tests {
                     ),
                     Self::Unreported => (WRITTEN, None),
                     Self::Failing => {
-                        let _ = deltas.send(WRITTEN.into());
+                        let _ = deltas.send(WRITTEN.into()).await;
                         return Err(crate::chat::RemoteChatError {
                             message: "the peer's model broke off".into(),
                             streamed: true,

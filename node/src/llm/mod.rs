@@ -16,7 +16,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
-pub use self::model::{ChatModel, ModelError};
+pub use self::model::{ChatModel, Deltas, ModelError, delta_channel};
 use self::{embedded::EmbeddedOptions, openai::OpenAiModel};
 use crate::{
     config::{Backend, Config, default_model_path},

@@ -1,6 +1,7 @@
 //! What every model backend is to the rest of the node: the [`ChatModel`] interface (chats,
-//! and embeddings for the models that make them), the failures a call can end in ([`ModelError`], and which of them fall through to the next model
-//! of a chain), and the measured decode speed ([`SpeedGauge`]).
+//! and embeddings for the models that make them), the bounded stream a chat's text travels
+//! on ([`Deltas`]), the failures a call can end in ([`ModelError`], and which of them fall
+//! through to the next model of a chain), and the measured decode speed ([`SpeedGauge`]).
 
 use std::{fmt, time::Duration};
 
@@ -46,17 +47,37 @@ impl ModelError {
     }
 }
 
+/// Text deltas a chat's answer travels on as it is generated, from the model to whoever reads
+/// it (the front door's client, a peer's `Models.Chat` stream, a task's events). The channel is
+/// bounded ([`DELTA_BUFFER`]): a producer waits for room, so a reader that stops reading holds
+/// the generation back instead of letting the text pile up in memory. A closed channel means
+/// nobody reads the text (the evaluator wants only the answer): the producer carries on, and
+/// the answer still comes back whole from [`ChatModel::chat`].
+pub type Deltas = mpsc::Sender<String>;
+
+/// Deltas held between a model and a reader that stopped reading. Small, since what holds a
+/// slow reader's text is meant to be the model not generating it; large enough that a reader
+/// that is busy for a moment (writing the previous chunk to its socket) does not stall a model
+/// decoding a token every few milliseconds.
+pub const DELTA_BUFFER: usize = 16;
+
+/// A new [`Deltas`] channel of [`DELTA_BUFFER`] deltas, and its reading end.
+pub fn delta_channel() -> (Deltas, mpsc::Receiver<String>) {
+    mpsc::channel(DELTA_BUFFER)
+}
+
 /// A model the agent loop can call.
 pub trait ChatModel: Send + Sync + fmt::Debug {
     /// The configured name (`[[models]].name`).
     fn name(&self) -> &str;
     /// Context window in tokens.
     fn context_window(&self) -> usize;
-    /// Runs one chat completion, sending text deltas to `deltas` as they arrive.
+    /// Runs one chat completion, sending text deltas to `deltas` as they are generated (and
+    /// waiting for room there: see [`Deltas`]); the complete answer at the end.
     fn chat<'a>(
         &'a self,
         request: &'a ChatRequest,
-        deltas: &'a mpsc::UnboundedSender<String>,
+        deltas: &'a Deltas,
     ) -> BoxFuture<'a, Result<ChatResponse, ModelError>>;
     /// Checks the backend is reachable (for `openai`: `GET /models`; for `embedded`: the
     /// model is loaded).

@@ -25,12 +25,11 @@ use mesh_domain::{
 use reqwest::header::CONTENT_TYPE;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
 use crate::{
     config::SystemTurns,
-    llm::model::{ChatModel, ModelError, SpeedGauge},
+    llm::model::{ChatModel, Deltas, ModelError, SpeedGauge},
 };
 
 /// Most bytes of an answer that is not a stream: a chat completion is far smaller.
@@ -205,7 +204,7 @@ impl OpenAiModel {
     async fn stream_chat(
         &self,
         request: &ChatRequest,
-        deltas: &mpsc::UnboundedSender<String>,
+        deltas: &Deltas,
     ) -> Result<ChatResponse, ModelError> {
         let response = self
             .http
@@ -239,7 +238,9 @@ impl OpenAiModel {
         // Some servers ignore `stream` and answer one completion.
         let chunk = completion_chunk(&body).map_err(|e| self.unreadable(e))?;
         let mut answer = Accumulator::default();
-        answer.push(chunk, deltas);
+        for text in answer.push(chunk) {
+            let _ = deltas.send(text).await;
+        }
         answer.finish().map_err(|e| self.unreadable(e))
     }
 
@@ -248,7 +249,7 @@ impl OpenAiModel {
     async fn read_stream<B: AsRef<[u8]>, E: fmt::Display>(
         &self,
         bytes: impl tokio_stream::Stream<Item = Result<B, E>> + Unpin,
-        deltas: &mpsc::UnboundedSender<String>,
+        deltas: &Deltas,
         max_bytes: usize,
     ) -> Result<ChatResponse, ModelError> {
         // Read after the stream failed, to tell an oversized answer from a broken connection.
@@ -286,7 +287,11 @@ impl OpenAiModel {
                 let now = Instant::now();
                 produced = Some((produced.map_or(now, |(first, _)| first), now));
             }
-            answer.push(chunk, deltas);
+            // Waiting for room here stops reading the backend's stream, so a slow reader slows
+            // the backend too (through its connection's flow control).
+            for text in answer.push(chunk) {
+                let _ = deltas.send(text).await;
+            }
         }
         let response = answer.finish().map_err(|e| self.unreadable(e))?;
         if let (Some(usage), Some((first, last))) = (response.usage, produced) {
@@ -310,7 +315,7 @@ impl ChatModel for OpenAiModel {
     fn chat<'a>(
         &'a self,
         request: &'a ChatRequest,
-        deltas: &'a mpsc::UnboundedSender<String>,
+        deltas: &'a Deltas,
     ) -> BoxFuture<'a, Result<ChatResponse, ModelError>> {
         Box::pin(async move {
             tokio::time::timeout(self.timeout, self.stream_chat(request, deltas))
@@ -653,15 +658,17 @@ struct Accumulator {
 }
 
 impl Accumulator {
-    fn push(&mut self, chunk: StreamChunk, deltas: &mpsc::UnboundedSender<String>) {
+    /// Adds `chunk`; returns its text, to pass on as deltas.
+    fn push(&mut self, chunk: StreamChunk) -> Vec<String> {
+        let mut texts = Vec::new();
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
         self.answered |= !chunk.choices.is_empty();
         for choice in chunk.choices {
             if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
-                let _ = deltas.send(text.clone());
                 self.content.push_str(&text);
+                texts.push(text);
             }
             for fragment in choice.delta.tool_calls {
                 let call = self
@@ -683,6 +690,7 @@ impl Accumulator {
                 }
             }
         }
+        texts
     }
 
     /// The response; an error (what the backend did) when no chunk had a choice.
@@ -723,35 +731,21 @@ mod tests {
 
     #[test]
     fn streamed_text_and_tool_call_fragments_are_assembled() {
-        let (tx, mut rx) = mpsc::unbounded_channel();
         let mut acc = Accumulator::default();
-        acc.push(
-            chunk(json!({"choices": [{"delta": {"content": "Hel"}}]})),
-            &tx,
-        );
-        acc.push(
-            chunk(json!({"choices": [{"delta": {"content": "lo"}}]})),
-            &tx,
-        );
-        acc.push(
-            chunk(json!({"choices": [{"delta": {"tool_calls": [
-                {"index": 0, "id": "c1", "function": {"name": "file_read", "arguments": "{\"pa"}}
-            ]}}]})),
-            &tx,
-        );
-        acc.push(
-            chunk(json!({"choices": [{"delta": {"tool_calls": [
-                {"index": 0, "function": {"arguments": "th\": \"a\"}"}}
-            ]}}]})),
-            &tx,
-        );
-        acc.push(
-            chunk(json!({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})),
-            &tx,
-        );
+        let first = acc.push(chunk(json!({"choices": [{"delta": {"content": "Hel"}}]})));
+        acc.push(chunk(json!({"choices": [{"delta": {"content": "lo"}}]})));
+        acc.push(chunk(json!({"choices": [{"delta": {"tool_calls": [
+            {"index": 0, "id": "c1", "function": {"name": "file_read", "arguments": "{\"pa"}}
+        ]}}]})));
+        acc.push(chunk(json!({"choices": [{"delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": "th\": \"a\"}"}}
+        ]}}]})));
+        acc.push(chunk(
+            json!({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}),
+        ));
         let response = acc.finish().expect("answered");
         assert_eq!(response.content, "Hello");
-        assert_eq!(rx.try_recv().expect("delta"), "Hel");
+        assert_eq!(first, ["Hel"], "the text is passed on as a delta");
         assert_eq!(response.tool_calls.len(), 1);
         assert_eq!(response.tool_calls[0].name, "file_read");
         assert_eq!(response.tool_calls[0].arguments, r#"{"path": "a"}"#);
@@ -876,12 +870,11 @@ mod tests {
             "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
         });
         let chunk = completion_chunk(body.to_string().as_bytes()).expect("a completion");
-        let (tx, mut rx) = mpsc::unbounded_channel();
         let mut acc = Accumulator::default();
-        acc.push(chunk, &tx);
+        let deltas = acc.push(chunk);
         let response = acc.finish().expect("answered");
         assert_eq!(response.content, "Hi");
-        assert_eq!(rx.try_recv().expect("the text as one delta"), "Hi");
+        assert_eq!(deltas, ["Hi"], "the text as one delta");
         let calls: Vec<_> = response
             .tool_calls
             .iter()
@@ -904,9 +897,8 @@ mod tests {
         assert!(garbage.contains("<html>hello"), "{garbage}");
         // JSON, but no choice: nothing was answered.
         let chunk = completion_chunk(br#"{"object": "error"}"#).expect("lenient");
-        let (tx, _rx) = mpsc::unbounded_channel();
         let mut acc = Accumulator::default();
-        acc.push(chunk, &tx);
+        acc.push(chunk);
         assert!(acc.finish().is_err());
         // An empty stream.
         assert!(Accumulator::default().finish().is_err());
@@ -928,7 +920,7 @@ mod tests {
             4096,
             Duration::from_secs(1),
         );
-        let (tx, _rx) = mpsc::unbounded_channel();
+        let (tx, _rx) = crate::llm::delta_channel();
         let events = |pieces: Vec<String>| {
             tokio_stream::iter(pieces.into_iter().map(Ok::<_, std::convert::Infallible>))
         };

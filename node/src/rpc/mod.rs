@@ -894,7 +894,7 @@ mod tests {
             messages: vec![Message::text(Role::User, "hi")],
             ..Default::default()
         };
-        let (deltas, _) = tokio::sync::mpsc::unbounded_channel();
+        let (deltas, _) = crate::llm::delta_channel();
         let target = Target::Model("m".into());
         let message = |e: crate::chat::RemoteChatError| e.message;
         fails_in_time("Models.Chat", async {

@@ -6,19 +6,18 @@ use std::{pin::Pin, sync::Arc};
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, Target};
 use mesh_proto::{convert::check_len, v1 as pb};
 use mesh_tls::deadline;
-use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::{
     chat::{ChatService, RemoteChat, RemoteChatError},
-    llm::ModelError,
+    llm::{Deltas, ModelError, delta_channel},
 };
 
-/// Most texts one `Models.Embed` call carries, and most bytes of text: the answer (JSON floats,
-/// about 12 bytes each) of 32 vectors of up to 8,192 dimensions stays under the service's 4 MiB
-/// message limit, so a larger request goes to a peer in several calls.
-const EMBED_BATCH_INPUTS: usize = 32;
+/// Most texts one `Models.Embed` call carries, and most bytes of text: the answer (`repeated
+/// float`, 4 bytes each) of 96 vectors of up to 8,192 dimensions (3 MiB) stays under the
+/// service's 4 MiB message limit, so a larger request goes to a peer in several calls.
+const EMBED_BATCH_INPUTS: usize = 96;
 /// See [`EMBED_BATCH_INPUTS`].
 const EMBED_BATCH_BYTES: usize = super::MAX_MESSAGE_BYTES;
 
@@ -62,8 +61,7 @@ impl pb::models_server::Models for ModelsService {
     async fn chat(&self, request: Request<pb::ChatCall>) -> Result<Response<ChunkStream>, Status> {
         let call = request.into_inner();
         let target = target(&call.target)?;
-        let chat: ChatRequest = serde_json::from_slice(&call.request)
-            .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
+        let chat = ChatRequest::try_from(call.request.unwrap_or_default())?;
         if chat.messages.is_empty() {
             return Err(Status::invalid_argument(
                 "request.messages: must not be empty",
@@ -81,7 +79,10 @@ impl pb::models_server::Models for ModelsService {
         let service = self.chat.clone();
         Ok(Response::new(Box::pin(super::stream_from(
             move |tx| async move {
-                let (deltas, mut rx) = mpsc::unbounded_channel();
+                // Bounded both ways: the model waits while the caller's stream is full (the
+                // caller reads as fast as its own client does), so a slow client far away
+                // still holds the generation here back.
+                let (deltas, mut rx) = delta_channel();
                 let run = service.serve_here(&target, &chat, &deltas);
                 tokio::pin!(run);
                 let result = loop {
@@ -105,11 +106,9 @@ impl pb::models_server::Models for ModelsService {
                         .await;
                 }
                 let last = match result {
-                    Some(Ok(response)) => serde_json::to_vec(&response)
-                        .map(|bytes| pb::ChatChunk {
-                            kind: Some(pb::chat_chunk::Kind::Response(bytes)),
-                        })
-                        .map_err(|e| Status::internal(e.to_string())),
+                    Some(Ok(response)) => Ok(pb::ChatChunk {
+                        kind: Some(pb::chat_chunk::Kind::Answer((&response).into())),
+                    }),
                     Some(Err(error)) => Err(model_status(&error)),
                     None => Err(Status::not_found("the model went away")),
                 };
@@ -127,8 +126,9 @@ impl pb::models_server::Models for ModelsService {
             return Err(Status::invalid_argument("model: name a model"));
         }
         check_len("model", &call.model, 256)?;
-        let embed: EmbedRequest = serde_json::from_slice(&call.request)
-            .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
+        let embed = EmbedRequest {
+            inputs: call.inputs,
+        };
         embed
             .check()
             .map_err(|e| Status::invalid_argument(format!("request.{e}")))?;
@@ -138,10 +138,7 @@ impl pb::models_server::Models for ModelsService {
                 call.model
             ))),
             Some(Err(error)) => Err(model_status(&error)),
-            Some(Ok(response)) => Ok(Response::new(pb::EmbedAnswer {
-                response: serde_json::to_vec(&response)
-                    .map_err(|e| Status::internal(e.to_string()))?,
-            })),
+            Some(Ok(response)) => Ok(Response::new((&response).into())),
         }
     }
 }
@@ -197,7 +194,7 @@ impl RemoteChat for RemoteModels {
         addr: &'a str,
         target: &'a Target,
         request: &'a ChatRequest,
-        deltas: &'a mpsc::UnboundedSender<String>,
+        deltas: &'a Deltas,
     ) -> BoxFuture<'a, Result<ChatResponse, RemoteChatError>> {
         Box::pin(chat_remote(&self.channels, addr, target, request, deltas))
     }
@@ -249,14 +246,11 @@ async fn embed_remote(
     for batch in embed_batches(&request.inputs) {
         let call = pb::EmbedCall {
             model: model.to_owned(),
-            request: serde_json::to_vec(&EmbedRequest {
-                inputs: batch.to_vec(),
-            })
-            .map_err(|e| fail(e.to_string()))?,
+            inputs: batch.to_vec(),
         };
         let limit = channels.deadlines().chat_idle;
-        let bytes = match deadline::within(limit, "Models.Embed", client.embed(call)).await {
-            Ok(response) => response.into_inner().response,
+        let part = match deadline::within(limit, "Models.Embed", client.embed(call)).await {
+            Ok(response) => EmbedResponse::from(response.into_inner()),
             Err(status) => {
                 // As for chats: a broken or silent channel is dialled afresh next time.
                 if matches!(
@@ -276,8 +270,6 @@ async fn embed_remote(
                 });
             }
         };
-        let part: EmbedResponse =
-            serde_json::from_slice(&bytes).map_err(|e| fail(format!("bad answer: {e}")))?;
         if part.vectors.len() != batch.len() {
             return Err(fail(format!(
                 "bad answer: {} vectors for {} texts",
@@ -298,7 +290,7 @@ async fn chat_remote(
     addr: &str,
     target: &Target,
     request: &ChatRequest,
-    deltas: &mpsc::UnboundedSender<String>,
+    deltas: &Deltas,
 ) -> Result<ChatResponse, RemoteChatError> {
     let fail = |message: String| failure(message, false);
     let channel = channels.get(addr).await.map_err(|e| fail(e.to_string()))?;
@@ -307,7 +299,7 @@ async fn chat_remote(
         .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES);
     let call = pb::ChatCall {
         target: target.model_id(),
-        request: serde_json::to_vec(request).map_err(|e| fail(e.to_string()))?,
+        request: Some(request.into()),
     };
     let deadlines = channels.deadlines();
     // The whole chat has a deadline, its opening a shorter one, and the
@@ -336,10 +328,12 @@ async fn chat_remote(
                 kind: Some(pb::chat_chunk::Kind::Delta(text)),
             })) => {
                 streamed = true;
-                let _ = deltas.send(text);
+                // Not reading the stream while the reader is behind: HTTP/2 flow control
+                // then holds the peer's model back.
+                let _ = deltas.send(text).await;
             }
             Ok(Some(pb::ChatChunk {
-                kind: Some(pb::chat_chunk::Kind::Response(bytes)),
+                kind: Some(pb::chat_chunk::Kind::Answer(answer)),
             })) => {
                 // Read on to the end of the stream (the server ends it right after the answer):
                 // a stream dropped before its end is reset, and after 1,024 resets h2 refuses
@@ -348,8 +342,7 @@ async fn chat_remote(
                 while let Ok(Some(_)) =
                     deadline::within(idle, "Models.Chat", stream.message()).await
                 {}
-                return serde_json::from_slice(&bytes)
-                    .map_err(|e| failure(format!("bad answer: {e}"), streamed));
+                return Ok(answer.into());
             }
             Ok(Some(pb::ChatChunk { kind: None })) => {}
             Ok(None) => {
@@ -364,10 +357,8 @@ async fn chat_remote(
 mod tests {
     use std::time::Duration;
 
+    use mesh_domain::{Message, Role, Sampling};
     use mesh_proto::v1::models_server::Models as _;
-    use serde_json::json;
-
-    use mesh_domain::{Message, Role};
 
     use super::*;
     use crate::{
@@ -380,15 +371,24 @@ mod tests {
         let sizes = |inputs: &[String]| -> Vec<usize> {
             embed_batches(inputs).iter().map(|b| b.len()).collect()
         };
+        const N: usize = EMBED_BATCH_INPUTS;
         assert_eq!(sizes(&texts(1, 1)), [1]);
-        assert_eq!(sizes(&texts(32, 1)), [32]);
-        assert_eq!(sizes(&texts(70, 1)), [32, 32, 6]);
+        assert_eq!(sizes(&texts(N, 1)), [N]);
+        assert_eq!(sizes(&texts(2 * N + 6, 1)), [N, N, 6]);
         // 100 KiB each: ten fit in 1 MiB, the eleventh starts the next batch.
         assert_eq!(sizes(&texts(12, 100 * 1024)), [10, 2]);
         assert!(sizes(&[]).is_empty());
-        let inputs = texts(70, 3);
+        let inputs = texts(2 * N + 6, 3);
         let joined: Vec<String> = embed_batches(&inputs).concat();
         assert_eq!(joined, inputs, "every text once, in order");
+        // The answer of a full batch of the largest vectors fits the message limit.
+        let answer = pb::EmbedAnswer::from(&EmbedResponse {
+            model: "e".into(),
+            vectors: vec![vec![0.5; 8192]; N],
+            prompt_tokens: 1,
+        });
+        let bytes = prost::Message::encoded_len(&answer);
+        assert!(bytes < 4 * super::super::MAX_MESSAGE_BYTES, "{bytes} bytes");
     }
 
     #[tokio::test]
@@ -408,16 +408,21 @@ mod tests {
             messages: vec![Message::text(Role::User, "hi")],
             ..Default::default()
         };
-        let call = |sampling: serde_json::Value| {
-            let mut request = serde_json::to_value(&chat).expect("json");
-            request["sampling"] = sampling;
-            pb::ChatCall {
-                target: "m".into(),
-                request: serde_json::to_vec(&request).expect("bytes"),
-            }
+        let call = |sampling: Sampling| pb::ChatCall {
+            target: "m".into(),
+            request: Some(
+                (&ChatRequest {
+                    sampling,
+                    ..chat.clone()
+                })
+                    .into(),
+            ),
         };
         let Err(status) = service
-            .chat(Request::new(call(json!({"temperature": 9.0}))))
+            .chat(Request::new(call(Sampling {
+                temperature: Some(9.0),
+                ..Sampling::default()
+            })))
             .await
         else {
             panic!("an out-of-range temperature was accepted");
@@ -430,9 +435,11 @@ mod tests {
         );
         // In range, the check passes and the call gets as far as "not served here".
         let Err(status) = service
-            .chat(Request::new(call(
-                json!({"temperature": 0.5, "stop": ["x"]}),
-            )))
+            .chat(Request::new(call(Sampling {
+                temperature: Some(0.5),
+                stop: vec!["x".into()],
+                ..Sampling::default()
+            })))
             .await
         else {
             panic!("an empty registry served a chat");
@@ -469,7 +476,7 @@ mod tests {
         fn chat<'a>(
             &'a self,
             _request: &'a ChatRequest,
-            _deltas: &'a mpsc::UnboundedSender<String>,
+            _deltas: &'a Deltas,
         ) -> BoxFuture<'a, Result<ChatResponse, crate::llm::ModelError>> {
             self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -530,7 +537,7 @@ mod tests {
             messages: vec![Message::text(Role::User, "hi")],
             ..Default::default()
         };
-        let (deltas, _rx) = mpsc::unbounded_channel();
+        let (deltas, _rx) = delta_channel();
         let error = tokio::time::timeout(
             Duration::from_secs(5),
             remote.chat(&addr, &Target::Model("m".into()), &request, &deltas),

@@ -174,6 +174,7 @@ fn check_list(field: &str, values: &[String]) -> Result<(), Status> {
         .try_for_each(|v| check_len(field, v, MAX_STRING))
 }
 
+mod chat;
 mod node;
 mod task;
 

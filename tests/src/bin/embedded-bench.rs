@@ -91,7 +91,8 @@ fn bench(tokens: usize, threads: usize, runs: usize) -> anyhow::Result<()> {
             );
         }
 
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        // Nobody reads the text (the receiver is dropped): the engine does not wait for a reader.
+        let (tx, _) = mesh_node::testing::delta_channel();
         let request = ChatRequest {
             messages: vec![Message::text(
                 Role::User,

@@ -17,7 +17,7 @@ use llama_cpp_2::{
     model::{LlamaModel, params::LlamaModelParams},
 };
 use mesh_domain::{BoxFuture, ChatRequest, ChatResponse, EmbedRequest, EmbedResponse};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 use super::{
     embeddings::{EmbedJob, Embedder},
@@ -28,7 +28,7 @@ use super::{
 };
 use crate::{
     config::FETCH_HINT,
-    llm::model::{ChatModel, ModelError, SpeedGauge},
+    llm::model::{ChatModel, Deltas, ModelError, SpeedGauge},
 };
 
 /// Where the engine is.
@@ -195,7 +195,7 @@ impl EmbeddedModel {
     async fn generate(
         &self,
         request: &ChatRequest,
-        deltas: &mpsc::UnboundedSender<String>,
+        deltas: &Deltas,
     ) -> Result<ChatResponse, ModelError> {
         let call = demanded_call(&self.name, request)?;
         let (reply, answer) = oneshot::channel();
@@ -241,7 +241,7 @@ impl ChatModel for EmbeddedModel {
     fn chat<'a>(
         &'a self,
         request: &'a ChatRequest,
-        deltas: &'a mpsc::UnboundedSender<String>,
+        deltas: &'a Deltas,
     ) -> BoxFuture<'a, Result<ChatResponse, ModelError>> {
         Box::pin(self.generate(request, deltas))
     }

@@ -13,14 +13,17 @@ use llama_cpp_2::{
 use llguidance::{Matcher, ParserFactory, api::TopLevelGrammar};
 use mesh_domain::{ChatResponse, Sampling, Usage};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc::error::TrySendError, oneshot};
 
 use super::{
     llama::{MAX_PROMPT_BYTES_PER_TOKEN, engine_error},
     options::DecodeSpeed,
     stream::TextStream,
 };
-use crate::llm::model::{ModelError, SpeedGauge};
+use crate::{
+    llm::model::{Deltas, ModelError, SpeedGauge},
+    metrics::{labels, metrics},
+};
 
 /// Tokens per prompt-processing batch.
 pub(super) const BATCH: usize = 512;
@@ -28,6 +31,10 @@ pub(super) const BATCH: usize = 512;
 /// models fall into loops under plain greedy decoding.
 const PENALTY_LAST_N: i32 = 64;
 const PENALTY_REPEAT: f32 = 1.1;
+/// How often the engine thread, waiting for room in the deltas of a reader that fell behind,
+/// looks whether the caller left or the deadline passed: the thread has no async runtime to
+/// wait on all three at once, and a few milliseconds is well under one token's decode.
+const WAIT_FOR_ROOM: Duration = Duration::from_millis(5);
 /// The prompt of the decode-speed measurement.
 const MEASURE_PROMPT: &str =
     "<|im_start|>user\nCount from one to one hundred in words.<|im_end|>\n<|im_start|>assistant\n";
@@ -56,7 +63,7 @@ pub(super) struct ChatJob {
     /// The model's timeout, for the error at the deadline.
     pub(super) timeout: Duration,
     /// Where decoded text goes as it is generated; `None`: nowhere (a tool call).
-    pub(super) deltas: Option<mpsc::UnboundedSender<String>>,
+    pub(super) deltas: Option<Deltas>,
     /// The answer; closed when the caller went away (timeout, cancelled task), which stops
     /// the generation between two tokens.
     pub(super) reply: oneshot::Sender<Result<ChatResponse, ModelError>>,
@@ -90,6 +97,32 @@ enum Interrupted {
 impl From<ModelError> for Interrupted {
     fn from(e: ModelError) -> Self {
         Self::Failed(e)
+    }
+}
+
+impl ChatJob {
+    /// Passes `text` on to the caller. While the reader is behind (its bounded channel full)
+    /// the engine waits here, generating nothing, so a slow client holds the generation back
+    /// instead of the text piling up; until the caller leaves or the deadline passes. A closed
+    /// channel means nobody reads the text: the answer is still wanted, generation goes on.
+    fn pass_on(&self, text: String) -> Result<(), Interrupted> {
+        let Some(deltas) = &self.deltas else {
+            return Ok(());
+        };
+        let mut text = text;
+        loop {
+            match deltas.try_send(text) {
+                Ok(()) | Err(TrySendError::Closed(_)) => return Ok(()),
+                Err(TrySendError::Full(back)) => text = back,
+            }
+            if self.reply.is_closed() {
+                return Err(Interrupted::Abandoned);
+            }
+            if Instant::now() >= self.deadline {
+                return Err(Interrupted::Failed(ModelError::Timeout(self.timeout)));
+            }
+            std::thread::sleep(WAIT_FOR_ROOM);
+        }
     }
 }
 
@@ -281,18 +314,21 @@ impl<'m> Engine<'m> {
         let mut completion = 0usize;
         let mut pos = prompt_tokens;
         let mut logits_at = self.batch.n_tokens() - 1;
+        let generated = metrics()
+            .model_tokens_generated
+            .get_or_create(&labels(&[("model", self.name)]))
+            .clone();
         while completion < budget {
             let token = sampler.sample(&self.ctx, logits_at);
             if vocab.is_eog(token) {
                 break;
             }
             completion += 1;
+            generated.inc();
             let step = stream.push(&vocab.token_to_piece(token, true, None));
             if !step.text.is_empty() {
-                if let Some(deltas) = &job.deltas {
-                    let _ = deltas.send(step.text.clone());
-                }
                 content.push_str(&step.text);
+                job.pass_on(step.text)?;
             }
             if step.stopped || completion == budget {
                 break;
@@ -309,10 +345,8 @@ impl<'m> Engine<'m> {
         }
         let tail = stream.finish();
         if !tail.is_empty() {
-            if let Some(deltas) = &job.deltas {
-                let _ = deltas.send(tail.clone());
-            }
             content.push_str(&tail);
+            job.pass_on(tail)?;
         }
         Ok(ChatResponse {
             model: String::new(),

@@ -22,7 +22,7 @@ use crate::{
 };
 
 /// Most forwards and sub-task levels a task may go through.
-pub const MAX_HOPS: u32 = 4;
+pub(crate) const MAX_HOPS: u32 = 4;
 
 /// How a task reached this node, as far as this node can tell: what it may ask of it.
 #[derive(Debug, Clone, PartialEq, Eq)]

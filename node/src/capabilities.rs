@@ -375,7 +375,7 @@ async fn nvidia_smi() -> Option<Vec<Gpu>> {
 }
 
 /// Parses `name, total, free` CSV lines; malformed lines are skipped.
-pub fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
+pub(crate) fn parse_nvidia_smi(text: &str) -> Vec<Gpu> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split(',').map(str::trim);

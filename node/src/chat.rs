@@ -20,11 +20,11 @@ use crate::{
 };
 
 /// Most peers one chat is tried on (the best and two more), as for tasks.
-pub const MAX_CHAT_TRIES: usize = 3;
+pub(crate) const MAX_CHAT_TRIES: usize = 3;
 
 /// What the caller of [`fall_through`] hears while a chain runs (its text goes to the
 /// chain's [`Deltas`]).
-pub trait ChainObserver: Send {
+pub(crate) trait ChainObserver: Send {
     /// A model of the chain is about to be called (`attempt` counts from 1).
     fn attempt(&mut self, _model: &str, _attempt: u32) {}
     /// A call failed; `falling_through` says whether the next model is tried.
@@ -33,14 +33,14 @@ pub trait ChainObserver: Send {
 
 /// Every model of a chain failed, or the last one failed in a way the next would not fix.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChainFailure {
+pub(crate) struct ChainFailure {
     /// Each attempt: the model and how it failed, in order (empty for an empty chain).
     pub attempts: Vec<(String, ModelError)>,
 }
 
 impl ChainFailure {
     /// The last attempt: which model, and how it failed.
-    pub fn last(&self) -> Option<&(String, ModelError)> {
+    pub(crate) fn last(&self) -> Option<&(String, ModelError)> {
         self.attempts.last()
     }
 }
@@ -48,7 +48,7 @@ impl ChainFailure {
 /// Calls the chain in order until one model answers; a transient failure (connect error, 5xx,
 /// timeout) falls through to the next model, anything else ends the chain. The models' text
 /// goes to `deltas` as they generate it. The answer names the model that gave it.
-pub async fn fall_through(
+pub(crate) async fn fall_through(
     chain: &[Arc<dyn ChatModel>],
     request: &ChatRequest,
     deltas: &Deltas,

@@ -24,15 +24,15 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::metrics::{labels, metrics};
 
 /// At most one "cap reached" warning per listener and cap in this long.
-pub const WARN_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// How long a listener waits after a failed accept (out of file descriptors, most likely)
 /// before it accepts again, so a failing listener neither spins nor floods the log.
-pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Which cap of a listener: what it counts, and the `reason` a refusal is counted under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cap {
+pub(crate) enum Cap {
     /// Every open connection of the listener, handshaking or established.
     Connections,
     /// TLS handshakes in progress (the gRPC port).
@@ -59,7 +59,7 @@ impl Cap {
 
 /// At most `max` connections of one listener at a time. Cloning shares the count.
 #[derive(Debug, Clone)]
-pub struct ConnectionCap {
+pub(crate) struct ConnectionCap {
     /// The listener's name in metrics and logs: `grpc` or `http`.
     listener: &'static str,
     cap: Cap,
@@ -74,7 +74,7 @@ pub struct ConnectionCap {
 /// One connection's place under a [`ConnectionCap`], given back when dropped (when the
 /// connection closes, or its handshake ends for the handshake cap).
 #[derive(Debug)]
-pub struct ConnectionSlot {
+pub(crate) struct ConnectionSlot {
     _permit: OwnedSemaphorePermit,
     open: Gauge,
 }
@@ -87,7 +87,7 @@ impl Drop for ConnectionSlot {
 
 impl ConnectionCap {
     /// A cap of `max` connections (at least 1) for `listener`.
-    pub fn new(listener: &'static str, cap: Cap, max: usize) -> Self {
+    pub(crate) fn new(listener: &'static str, cap: Cap, max: usize) -> Self {
         let max = max.max(1);
         let open = metrics()
             .connections
@@ -105,7 +105,7 @@ impl ConnectionCap {
 
     /// A slot for one more connection, or `None` when `max` are open: the caller closes the
     /// connection at once. A refusal is counted, and logged now and then.
-    pub fn admit(&self) -> Option<ConnectionSlot> {
+    pub(crate) fn admit(&self) -> Option<ConnectionSlot> {
         match self.permits.clone().try_acquire_owned() {
             Ok(permit) => {
                 self.open.inc();

@@ -25,20 +25,20 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::{labels, metrics};
 
 /// The DNS-SD service type every node advertises.
-pub const SERVICE_TYPE: &str = "_agentmesh._tcp.local.";
+pub(crate) const SERVICE_TYPE: &str = "_agentmesh._tcp.local.";
 /// TXT records stay under this many bytes; the full picture comes from `GetInfo`.
-pub const MAX_TXT_BYTES: usize = 400;
+pub(crate) const MAX_TXT_BYTES: usize = 400;
 /// How often static peers are offered again to the dialer.
-pub const STATIC_REOFFER_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const STATIC_REOFFER_INTERVAL: Duration = Duration::from_secs(1);
 /// Addresses taken from one advert (best first); an advert may list any number.
-pub const MAX_ADVERT_ADDRS: usize = 4;
+pub(crate) const MAX_ADVERT_ADDRS: usize = 4;
 /// Wait before browsing again after mdns-sd ended a browse.
 const REBROWSE_DELAY: Duration = Duration::from_secs(1);
 /// At most one warning per this period that mdns-sd ended a browse.
 const OVERFLOW_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 /// Adverts dropped by membership are offered again at most this often (each time is a fresh
 /// browse: one query on the LAN, and every cached advert read again).
-pub const REOFFER_INTERVAL: Duration = Duration::from_secs(3);
+pub(crate) const REOFFER_INTERVAL: Duration = Duration::from_secs(3);
 
 /// How a peer became known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -97,7 +97,7 @@ pub enum DiscoveryEvent {
 
 /// A source of peers. `run` emits events until `cancel` fires, then cleans up (for mDNS: sends
 /// goodbye packets) before returning.
-pub trait Discovery: Send + Sync + 'static {
+pub(crate) trait Discovery: Send + Sync + 'static {
     /// Short name for logs (`mdns`, `static`).
     fn name(&self) -> &'static str;
     /// Runs the source.
@@ -110,13 +110,13 @@ pub trait Discovery: Send + Sync + 'static {
 
 /// Offers the configured static peers to the dialer at start and then every second.
 #[derive(Debug, Clone)]
-pub struct StaticPeers {
+pub(crate) struct StaticPeers {
     peers: Vec<String>,
 }
 
 impl StaticPeers {
     /// `peers` are `host:port` strings, already validated by config.
-    pub fn new(peers: Vec<String>) -> Self {
+    pub(crate) fn new(peers: Vec<String>) -> Self {
         Self { peers }
     }
 }
@@ -157,7 +157,7 @@ impl Discovery for StaticPeers {
 
 /// What a node puts in its mDNS advertisement.
 #[derive(Debug, Clone)]
-pub struct Advert {
+pub(crate) struct Advert {
     /// Instance name (the node name).
     pub name: String,
     /// Node id.
@@ -174,7 +174,7 @@ pub struct Advert {
 
 impl Advert {
     /// TXT properties, with the role list cut so the record stays under [`MAX_TXT_BYTES`].
-    pub fn txt(&self) -> Vec<(String, String)> {
+    pub(crate) fn txt(&self) -> Vec<(String, String)> {
         let fixed = [
             ("id".to_owned(), self.id.to_string()),
             ("v".to_owned(), mesh_proto::PROTOCOL_MAJOR.to_string()),
@@ -206,7 +206,7 @@ impl Advert {
 /// mdns-sd joins the multicast group on every up interface as soon as its daemon thread starts
 /// (0.21 has no constructor that avoids it); `interfaces` only narrows what is used afterwards.
 /// Tests and the demo therefore run mDNS only inside network namespaces they create.
-pub struct Mdns {
+pub(crate) struct Mdns {
     daemon: ServiceDaemon,
     advert: Advert,
     own_id: NodeId,
@@ -224,7 +224,7 @@ impl std::fmt::Debug for Mdns {
 impl Mdns {
     /// Starts the mDNS daemon, restricted to `interfaces` when not empty. `reoffer` is notified
     /// by membership when it dropped adverts it wants offered again.
-    pub fn new(
+    pub(crate) fn new(
         advert: Advert,
         interfaces: &[String],
         reoffer: Arc<Notify>,

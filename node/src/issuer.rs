@@ -42,16 +42,16 @@ const TREE: &str = "join_redemptions";
 /// Most attempts with a genuine token (its MAC checks) per [`RATE_WINDOW`], over all callers:
 /// each costs a signature and a disk write. A token's MAC cannot be guessed, so only holders of
 /// a real (perhaps used-up or expired) token can spend it.
-pub const MAX_ATTEMPTS: u32 = 30;
+pub(crate) const MAX_ATTEMPTS: u32 = 30;
 /// Most attempts with a genuine token per [`RATE_WINDOW`] from one caller address (an IPv6
 /// caller's /64): one holder of a leaked token cannot spend [`MAX_ATTEMPTS`] alone.
-pub const MAX_ATTEMPTS_PER_ADDRESS: u32 = 10;
+pub(crate) const MAX_ATTEMPTS_PER_ADDRESS: u32 = 10;
 /// Most refused forgeries (a secret that is malformed or whose MAC does not check) per
 /// [`RATE_WINDOW`] from one caller address that are answered and logged as such; beyond, they
 /// are refused as `Busy`, logged at debug only. They never count against a genuine token.
-pub const MAX_FORGERIES_PER_ADDRESS: u32 = 30;
+pub(crate) const MAX_FORGERIES_PER_ADDRESS: u32 = 30;
 /// The window the limits count over.
-pub const RATE_WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const RATE_WINDOW: Duration = Duration::from_secs(60);
 /// Most caller addresses counted at once; when full, the one counted longest is forgotten
 /// (which only ever lets that address try again sooner).
 const MAX_ADDRESSES: usize = 4096;
@@ -119,7 +119,7 @@ impl RedeemError {
 
 /// A certificate issued for a token.
 #[derive(Debug, Clone)]
-pub struct Issued {
+pub(crate) struct Issued {
     /// The certificate, PEM.
     pub cert_pem: String,
     /// Its role (the token's).
@@ -234,7 +234,7 @@ fn address_key(ip: IpAddr) -> IpAddr {
 }
 
 /// Redeems join tokens for certificates.
-pub struct Issuer {
+pub(crate) struct Issuer {
     ca: CaSigner,
     key: TokenKey,
     store: Arc<dyn Store>,
@@ -257,7 +257,7 @@ impl std::fmt::Debug for Issuer {
 impl Issuer {
     /// An issuer signing with `ca`, counting redemptions in `store`, refusing node names that
     /// `names` says are held.
-    pub fn new(ca: CaSigner, store: Arc<dyn Store>, names: Arc<PeerTable>) -> Self {
+    pub(crate) fn new(ca: CaSigner, store: Arc<dyn Store>, names: Arc<PeerTable>) -> Self {
         let key = TokenKey::of(&ca);
         Self {
             ca,
@@ -270,13 +270,13 @@ impl Issuer {
     }
 
     /// The CA certificate, PEM.
-    pub fn ca_pem(&self) -> &str {
+    pub(crate) fn ca_pem(&self) -> &str {
         self.ca.ca_pem()
     }
 
     /// Redeems `secret` for a certificate named `name` for the key of `csr_pem`, now, for a
     /// caller at `from`.
-    pub async fn redeem(
+    pub(crate) async fn redeem(
         &self,
         secret: &str,
         name: &str,

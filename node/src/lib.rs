@@ -53,6 +53,10 @@
 //! `PeerLink` port, `GetInfo` in rpc, when its gossiped version changes) →
 //! [`peers::PeerTable`] → `ListPeers` and `WatchPeers` (rpc) → `mesh-cli status`.
 
+// An item is `pub` only where the crate's users reach it (config, server, testing); the rest is
+// `pub(crate)` or narrower, so the compiler reports what nothing uses.
+#![warn(unreachable_pub)]
+
 mod admission;
 mod agent;
 mod api_keys;

@@ -21,7 +21,7 @@ type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 /// The node's metrics.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// Tasks that ended, by status (`completed`, `failed`).
     pub tasks: Family<Labels, Counter>,
@@ -89,7 +89,7 @@ fn latency_histogram() -> Histogram {
 }
 
 /// Label set from pairs.
-pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+pub(crate) fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -244,21 +244,21 @@ impl Metrics {
     }
 
     /// Counts a routing decision.
-    pub fn routed(&self, kind: &str, placement: &str) {
+    pub(crate) fn routed(&self, kind: &str, placement: &str) {
         self.routing
             .get_or_create(&labels(&[("kind", kind), ("placement", placement)]))
             .inc();
     }
 
     /// Records one model call's latency.
-    pub fn model_call(&self, model: &str, seconds: f64) {
+    pub(crate) fn model_call(&self, model: &str, seconds: f64) {
         self.model_latency
             .get_or_create(&labels(&[("model", model)]))
             .observe(seconds);
     }
 
     /// The text exposition.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -275,7 +275,7 @@ pub(crate) trait ScrapedGauges: Send + Sync + std::fmt::Debug {
 }
 
 /// The process-wide metrics.
-pub fn metrics() -> &'static Metrics {
+pub(crate) fn metrics() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(Metrics::new)
 }

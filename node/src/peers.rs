@@ -24,11 +24,11 @@ use tokio::sync::{mpsc, watch};
 
 use crate::discovery::PeerSource;
 
-pub mod adverts;
-pub mod budget;
-pub mod envelope;
-pub mod icmp;
-pub mod swim;
+pub(crate) mod adverts;
+pub(crate) mod budget;
+pub(crate) mod envelope;
+pub(crate) mod icmp;
+pub(crate) mod swim;
 
 /// Why a peer is marked revoked (the one reason that may change a revoked row).
 const REVOKED: &str = "certificate revoked by the mesh CA";

@@ -7,12 +7,12 @@
 
 /// A process group, killed (SIGKILL) on drop.
 #[derive(Debug)]
-pub struct ProcessGroup(rustix::process::Pid);
+pub(crate) struct ProcessGroup(rustix::process::Pid);
 
 impl ProcessGroup {
     /// The group of `child`, which must have been started with `process_group(0)` (its pid is
     /// its group's id); `None` once the child has been reaped.
-    pub fn of(child: &tokio::process::Child) -> Option<Self> {
+    pub(crate) fn of(child: &tokio::process::Child) -> Option<Self> {
         child
             .id()
             .and_then(|pid| rustix::process::Pid::from_raw(pid as i32))

@@ -51,7 +51,7 @@ pub struct Ranked<'a> {
 
 /// Which node a task's `on` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Requested<'a> {
+pub(crate) enum Requested<'a> {
     /// The node(s) of this name (a name is held by one live node, but a node that is down may
     /// still be listed under it).
     Name(&'a str),
@@ -70,11 +70,11 @@ pub enum Requested<'a> {
 /// Shortest id prefix `on` may give: the short id `mesh-cli status` shows. A shorter one would be
 /// easy to make a key for (a node that is away, named `cafe`, must not be reachable as `--on
 /// cafe` by whoever made a key whose id starts with `cafe`).
-pub const MIN_ID_PREFIX: usize = NodeId::SHORT_LEN;
+pub(crate) const MIN_ID_PREFIX: usize = NodeId::SHORT_LEN;
 
 /// What `on` names among `candidates`: a name first (names are what users type), else a whole
 /// id, else an id prefix of at least [`MIN_ID_PREFIX`] hex digits.
-pub fn requested<'a>(on: &'a str, candidates: &[Candidate<'a>]) -> Requested<'a> {
+pub(crate) fn requested<'a>(on: &'a str, candidates: &[Candidate<'a>]) -> Requested<'a> {
     if candidates.iter().any(|c| c.info.name == on) {
         return Requested::Name(on);
     }
@@ -156,7 +156,7 @@ pub fn rank<'a>(
 
 /// Ranks this node (`own`, always up) and its `peers`: what task routing and the front door
 /// both ask.
-pub fn rank_fleet<'a>(
+pub(crate) fn rank_fleet<'a>(
     own: &'a NodeInfo,
     peers: &'a [Peer],
     target: &Target,
@@ -174,7 +174,11 @@ pub fn rank_fleet<'a>(
 /// Ranks, for embeddings with `model` (read tier, no requirements), only the nodes whose
 /// `model` makes embeddings: a node that has the model for chats only is no candidate at all,
 /// so an embedding never lands there. Empty when no node's `model` embeds.
-pub fn rank_embedders<'a>(own: &'a NodeInfo, peers: &'a [Peer], model: &str) -> Vec<Ranked<'a>> {
+pub(crate) fn rank_embedders<'a>(
+    own: &'a NodeInfo,
+    peers: &'a [Peer],
+    model: &str,
+) -> Vec<Ranked<'a>> {
     let embedders: Vec<_> = fleet(own, peers)
         .filter(|c| c.info.models.iter().any(|m| m.name == model && m.embeds))
         .collect();
@@ -854,7 +858,7 @@ pub struct Destination {
 /// Picks from a ranking; `Err` says why no node can run it (every node with its reason). A task
 /// another node forwarded here runs here whenever this node is eligible, so delegation does not
 /// bounce around the fleet.
-pub fn choose(ranked: &[Ranked<'_>], forwarded: bool) -> Result<Placement, String> {
+pub(crate) fn choose(ranked: &[Ranked<'_>], forwarded: bool) -> Result<Placement, String> {
     let eligible: Vec<&Ranked<'_>> = ranked.iter().filter(|r| r.verdict.is_ok()).collect();
     if eligible.is_empty() {
         let reasons: Vec<String> = ranked

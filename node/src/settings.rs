@@ -39,7 +39,7 @@ pub enum SettingsError {
 
 /// The parts a runtime setting changes.
 #[derive(Debug)]
-pub struct Targets {
+pub(crate) struct Targets {
     /// The client and `/mcp` tier caps.
     pub admission: Arc<Admission>,
     /// The advertised remote tier cap and declared GPUs.
@@ -54,7 +54,7 @@ pub struct Targets {
 
 /// The node's runtime settings.
 #[derive(Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     /// The configuration in effect; changed one setting at a time.
     current: Mutex<Config>,
     targets: Targets,
@@ -64,7 +64,7 @@ impl Settings {
     /// The settings of a node started with `config` (runtime settings already laid over it),
     /// applied to `targets` from now on. Says in the log which runtime settings win over the
     /// config file.
-    pub fn new(config: Config, targets: Targets) -> Self {
+    pub(crate) fn new(config: Config, targets: Targets) -> Self {
         for shown in config.runtime_settings() {
             if let (Source::Runtime, Some(file)) = (shown.source, &shown.file) {
                 tracing::warn!(
@@ -83,17 +83,17 @@ impl Settings {
     }
 
     /// Every runtime setting as it is now.
-    pub fn show(&self) -> Vec<Shown> {
+    pub(crate) fn show(&self) -> Vec<Shown> {
         self.current.lock_unpoisoned().runtime_settings()
     }
 
     /// Sets `key` to the value `text` stands for.
-    pub fn set(&self, key: &str, text: &str) -> Result<Shown, SettingsError> {
+    pub(crate) fn set(&self, key: &str, text: &str) -> Result<Shown, SettingsError> {
         self.change(key, |current| current.layers.runtime.with(key, text))
     }
 
     /// Removes the runtime setting of `key`: the file's value, or the default, applies again.
-    pub fn unset(&self, key: &str) -> Result<Shown, SettingsError> {
+    pub(crate) fn unset(&self, key: &str) -> Result<Shown, SettingsError> {
         self.change(key, |current| current.layers.runtime.without(key))
     }
 

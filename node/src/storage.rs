@@ -53,10 +53,10 @@ pub enum Write {
 }
 
 /// A key and its value.
-pub type KeyValue = (Vec<u8>, Vec<u8>);
+pub(crate) type KeyValue = (Vec<u8>, Vec<u8>);
 
 /// Entries of a range, in key order from either end.
-pub type Entries = Box<dyn DoubleEndedIterator<Item = Result<KeyValue, StoreError>> + Send>;
+pub(crate) type Entries = Box<dyn DoubleEndedIterator<Item = Result<KeyValue, StoreError>> + Send>;
 
 /// An ordered key-value store of named trees.
 pub trait Store: Send + Sync {
@@ -351,7 +351,7 @@ fn pause(why: &str) -> String {
 /// `flush_async` calls deadlock in sled 0.34 (spacejam/sled#1308). A flush that takes longer
 /// than [`FLUSH_DEADLINE`] pauses the store's writes until it completes: sled never returns from
 /// a flush after a failed write, but a slow one may yet return.
-pub async fn flush(store: &Arc<dyn Store>) -> Result<(), StoreError> {
+pub(crate) async fn flush(store: &Arc<dyn Store>) -> Result<(), StoreError> {
     flush_within(store, FLUSH_DEADLINE).await
 }
 

@@ -25,7 +25,7 @@ pub trait LoopHealth: Send + Sync + 'static {
 /// to `max`; a run that lasted `healthy_after` counts as well again (reason cleared, back-off
 /// reset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// The wait after the first failure.
     pub first: Duration,
     /// The longest wait, however often the loop fails.
@@ -48,7 +48,7 @@ impl Default for Backoff {
 impl Backoff {
     /// The wait after the `failures`-th failure in a row (1-based): `first · 2^(failures-1)`,
     /// at most `max`; saturating, so no count of failures overflows.
-    pub fn delay(&self, failures: u32) -> Duration {
+    pub(crate) fn delay(&self, failures: u32) -> Duration {
         let doublings = failures.saturating_sub(1).min(31);
         self.first.saturating_mul(1u32 << doublings).min(self.max)
     }
@@ -78,7 +78,7 @@ impl Display for Failure {
 /// Owns a node's background loops: each is started with [`Supervisor::spawn`] and restarted
 /// when it fails; [`Supervisor::shutdown`] waits for them all once their tokens fired.
 #[derive(Debug)]
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     /// Where failures are reported.
     health: Arc<dyn LoopHealth>,
     /// The waits between restarts.
@@ -97,7 +97,7 @@ impl std::fmt::Debug for dyn LoopHealth {
 
 impl Supervisor {
     /// A supervisor reporting to `health`, restarting after `backoff`.
-    pub fn new(health: Arc<dyn LoopHealth>, backoff: Backoff) -> Self {
+    pub(crate) fn new(health: Arc<dyn LoopHealth>, backoff: Backoff) -> Self {
         Self {
             health,
             backoff,
@@ -108,7 +108,7 @@ impl Supervisor {
 
     /// Runs the loop that `start` builds (given a child of `cancel`), again after each failure,
     /// until `cancel` fires. A loop that does not return `Result` is wrapped with [`no_error`].
-    pub fn spawn<F, Fut, E>(&mut self, name: &str, cancel: CancellationToken, start: F)
+    pub(crate) fn spawn<F, Fut, E>(&mut self, name: &str, cancel: CancellationToken, start: F)
     where
         F: FnMut(CancellationToken) -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
@@ -125,12 +125,12 @@ impl Supervisor {
     }
 
     /// The names of the loops started, in order.
-    pub fn names(&self) -> &[String] {
+    pub(crate) fn names(&self) -> &[String] {
         &self.names
     }
 
     /// Waits for every loop to end (their tokens must have fired, or this waits for ever).
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         while let Some(done) = self.loops.join_next().await {
             if let Err(e) = done {
                 tracing::error!(error = %e, "a loop's supervisor failed during shutdown");
@@ -140,7 +140,9 @@ impl Supervisor {
 }
 
 /// Adapts a loop that returns nothing (it ends only when cancelled) to [`Supervisor::spawn`].
-pub async fn no_error(run: impl Future<Output = ()>) -> Result<(), std::convert::Infallible> {
+pub(crate) async fn no_error(
+    run: impl Future<Output = ()>,
+) -> Result<(), std::convert::Infallible> {
     run.await;
     Ok(())
 }

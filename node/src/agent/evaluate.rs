@@ -27,11 +27,11 @@ use crate::chat::ChatService;
 
 /// Calls of the evaluator per attempt: the first, and one retry when it fails or answers no
 /// valid score.
-pub const EVALUATOR_TRIES: u32 = 2;
+pub(crate) const EVALUATOR_TRIES: u32 = 2;
 /// Most tokens the evaluator may generate per call (a score and a short critique).
 const EVALUATOR_MAX_TOKENS: u64 = 1024;
 /// Longest critique kept (in the event and in the next attempt's prompt).
-pub const MAX_CRITIQUE_BYTES: usize = 4096;
+pub(crate) const MAX_CRITIQUE_BYTES: usize = 4096;
 /// Longest answer the evaluator is shown, and the next attempt is reminded of.
 const MAX_JUDGED_BYTES: usize = 64 * 1024;
 /// Longest evaluator reply quoted back to it when it was not a valid score.
@@ -45,7 +45,7 @@ answer should do better, concretely, in a few sentences.";
 
 /// A score and its critique, as the evaluator answered them.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// From 0 to 1.
     pub score: f64,
     /// What could be better (at most [`MAX_CRITIQUE_BYTES`]).
@@ -64,7 +64,7 @@ struct Judged {
 /// Runs tasks with an evaluation: the agent runtime for the attempts, the chat service for the
 /// evaluator.
 #[derive(Debug)]
-pub struct Evaluator {
+pub(crate) struct Evaluator {
     runtime: Arc<AgentRuntime>,
     chat: Arc<ChatService>,
     /// This node's name, for an evaluator that ran here.
@@ -73,7 +73,7 @@ pub struct Evaluator {
 
 impl Evaluator {
     /// Runs attempts on `runtime` and the evaluator through `chat`; `node` is this node's name.
-    pub fn new(runtime: Arc<AgentRuntime>, chat: Arc<ChatService>, node: String) -> Self {
+    pub(crate) fn new(runtime: Arc<AgentRuntime>, chat: Arc<ChatService>, node: String) -> Self {
         Self {
             runtime,
             chat,
@@ -84,7 +84,7 @@ impl Evaluator {
     /// Runs `spec` as `evaluation` asks: attempts until one passes the threshold or the
     /// attempts, the budget or an attempt's failure end the loop. The best answer is returned
     /// (and kept in the session); an error only when the first attempt fails.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         spec: &TaskSpec,
         evaluation: &Evaluation,
@@ -328,7 +328,7 @@ fn evaluator_request(prompt: &str, answer: &str, left: u64) -> ChatRequest {
 /// `critique` (text, cut at [`MAX_CRITIQUE_BYTES`]). A reply wrapped in a Markdown code fence
 /// is read too (servers that do not enforce the schema often add one). The error says what is
 /// wrong, for the event and for the retry.
-pub fn parse_verdict(reply: &str) -> Result<Verdict, String> {
+pub(crate) fn parse_verdict(reply: &str) -> Result<Verdict, String> {
     let text = reply.trim();
     let text = text
         .strip_prefix("```json")
@@ -358,7 +358,7 @@ pub fn parse_verdict(reply: &str) -> Result<Verdict, String> {
 
 /// Which attempt's answer is the task's: the highest score; an unscored one only when none is
 /// scored; the earliest among equals. `None` when there are none.
-pub fn best(scores: &[Option<f64>]) -> Option<usize> {
+pub(crate) fn best(scores: &[Option<f64>]) -> Option<usize> {
     let mut chosen: Option<(usize, Option<f64>)> = None;
     for (i, score) in scores.iter().copied().enumerate() {
         let better = match chosen {
@@ -376,7 +376,7 @@ pub fn best(scores: &[Option<f64>]) -> Option<usize> {
 /// The next attempt's prompt: the task as asked, then the previous answer and the evaluator's
 /// critique, quoted as text to improve on (the critique comes from another model, possibly on
 /// another node; the attempt runs at the task's own tier whatever it says).
-pub fn revised_prompt(
+pub(crate) fn revised_prompt(
     prompt: &str,
     previous: &str,
     verdict: &Verdict,

@@ -182,7 +182,7 @@ impl Hooks {
 
 /// Malformed tool arguments: one corrective message, then `malformed tool call`.
 #[derive(Debug)]
-pub struct ArgumentsGuard;
+pub(crate) struct ArgumentsGuard;
 
 impl Hook for ArgumentsGuard {
     fn name(&self) -> &'static str {
@@ -222,7 +222,7 @@ impl Hook for ArgumentsGuard {
 
 /// Unknown tools and calls above the task's tier are refused; the model sees why.
 #[derive(Debug)]
-pub struct TierGate;
+pub(crate) struct TierGate;
 
 impl Hook for TierGate {
     fn name(&self) -> &'static str {
@@ -272,10 +272,10 @@ impl Hook for TierGate {
 
 /// The same call with the same arguments: the 3rd in a row gets an intervention, the 4th fails.
 #[derive(Debug)]
-pub struct RepeatGuard;
+pub(crate) struct RepeatGuard;
 
 /// Identical calls in a row that trigger the intervention; one more fails the task.
-pub const REPEAT_WARN: u32 = 3;
+pub(crate) const REPEAT_WARN: u32 = 3;
 
 impl Hook for RepeatGuard {
     fn name(&self) -> &'static str {
@@ -326,7 +326,7 @@ impl Hook for RepeatGuard {
 
 /// Counts consecutive failures per tool, reset on success.
 #[derive(Debug)]
-pub struct FailureCounter;
+pub(crate) struct FailureCounter;
 
 impl Hook for FailureCounter {
     fn name(&self) -> &'static str {

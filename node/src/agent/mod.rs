@@ -12,9 +12,9 @@
 //! waits for a person's decision, and a denial is the call's result. This module does not
 //! queue, persist or route tasks.
 
-pub mod evaluate;
-pub mod hooks;
-pub mod tools;
+pub(crate) mod evaluate;
+pub(crate) mod hooks;
+pub(crate) mod tools;
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -54,7 +54,7 @@ pub trait EventSink: Send + Sync {
 
 /// Most turns a session keeps: saving one more deletes the oldest (a turn is one record, so a
 /// long session neither grows one record without bound nor loads an unbounded history).
-pub const MAX_SESSION_TURNS: usize = 50;
+pub(crate) const MAX_SESSION_TURNS: usize = 50;
 /// The messages of one stored turn (or of a session's earlier single record).
 fn decode_turn(session: &str, value: &[u8]) -> Result<Vec<Message>, TaskError> {
     serde_json::from_slice(value).map_err(|e| TaskError::Internal {

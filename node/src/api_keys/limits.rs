@@ -20,12 +20,12 @@ use crate::{
 /// `max_tokens` granted to a request of a key with a token limit that names none: what it
 /// reserves of the key's budget while it runs. Everything the key has left would hold the
 /// key's other requests off until it ends.
-pub const DEFAULT_GRANT: u64 = 16_384;
+pub(super) const DEFAULT_GRANT: u64 = 16_384;
 
 impl Reservation {
     /// Tokens reserved for the request while it runs: its prompt's upper bound and its granted
     /// `max_tokens`, per choice (0 for a key without token limits).
-    pub fn reserved(&self) -> u64 {
+    pub(crate) fn reserved(&self) -> u64 {
         self.reserved
     }
 }
@@ -36,7 +36,7 @@ impl Reservation {
 /// its whole reservation, the most the request was granted. A client cannot spend unseen by
 /// hanging up.
 #[derive(Debug)]
-pub struct Charge {
+pub(crate) struct Charge {
     keys: Arc<Keys>,
     /// Until settled.
     reservation: Option<Reservation>,
@@ -44,17 +44,17 @@ pub struct Charge {
 
 impl Charge {
     /// `max_tokens` to send to the model (see [`Reservation::max_tokens`]).
-    pub fn max_tokens(&self) -> Option<u32> {
+    pub(crate) fn max_tokens(&self) -> Option<u32> {
         self.reservation.as_ref().and_then(|a| a.max_tokens)
     }
 
     /// Tokens reserved for the request while it runs.
-    pub fn reserved(&self) -> u64 {
+    pub(crate) fn reserved(&self) -> u64 {
         self.reservation.as_ref().map_or(0, Reservation::reserved)
     }
 
     /// Settles the request with what it `spent`.
-    pub async fn settle(mut self, spent: Usage) {
+    pub(crate) async fn settle(mut self, spent: Usage) {
         if let Some(reservation) = self.reservation.take() {
             self.keys.record(reservation, spent).await;
         }
@@ -86,7 +86,7 @@ impl Drop for Charge {
 
 /// What a request asks of a key's budget, known before it runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ask {
+pub(crate) struct Ask {
     /// At most how many tokens one choice's prompt is (`mesh_domain::chat::prompt_token_bound`).
     pub prompt: u64,
     /// Tokens one choice may write (`max_tokens`); `None`: up to [`DEFAULT_GRANT`].
@@ -98,7 +98,7 @@ pub struct Ask {
 /// Which limit refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum LimitKind {
+pub(crate) enum LimitKind {
     /// `max_tokens_per_day`.
     MaxTokensPerDay,
     /// `max_tokens_per_month`.
@@ -111,7 +111,7 @@ pub enum LimitKind {
 
 impl LimitKind {
     /// The setting's name, as the config and the CLI spell it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::MaxTokensPerDay => "max_tokens_per_day",
             Self::MaxTokensPerMonth => "max_tokens_per_month",
@@ -123,7 +123,7 @@ impl LimitKind {
 
 /// Why a key may not run a request now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The key may not ask for this model or role (HTTP 403).
     #[error(
         "key `{key}` may not use `{model}` (it may use: {allowed}); ask the mesh's operator for a key that allows it"
@@ -178,7 +178,7 @@ pub enum Refusal {
 /// its count. Dropping it without recording leaves its reservation counted for the day (the
 /// conservative side); the front door holds it in a [`Charge`], which settles it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reservation {
+pub(crate) struct Reservation {
     /// `max_tokens` to send to the model: the request's, capped to what the key's token limits
     /// have left (`None`: the request's own, unlimited).
     pub max_tokens: Option<u32>,
@@ -197,7 +197,7 @@ pub struct Reservation {
 impl Keys {
     /// Admits a request of `grant` for `model` asking `ask`, now: the [`Charge`] that settles
     /// it, whichever way it ends.
-    pub async fn admit(
+    pub(crate) async fn admit(
         self: &Arc<Self>,
         grant: &KeyGrant,
         model: &str,
@@ -215,7 +215,7 @@ impl Keys {
     /// prompt's upper bound and one token per choice); grants each choice `max_tokens` up to
     /// what is asked ([`DEFAULT_GRANT`] when nothing is) and what is left; and counts the
     /// request, reserving all it is granted, before it runs.
-    pub async fn admit_at(
+    pub(crate) async fn admit_at(
         &self,
         grant: &KeyGrant,
         model: &str,
@@ -376,12 +376,12 @@ impl Keys {
 
     /// Settles an admitted request with what it `spent` (the request stays counted, with these
     /// tokens), releasing its reservation.
-    pub async fn record(&self, reservation: Reservation, spent: Usage) {
+    pub(crate) async fn record(&self, reservation: Reservation, spent: Usage) {
         self.record_at(reservation, spent, unix_ms()).await;
     }
 
     /// [`Keys::record`] at `now_ms`. A failure to write is logged: the request already ran.
-    pub async fn record_at(&self, reservation: Reservation, spent: Usage, now_ms: u64) {
+    pub(crate) async fn record_at(&self, reservation: Reservation, spent: Usage, now_ms: u64) {
         let (prompt, completion) = (spent.prompt_tokens, spent.completion_tokens);
         let name = reservation.key.as_str();
         let tokens = metrics();
@@ -472,7 +472,7 @@ fn limit_message(
 impl KeyGrant {
     /// Whether it may use the front door's `/mcp`: a plain `http.api_keys` key (the node's
     /// own, unlimited) may, a named key only with the `mcp` scope.
-    pub fn may_use_mcp(&self) -> Result<(), Refusal> {
+    pub(crate) fn may_use_mcp(&self) -> Result<(), Refusal> {
         if self.source == KeySource::ApiKeys || self.policy.mcp {
             return Ok(());
         }

@@ -27,11 +27,12 @@ mod limits;
 mod store;
 mod usage;
 
-pub use limits::{Ask, Charge, Refusal};
+pub(crate) use limits::{Ask, Charge, Refusal};
 #[cfg(test)]
 pub(crate) use store::KeySource;
-pub use store::{KeyGrant, KeyInfo, Keys, KeysError, key_sha256};
-pub use usage::{KeyUsage, ModelCount};
+pub use store::key_sha256;
+pub(crate) use store::{KeyGrant, KeyInfo, Keys, KeysError};
+pub(crate) use usage::{KeyUsage, ModelCount};
 
 #[cfg(test)]
 mod tests {

@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// Most keys the fleet keeps in the memory: each request's authentication reads them all.
-pub const MAX_RUNTIME_KEYS: usize = 1000;
+pub(super) const MAX_RUNTIME_KEYS: usize = 1000;
 
 /// What can go wrong managing keys.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +74,7 @@ pub enum KeysError {
 /// Where a key is defined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum KeySource {
+pub(crate) enum KeySource {
     /// `http.api_keys` (unlimited, not counted).
     ApiKeys,
     /// `[[http.keys]]` of this node's config.
@@ -85,7 +85,7 @@ pub enum KeySource {
 
 impl KeySource {
     /// `api_keys`, `config` or `runtime`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::ApiKeys => "api_keys",
             Self::Config => "config",
@@ -96,7 +96,7 @@ impl KeySource {
 
 /// A key as `Keys.List` shows it: never its hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KeyInfo {
+pub(crate) struct KeyInfo {
     pub name: String,
     /// Where it is defined.
     pub source: KeySource,
@@ -108,7 +108,7 @@ pub struct KeyInfo {
 
 /// Who a presented key is: what the front door hands the gateway as the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyGrant {
+pub(crate) struct KeyGrant {
     /// The key's name (`api_keys[i]` for a plain key): what its usage and limits are counted
     /// by, fleet-wide.
     pub name: String,
@@ -124,7 +124,7 @@ pub struct KeyGrant {
 
 /// A key's id: a hash of its SHA-256 (domain-separated, so the id is no key hash a node
 /// compares presented keys with), the same on every node that knows the key, in hex.
-pub fn key_id(sha256: &[u8; 32]) -> String {
+pub(super) fn key_id(sha256: &[u8; 32]) -> String {
     let mut hasher = Sha256::new();
     hasher.update(b"agentmesh front-door key id\0");
     hasher.update(sha256);
@@ -135,7 +135,7 @@ impl KeyGrant {
     /// A grant of the key `secret` named `name` from the config, without limits (for tests of
     /// what keys own).
     #[cfg(test)]
-    pub fn named(name: &str, secret: &str) -> Self {
+    pub(crate) fn named(name: &str, secret: &str) -> Self {
         Self {
             name: name.to_owned(),
             id: key_id(&key_sha256(secret)),
@@ -156,7 +156,7 @@ struct ConfiguredKey {
 
 /// The node's keys and their usage.
 #[derive(Debug)]
-pub struct Keys {
+pub(crate) struct Keys {
     pub(super) memory: Arc<Memory>,
     /// `http.api_keys` and `[[http.keys]]`, hashed.
     configured: Vec<ConfiguredKey>,
@@ -174,7 +174,7 @@ pub fn key_sha256(key: &str) -> [u8; 32] {
 
 impl Keys {
     /// The keys of `http` (reading and checking key files) and those the memory holds.
-    pub fn new(memory: Arc<Memory>, http: &HttpConfig) -> Result<Self, KeysError> {
+    pub(crate) fn new(memory: Arc<Memory>, http: &HttpConfig) -> Result<Self, KeysError> {
         let mut configured: Vec<ConfiguredKey> = http
             .api_keys
             .iter()
@@ -207,14 +207,14 @@ impl Keys {
     }
 
     /// Changes `http.loopback_without_key` (a runtime setting).
-    pub fn set_loopback_without_key(&self, exempt: bool) {
+    pub(crate) fn set_loopback_without_key(&self, exempt: bool) {
         self.loopback_without_key.store(exempt, Ordering::Relaxed);
     }
 
     /// Whether a request from a caller on this machine (`loopback`) or elsewhere needs a key:
     /// [`Keys::required`], unless the caller is on this machine and `http.loopback_without_key`
     /// lets it in.
-    pub fn required_from(&self, loopback: bool) -> Result<bool, MemoryError> {
+    pub(crate) fn required_from(&self, loopback: bool) -> Result<bool, MemoryError> {
         if loopback && self.loopback_without_key.load(Ordering::Relaxed) {
             return Ok(false);
         }
@@ -223,7 +223,7 @@ impl Keys {
 
     /// Whether the front door needs a key: one is configured here, or the fleet ever added
     /// one at run time.
-    pub fn required(&self) -> Result<bool, MemoryError> {
+    pub(crate) fn required(&self) -> Result<bool, MemoryError> {
         Ok(!self.configured.is_empty()
             || self
                 .memory
@@ -233,7 +233,7 @@ impl Keys {
 
     /// The key `presented` is, if any. Hashes are compared in constant time (a configured
     /// plain key is only as secret as its hash here).
-    pub fn authenticate(&self, presented: &str) -> Result<Option<KeyGrant>, MemoryError> {
+    pub(crate) fn authenticate(&self, presented: &str) -> Result<Option<KeyGrant>, MemoryError> {
         let hash = key_sha256(presented);
         let mut found = None;
         for key in &self.configured {
@@ -282,7 +282,7 @@ impl Keys {
     }
 
     /// Every key: this node's configured ones, then those added at run time.
-    pub fn list(&self) -> Result<Vec<KeyInfo>, MemoryError> {
+    pub(crate) fn list(&self) -> Result<Vec<KeyInfo>, MemoryError> {
         let mut keys: Vec<KeyInfo> = self
             .configured
             .iter()
@@ -312,7 +312,7 @@ impl Keys {
     /// and every node checks it before it stores the key (the memory's writer rules). Also
     /// says whether it is the first key the front doors need (from now on every one of them
     /// needs a key).
-    pub async fn add(
+    pub(crate) async fn add(
         &self,
         name: &str,
         sha256_hex: &str,
@@ -407,7 +407,7 @@ impl Keys {
     }
 
     /// Revokes a key added at run time: every node refuses it once the tombstone reaches it.
-    pub async fn remove(&self, name: &str) -> Result<(), KeysError> {
+    pub(crate) async fn remove(&self, name: &str) -> Result<(), KeysError> {
         if self.configured.iter().any(|key| key.name == name) {
             return Err(KeysError::InConfig(name.to_owned()));
         }

@@ -16,7 +16,7 @@ const MAX_MONTH_RECORDS: usize = 31 * 1000;
 
 /// One model's counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ModelCount {
+pub(crate) struct ModelCount {
     /// Requests started (failed ones too).
     pub requests: u64,
     /// Prompt tokens the models reported.
@@ -54,7 +54,7 @@ pub(super) struct NodeDay {
 
 /// A key's fleet-wide usage now, with its limits and when each resets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct KeyUsage {
+pub(crate) struct KeyUsage {
     /// The key's name.
     pub name: String,
     /// Its limits (default: none, for a name this node has no key of).
@@ -163,12 +163,12 @@ impl Keys {
     }
 
     /// Usage of every key this node knows, and of every name the fleet counted this month.
-    pub fn usage(&self) -> Result<Vec<KeyUsage>, MemoryError> {
+    pub(crate) fn usage(&self) -> Result<Vec<KeyUsage>, MemoryError> {
         self.usage_at(unix_ms())
     }
 
     /// [`Keys::usage`] at `now_ms`.
-    pub fn usage_at(&self, now_ms: u64) -> Result<Vec<KeyUsage>, MemoryError> {
+    pub(crate) fn usage_at(&self, now_ms: u64) -> Result<Vec<KeyUsage>, MemoryError> {
         let mut names: BTreeMap<String, KeyPolicy> = self
             .list()?
             .into_iter()
@@ -208,7 +208,7 @@ impl Keys {
     /// Deletes this node's usage records of days before the previous month (a month's budget
     /// needs only its own days; the previous month stays for `keys usage` history), so the
     /// records stay bounded by keys × nodes × about 62 days. Returns how many it deleted.
-    pub async fn collect(&self, now_ms: u64) -> Result<usize, MemoryError> {
+    pub(crate) async fn collect(&self, now_ms: u64) -> Result<usize, MemoryError> {
         let keep_from = datetime(now_ms)
             .date_naive()
             .with_day(1)

@@ -54,7 +54,7 @@ use crate::{
 
 mod record;
 
-pub use self::record::{
+pub(crate) use self::record::{
     Approval, ApprovalError, ApprovalPolicy, Call, Decision, MAX_ARGUMENTS, MAX_LIST, MAX_REASON,
     Outcome, Status,
 };

@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 use crate::{admission::ApproverError, config::ApprovalConfig, memory::MemoryError};
 
 /// Longest arguments kept with an approval (and shown in its event); longer ones are cut.
-pub const MAX_ARGUMENTS: usize = 4096;
+pub(crate) const MAX_ARGUMENTS: usize = 4096;
 /// Longest reason a decision may give.
-pub const MAX_REASON: usize = 1024;
+pub(crate) const MAX_REASON: usize = 1024;
 /// Most approvals `list` returns.
-pub const MAX_LIST: usize = 1000;
+pub(crate) const MAX_LIST: usize = 1000;
 /// Most entries of the namespace one listing or sweep reads.
 pub(super) const MAX_SCAN: usize = 8192;
 /// Finished approvals each node keeps of its own; older ones are deleted as new ones come.
@@ -151,7 +151,7 @@ impl Approval {
 
 /// A decision, as stored under `<approval id>/decision` by the node that took it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// Whether the call may run (as the node that took it read the statement).
     pub approved: bool,
     /// Who decided, as the node that took it read the caller's certificate (`None` only in

@@ -39,9 +39,9 @@ pub fn default_name() -> String {
 }
 
 /// Most `discovery.max_advert_dials`: each pending dial may hold a socket.
-pub const MAX_ADVERT_DIALS: usize = 4096;
+pub(super) const MAX_ADVERT_DIALS: usize = 4096;
 /// Most `discovery.max_failing_addrs` (about 100 bytes each).
-pub const MAX_FAILING_ADDRS: usize = 1_000_000;
+pub(super) const MAX_FAILING_ADDRS: usize = 1_000_000;
 
 /// Most threads an embedded model may use.
 pub const MAX_THREADS: usize = 256;

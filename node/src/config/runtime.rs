@@ -149,7 +149,7 @@ pub const SETTABLE: &[Settable] = &[
 ];
 
 /// The runtime setting `key`, if it is one.
-pub fn settable(key: &str) -> Option<&'static Settable> {
+pub(super) fn settable(key: &str) -> Option<&'static Settable> {
     SETTABLE.iter().find(|s| s.key == key)
 }
 

@@ -172,7 +172,7 @@ impl Default for ConnectionLimits {
 
 /// Validated `[security]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Security {
+pub(super) struct Security {
     /// The highest tier run for anything not started by this node's operators.
     pub remote_max_tier: Tier,
     /// The highest tier run for an operator's client certificate.

@@ -16,7 +16,7 @@ const MIB: usize = 1 << 20;
 
 /// The caps of `[cron]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScheduleLimits {
+pub(crate) struct ScheduleLimits {
     /// `cron.max_schedules`: schedules of all creators together.
     pub schedules: usize,
     /// `cron.max_schedules_per_creator`.
@@ -40,7 +40,7 @@ impl Default for ScheduleLimits {
 
 /// What the caps count of one schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Footprint<'a> {
+pub(crate) struct Footprint<'a> {
     /// The id of its creator's certificate; `None` for schedules created without one
     /// (insecure mode, older versions), which share one creator's caps.
     pub creator: Option<&'a NodeId>,
@@ -54,7 +54,7 @@ pub struct Footprint<'a> {
 
 /// One cap of `[cron]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Cap {
+pub(crate) enum Cap {
     /// `cron.max_schedules`.
     Schedules,
     /// `cron.max_schedules_per_creator`.
@@ -67,7 +67,7 @@ pub enum Cap {
 
 impl Cap {
     /// Its config key.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             Self::Schedules => "cron.max_schedules",
             Self::SchedulesPerCreator => "cron.max_schedules_per_creator",
@@ -140,7 +140,11 @@ impl ScheduleLimits {
     /// Whether `new` fits beside `stored`: every stored schedule counts, held ones too, so a
     /// node past a cap takes none until enough are removed. The refusal names the cap, its key,
     /// and both ways out.
-    pub fn room_for(&self, stored: &[Footprint<'_>], new: &Footprint<'_>) -> Result<(), String> {
+    pub(crate) fn room_for(
+        &self,
+        stored: &[Footprint<'_>],
+        new: &Footprint<'_>,
+    ) -> Result<(), String> {
         let (mut creator, mut all) = (Tally::default(), Tally::default());
         for footprint in stored {
             all.add(footprint);
@@ -176,7 +180,7 @@ impl ScheduleLimits {
     /// fits within its creator's caps and the total caps together with the active ones taken
     /// before it, and held otherwise. So the oldest schedules keep their room, and the same set
     /// gives the same answer on every node, whatever order it was read in.
-    pub fn held(&self, stored: &[Footprint<'_>]) -> Vec<Option<Cap>> {
+    pub(crate) fn held(&self, stored: &[Footprint<'_>]) -> Vec<Option<Cap>> {
         let mut order: Vec<usize> = (0..stored.len()).collect();
         order.sort_by_key(|&i| (stored[i].created_at_ms, stored[i].id));
         let mut creators: HashMap<Option<&NodeId>, Tally> = HashMap::new();
@@ -197,7 +201,7 @@ impl ScheduleLimits {
     }
 
     /// Why a schedule is held back by `cap`, for listings.
-    pub fn held_because(&self, cap: Cap) -> String {
+    pub(crate) fn held_because(&self, cap: Cap) -> String {
         let whose = if cap.per_creator() {
             "its creator's older schedules"
         } else {

@@ -42,9 +42,10 @@ mod scheduler;
 mod table;
 mod timetable;
 
-pub use error::CronError;
-pub use limits::ScheduleLimits;
-pub use owner::{LiveNode, owner_of};
-pub use schedule::{DEFAULT_CATCH_UP_S, Firing, Overlap, Schedule, check_name};
-pub use scheduler::{Runner, Scheduler};
-pub use timetable::Timetable;
+pub(crate) use error::CronError;
+pub(crate) use limits::ScheduleLimits;
+pub(crate) use owner::{LiveNode, owner_of};
+pub(crate) use schedule::{DEFAULT_CATCH_UP_S, Firing, check_name};
+pub use schedule::{Overlap, Schedule};
+pub(crate) use scheduler::{Runner, Scheduler};
+pub(crate) use timetable::Timetable;

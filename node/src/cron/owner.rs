@@ -19,7 +19,7 @@ fn score(schedule_id: &str, node: &NodeId) -> [u8; 32] {
 
 /// The owner of a schedule among `nodes`: the highest rendezvous score, the same on every
 /// node that sees the same live set; when the owner leaves only its schedules move.
-pub fn owner<'a>(
+pub(super) fn owner<'a>(
     schedule_id: &str,
     nodes: impl IntoIterator<Item = &'a NodeId>,
 ) -> Option<&'a NodeId> {
@@ -30,7 +30,7 @@ pub fn owner<'a>(
 
 /// A node that may own schedules: live as this node sees the fleet.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveNode {
+pub(crate) struct LiveNode {
     pub id: NodeId,
     pub name: String,
     /// Its `security.remote_max_tier`, as it advertises it.
@@ -42,7 +42,7 @@ pub struct LiveNode {
 /// schedule above its `remote_max_tier`: the owner is chosen ([`owner`]) among the writer and
 /// the nodes that accept the schedule's tier from another node, and among all live nodes only
 /// when none of those is live (its firings then fail, with the reason, in the history).
-pub fn owner_of<'a>(schedule: &Schedule, live: &'a [LiveNode]) -> Option<&'a LiveNode> {
+pub(crate) fn owner_of<'a>(schedule: &Schedule, live: &'a [LiveNode]) -> Option<&'a LiveNode> {
     let accepts = |node: &&LiveNode| {
         schedule.origin.as_ref() == Some(&node.id) || schedule.task.tier <= node.remote_max_tier
     };
@@ -54,7 +54,7 @@ pub fn owner_of<'a>(schedule: &Schedule, live: &'a [LiveNode]) -> Option<&'a Liv
 /// The task id of a firing: a UUIDv7 whose time is the scheduled time and whose other bits
 /// come from hashing the firing id, so it is the same on every node and sorts with other tasks
 /// by time.
-pub fn task_id_for(fire_id: &str, scheduled_ms: i64) -> String {
+pub(super) fn task_id_for(fire_id: &str, scheduled_ms: i64) -> String {
     let digest = Sha256::digest(fire_id.as_bytes());
     let mut bytes = [0u8; 10];
     bytes.copy_from_slice(&digest[..10]);

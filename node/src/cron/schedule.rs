@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::{error::CronError, timetable::Timetable};
 
 /// Catch-up window when a schedule does not set one.
-pub const DEFAULT_CATCH_UP_S: u32 = 3600;
+pub(crate) const DEFAULT_CATCH_UP_S: u32 = 3600;
 
 /// What happens to a firing while the previous one of the same schedule still runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -99,7 +99,7 @@ impl Schedule {
 }
 
 /// Checks a schedule name.
-pub fn check_name(name: &str) -> Result<(), CronError> {
+pub(crate) fn check_name(name: &str) -> Result<(), CronError> {
     keys::check_namespace(name).map_err(|_| {
         CronError::Invalid(format!(
             "name: `{name}` must be 1-64 letters, digits, `-`, `_`, `.`"
@@ -110,7 +110,7 @@ pub fn check_name(name: &str) -> Result<(), CronError> {
 /// What became of a firing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum FiringStatus {
+pub(crate) enum FiringStatus {
     /// Recorded, task being submitted.
     Pending,
     /// The task started.
@@ -127,12 +127,12 @@ pub enum FiringStatus {
 
 impl FiringStatus {
     /// Pending or running.
-    pub fn is_open(self) -> bool {
+    pub(crate) fn is_open(self) -> bool {
         matches!(self, Self::Pending | Self::Running)
     }
 
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Running => "running",
@@ -146,7 +146,7 @@ impl FiringStatus {
 
 /// One firing, as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Firing {
+pub(crate) struct Firing {
     /// `schedule id @ scheduled ms`.
     pub fire_id: String,
     /// Schedule id.
@@ -173,7 +173,7 @@ pub struct Firing {
 
 /// The key of a schedule's firing at `at_ms` in `cron_firings`: zero-padded, so a schedule's
 /// firings list in time order.
-pub fn firing_key(schedule_id: &str, at_ms: i64) -> String {
+pub(super) fn firing_key(schedule_id: &str, at_ms: i64) -> String {
     format!("{schedule_id}/{at_ms:020}")
 }
 

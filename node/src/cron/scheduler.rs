@@ -40,7 +40,7 @@ use crate::{
 };
 
 /// Firings kept per schedule; older ones are deleted as new ones come.
-pub const HISTORY_KEPT: usize = 200;
+pub(super) const HISTORY_KEPT: usize = 200;
 /// A starting node fires nothing for this long, and until it has synced memory with every up
 /// peer: until then it may not know its peers (it would own every schedule) or their firings.
 const STARTUP_GRACE: Duration = Duration::from_secs(3);
@@ -56,7 +56,7 @@ fn now_ms() -> i64 {
 
 /// Starts tasks for firings: routes and submits a task whose `lineage.task_id` is set,
 /// returning it followed (a port: the task manager implements it).
-pub trait Runner: Send + Sync + fmt::Debug {
+pub(crate) trait Runner: Send + Sync + fmt::Debug {
     /// Submits `spec`, started by its `lineage.started_by` (the schedule's creator), where the
     /// router places it; `written_here` when this node wrote the schedule.
     fn start(&self, spec: TaskSpec, written_here: bool) -> Result<TaskHandle, SubmitError>;
@@ -85,7 +85,7 @@ struct Owned {
 }
 
 /// The node's scheduler.
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     memory: Arc<Memory>,
     peers: Arc<PeerTable>,
     own: NodeId,
@@ -114,7 +114,7 @@ impl fmt::Debug for Scheduler {
 
 impl Scheduler {
     /// A scheduler for this node, holding schedules to `limits`.
-    pub fn new(
+    pub(crate) fn new(
         memory: Arc<Memory>,
         peers: Arc<PeerTable>,
         own: NodeId,
@@ -138,26 +138,26 @@ impl Scheduler {
     }
 
     /// Changes `security.remote_max_tier` (a runtime setting), as this node advertises it.
-    pub fn set_remote_max_tier(&self, tier: Tier) {
+    pub(crate) fn set_remote_max_tier(&self, tier: Tier) {
         self.remote_max_tier
             .send_if_modified(|held| std::mem::replace(held, tier) != tier);
     }
 
     /// This node's name.
-    pub fn node_name(&self) -> &str {
+    pub(crate) fn node_name(&self) -> &str {
         &self.own_name
     }
 
     /// The stored schedules (decoded once per write), to list or look up. A record that does
     /// not decode, or that `Cron.Add` would have refused, is logged (once) and left out: it
     /// never fires.
-    pub fn table(&self) -> &ScheduleTable {
+    pub(crate) fn table(&self) -> &ScheduleTable {
         &self.table
     }
 
     /// Stores a new schedule: checked as a stored one is, and refused past the caps of
     /// `[cron]` (every stored schedule counts, held ones too).
-    pub async fn add(&self, schedule: Schedule) -> Result<Schedule, CronError> {
+    pub(crate) async fn add(&self, schedule: Schedule) -> Result<Schedule, CronError> {
         check_name(&schedule.name)?;
         Timetable::parse(&schedule.expression, &schedule.timezone)?
             .check_fires(&schedule.expression, now_ms())?;
@@ -181,7 +181,7 @@ impl Scheduler {
     }
 
     /// Deletes a schedule.
-    pub async fn remove(&self, name: &str) -> Result<(), CronError> {
+    pub(crate) async fn remove(&self, name: &str) -> Result<(), CronError> {
         check_name(name)?;
         // Any stored record goes, also one that is refused (it never fires, but it would stay
         // listed in the log and hold its name).
@@ -194,7 +194,7 @@ impl Scheduler {
     }
 
     /// The live nodes: this one and every peer not `down`.
-    pub fn live(&self) -> Vec<LiveNode> {
+    pub(crate) fn live(&self) -> Vec<LiveNode> {
         let mut live = vec![LiveNode {
             id: self.own.clone(),
             name: self.own_name.clone(),
@@ -215,7 +215,7 @@ impl Scheduler {
     }
 
     /// A schedule's firings, oldest first.
-    pub fn history(&self, schedule_id: &str) -> Result<Vec<Firing>, CronError> {
+    pub(crate) fn history(&self, schedule_id: &str) -> Result<Vec<Firing>, CronError> {
         Ok(self
             .memory
             .list(CRON_FIRINGS, &format!("{schedule_id}/"), usize::MAX)?
@@ -291,7 +291,7 @@ impl Scheduler {
 
     /// Fires what is due at `now` (Unix ms) among the schedules this node owns, and returns
     /// the next scheduled time among them.
-    pub async fn tick(self: &Arc<Self>, now: i64) -> Option<i64> {
+    pub(crate) async fn tick(self: &Arc<Self>, now: i64) -> Option<i64> {
         let Active {
             generation,
             schedules: active,
@@ -413,7 +413,7 @@ impl Scheduler {
 
     /// Fires `schedule` for time `at`: records the firing, submits the task and follows it.
     /// A firing already recorded (by this node or a previous owner) is left alone.
-    pub async fn fire(
+    pub(crate) async fn fire(
         self: &Arc<Self>,
         schedule: &Schedule,
         at: i64,
@@ -507,7 +507,7 @@ impl Scheduler {
     /// Fires schedules as they fall due until `cancel`: sleeps until the next scheduled time
     /// among the schedules this node owns, and wakes early when the schedules or the live set
     /// change.
-    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+    pub(crate) async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let started = tokio::time::Instant::now();
         // Ready once, then for good: a peer whose sync keeps failing later must not stop cron.
         while started.elapsed() < STARTUP_GRACE

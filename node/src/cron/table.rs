@@ -31,7 +31,7 @@ const READ_BYTES: usize = 4 << 20;
 
 /// A stored schedule that passed the checks, with its timetable parsed.
 #[derive(Debug)]
-pub struct Parsed {
+pub(crate) struct Parsed {
     /// The schedule, with `origin` set to the node that wrote its record.
     pub schedule: Schedule,
     /// Its expression in its time zone.
@@ -57,7 +57,7 @@ fn footprint(schedule: &Schedule, bytes: usize) -> Footprint<'_> {
 
 /// A stored schedule as listings show it.
 #[derive(Debug, Clone)]
-pub struct StoredSchedule {
+pub(crate) struct StoredSchedule {
     /// The schedule and its timetable.
     pub parsed: Arc<Parsed>,
     /// Why the caps hold it back (it never fires while they do); `None` when it fires.
@@ -66,7 +66,7 @@ pub struct StoredSchedule {
 
 /// The schedules that may fire, as of one re-read ([`ScheduleTable::active`]).
 #[derive(Debug, Clone)]
-pub struct Active {
+pub(crate) struct Active {
     /// Changes whenever the schedules may have: owners need computing again only then.
     pub generation: u64,
     /// The schedules that passed the checks and are not held back, by name.
@@ -101,7 +101,7 @@ struct Snapshot {
 
 /// The stored schedules of this node's memory, decoded once per change.
 #[derive(Debug)]
-pub struct ScheduleTable {
+pub(crate) struct ScheduleTable {
     memory: Arc<Memory>,
     /// The caps of `[cron]`.
     limits: ScheduleLimits,
@@ -118,7 +118,7 @@ pub struct ScheduleTable {
 
 impl ScheduleTable {
     /// The schedules stored in `memory`, held back past `limits`.
-    pub fn new(memory: Arc<Memory>, limits: ScheduleLimits) -> Self {
+    pub(crate) fn new(memory: Arc<Memory>, limits: ScheduleLimits) -> Self {
         Self {
             changes: Mutex::new(memory.changes_in(CRON_SCHEDULES)),
             memory,
@@ -260,14 +260,14 @@ impl ScheduleTable {
     }
 
     /// Every stored schedule that passed the checks, by name.
-    pub fn schedules(&self) -> Result<Vec<StoredSchedule>, CronError> {
+    pub(crate) fn schedules(&self) -> Result<Vec<StoredSchedule>, CronError> {
         Ok(self.page("", usize::MAX, usize::MAX)?.0)
     }
 
     /// The stored schedules that passed the checks and sort after the name `after`, by name: at
     /// most `limit`, and no more than `max_bytes` of records (the first is always taken). The
     /// name of the last one when more remain.
-    pub fn page(
+    pub(crate) fn page(
         &self,
         after: &str,
         limit: usize,
@@ -300,7 +300,7 @@ impl ScheduleTable {
 
     /// The schedule named `name`: `NotFound` when there is none, `Invalid` when its record is
     /// one `Cron.Add` would refuse.
-    pub fn get(&self, name: &str) -> Result<StoredSchedule, CronError> {
+    pub(crate) fn get(&self, name: &str) -> Result<StoredSchedule, CronError> {
         check_name(name)?;
         self.read(|snapshot| match snapshot.by_name.get(name) {
             None => Err(CronError::NotFound(name.to_owned())),
@@ -317,7 +317,7 @@ impl ScheduleTable {
     }
 
     /// The schedules that may fire (passed the checks, not held back).
-    pub fn active(&self) -> Result<Active, CronError> {
+    pub(crate) fn active(&self) -> Result<Active, CronError> {
         self.read(|snapshot| Active {
             generation: snapshot.generation,
             schedules: snapshot.active.clone(),
@@ -326,7 +326,7 @@ impl ScheduleTable {
 
     /// Whether `schedule`, whose record takes `bytes`, fits beside the stored schedules (held
     /// ones count too); the refusal names the cap and the ways out.
-    pub fn room_for(&self, schedule: &Schedule, bytes: usize) -> Result<(), CronError> {
+    pub(crate) fn room_for(&self, schedule: &Schedule, bytes: usize) -> Result<(), CronError> {
         self.read(|snapshot| {
             let stored: Vec<Footprint<'_>> = snapshot
                 .by_name

@@ -90,7 +90,7 @@ impl Timetable {
 
 /// What is due for a schedule between the last handled time and now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Due {
+pub(super) struct Due {
     /// The time to fire now, if any: the latest due time, when within the catch-up window.
     pub run: Option<i64>,
     /// Due times that will not run, oldest first (at most the most recent 100).
@@ -103,7 +103,7 @@ pub struct Due {
 
 /// The scheduled times in (`after`, `now`]: the latest runs when it is at most `catch_up_ms`
 /// old, every other one is missed. Looks back at most a day beyond the catch-up window.
-pub fn due(table: &Timetable, after: i64, now: i64, catch_up_ms: i64) -> Due {
+pub(super) fn due(table: &Timetable, after: i64, now: i64, catch_up_ms: i64) -> Due {
     let floor = now - catch_up_ms - LOOKBACK_MS;
     let mut cursor = after.max(floor);
     let mut times: VecDeque<i64> = VecDeque::new();

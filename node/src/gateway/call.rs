@@ -24,14 +24,14 @@ use super::{caller::DoorCaller, error::GatewayError, service::Gateway};
 use crate::{api_keys::Charge, chat::ChatService, llm::delta_channel, router::Placement};
 
 /// Most choices one request may ask for (`n`).
-pub const MAX_CHOICES: u32 = 8;
+pub(super) const MAX_CHOICES: u32 = 8;
 
 /// Events buffered between a running chat and a slow client.
 const EVENT_BUFFER: usize = 64;
 
 /// One chat, as every dialect asks for it.
 #[derive(Debug, Clone)]
-pub struct Call {
+pub(crate) struct Call {
     /// The `model` asked for, as given.
     pub model: String,
     /// Where it points: a model or a role (`role:NAME`).
@@ -44,7 +44,7 @@ pub struct Call {
 
 impl Call {
     /// A call of one choice for `model` (`role:NAME` or a model name).
-    pub fn new(model: String, chat: ChatRequest) -> Self {
+    pub(crate) fn new(model: String, chat: ChatRequest) -> Self {
         Self {
             target: target_of(&model),
             model,
@@ -114,7 +114,7 @@ impl Call {
 }
 
 /// What the front door was asked for: `role:<name>` or a model name.
-pub fn target_of(model: &str) -> Target {
+pub(super) fn target_of(model: &str) -> Target {
     match model.parse() {
         Ok(target @ (Target::Role(_) | Target::Model(_))) => target,
         // Personas run tasks, not chats: such a name, like an empty one, is a model nobody has.
@@ -124,7 +124,7 @@ pub fn target_of(model: &str) -> Target {
 
 /// What a running call produces, in order per choice.
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     /// Text of choice `choice`, as it is generated.
     Delta {
         /// Which choice (from 0).
@@ -145,19 +145,19 @@ pub enum Event {
 /// A call placed and running; dropping it cancels the chat (here, or on the peer through the
 /// `Models.Chat` stream being reset).
 #[derive(Debug)]
-pub struct Run {
+pub(crate) struct Run {
     events: mpsc::Receiver<Event>,
     n: u32,
 }
 
 impl Run {
     /// The next event; `None` once every choice is done or failed.
-    pub async fn next(&mut self) -> Option<Event> {
+    pub(crate) async fn next(&mut self) -> Option<Event> {
         self.events.recv().await
     }
 
     /// Waits for every choice: the answers in choice order, or the first failure.
-    pub async fn finish(mut self) -> Result<Vec<ChatResponse>, GatewayError> {
+    pub(crate) async fn finish(mut self) -> Result<Vec<ChatResponse>, GatewayError> {
         let mut answers: Vec<Option<ChatResponse>> = vec![None; self.n as usize];
         while let Some(event) = self.events.recv().await {
             match event {
@@ -177,7 +177,7 @@ impl Run {
     }
 
     /// Waits for the one choice of a call of one: its answer, or the failure.
-    pub async fn answer(self) -> Result<ChatResponse, GatewayError> {
+    pub(crate) async fn answer(self) -> Result<ChatResponse, GatewayError> {
         self.finish()
             .await?
             .into_iter()
@@ -187,7 +187,7 @@ impl Run {
 }
 
 /// Usage of all the choices together.
-pub fn total_usage(answers: &[ChatResponse]) -> Usage {
+pub(crate) fn total_usage(answers: &[ChatResponse]) -> Usage {
     let mut total = Usage::default();
     for answer in answers {
         total.add(answer.usage.unwrap_or_default());
@@ -203,7 +203,11 @@ impl Gateway {
     /// anything is sent) and starts it: its choices run concurrently, each where the placement
     /// says (with the failover of [`crate::chat::ChatService::run`]). When they end, what they
     /// spent is charged to the key (see [`run_placed`]).
-    pub async fn start(&self, caller: &DoorCaller, mut call: Call) -> Result<Run, GatewayError> {
+    pub(crate) async fn start(
+        &self,
+        caller: &DoorCaller,
+        mut call: Call,
+    ) -> Result<Run, GatewayError> {
         call.check()?;
         let charge = self.reserve_chat(caller, &mut call).await?;
         let placement = match self.chat.place(&call.target) {
@@ -221,7 +225,7 @@ impl Gateway {
 
     /// Whether `model` is one `caller`'s key may use and some node of the fleet serves, for a
     /// request that runs nothing (Anthropic's `count_tokens`): nothing is counted or charged.
-    pub fn check_model(&self, caller: &DoorCaller, model: &str) -> Result<(), GatewayError> {
+    pub(crate) fn check_model(&self, caller: &DoorCaller, model: &str) -> Result<(), GatewayError> {
         let target = target_of(model);
         if let Some(grant) = &caller.key
             && !grant.policy.allows(&target)
@@ -242,7 +246,7 @@ impl Gateway {
     /// that made it. A caller's key is admitted like a chat's (its models, its limits; the
     /// request counted before it runs, the inputs' upper bound reserved) and charged the prompt
     /// tokens the model reported (estimated when it reported none, or when it failed).
-    pub async fn embed(
+    pub(crate) async fn embed(
         &self,
         caller: &DoorCaller,
         model: &str,

@@ -57,7 +57,7 @@ impl Gateway {
     /// Admits a task for the caller's key (`/mcp`'s `run_task`), for its target: its budget
     /// covers its prompt and every round after it, at most this node's `tasks.token_budget`,
     /// all of it reserved while it runs; the task's token budget becomes what the key grants.
-    pub async fn reserve_task(
+    pub(crate) async fn reserve_task(
         &self,
         caller: &DoorCaller,
         spec: &mut TaskSpec,
@@ -88,7 +88,7 @@ impl Gateway {
 /// a failed or cancelled one the usage its `failed` event carries (what its model calls
 /// reported, and the estimate of a call cut off). Events that end without an outcome drop the
 /// charge, which charges its whole reservation.
-pub async fn settle_from_outcome(task: TaskHandle, charge: Charge) {
+pub(crate) async fn settle_from_outcome(task: TaskHandle, charge: Charge) {
     match task.outcome().await {
         Some(TaskOutcome::Completed { usage, .. } | TaskOutcome::Failed { usage, .. }) => {
             charge.settle(usage).await;

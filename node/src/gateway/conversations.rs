@@ -23,7 +23,7 @@ use super::{caller::DoorCaller, error::GatewayError};
 use crate::memory::{Memory, MemoryError};
 
 /// How long a stored response is kept and served: 30 days, as OpenAI keeps them.
-pub const TTL_S: u64 = 30 * 24 * 3600;
+pub(crate) const TTL_S: u64 = 30 * 24 * 3600;
 
 /// How often [`sweep_loop`] looks for expired responses.
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
@@ -31,7 +31,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(600);
 /// A stored response: who may read it, until when, the conversation a continuation needs, and
 /// the Response object as answered.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Stored {
+pub(crate) struct Stored {
     /// Unix second after which it is neither served nor kept.
     pub expires_at: u64,
     /// The id of the key that created it (`api_keys::key_id`; `None` when the front door has
@@ -51,13 +51,13 @@ struct Expiry {
 
 /// The stored conversations, in the memory's private namespace `responses`.
 #[derive(Debug, Clone)]
-pub struct Conversations {
+pub(crate) struct Conversations {
     memory: Arc<Memory>,
 }
 
 impl Conversations {
     /// The conversations stored in `memory`.
-    pub fn new(memory: Arc<Memory>) -> Self {
+    pub(crate) fn new(memory: Arc<Memory>) -> Self {
         Self { memory }
     }
 
@@ -73,14 +73,14 @@ impl Conversations {
     }
 
     /// A new response id, unique in the fleet (it names this node's id).
-    pub fn new_id(&self) -> String {
+    pub(crate) fn new_id(&self) -> String {
         response_id(self.memory.own_id())
     }
 
     /// The stored response `id` as `caller` may see it at `now`: absent, expired, unreadable
     /// and another key's are all the same [`GatewayError::NotStored`] (the last so a key cannot
     /// learn of others' ids). `param` is the request field that named the id, if one did.
-    pub fn load(
+    pub(crate) fn load(
         &self,
         caller: &DoorCaller,
         id: &str,
@@ -116,7 +116,7 @@ impl Conversations {
 
     /// Keeps `stored` under `id`; whether it was kept (a conversation over the memory's value
     /// limit, or a failed write, is not).
-    pub async fn keep(&self, id: &str, stored: &Stored) -> bool {
+    pub(crate) async fn keep(&self, id: &str, stored: &Stored) -> bool {
         let value = match serde_json::to_vec(stored) {
             Ok(value) => value,
             Err(e) => {
@@ -135,7 +135,7 @@ impl Conversations {
     }
 
     /// What the answer to `conversation` is kept with, for `caller`.
-    pub fn keeper(&self, caller: &DoorCaller, conversation: Vec<Message>) -> Keeper {
+    pub(crate) fn keeper(&self, caller: &DoorCaller, conversation: Vec<Message>) -> Keeper {
         Keeper {
             conversations: self.clone(),
             owner: caller.key_id().map(str::to_owned),
@@ -146,7 +146,7 @@ impl Conversations {
 
 /// What one answer is kept with: where, for whom, and the conversation before it.
 #[derive(Debug)]
-pub struct Keeper {
+pub(crate) struct Keeper {
     conversations: Conversations,
     owner: Option<String>,
     conversation: Vec<Message>,
@@ -155,7 +155,7 @@ pub struct Keeper {
 impl Keeper {
     /// Stores `response` (the Response object) under `id`, with the conversation and `answer`
     /// appended; whether it was kept.
-    pub async fn keep(self, id: &str, answer: &ChatResponse, response: &Value) -> bool {
+    pub(crate) async fn keep(self, id: &str, answer: &ChatResponse, response: &Value) -> bool {
         let mut messages = self.conversation;
         messages.push(Message {
             tool_calls: answer.tool_calls.clone(),
@@ -173,7 +173,7 @@ impl Keeper {
 
 /// Bounds on the stored responses: past them the sweep drops the oldest.
 #[derive(Debug, Clone, Copy)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// Most stored responses.
     pub entries: usize,
     /// Most bytes of stored responses.
@@ -193,7 +193,7 @@ impl Default for Bounds {
 /// Deletes the stored responses expired at `now` and then, past `bounds`, the oldest (ids are
 /// UUIDv7s, so key order is creation order); how many it deleted. It reads the namespace a page
 /// at a time, so its memory use is bounded by a page, not by the namespace.
-pub async fn sweep(memory: &Memory, now: u64, bounds: Bounds) -> Result<usize, MemoryError> {
+pub(crate) async fn sweep(memory: &Memory, now: u64, bounds: Bounds) -> Result<usize, MemoryError> {
     const PAGE: usize = 64;
     const PAGE_BYTES: usize = 4 * MAX_VALUE;
     let mut kept: Vec<(String, usize)> = Vec::new();
@@ -232,7 +232,7 @@ pub async fn sweep(memory: &Memory, now: u64, bounds: Bounds) -> Result<usize, M
 }
 
 /// Runs [`sweep`] every ten minutes until `stop`.
-pub async fn sweep_loop(memory: Arc<Memory>, stop: CancellationToken) {
+pub(crate) async fn sweep_loop(memory: Arc<Memory>, stop: CancellationToken) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {

@@ -12,7 +12,7 @@ use crate::memory::MemoryError;
 
 /// One of the fleet's data tools `/mcp` serves, each the agents' tool of the same name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DataTool {
+pub(crate) enum DataTool {
     /// `list_nodes`: the fleet as this node sees it.
     ListNodes,
     /// `memory_get`: one value of the shared memory.
@@ -25,7 +25,7 @@ pub enum DataTool {
 
 /// A `memory_search`: the namespace and what to look for, already within their bounds.
 #[derive(Debug, Clone, Default)]
-pub struct MemoryQuery {
+pub(crate) struct MemoryQuery {
     /// The namespace (a user namespace: the node's private ones are refused).
     pub namespace: String,
     /// Only keys starting with this.
@@ -55,7 +55,7 @@ pub enum MeshDataError {
 }
 
 /// The fleet's node list and shared memory, as the agents' data tools read and write them.
-pub trait MeshData: Send + Sync + fmt::Debug {
+pub(crate) trait MeshData: Send + Sync + fmt::Debug {
     /// What `tool` does, in its own description, and the tier a call of it counts as.
     fn about(&self, tool: DataTool) -> (String, Tier);
     /// `list_nodes`' answer: every node this one knows, with its state, health and load.

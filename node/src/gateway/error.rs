@@ -7,7 +7,7 @@ use crate::{admission::AdmissionError, api_keys::Refusal, chat::ChatError, memor
 
 /// Why the gateway did not give a call its answer.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum GatewayError {
+pub(crate) enum GatewayError {
     /// The request asks for something no call may (an empty conversation, `n` out of range, a
     /// `tool_choice` naming no tool, …); `param` names the field at fault, when one does.
     #[error("{message}")]
@@ -67,7 +67,7 @@ pub enum GatewayError {
 
 impl GatewayError {
     /// A refusal of `field`; the message starts with the field's name.
-    pub fn invalid_field(field: &str, problem: impl std::fmt::Display) -> Self {
+    pub(crate) fn invalid_field(field: &str, problem: impl std::fmt::Display) -> Self {
         Self::Invalid {
             param: Some(field.to_owned()),
             message: format!("{field}: {problem}"),
@@ -75,7 +75,7 @@ impl GatewayError {
     }
 
     /// A refusal of the request as a whole (or of a field its message names).
-    pub fn invalid(message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::Invalid {
             param: None,
             message: message.into(),
@@ -84,7 +84,7 @@ impl GatewayError {
 
     /// Whether the model asked for exists nowhere in the fleet (a dialect may word that in its
     /// own API's terms).
-    pub fn is_unknown_model(&self) -> bool {
+    pub(crate) fn is_unknown_model(&self) -> bool {
         matches!(self, Self::Placement(AdmissionError::UnknownModel(_)))
     }
 }

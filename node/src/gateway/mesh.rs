@@ -17,14 +17,14 @@ use crate::admission::Caller;
 impl Gateway {
     /// Whether this node lets a front-door caller (`/mcp`) do something of `tier`: the one
     /// decision, `admission`'s (`security.mcp_max_tier`).
-    pub fn allow(&self, tier: Tier) -> Result<(), GatewayError> {
+    pub(crate) fn allow(&self, tier: Tier) -> Result<(), GatewayError> {
         self.admission
             .allows(tier, &Caller::FrontDoor, None)
             .map_err(GatewayError::from)
     }
 
     /// What `tool` does, as its description says.
-    pub fn describe(&self, tool: DataTool) -> String {
+    pub(crate) fn describe(&self, tool: DataTool) -> String {
         self.data.about(tool).0
     }
 
@@ -39,22 +39,22 @@ impl Gateway {
     }
 
     /// `list_nodes`, for a front-door caller.
-    pub fn list_nodes(&self) -> Result<String, GatewayError> {
+    pub(crate) fn list_nodes(&self) -> Result<String, GatewayError> {
         self.data_call(DataTool::ListNodes, |data| Ok(data.list_nodes()))
     }
 
     /// `memory_get`, for a front-door caller.
-    pub fn memory_get(&self, namespace: &str, key: &str) -> Result<String, GatewayError> {
+    pub(crate) fn memory_get(&self, namespace: &str, key: &str) -> Result<String, GatewayError> {
         self.data_call(DataTool::MemoryGet, |data| data.memory_get(namespace, key))
     }
 
     /// `memory_search`, for a front-door caller.
-    pub fn memory_search(&self, query: &MemoryQuery) -> Result<String, GatewayError> {
+    pub(crate) fn memory_search(&self, query: &MemoryQuery) -> Result<String, GatewayError> {
         self.data_call(DataTool::MemorySearch, |data| data.memory_search(query))
     }
 
     /// `memory_put`, for a front-door caller.
-    pub async fn memory_put(
+    pub(crate) async fn memory_put(
         &self,
         namespace: &str,
         key: &str,

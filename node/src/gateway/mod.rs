@@ -23,7 +23,7 @@ mod error;
 mod mesh;
 mod service;
 
-pub use self::call::Call;
+pub(crate) use self::call::Call;
 pub(crate) use self::{
     call::{Event, Run, total_usage},
     caller::DoorCaller,

@@ -113,7 +113,7 @@ fn from_this_machine(request: &Request) -> bool {
 }
 
 /// The token of an `Authorization: Bearer <token>` value (the scheme in any case, RFC 9110).
-pub fn bearer(value: &str) -> Option<&str> {
+pub(super) fn bearer(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }

@@ -23,7 +23,7 @@ fn tokenizer() -> Result<&'static CoreBPE, String> {
 
 /// Why token ids did not decode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
+pub(super) enum DecodeError {
     /// An id that is no token of cl100k_base.
     #[error("{0} is not a token id of cl100k_base")]
     UnknownId(u32),
@@ -34,7 +34,7 @@ pub enum DecodeError {
 
 /// The text `ids` (cl100k_base token ids) stand for; bytes that are not UTF-8 (ids that cut a
 /// character in two) become U+FFFD.
-pub fn decode(ids: &[u32]) -> Result<String, DecodeError> {
+pub(super) fn decode(ids: &[u32]) -> Result<String, DecodeError> {
     let bytes = tokenizer()
         .map_err(DecodeError::Unavailable)?
         .decode_bytes(ids)
@@ -43,7 +43,7 @@ pub fn decode(ids: &[u32]) -> Result<String, DecodeError> {
 }
 
 /// How many cl100k_base tokens `text` is (special tokens' text counted as ordinary text).
-pub fn count(text: &str) -> Result<usize, String> {
+pub(super) fn count(text: &str) -> Result<usize, String> {
     Ok(tokenizer()?.encode_ordinary(text).len())
 }
 

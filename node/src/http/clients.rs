@@ -22,13 +22,13 @@ use crate::config::{HttpConfig, ModelAlias, UnknownFields};
 const MAX_LOGGED: usize = 4096;
 /// Most unknown fields one request's reading keeps, and most items one request logs; the rest
 /// are still ignored.
-pub const MAX_NOTED: usize = 32;
+pub(crate) const MAX_NOTED: usize = 32;
 /// Longest client name kept (a `User-Agent` can be long).
 const MAX_CLIENT_LEN: usize = 80;
 
 /// The front door's settings for unknown fields and model names, and what it has logged.
 #[derive(Debug)]
-pub struct Clients {
+pub(crate) struct Clients {
     /// `http.unknown_fields`.
     unknown_fields: UnknownFields,
     /// `http.model_aliases`, most specific first.
@@ -40,7 +40,7 @@ pub struct Clients {
 
 impl Clients {
     /// The settings of `http`.
-    pub fn new(http: &HttpConfig) -> Self {
+    pub(crate) fn new(http: &HttpConfig) -> Self {
         Self {
             unknown_fields: http.unknown_fields,
             aliases: http.model_aliases.clone(),
@@ -49,13 +49,13 @@ impl Clients {
     }
 
     /// A reading of one request under these settings.
-    pub fn reading(&self) -> Unknown {
+    pub(crate) fn reading(&self) -> Unknown {
         Unknown::new(self.unknown_fields)
     }
 
     /// The model `asked` stands for: itself when `fleet_has` it (or no alias covers it), else
     /// the target of the most specific alias that covers it.
-    pub fn resolve(&self, asked: &str, fleet_has: impl FnOnce(&str) -> bool) -> String {
+    pub(crate) fn resolve(&self, asked: &str, fleet_has: impl FnOnce(&str) -> bool) -> String {
         if self.aliases.is_empty() {
             return asked.to_owned();
         }
@@ -71,7 +71,7 @@ impl Clients {
 
     /// Says at debug, once per client and field, that `reading`'s unknown fields were ignored
     /// on `endpoint`.
-    pub fn ignored(&self, client: &str, endpoint: &str, reading: &Unknown) {
+    pub(crate) fn ignored(&self, client: &str, endpoint: &str, reading: &Unknown) {
         if reading.found.is_empty() || !tracing::enabled!(tracing::Level::DEBUG) {
             return;
         }
@@ -88,7 +88,7 @@ impl Clients {
 
     /// Says at info, once per client and tool, that the `dropped` tools of a request to
     /// `endpoint` were not offered to the model.
-    pub fn dropped_tools(&self, client: &str, endpoint: &str, dropped: &[String]) {
+    pub(crate) fn dropped_tools(&self, client: &str, endpoint: &str, dropped: &[String]) {
         if dropped.is_empty() {
             return;
         }
@@ -130,7 +130,7 @@ fn alias_for<'a>(aliases: &'a [ModelAlias], asked: &str) -> Option<&'a ModelAlia
 }
 
 /// Who a request came from, for the log: its key's name (`key`), else its `User-Agent`.
-pub fn client_name(key: Option<&str>, headers: &HeaderMap) -> String {
+pub(crate) fn client_name(key: Option<&str>, headers: &HeaderMap) -> String {
     let name = match key {
         Some(key) => format!("key {key}"),
         None => headers
@@ -143,11 +143,11 @@ pub fn client_name(key: Option<&str>, headers: &HeaderMap) -> String {
 }
 
 /// The response header naming a request's tools the model was not offered.
-pub const DROPPED_TOOLS_HEADER: &str = "x-agentmesh-dropped-tools";
+pub(crate) const DROPPED_TOOLS_HEADER: &str = "x-agentmesh-dropped-tools";
 
 /// The [`DROPPED_TOOLS_HEADER`] naming the `dropped` tools (the first [`MAX_NOTED`], then how
 /// many more), when there are any.
-pub fn dropped_header(dropped: &[String]) -> HeaderMap {
+pub(crate) fn dropped_header(dropped: &[String]) -> HeaderMap {
     let mut headers = HeaderMap::new();
     if dropped.is_empty() {
         return headers;
@@ -165,7 +165,7 @@ pub fn dropped_header(dropped: &[String]) -> HeaderMap {
 /// How a dropped tool is named in the [`DROPPED_TOOLS_HEADER`] and the log: `kind`, and `name`
 /// when it has one (`custom:apply_patch`, `web_search`), in printable ASCII and at most 64
 /// characters.
-pub fn dropped_name(kind: &str, name: Option<&str>) -> String {
+pub(crate) fn dropped_name(kind: &str, name: Option<&str>) -> String {
     let text = match name {
         Some(name) => format!("{kind}:{name}"),
         None => kind.to_owned(),
@@ -178,7 +178,7 @@ pub fn dropped_name(kind: &str, name: Option<&str>) -> String {
 
 /// The unknown fields of one request, as its dialect's reading finds them.
 #[derive(Debug)]
-pub struct Unknown {
+pub(crate) struct Unknown {
     policy: UnknownFields,
     /// Paths of the fields ignored so far (at most [`MAX_NOTED`]).
     found: Vec<String>,
@@ -186,7 +186,7 @@ pub struct Unknown {
 
 impl Unknown {
     /// A reading under `policy`.
-    pub fn new(policy: UnknownFields) -> Self {
+    pub(crate) fn new(policy: UnknownFields) -> Self {
         Self {
             policy,
             found: Vec::new(),
@@ -195,7 +195,7 @@ impl Unknown {
 
     /// Notes the unknown field at `path`: `Ok` when it is ignored, `Err` with the path when the
     /// policy refuses it (the dialect words the refusal as its API does).
-    pub fn note(&mut self, path: String) -> Result<(), String> {
+    pub(crate) fn note(&mut self, path: String) -> Result<(), String> {
         match self.policy {
             UnknownFields::Refuse => Err(path),
             UnknownFields::Ignore => {
@@ -209,7 +209,7 @@ impl Unknown {
 
     /// The fields ignored so far.
     #[cfg(test)]
-    pub fn found(&self) -> &[String] {
+    pub(crate) fn found(&self) -> &[String] {
         &self.found
     }
 }

@@ -25,7 +25,7 @@ use crate::{
 
 /// What went wrong, independent of any API's vocabulary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
+pub(crate) enum ErrorKind {
     /// The request is malformed or asks for something that cannot be done (400, 404 for an
     /// unknown endpoint, 413 for an oversized one).
     InvalidRequest,
@@ -43,7 +43,7 @@ pub enum ErrorKind {
 
 /// A front-door failure, rendered in the shape of the API that was called.
 #[derive(Debug, Clone)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
     /// What went wrong.
@@ -60,7 +60,7 @@ pub struct ApiError {
 
 /// Which API a request came in through, so its errors come back in that API's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
+pub(crate) enum Dialect {
     /// OpenAI chat completions, embeddings, models, and the Responses API.
     OpenAi,
     /// Anthropic's Messages API.
@@ -71,7 +71,7 @@ pub enum Dialect {
 
 impl Dialect {
     /// The dialect of a request path: `/v1/messages…` Anthropic, `/api/…` Ollama, else OpenAI.
-    pub fn of_path(path: &str) -> Self {
+    pub(crate) fn of_path(path: &str) -> Self {
         if path.starts_with("/v1/messages") {
             Self::Anthropic
         } else if path.starts_with("/api/") {
@@ -84,7 +84,7 @@ impl Dialect {
 
 impl ApiError {
     /// An error of `kind` with `status`.
-    pub fn new(status: StatusCode, kind: ErrorKind, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: ErrorKind, message: impl Into<String>) -> Self {
         Self {
             status,
             kind,
@@ -96,12 +96,12 @@ impl ApiError {
     }
 
     /// A 400 naming what is wrong with the request.
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, ErrorKind::InvalidRequest, message)
     }
 
     /// A 400 about `field`; the message starts with the field's name.
-    pub fn bad_field(field: &str, problem: impl std::fmt::Display) -> Self {
+    pub(crate) fn bad_field(field: &str, problem: impl std::fmt::Display) -> Self {
         Self {
             param: Some(field.to_owned()),
             ..Self::bad_request(format!("{field}: {problem}"))
@@ -109,7 +109,7 @@ impl ApiError {
     }
 
     /// With OpenAI's `code`.
-    pub fn with_code(self, code: &'static str) -> Self {
+    pub(crate) fn with_code(self, code: &'static str) -> Self {
         Self {
             code: Some(code),
             ..self
@@ -117,7 +117,7 @@ impl ApiError {
     }
 
     /// A request nobody can place.
-    pub fn from_admission(error: AdmissionError) -> Self {
+    pub(crate) fn from_admission(error: AdmissionError) -> Self {
         let message = error.to_string();
         match error {
             AdmissionError::UnknownModel(_) => {
@@ -144,7 +144,7 @@ impl ApiError {
     /// A call its key may not make: a model it may not use or an endpoint its scopes do not
     /// cover (403), a limit reached or too little left of it (429, with `Retry-After`, the
     /// code naming the limit), or usage that cannot be counted (503).
-    pub fn from_refusal(refusal: Refusal) -> Self {
+    pub(crate) fn from_refusal(refusal: Refusal) -> Self {
         let message = refusal.to_string();
         match refusal {
             Refusal::Model { .. } => {
@@ -177,7 +177,7 @@ impl ApiError {
     }
 
     /// A placed chat that produced no answer.
-    pub fn from_chat(error: ChatError) -> Self {
+    pub(crate) fn from_chat(error: ChatError) -> Self {
         match error {
             ChatError::Model(error) => Self::from_model(&error),
             ChatError::NotLoaded => Self::new(
@@ -192,7 +192,7 @@ impl ApiError {
     }
 
     /// A model that failed here.
-    pub fn from_model(error: &ModelError) -> Self {
+    pub(crate) fn from_model(error: &ModelError) -> Self {
         match error {
             ModelError::Refused { status, .. } => {
                 let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST);
@@ -271,7 +271,7 @@ impl ApiError {
     }
 
     /// The error's JSON body in `dialect`'s shape.
-    pub fn body(&self, dialect: Dialect) -> Value {
+    pub(crate) fn body(&self, dialect: Dialect) -> Value {
         match dialect {
             Dialect::OpenAi => json!({"error": {
                 "message": self.message,
@@ -304,7 +304,7 @@ impl ApiError {
     }
 
     /// The whole response in `dialect`'s shape (status, `Retry-After`, JSON body).
-    pub fn render(self, dialect: Dialect) -> Response {
+    pub(crate) fn render(self, dialect: Dialect) -> Response {
         let mut response = (self.status, Json(self.body(dialect))).into_response();
         if let Some(seconds) = self.retry_after_s {
             response

@@ -33,7 +33,7 @@ const QUOTED: usize = 200;
 
 /// The front door's allow lists (`http.allowed_hosts`, `http.allowed_origins`).
 #[derive(Debug, Clone, Default)]
-pub struct Guard {
+pub(crate) struct Guard {
     /// Hosts answered besides [`LOOPBACK_HOSTS`] when the door has no keys.
     pub allowed_hosts: Vec<HostPort>,
     /// Origins whose requests are taken, in normal form.
@@ -42,7 +42,7 @@ pub struct Guard {
 
 /// Why a request was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Blocked {
+pub(crate) enum Blocked {
     /// An `Origin` not in `http.allowed_origins` (403).
     #[error(
         "requests from web pages are refused: Origin `{0}` is not in http.allowed_origins. List a page's origin there only when the page may use this front door (for example a web app served through a proxy of it); the front door sends no CORS headers"
@@ -85,7 +85,12 @@ impl From<Blocked> for ApiError {
 impl Guard {
     /// Whether a request with `method` and `headers` may go on to the key check, on a door
     /// that has keys (`keyed`) or not.
-    pub fn check(&self, method: &Method, headers: &HeaderMap, keyed: bool) -> Result<(), Blocked> {
+    pub(crate) fn check(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        keyed: bool,
+    ) -> Result<(), Blocked> {
         if let Some(value) = headers.get(header::ORIGIN) {
             let text = String::from_utf8_lossy(value.as_bytes());
             let allowed = origin(&text).is_some_and(|o| self.allowed_origins.contains(&o));

@@ -26,11 +26,11 @@
 mod anthropic;
 mod auth;
 mod cl100k;
-pub mod clients;
+pub(crate) mod clients;
 mod door;
 mod encode;
-pub mod error;
-pub mod guard;
+pub(crate) mod error;
+pub(crate) mod guard;
 mod mcp;
 mod ollama;
 mod openai;
@@ -50,7 +50,7 @@ use serde_json::{Value, json};
 
 use self::auth::MCP_PATH;
 pub(crate) use self::door::FrontDoor;
-pub use self::{
+pub(crate) use self::{
     error::{ApiError, Dialect, ErrorKind},
     serve::serve,
 };

@@ -27,7 +27,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// headers within `connections.header_timeout_s` of opening, or of its last response (an idle
 /// keep-alive connection), is closed (hyper's header read timeout). It speaks HTTP/1.1 only,
 /// as OpenAI clients do; the version sniffing of HTTP/2 would wait for bytes without a timeout.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     limits: ConnectionLimits,

@@ -8,15 +8,16 @@
 //! nothing about tools or budgets; it only talks to models, measures them and classifies their
 //! failures ([`ModelError::falls_through`]).
 
-pub mod embedded;
-pub mod model;
-pub mod openai;
+pub(crate) mod embedded;
+pub(crate) mod model;
+pub(crate) mod openai;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
 
-pub use self::model::{ChatModel, Deltas, ModelError, delta_channel};
+pub(crate) use self::model::Deltas;
+pub use self::model::{ChatModel, ModelError, delta_channel};
 use self::{embedded::EmbeddedOptions, openai::OpenAiModel};
 use crate::{
     config::{Backend, Config, default_model_path},
@@ -24,7 +25,7 @@ use crate::{
 };
 
 /// How long the startup probe (`GET /models`) waits for each model server.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Every configured model, and each role's chain.
 #[derive(Debug, Default)]

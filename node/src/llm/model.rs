@@ -53,13 +53,13 @@ impl ModelError {
 /// the generation back instead of letting the text pile up in memory. A closed channel means
 /// nobody reads the text (the evaluator wants only the answer): the producer carries on, and
 /// the answer still comes back whole from [`ChatModel::chat`].
-pub type Deltas = mpsc::Sender<String>;
+pub(crate) type Deltas = mpsc::Sender<String>;
 
 /// Deltas held between a model and a reader that stopped reading. Small, since what holds a
 /// slow reader's text is meant to be the model not generating it; large enough that a reader
 /// that is busy for a moment (writing the previous chunk to its socket) does not stall a model
 /// decoding a token every few milliseconds.
-pub const DELTA_BUFFER: usize = 16;
+pub(crate) const DELTA_BUFFER: usize = 16;
 
 /// A new [`Deltas`] channel of [`DELTA_BUFFER`] deltas, and its reading end.
 pub fn delta_channel() -> (Deltas, mpsc::Receiver<String>) {
@@ -108,7 +108,7 @@ pub trait ChatModel: Send + Sync + fmt::Debug {
 
 /// The refusal of a model that does not make embeddings (the same words on every node and in
 /// every API).
-pub fn cannot_embed(model: &str) -> ModelError {
+pub(crate) fn cannot_embed(model: &str) -> ModelError {
     ModelError::Refused {
         status: 400,
         message: format!(
@@ -118,10 +118,10 @@ pub fn cannot_embed(model: &str) -> ModelError {
 }
 
 /// Samples with fewer decoded tokens than this are not recorded: mostly noise.
-pub const MIN_SPEED_SAMPLE_TOKENS: u64 = 8;
+pub(crate) const MIN_SPEED_SAMPLE_TOKENS: u64 = 8;
 
 /// `tokens / elapsed`; `None` for no tokens or no time.
-pub fn tokens_per_second(tokens: u64, elapsed: Duration) -> Option<f64> {
+pub(crate) fn tokens_per_second(tokens: u64, elapsed: Duration) -> Option<f64> {
     let seconds = elapsed.as_secs_f64();
     (tokens > 0 && seconds > 0.0).then(|| tokens as f64 / seconds)
 }

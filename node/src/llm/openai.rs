@@ -40,7 +40,7 @@ const MAX_COMPLETION_BYTES: usize = 16 << 20;
 const MAX_STREAM_BYTES: usize = 128 << 20;
 
 /// A model behind an OpenAI-compatible server.
-pub struct OpenAiModel {
+pub(crate) struct OpenAiModel {
     name: String,
     model: String,
     /// `{base_url}/chat/completions`, where chat calls go.
@@ -73,7 +73,7 @@ impl fmt::Debug for OpenAiModel {
 
 impl OpenAiModel {
     /// A client for `model` at `base_url` (e.g. `http://127.0.0.1:11434/v1`).
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         base_url: &str,
         model: &str,
@@ -107,13 +107,13 @@ impl OpenAiModel {
     }
 
     /// Says whether the server's model makes embeddings (`embeddings = true`).
-    pub fn with_embeddings(mut self, embeddings: bool) -> Self {
+    pub(crate) fn with_embeddings(mut self, embeddings: bool) -> Self {
         self.embeddings = embeddings;
         self
     }
 
     /// Says where the server's chat template takes system messages (`system_turns`).
-    pub fn with_system_turns(mut self, system_turns: SystemTurns) -> Self {
+    pub(crate) fn with_system_turns(mut self, system_turns: SystemTurns) -> Self {
         self.system_turns = system_turns;
         self
     }

@@ -16,7 +16,7 @@
 //! know about other nodes (calls of a peer's tools go through the agent's tools and `rpc`).
 
 mod connect;
-pub mod schema;
+pub(crate) mod schema;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -50,14 +50,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one `tools/list` page may take.
 const LIST_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often a connected server's tools are listed again.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const REFRESH_EVERY: Duration = Duration::from_secs(30);
 /// Most `tools/list` pages read from one server.
 const MAX_PAGES: usize = 16;
 /// How long a stopping stdio server gets to exit before its group is killed.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// The name a server's loop runs under in the supervisor, and its health reason's.
-pub fn loop_name(server: &str) -> String {
+pub(crate) fn loop_name(server: &str) -> String {
     format!("mcp {server}")
 }
 

@@ -16,7 +16,7 @@ const MAX_ERRORS_NAMED: usize = 5;
 
 /// An MCP tool that passed the checks: what is advertised, and what checks a call.
 #[derive(Debug)]
-pub struct CheckedTool {
+pub(crate) struct CheckedTool {
     /// As advertised and offered to models.
     pub info: McpToolInfo,
     /// Its name on its server.
@@ -28,7 +28,7 @@ pub struct CheckedTool {
 /// Checks one tool `server` listed: its namespaced name, its schema's size and shape (an
 /// object schema, as OpenAI's function parameters must be) and that the schema compiles.
 /// `Err` says why the tool is skipped.
-pub fn check_tool(
+pub(crate) fn check_tool(
     server: &str,
     tier: Tier,
     name: &str,
@@ -66,7 +66,7 @@ pub fn check_tool(
 
 /// Whether `arguments` match the schema; `Err` names up to five violations, each with where it
 /// is (`/timezone: 42 is not of type "string"`).
-pub fn check_arguments(validator: &Validator, arguments: &Value) -> Result<(), String> {
+pub(crate) fn check_arguments(validator: &Validator, arguments: &Value) -> Result<(), String> {
     let errors: Vec<String> = validator
         .iter_errors(arguments)
         .take(MAX_ERRORS_NAMED)

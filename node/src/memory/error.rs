@@ -95,7 +95,7 @@ impl MemoryError {
 
 /// Why a call to a peer's memory (`MemoryPeers::sync` or `push`) gave no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PeerCallError {
+pub(crate) enum PeerCallError {
     /// No connection to the peer could be opened.
     #[error("{0}")]
     Unreachable(String),
@@ -115,7 +115,7 @@ pub enum PeerCallError {
 
 /// Why a pull (or a full resync) from a peer stopped before the end.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum SyncError {
+pub(crate) enum SyncError {
     /// A call to the peer failed.
     #[error(transparent)]
     Peer(#[from] PeerCallError),
@@ -133,7 +133,7 @@ pub enum SyncError {
 /// Whether a caller outside the node's own services (a client or node over `Memory.Put` and
 /// `Memory.Delete`, an agent's `memory_put`) may write namespace `ns`: not the system
 /// namespaces, which only the cron service, the scheduler and the session code write.
-pub fn writable_by_callers(ns: &str) -> Result<(), MemoryError> {
+pub(crate) fn writable_by_callers(ns: &str) -> Result<(), MemoryError> {
     if SYSTEM_NAMESPACES.contains(&ns) {
         return Err(MemoryError::Reserved(ns.to_owned()));
     }
@@ -143,7 +143,7 @@ pub fn writable_by_callers(ns: &str) -> Result<(), MemoryError> {
 /// Whether a caller outside the node's own services (a client or node over `Memory.Get` and
 /// `Memory.List`, an agent's `memory_get` and `memory_search`) may read namespace `ns`: not the
 /// private namespaces.
-pub fn readable_by_callers(ns: &str) -> Result<(), MemoryError> {
+pub(crate) fn readable_by_callers(ns: &str) -> Result<(), MemoryError> {
     if PRIVATE_NAMESPACES.contains(&ns) {
         return Err(MemoryError::Private(ns.to_owned()));
     }

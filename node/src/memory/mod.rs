@@ -62,10 +62,12 @@ mod sync;
 pub(crate) mod test_support;
 mod writers;
 
-pub use error::{MemoryError, PeerCallError, readable_by_callers, writable_by_callers};
+pub(crate) use error::{MemoryError, PeerCallError, readable_by_callers, writable_by_callers};
 pub(crate) use lag::LagGauges;
-pub use record::{Entry, MAX_SIGNATURE, Record};
+pub(crate) use record::MAX_SIGNATURE;
+pub use record::{Entry, Record};
 pub use store::{Memory, MemoryOptions};
+pub use sync::SYNC_BATCH;
 #[cfg(test)]
 pub(crate) use sync::sync_from;
-pub use sync::{MemoryPeers, SYNC_BATCH, SyncBatch, SyncRequest, answer_sync, replicate};
+pub(crate) use sync::{MemoryPeers, SyncBatch, SyncRequest, answer_sync, replicate};

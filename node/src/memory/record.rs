@@ -29,7 +29,7 @@ pub struct Record {
 /// The storage encoding's version: 2 carries the signature; 1 (before signatures) still decodes.
 const VERSION: u8 = 2;
 /// Largest signature stored (Ed25519: 64 bytes; ECDSA P-256 in ASN.1: at most 72).
-pub const MAX_SIGNATURE: usize = 255;
+pub(crate) const MAX_SIGNATURE: usize = 255;
 /// What a record's signed bytes start with: says what they are and in which layout, so a
 /// signature over a record can never be taken for one over anything else.
 const SIGNED_PREFIX: &[u8] = b"agentmesh memory record v1\0";

@@ -32,7 +32,7 @@ use crate::{
 /// Most records one `Sync` answer or `Push` carries; the rest follows in the next one.
 pub const SYNC_BATCH: usize = 512;
 /// Most value bytes one `Sync` answer or `Push` carries (well under the 16 MiB message limit).
-pub const BATCH_BYTES: usize = 8 * 1024 * 1024;
+pub(super) const BATCH_BYTES: usize = 8 * 1024 * 1024;
 
 /// How long one `Sync` call may take before the pull gives up (the next one starts over from
 /// the watermarks): with one pull per peer at a time, a peer that never answers must not
@@ -61,7 +61,7 @@ const RESYNC_BATCHES: usize = 4096;
 
 /// A `Sync` call.
 #[derive(Debug, Clone, Default)]
-pub struct SyncRequest {
+pub(crate) struct SyncRequest {
     /// The caller (when known).
     pub node: Option<NodeId>,
     /// Per origin, the last sequence the caller has from the answering node.
@@ -72,7 +72,7 @@ pub struct SyncRequest {
 
 /// A batch a peer answered `Sync` with.
 #[derive(Debug, Clone, Default)]
-pub struct SyncBatch {
+pub(crate) struct SyncBatch {
     /// Records, oldest first per origin.
     pub entries: Vec<Entry>,
     /// Whether the peer has more.
@@ -90,7 +90,7 @@ pub struct SyncBatch {
 }
 
 /// How the replicator reaches peers (implemented over gRPC in `rpc::memory`).
-pub trait MemoryPeers: Send + Sync + fmt::Debug {
+pub(crate) trait MemoryPeers: Send + Sync + fmt::Debug {
     /// Asks the peer at `addr` for records after the given per-origin watermarks.
     fn sync(
         &self,
@@ -109,7 +109,10 @@ pub trait MemoryPeers: Send + Sync + fmt::Debug {
 
 /// Answers a peer's `Sync`: for each origin we hold, the records after the peer's watermark.
 /// Refused while this node is [`Memory::stale`]: its old records might bring back deletes.
-pub fn answer_sync(memory: &Memory, request: &SyncRequest) -> Result<SyncBatch, MemoryError> {
+pub(crate) fn answer_sync(
+    memory: &Memory,
+    request: &SyncRequest,
+) -> Result<SyncBatch, MemoryError> {
     if memory.stale() {
         return Err(MemoryError::Resyncing);
     }
@@ -242,7 +245,7 @@ impl Memory {
 }
 
 /// Pulls everything `peer` has that we lack, batch by batch, and advances our watermarks.
-pub async fn sync_from(
+pub(crate) async fn sync_from(
     memory: &Memory,
     peers: &dyn MemoryPeers,
     peer: &NodeId,
@@ -321,7 +324,7 @@ pub async fn sync_from(
 /// The full resync of a node that was out of touch longer than the tombstone window: pulls
 /// everything `peer` holds, then drops each record the peer has seen but no longer holds (its
 /// delete was collected meanwhile). Returns (records applied, records dropped).
-pub async fn resync_from(
+pub(super) async fn resync_from(
     memory: &Memory,
     peers: &dyn MemoryPeers,
     peer: &NodeId,
@@ -498,7 +501,7 @@ impl Drop for Pull {
 /// [`LAG_PULL_EVERY`], so the writes spread from whoever holds them like gossip and the
 /// writer answers about as many pulls as any other node. One pull per peer at a time. A node
 /// out of touch longer than the tombstone window first resyncs fully from one peer.
-pub async fn replicate(
+pub(crate) async fn replicate(
     memory: Arc<Memory>,
     peers: Arc<PeerTable>,
     link: Arc<dyn MemoryPeers>,

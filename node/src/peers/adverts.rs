@@ -22,11 +22,11 @@ use mesh_domain::{NodeId, throttle::LogThrottle};
 use tokio::sync::Notify;
 
 /// Failures in a row after which an address is held back.
-pub const STRIKES: u32 = 3;
+pub(crate) const STRIKES: u32 = 3;
 /// How long an address is held back the first time.
-pub const FIRST_BACKOFF: Duration = Duration::from_secs(30);
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_secs(30);
 /// The longest an address is held back.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// At most one log line about adverts dropped at the cap per this period.
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 

@@ -25,13 +25,13 @@ pub const FAILURES_PER_SECOND: f64 = 8.0;
 /// Most sources remembered; when full, sources whose bucket has refilled are forgotten (at most
 /// every [`SWEEP_EVERY`]), and past that a new source's failures are not counted (the budget
 /// of strangers' checks still bounds what it costs).
-pub const MAX_SOURCES: usize = 4096;
+pub(crate) const MAX_SOURCES: usize = 4096;
 /// How often a full table looks for sources to forget (a scan of [`MAX_SOURCES`]).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Tokens that refill at `rate` per second up to `burst`.
 #[derive(Debug, Clone, Copy)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     rate: f64,
     burst: f64,
     /// Tokens as of `at`.
@@ -41,7 +41,7 @@ pub struct TokenBucket {
 
 impl TokenBucket {
     /// A full bucket at `now`.
-    pub fn full(rate: f64, burst: f64, now: Instant) -> Self {
+    pub(crate) fn full(rate: f64, burst: f64, now: Instant) -> Self {
         Self {
             rate,
             burst,
@@ -57,12 +57,12 @@ impl TokenBucket {
     }
 
     /// Whether a token is left at `now`.
-    pub fn has_token(&self, now: Instant) -> bool {
+    pub(crate) fn has_token(&self, now: Instant) -> bool {
         self.level(now) >= 1.0
     }
 
     /// Takes a token at `now` if one is left; whether it did.
-    pub fn take(&mut self, now: Instant) -> bool {
+    pub(crate) fn take(&mut self, now: Instant) -> bool {
         let level = self.level(now);
         self.at = now;
         if level >= 1.0 {
@@ -82,21 +82,21 @@ impl TokenBucket {
 
 /// The failure buckets of the sources that sent refused datagrams; see the module doc.
 #[derive(Debug, Default)]
-pub struct FailingSources {
+pub(crate) struct FailingSources {
     buckets: HashMap<SocketAddr, TokenBucket>,
     last_sweep: Option<Instant>,
 }
 
 impl FailingSources {
     /// Whether a datagram from `from` may be checked now: its source has a failure left.
-    pub fn admits(&self, from: SocketAddr, now: Instant) -> bool {
+    pub(crate) fn admits(&self, from: SocketAddr, now: Instant) -> bool {
         self.buckets
             .get(&from)
             .is_none_or(|bucket| bucket.has_token(now))
     }
 
     /// Counts a refused datagram from `from` at `now`.
-    pub fn failed(&mut self, from: SocketAddr, now: Instant) {
+    pub(crate) fn failed(&mut self, from: SocketAddr, now: Instant) {
         if let Some(bucket) = self.buckets.get_mut(&from) {
             bucket.take(now);
             return;
@@ -118,7 +118,7 @@ impl FailingSources {
 
     /// How many sources are remembered.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.buckets.len()
     }
 }

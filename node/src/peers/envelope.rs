@@ -38,20 +38,20 @@ use mesh_cert::{CertIdentity, OriginError, OriginSigner, OriginVerifier};
 use mesh_domain::{NodeId, sync::MutexExt};
 
 /// First bytes of every membership datagram (version 1 of this layout).
-pub const MAGIC: &[u8; 4] = b"AMS1";
+pub(crate) const MAGIC: &[u8; 4] = b"AMS1";
 /// How far a datagram's stamp may be from the receiver's clock. Outside it a datagram is
 /// stale: a replay of an old message, or a sender whose clock is off by more than this.
-pub const REPLAY_WINDOW: Duration = Duration::from_secs(30);
+pub(crate) const REPLAY_WINDOW: Duration = Duration::from_secs(30);
 /// Largest datagram accepted (a certificate of at most 4 KiB plus a foca packet).
-pub const MAX_DATAGRAM: usize = 8 * 1024;
+pub(crate) const MAX_DATAGRAM: usize = 8 * 1024;
 /// Most certificates whose senders' replay marks are remembered; past it the certificate whose
 /// newest stamp is oldest is forgotten first (a sender silent for longer than
 /// [`REPLAY_WINDOW`] needs no mark: its old datagrams are stale).
-pub const MAX_SENDERS: usize = 4096;
+pub(crate) const MAX_SENDERS: usize = 4096;
 /// Most runs remembered per certificate; past it the run whose stamp is oldest is forgotten.
 /// A node draws a new run at every start, so one certificate holds several runs only across
 /// restarts; and a holder of one certificate who makes up runs churns only its own marks.
-pub const RUNS_PER_SENDER: usize = 4;
+pub(crate) const RUNS_PER_SENDER: usize = 4;
 
 /// Why a datagram was refused; [`Refusal::reason`] is its metric label.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

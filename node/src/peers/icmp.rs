@@ -16,7 +16,7 @@ use tokio::net::UdpSocket;
 
 /// Asks the kernel to queue ICMP errors about datagrams `socket` sent.
 #[cfg(target_os = "linux")]
-pub fn enable(socket: &UdpSocket) -> io::Result<()> {
+pub(crate) fn enable(socket: &UdpSocket) -> io::Result<()> {
     use nix::sys::socket::{setsockopt, sockopt};
 
     match socket.local_addr()? {
@@ -36,7 +36,7 @@ pub fn enable(_socket: &UdpSocket) -> io::Result<()> {
 /// for a datagram sent to `addr`, `None` for any other error (a local one such as a datagram
 /// too large, or another ICMP type), `WouldBlock` when the queue is empty.
 #[cfg(target_os = "linux")]
-pub fn take_unreachable(socket: &UdpSocket) -> io::Result<Option<SocketAddr>> {
+pub(crate) fn take_unreachable(socket: &UdpSocket) -> io::Result<Option<SocketAddr>> {
     use std::os::fd::AsRawFd;
 
     use nix::{

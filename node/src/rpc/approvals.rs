@@ -15,7 +15,7 @@ const DEFAULT_LIST: usize = 100;
 
 /// The Approvals service.
 #[derive(Debug, Clone)]
-pub struct ApprovalsService {
+pub(crate) struct ApprovalsService {
     approvals: Approvals,
     /// Whether callers present certificates (false in insecure mode).
     tls: bool,
@@ -23,12 +23,12 @@ pub struct ApprovalsService {
 
 impl ApprovalsService {
     /// Serves `approvals`.
-    pub fn new(approvals: Approvals, tls: bool) -> Self {
+    pub(crate) fn new(approvals: Approvals, tls: bool) -> Self {
         Self { approvals, tls }
     }
 
     /// The tonic server, with message size limits.
-    pub fn into_server(self) -> pb::approvals_server::ApprovalsServer<Self> {
+    pub(crate) fn into_server(self) -> pb::approvals_server::ApprovalsServer<Self> {
         pb::approvals_server::ApprovalsServer::new(self)
             .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)

@@ -22,7 +22,7 @@ const LIST_BYTES: usize = 2 << 20;
 
 /// The Cron service.
 #[derive(Debug, Clone)]
-pub struct CronService {
+pub(crate) struct CronService {
     scheduler: Arc<Scheduler>,
     /// Checks that a schedule's creator may run its task's tier here.
     admission: Arc<Admission>,
@@ -32,7 +32,7 @@ pub struct CronService {
 
 impl CronService {
     /// Wraps the node's scheduler; `admission` checks creators.
-    pub fn new(scheduler: Arc<Scheduler>, admission: Arc<Admission>, tls: bool) -> Self {
+    pub(crate) fn new(scheduler: Arc<Scheduler>, admission: Arc<Admission>, tls: bool) -> Self {
         Self {
             scheduler,
             admission,
@@ -60,7 +60,7 @@ impl CronService {
     }
 
     /// The tonic server, with message size limits.
-    pub fn into_server(self) -> pb::cron_server::CronServer<Self> {
+    pub(crate) fn into_server(self) -> pb::cron_server::CronServer<Self> {
         pb::cron_server::CronServer::new(self)
             .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)

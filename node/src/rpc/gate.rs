@@ -76,7 +76,7 @@ impl Refusal {
 
 /// Wraps every service of the server in a [`CertificateGate`].
 #[derive(Debug, Clone)]
-pub struct CertificateGateLayer {
+pub(crate) struct CertificateGateLayer {
     /// Whether the server speaks TLS (there are no certificates otherwise).
     tls: bool,
     /// The certificates the mesh CA revoked.
@@ -85,7 +85,7 @@ pub struct CertificateGateLayer {
 
 impl CertificateGateLayer {
     /// A gate for a server with (`tls`) or without TLS, refusing the certificates in `revoked`.
-    pub fn new(tls: bool, revoked: RevokedSet) -> Self {
+    pub(crate) fn new(tls: bool, revoked: RevokedSet) -> Self {
         Self { tls, revoked }
     }
 }
@@ -105,7 +105,7 @@ impl<S> tower::Layer<S> for CertificateGateLayer {
 /// Refuses a request without a client certificate unless it is for `Join`, and every request
 /// with a revoked or expired one.
 #[derive(Debug, Clone)]
-pub struct CertificateGate<S> {
+pub(crate) struct CertificateGate<S> {
     inner: S,
     tls: bool,
     revoked: RevokedSet,

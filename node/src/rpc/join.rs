@@ -16,18 +16,18 @@ const MAX_JOIN_MESSAGE_BYTES: usize = 16 * 1024;
 
 /// The `agentmesh.v1.Join` service.
 #[derive(Debug, Clone)]
-pub struct JoinService {
+pub(crate) struct JoinService {
     issuer: Arc<Issuer>,
 }
 
 impl JoinService {
     /// Serves `issuer`.
-    pub fn new(issuer: Arc<Issuer>) -> Self {
+    pub(crate) fn new(issuer: Arc<Issuer>) -> Self {
         Self { issuer }
     }
 
     /// The tonic server for this service, with message size limits.
-    pub fn into_server(self) -> pb::join_server::JoinServer<Self> {
+    pub(crate) fn into_server(self) -> pb::join_server::JoinServer<Self> {
         pb::join_server::JoinServer::new(self)
             .max_decoding_message_size(MAX_JOIN_MESSAGE_BYTES)
             .max_encoding_message_size(64 * 1024)

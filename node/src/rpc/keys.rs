@@ -17,7 +17,7 @@ use crate::{
 
 /// The Keys service.
 #[derive(Debug, Clone)]
-pub struct KeysService {
+pub(crate) struct KeysService {
     keys: Arc<Keys>,
     /// Decides who is an operator.
     admission: Arc<Admission>,
@@ -27,7 +27,7 @@ pub struct KeysService {
 
 impl KeysService {
     /// Wraps the node's keys; `admission` decides who is an operator.
-    pub fn new(keys: Arc<Keys>, admission: Arc<Admission>, tls: bool) -> Self {
+    pub(crate) fn new(keys: Arc<Keys>, admission: Arc<Admission>, tls: bool) -> Self {
         Self {
             keys,
             admission,
@@ -36,7 +36,7 @@ impl KeysService {
     }
 
     /// The tonic server, with message size limits.
-    pub fn into_server(self) -> pb::keys_server::KeysServer<Self> {
+    pub(crate) fn into_server(self) -> pb::keys_server::KeysServer<Self> {
         pb::keys_server::KeysServer::new(self)
             .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)

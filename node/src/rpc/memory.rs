@@ -19,7 +19,7 @@ use crate::memory::{
 /// The byte budget of one `List` answer (keys, values and signatures): far below the 16 MiB a
 /// message may have, and what a caller must hold at once. Past it the answer is cut and names
 /// the key to continue after.
-pub const MAX_LIST_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_LIST_BYTES: usize = 4 * 1024 * 1024;
 /// Most records one `Push` may carry.
 const MAX_PUSH: usize = 4096;
 /// Most entries in a per-origin map (`after`, `frontier`, `heads`, `known`).
@@ -29,7 +29,7 @@ const MAX_CERTIFICATES: usize = SYNC_BATCH;
 
 /// The Memory service.
 #[derive(Debug, Clone)]
-pub struct MemoryService {
+pub(crate) struct MemoryService {
     memory: Arc<Memory>,
     /// Whether callers present certificates (false in insecure mode).
     tls: bool,
@@ -37,7 +37,7 @@ pub struct MemoryService {
 
 impl MemoryService {
     /// Wraps the node's memory.
-    pub fn new(memory: Arc<Memory>, tls: bool) -> Self {
+    pub(crate) fn new(memory: Arc<Memory>, tls: bool) -> Self {
         Self { memory, tls }
     }
 
@@ -74,7 +74,7 @@ impl MemoryService {
     }
 
     /// The tonic server, with message size limits (a value may be 1 MiB).
-    pub fn into_server(self) -> pb::memory_server::MemoryServer<Self> {
+    pub(crate) fn into_server(self) -> pb::memory_server::MemoryServer<Self> {
         pb::memory_server::MemoryServer::new(self)
             .max_decoding_message_size(8 * super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(16 * super::MAX_MESSAGE_BYTES)
@@ -345,14 +345,14 @@ fn wire_seqs(map: &BTreeMap<NodeId, u64>) -> HashMap<String, u64> {
 
 /// Replication over gRPC, on the node's shared peer channels.
 #[derive(Debug, Clone)]
-pub struct RemoteMemory {
+pub(crate) struct RemoteMemory {
     channels: super::PeerChannels,
     own: NodeId,
 }
 
 impl RemoteMemory {
     /// Uses `channels` to reach peers, as node `own`.
-    pub fn new(channels: super::PeerChannels, own: NodeId) -> Self {
+    pub(crate) fn new(channels: super::PeerChannels, own: NodeId) -> Self {
         Self { channels, own }
     }
 

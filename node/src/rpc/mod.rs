@@ -6,17 +6,17 @@
 //! bad input becomes `INVALID_ARGUMENT` naming the field. Handlers decide nothing themselves:
 //! they read the capabilities and the peer table, and hand dial-in introductions to membership.
 
-pub mod accept;
-pub mod approvals;
-pub mod cron;
-pub mod gate;
-pub mod join;
-pub mod keys;
-pub mod memory;
-pub mod models;
-pub mod settings;
-pub mod tasks;
-pub mod tools;
+pub(crate) mod accept;
+pub(crate) mod approvals;
+pub(crate) mod cron;
+pub(crate) mod gate;
+pub(crate) mod join;
+pub(crate) mod keys;
+pub(crate) mod memory;
+pub(crate) mod models;
+pub(crate) mod settings;
+pub(crate) mod tasks;
+pub(crate) mod tools;
 
 use std::{
     net::SocketAddr,
@@ -46,12 +46,12 @@ use crate::{
 };
 
 /// Largest message a node accepts (decoded).
-pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 /// Most peers taken from one `ListPeers` answer.
 const MAX_LIST: usize = 256;
 /// Most `WatchPeers` streams open at once on a node: each holds a task and sends the fleet's
 /// view at every change, so a caller may not open them without bound.
-pub const MAX_PEER_WATCHERS: usize = 64;
+pub(crate) const MAX_PEER_WATCHERS: usize = 64;
 /// How often `WatchPeers` sends the view when nothing changed (last-seen times and lag move).
 const PEER_WATCH_REFRESH: Duration = Duration::from_secs(5);
 /// Bounds on the beat interval a watcher may ask for.
@@ -72,7 +72,7 @@ const LEAVING: &str = "node is shutting down";
 
 /// The `agentmesh.v1.Node` service.
 #[derive(Debug, Clone)]
-pub struct NodeService {
+pub(crate) struct NodeService {
     caps: Arc<Capabilities>,
     peers: Arc<PeerTable>,
     /// Dial-in introductions go to membership through the discovery channel.
@@ -89,7 +89,7 @@ pub struct NodeService {
 
 impl NodeService {
     /// Wires the service to the node's parts.
-    pub fn new(
+    pub(crate) fn new(
         caps: Arc<Capabilities>,
         peers: Arc<PeerTable>,
         introductions: mpsc::Sender<DiscoveryEvent>,
@@ -139,13 +139,13 @@ impl NodeService {
     }
 
     /// Reports replication lag from `memory` in `ListPeers`.
-    pub fn with_memory(mut self, memory: Arc<Memory>) -> Self {
+    pub(crate) fn with_memory(mut self, memory: Arc<Memory>) -> Self {
         self.memory = Some(memory);
         self
     }
 
     /// The tonic server for this service, with message size limits.
-    pub fn into_server(self) -> pb::node_server::NodeServer<Self> {
+    pub(crate) fn into_server(self) -> pb::node_server::NodeServer<Self> {
         pb::node_server::NodeServer::new(self)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(4 * MAX_MESSAGE_BYTES)
@@ -381,7 +381,7 @@ pub(crate) fn status_words(status: &Status) -> String {
 }
 
 /// The identity in the client certificate of a request.
-pub fn caller_identity<T>(request: &Request<T>) -> Result<CertIdentity, Status> {
+pub(crate) fn caller_identity<T>(request: &Request<T>) -> Result<CertIdentity, Status> {
     let certs = request.peer_certs().ok_or_else(|| {
         Status::unauthenticated("a client certificate from the mesh CA is required")
     })?;
@@ -418,7 +418,7 @@ fn warn_legacy_once(identity: &CertIdentity) {
 
 /// How long a cached channel to a peer stays unused before it is dropped (its connection
 /// closes once no call holds it): a node keeps connections only to the peers it talks to.
-pub const CHANNEL_IDLE: Duration = Duration::from_secs(60);
+pub(crate) const CHANNEL_IDLE: Duration = Duration::from_secs(60);
 
 /// One kept-open channel per peer address, shared by the delegation, chat and replication
 /// clients, so a forwarded task or a push does not pay a TCP and TLS handshake; with the

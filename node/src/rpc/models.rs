@@ -23,18 +23,18 @@ const EMBED_BATCH_BYTES: usize = super::MAX_MESSAGE_BYTES;
 
 /// The Models service: runs a chat that another node's front door placed here.
 #[derive(Debug, Clone)]
-pub struct ModelsService {
+pub(crate) struct ModelsService {
     chat: Arc<ChatService>,
 }
 
 impl ModelsService {
     /// Serves chats on this node's models.
-    pub fn new(chat: Arc<ChatService>) -> Self {
+    pub(crate) fn new(chat: Arc<ChatService>) -> Self {
         Self { chat }
     }
 
     /// The tonic server, with message size limits.
-    pub fn into_server(self) -> pb::models_server::ModelsServer<Self> {
+    pub(crate) fn into_server(self) -> pb::models_server::ModelsServer<Self> {
         pb::models_server::ModelsServer::new(self)
             .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)
@@ -177,13 +177,13 @@ fn failure(message: impl Into<String>, streamed: bool) -> RemoteChatError {
 /// whatever the peer does, and dropping the call resets the stream, so the peer stops
 /// generating too.
 #[derive(Debug, Clone)]
-pub struct RemoteModels {
+pub(crate) struct RemoteModels {
     channels: super::PeerChannels,
 }
 
 impl RemoteModels {
     /// Reaches peers through `channels`.
-    pub fn new(channels: super::PeerChannels) -> Self {
+    pub(crate) fn new(channels: super::PeerChannels) -> Self {
         Self { channels }
     }
 }

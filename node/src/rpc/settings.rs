@@ -20,7 +20,7 @@ const MAX_KEY_BYTES: usize = 64;
 
 /// The Settings service.
 #[derive(Debug, Clone)]
-pub struct SettingsService {
+pub(crate) struct SettingsService {
     settings: Arc<Settings>,
     /// Decides who is an operator.
     admission: Arc<Admission>,
@@ -30,7 +30,7 @@ pub struct SettingsService {
 
 impl SettingsService {
     /// Serves `settings`; `admission` decides who may change them.
-    pub fn new(settings: Arc<Settings>, admission: Arc<Admission>, tls: bool) -> Self {
+    pub(crate) fn new(settings: Arc<Settings>, admission: Arc<Admission>, tls: bool) -> Self {
         Self {
             settings,
             admission,
@@ -39,7 +39,7 @@ impl SettingsService {
     }
 
     /// The tonic server, with message size limits.
-    pub fn into_server(self) -> pb::settings_server::SettingsServer<Self> {
+    pub(crate) fn into_server(self) -> pb::settings_server::SettingsServer<Self> {
         pb::settings_server::SettingsServer::new(self)
             .max_decoding_message_size(16 * 1024)
             .max_encoding_message_size(super::MAX_MESSAGE_BYTES)

@@ -20,7 +20,7 @@ const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The Tasks service: validates requests and hands tasks to the task manager, which admits
 /// and places them.
 #[derive(Debug, Clone)]
-pub struct TasksService {
+pub(crate) struct TasksService {
     tasks: TaskManager,
     admission: Arc<Admission>,
     /// Whether callers present certificates (false in insecure mode).
@@ -29,7 +29,7 @@ pub struct TasksService {
 
 impl TasksService {
     /// Serves `tasks`; `admission` explains placements.
-    pub fn new(tasks: TaskManager, admission: Arc<Admission>, tls: bool) -> Self {
+    pub(crate) fn new(tasks: TaskManager, admission: Arc<Admission>, tls: bool) -> Self {
         Self {
             tasks,
             admission,
@@ -50,7 +50,7 @@ impl TasksService {
     }
 
     /// The tonic server, with message size limits.
-    pub fn into_server(self) -> pb::tasks_server::TasksServer<Self> {
+    pub(crate) fn into_server(self) -> pb::tasks_server::TasksServer<Self> {
         pb::tasks_server::TasksServer::new(self)
             .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(4 * super::MAX_MESSAGE_BYTES)
@@ -160,7 +160,7 @@ impl pb::tasks_server::Tasks for TasksService {
 }
 
 /// Every task error has one status code.
-pub fn task_error_status(error: &TaskError) -> Status {
+pub(crate) fn task_error_status(error: &TaskError) -> Status {
     let message = error.to_string();
     match error {
         TaskError::Model { .. } => Status::unavailable(message),
@@ -236,13 +236,13 @@ impl From<&TaskRecord> for pb::TaskSummary {
 
 /// Forwards tasks to other nodes' `Tasks.Submit` over mTLS.
 #[derive(Debug, Clone)]
-pub struct RemoteTasks {
+pub(crate) struct RemoteTasks {
     channels: super::PeerChannels,
 }
 
 impl RemoteTasks {
     /// Forwards over the node's kept peer channels.
-    pub fn new(channels: super::PeerChannels) -> Self {
+    pub(crate) fn new(channels: super::PeerChannels) -> Self {
         Self { channels }
     }
 

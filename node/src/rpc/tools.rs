@@ -36,7 +36,7 @@ const UPDATES: usize = 4;
 /// The Tools service: runs this node's MCP tools for callers admission lets run their tier,
 /// after this node's approval gate.
 #[derive(Debug, Clone)]
-pub struct ToolsService {
+pub(crate) struct ToolsService {
     hub: Arc<McpHub>,
     admission: Arc<Admission>,
     /// This node's approval gate, which its own tools pass whoever calls them.
@@ -58,7 +58,7 @@ struct Admitted {
 
 impl ToolsService {
     /// Serves the tools of `hub`, admitted by `admission` and gated by `approvals`.
-    pub fn new(
+    pub(crate) fn new(
         hub: Arc<McpHub>,
         admission: Arc<Admission>,
         approvals: Approvals,
@@ -143,7 +143,7 @@ impl ToolsService {
     }
 
     /// The tonic server, with message size limits.
-    pub fn into_server(self) -> pb::tools_server::ToolsServer<Self> {
+    pub(crate) fn into_server(self) -> pb::tools_server::ToolsServer<Self> {
         pb::tools_server::ToolsServer::new(self)
             .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(super::MAX_MESSAGE_BYTES)

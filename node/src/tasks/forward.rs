@@ -19,12 +19,12 @@ use tokio_util::sync::CancellationToken;
 use crate::{agent::EventSink, router::Destination, task_handle::TaskOutcome};
 
 /// Re-routes after the first node at most this many times.
-pub const MAX_FAILOVERS: u32 = 2;
+pub(crate) const MAX_FAILOVERS: u32 = 2;
 /// Most events the nodes running a task may have this node record for it (every attempt
 /// together; its outcome aside): a node at the other end cannot fill this node's disk.
-pub const MAX_RELAYED_EVENTS: usize = 10_000;
+pub(crate) const MAX_RELAYED_EVENTS: usize = 10_000;
 /// Most bytes (as stored, JSON) of those events.
-pub const MAX_RELAYED_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_RELAYED_BYTES: usize = 16 * 1024 * 1024;
 
 /// What has been recorded of a task's relayed events, against the caps.
 #[derive(Debug, Default)]

@@ -50,11 +50,11 @@ use crate::{
 };
 
 /// Most tasks `List` returns.
-pub const MAX_LIST: usize = 1000;
+pub(crate) const MAX_LIST: usize = 1000;
 
 /// Records and broadcasts one task's events.
 #[derive(Debug)]
-pub struct Emitter {
+pub(crate) struct Emitter {
     task: Arc<LiveTask>,
     history: History,
 }

@@ -10,13 +10,13 @@
 //! This module runs tasks but decides nothing about how (that is `agent`) or where (that is
 //! `admission`).
 
-pub mod forward;
-pub mod history;
-pub mod manager;
+pub(crate) mod forward;
+pub(crate) mod history;
+pub(crate) mod manager;
 
-pub use self::{
+pub(crate) use self::{
     forward::{ForwardError, Forwarder},
     history::TaskRecord,
     manager::{TaskManager, TaskParts},
 };
-pub use crate::task_handle::{LookupError, SubmitError, TaskOutcome};
+pub(crate) use crate::task_handle::{LookupError, SubmitError, TaskOutcome};

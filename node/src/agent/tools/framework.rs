@@ -12,7 +12,7 @@
 
 use std::{future::Future, path::Path};
 
-pub use mesh_domain::chat::MAX_TOOL_OUTPUT;
+pub(super) use mesh_domain::chat::MAX_TOOL_OUTPUT;
 pub(crate) use mesh_domain::chat::cap_tool_output as cap;
 
 use mesh_domain::{BoxFuture, EventKind, TaskError, TaskSpec, Tier, ToolSpec};

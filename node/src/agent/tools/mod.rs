@@ -26,10 +26,11 @@ use mesh_domain::{Tier, ToolSpec};
 use serde_json::Value;
 
 pub(crate) use self::data::DataTools;
-pub use self::{
+pub use self::mcp::{RemoteCall, RemoteTools};
+pub(crate) use self::{
     delegate::SubtaskRunner,
-    framework::{DynTool, SubtaskError, Tool, ToolContext},
-    mcp::{RemoteCall, RemoteToolError, RemoteTools},
+    framework::{DynTool, SubtaskError, ToolContext},
+    mcp::RemoteToolError,
 };
 use self::{
     delegate::{Delegate, RunnerSlot},

@@ -17,7 +17,7 @@ use crate::config::{
 };
 
 /// Most `[[mcp]]` entries a node takes.
-pub const MAX_MCP_SERVERS: usize = 16;
+pub(super) const MAX_MCP_SERVERS: usize = 16;
 /// Default `[[mcp]] timeout_s`.
 const DEFAULT_TIMEOUT_S: u64 = 60;
 /// Largest `[[mcp]] timeout_s`.

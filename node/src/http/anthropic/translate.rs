@@ -22,7 +22,7 @@ use crate::{
 
 /// A `POST /v1/messages` body as the front door reads it, before it is placed.
 #[derive(Debug)]
-pub struct MessagesRequest {
+pub(super) struct MessagesRequest {
     /// The call to place and run.
     pub call: Call,
     /// Whether the answer is streamed (server-sent events).
@@ -100,7 +100,7 @@ pub(super) fn read_conversation(top: &Obj<'_>) -> Result<Conversation, ApiError>
 /// Reads a Messages request body: JSON in Anthropic's shape, messages, tools and settings
 /// checked (a 400 naming the field by its path otherwise); fields the mesh does not know are
 /// noted in `unknown`, which ignores or refuses them.
-pub fn read_messages(body: &[u8], unknown: Unknown) -> Result<MessagesRequest, ApiError> {
+pub(super) fn read_messages(body: &[u8], unknown: Unknown) -> Result<MessagesRequest, ApiError> {
     let value = body_json(body)?;
     let unknown = RefCell::new(unknown);
     let top = Obj::at(String::new(), &value, &unknown)?;
@@ -455,7 +455,7 @@ pub(super) fn read_output_config(config: &Obj<'_>) -> Result<Option<ResponseForm
 
 /// Refuses an `anthropic-version` header that is not a date (`2023-06-01`); a missing one is
 /// accepted (the API is the same for every version the clients send).
-pub fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn check_version(headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(value) = headers.get(VERSION_HEADER) else {
         return Ok(());
     };
@@ -586,7 +586,7 @@ pub(super) fn countable_text(conversation: &Conversation) -> String {
 
 /// Anthropic's `GET /v1/models` answer (asked for with an `anthropic-version` header): every
 /// model id of the fleet, as [`FrontDoor::fleet_models`] lists them.
-pub fn models_list(models: &BTreeMap<String, String>) -> Value {
+pub(super) fn models_list(models: &BTreeMap<String, String>) -> Value {
     let data: Vec<Value> = models
         .keys()
         .map(|id| {

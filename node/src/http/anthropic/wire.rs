@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use crate::http::{clients::Unknown, error::ApiError};
 
 /// The header naming the API version a client speaks.
-pub const VERSION_HEADER: &str = "anthropic-version";
+pub(crate) const VERSION_HEADER: &str = "anthropic-version";
 
 /// Request fields read (and so honoured or refused by value). `temperature`, `top_p` and
 /// `top_k` are gone from the newest API but older clients (and Claude Code) still send them.

@@ -113,7 +113,7 @@ async fn answer(
 }
 
 /// `POST /api/chat`.
-pub async fn chat(
+pub(super) async fn chat(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
     body: axum::body::Bytes,
@@ -122,7 +122,7 @@ pub async fn chat(
 }
 
 /// `POST /api/generate`.
-pub async fn generate(
+pub(super) async fn generate(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
     body: axum::body::Bytes,
@@ -168,7 +168,7 @@ async fn embed_texts(
 }
 
 /// `POST /api/embed`: `{"model", "embeddings": [[…]], …}`, one vector per input.
-pub async fn embed(
+pub(super) async fn embed(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
     body: axum::body::Bytes,
@@ -183,7 +183,7 @@ pub async fn embed(
 }
 
 /// `POST /api/embeddings` (Ollama's older endpoint): one `prompt`, `{"embedding": […]}`.
-pub async fn embeddings(
+pub(super) async fn embeddings(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
     body: axum::body::Bytes,
@@ -206,19 +206,19 @@ pub async fn embeddings(
 }
 
 /// `GET /api/version`.
-pub async fn version() -> Json<Value> {
+pub(super) async fn version() -> Json<Value> {
     Json(json!({"version": VERSION}))
 }
 
 /// `GET /api/tags`: every model of the fleet (models and `role:<name>` aliases).
-pub async fn tags(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
+pub(super) async fn tags(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
     let models: Vec<Value> = door.fleet_models().keys().map(|m| model_entry(m)).collect();
     Json(json!({"models": models}))
 }
 
 /// `GET /api/ps`: the models running, which in the mesh are all of them (a node loads its
 /// models when it starts and keeps them).
-pub async fn ps(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
+pub(super) async fn ps(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
     let models: Vec<Value> = door
         .fleet_models()
         .keys()
@@ -234,7 +234,7 @@ pub async fn ps(State(door): State<Arc<FrontDoor>>) -> Json<Value> {
 
 /// `POST /api/show`: what Ollama says of a model, as far as the mesh knows it; clients read
 /// `capabilities` to offer tools (and embeddings).
-pub async fn show(
+pub(super) async fn show(
     State(door): State<Arc<FrontDoor>>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {

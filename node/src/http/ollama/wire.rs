@@ -10,7 +10,7 @@ use crate::http::error::ApiError;
 /// The Ollama release `GET /api/version` reports. Clients gate features on it (structured
 /// output needs 0.5.0; Raycast asks for 0.6.4, Continue for 0.6.5), and this is the release
 /// whose API the dialect follows, so it clears those checks without claiming newer features.
-pub const VERSION: &str = "0.12.0";
+pub(super) const VERSION: &str = "0.12.0";
 
 /// Content type of a streamed answer.
 pub(super) const NDJSON: &str = "application/x-ndjson";

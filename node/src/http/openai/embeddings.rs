@@ -269,7 +269,7 @@ fn answer(response: &EmbedResponse, encoding: Encoding) -> Value {
 }
 
 /// `POST /v1/embeddings`.
-pub async fn embeddings(
+pub(crate) async fn embeddings(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
     headers: HeaderMap,

@@ -34,7 +34,7 @@ use axum::{
 use mesh_domain::Usage;
 use serde_json::{Value, json};
 
-pub use self::translate::{ChatCompletion, read_chat_completion};
+pub(super) use self::translate::{ChatCompletion, read_chat_completion};
 pub(super) use self::{
     embeddings::embeddings,
     responses::{create, retrieve},

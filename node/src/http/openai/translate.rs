@@ -17,7 +17,7 @@ use crate::{
 /// Refuses a field OpenAI defines that the mesh does not offer, naming it; notes a field the
 /// mesh does not know in `unknown`, which ignores it or refuses it as OpenAI refuses an
 /// unrecognized argument. Shared by every OpenAI endpoint.
-pub fn check_fields(
+pub(super) fn check_fields(
     object: &Map<String, Value>,
     fields: Fields,
     unknown: &mut Unknown,
@@ -97,7 +97,7 @@ pub(super) fn sampling_of(request: &OpenAiRequest) -> Result<Sampling, ApiError>
 }
 
 /// Text of a message's `content`: a string, or the text parts of a list.
-pub fn content_text(content: Option<Value>) -> String {
+pub(super) fn content_text(content: Option<Value>) -> String {
     match content {
         Some(Value::String(s)) => s,
         Some(Value::Array(parts)) => parts
@@ -111,7 +111,7 @@ pub fn content_text(content: Option<Value>) -> String {
 
 /// OpenAI's `tool_choice`: `"none"`, `"auto"`, `"required"` or
 /// `{"type": "function", "function": {"name": …}}`.
-pub fn tool_choice_of(value: &Value) -> Result<ToolChoice, ApiError> {
+pub(super) fn tool_choice_of(value: &Value) -> Result<ToolChoice, ApiError> {
     match value {
         Value::String(s) => match s.as_str() {
             "none" => Ok(ToolChoice::None),
@@ -143,7 +143,7 @@ pub fn tool_choice_of(value: &Value) -> Result<ToolChoice, ApiError> {
 
 /// OpenAI's `response_format`: `{"type": "text" | "json_object"}` or
 /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
-pub fn response_format_of(value: &Value) -> Result<ResponseFormat, ApiError> {
+pub(super) fn response_format_of(value: &Value) -> Result<ResponseFormat, ApiError> {
     let field = "response_format";
     match value.get("type").and_then(Value::as_str) {
         Some("text") => Ok(ResponseFormat::Text),
@@ -243,7 +243,7 @@ pub(super) fn to_call(request: OpenAiRequest) -> Result<(Call, bool), ApiError> 
 
 /// A `POST /v1/chat/completions` body as the front door reads it, before it is placed.
 #[derive(Debug)]
-pub struct ChatCompletion {
+pub(crate) struct ChatCompletion {
     /// The call to place and run.
     pub call: Call,
     /// Whether the answer is streamed (server-sent events).
@@ -256,7 +256,7 @@ pub struct ChatCompletion {
 /// checked (a 400 naming the field otherwise); a top-level field the mesh does not know is
 /// noted in `unknown` (nested ones are not read at all). Public for the fuzz target
 /// `front_door`; the handler is its only other caller.
-pub fn read_chat_completion(
+pub(crate) fn read_chat_completion(
     body: &[u8],
     unknown: &mut Unknown,
 ) -> Result<ChatCompletion, ApiError> {
@@ -278,7 +278,7 @@ pub fn read_chat_completion(
 }
 
 /// OpenAI's `tool_calls` of an answer.
-pub fn tool_calls_json(calls: &[ToolCall]) -> Vec<Value> {
+pub(super) fn tool_calls_json(calls: &[ToolCall]) -> Vec<Value> {
     calls
         .iter()
         .enumerate()

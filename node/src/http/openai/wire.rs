@@ -149,7 +149,7 @@ pub(super) struct OpenAiFunction {
 
 /// The fields an OpenAI endpoint's request may carry, as the mesh treats them.
 #[derive(Debug, Clone, Copy)]
-pub struct Fields {
+pub(super) struct Fields {
     /// Read (and so honoured, or refused by value).
     pub read: &'static [&'static str],
     /// Defined by OpenAI, not changing the answer: accepted and not used.

@@ -55,7 +55,7 @@ mod generate;
 mod llama;
 // The pure parts (options, the chat template and tool-call grammar, the text stream) build and
 // are unit-tested without the engine too; only the engine uses them.
-#[cfg_attr(not(feature = "embedded"), allow(dead_code))]
+#[cfg_attr(not(feature = "embedded"), allow(dead_code, unreachable_pub))]
 mod options;
 #[cfg_attr(not(feature = "embedded"), allow(dead_code))]
 mod prompt;

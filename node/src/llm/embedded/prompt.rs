@@ -9,7 +9,7 @@ use super::stream::STOP_STRINGS;
 use crate::llm::model::ModelError;
 
 /// The JSON schema `format` asks the answer to match; `None` for free text.
-pub fn answer_schema(format: Option<&ResponseFormat>) -> Option<Value> {
+pub(super) fn answer_schema(format: Option<&ResponseFormat>) -> Option<Value> {
     match format? {
         ResponseFormat::Text => None,
         ResponseFormat::JsonObject => Some(json!({"type": "object"})),
@@ -20,7 +20,7 @@ pub fn answer_schema(format: Option<&ResponseFormat>) -> Option<Value> {
 /// A tool call the request's `tool_choice` demands: the prompt that describes the tools to the
 /// model, and the schema its answer must match.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DemandedCall {
+pub(super) struct DemandedCall {
     /// The conversation with the tools described in its system turn.
     pub messages: Vec<Message>,
     /// `{"name": <tool>, "arguments": <its parameters>}`, one branch per tool it may call.
@@ -30,7 +30,7 @@ pub struct DemandedCall {
 /// The call `request.tool_choice` demands, if it demands one (`required` or a named function);
 /// `None` when the model answers in text (`auto`, `none`, unset). A demand that names no
 /// offered tool is a 400 naming `tool_choice`.
-pub fn demanded_call(
+pub(super) fn demanded_call(
     model: &str,
     request: &ChatRequest,
 ) -> Result<Option<DemandedCall>, ModelError> {
@@ -113,7 +113,7 @@ fn describe_tools(messages: &[Message], tools: &[&ToolSpec]) -> Vec<Message> {
 /// The tool call in `answer`, the text a [`DemandedCall`]'s grammar held the model to. Text that
 /// does not parse was cut off before the grammar finished (by `max_tokens`, a stop string or
 /// the context window).
-pub fn read_call(model: &str, answer: &str, tokens: u64) -> Result<ToolCall, ModelError> {
+pub(super) fn read_call(model: &str, answer: &str, tokens: u64) -> Result<ToolCall, ModelError> {
     let cut = || {
         ModelError::Protocol(format!(
             "embedded model `{model}` was cut off after {tokens} tokens while writing the tool call tool_choice demanded (max_tokens, a stop string or the context window); raise max_tokens"
@@ -134,7 +134,7 @@ pub fn read_call(model: &str, answer: &str, tokens: u64) -> Result<ToolCall, Mod
 /// insert "You are a helpful AI assistant named SmolLM…", which makes the model talk about
 /// itself instead of answering. Tool calls and tool results, which these models do not produce,
 /// are rendered as text so a conversation started on another model still reads sensibly.
-pub fn render_chatml(messages: &[Message]) -> String {
+pub(super) fn render_chatml(messages: &[Message]) -> String {
     let mut prompt = String::new();
     for message in messages {
         let role = match message.role {

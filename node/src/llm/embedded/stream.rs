@@ -4,11 +4,11 @@
 
 /// Text that ends a turn even when the model writes it as plain text rather than as its special
 /// token: the ChatML turn markers and the end-of-text marker.
-pub const STOP_STRINGS: &[&str] = &["<|im_end|>", "<|im_start|>", "<|endoftext|>"];
+pub(super) const STOP_STRINGS: &[&str] = &["<|im_end|>", "<|im_start|>", "<|endoftext|>"];
 
 /// What [`TextStream::push`] produced.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct StreamStep {
+pub(super) struct StreamStep {
     /// Text that is final and may be sent as a delta (possibly empty).
     pub text: String,
     /// A stop string was reached: generation is over, the stop string is not part of the text.
@@ -19,7 +19,7 @@ pub struct StreamStep {
 /// character may span tokens) and anything that could be the start of a stop string, and cuts
 /// the answer at the first stop string.
 #[derive(Debug, Default)]
-pub struct TextStream {
+pub(super) struct TextStream {
     /// Bytes not yet sent: an incomplete character or a possible stop-string prefix.
     pending: Vec<u8>,
     /// Set once a stop string was seen; later input is ignored.
@@ -30,7 +30,7 @@ pub struct TextStream {
 
 impl TextStream {
     /// A stream that also stops at the caller's `stops` (empty ones are ignored).
-    pub fn with_stops(stops: &[String]) -> Self {
+    pub(super) fn with_stops(stops: &[String]) -> Self {
         Self {
             extra: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             ..Self::default()
@@ -45,7 +45,7 @@ impl TextStream {
     }
 
     /// Adds the bytes of one token.
-    pub fn push(&mut self, bytes: &[u8]) -> StreamStep {
+    pub(super) fn push(&mut self, bytes: &[u8]) -> StreamStep {
         if self.stopped {
             return StreamStep {
                 text: String::new(),
@@ -82,7 +82,7 @@ impl TextStream {
     }
 
     /// Ends the stream: whatever was held back is final (an incomplete character becomes U+FFFD).
-    pub fn finish(&mut self) -> String {
+    pub(super) fn finish(&mut self) -> String {
         if self.stopped {
             return String::new();
         }

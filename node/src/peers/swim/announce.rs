@@ -23,10 +23,10 @@ use crate::{
 
 /// The same address is announced to at most this often (static peers are offered every
 /// second; an advert may repeat).
-pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
+pub(super) const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
 /// An mDNS advert's announce that brings no member of the advertised id within this long has
 /// failed (it counts against the address, as a refused dial did).
-pub const ADVERT_ANSWER_WITHIN: Duration = Duration::from_secs(3);
+pub(super) const ADVERT_ANSWER_WITHIN: Duration = Duration::from_secs(3);
 /// Most addresses whose last announce is remembered.
 pub(super) const MAX_ANNOUNCED: usize = 1024;
 /// Most members announced to after one list (a member's list is not trusted to be short).

@@ -59,7 +59,7 @@ impl DropCounters {
 
 /// Asks for a receive buffer of [`RECEIVE_BUFFER`] on the membership socket (the kernel caps
 /// it at `net.core.rmem_max`).
-pub fn enlarge_receive_buffer(socket: &UdpSocket) -> std::io::Result<()> {
+pub(crate) fn enlarge_receive_buffer(socket: &UdpSocket) -> std::io::Result<()> {
     nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::RcvBuf, &RECEIVE_BUFFER)
         .map_err(std::io::Error::from)
 }

@@ -12,22 +12,22 @@ use mesh_domain::NodeId;
 
 /// The fleet size foca's settings are derived from (how often an update is retransmitted,
 /// how long a suspect has to refute): memberlist's LAN defaults for up to ~50 nodes.
-pub const CLUSTER_SIZE: u32 = 50;
+pub(super) const CLUSTER_SIZE: u32 = 50;
 
 /// How long a suspect has to refute before it is declared down. memberlist's LAN rule would
 /// give ~7 s at 50 nodes; the mesh wants a dead node down everywhere within ~3 s, and a live
 /// node refutes within one round trip of hearing the suspicion.
-pub const SUSPECT_TO_DOWN: Duration = Duration::from_secs(2);
+pub(super) const SUSPECT_TO_DOWN: Duration = Duration::from_secs(2);
 
 /// How often a node probes one member, and how long it waits for the direct answer before
 /// asking others to probe too (the rest of the period). memberlist's LAN values are 1 s and
 /// 500 ms; halved, a dead node is suspected about a second sooner, for one more probe a second
 /// per node (a few hundred µs of CPU).
-pub const PROBE_PERIOD: Duration = Duration::from_millis(500);
+pub(super) const PROBE_PERIOD: Duration = Duration::from_millis(500);
 /// See [`PROBE_PERIOD`].
-pub const PROBE_RTT: Duration = Duration::from_millis(250);
+pub(super) const PROBE_RTT: Duration = Duration::from_millis(250);
 /// How many times each membership update is sent (see [`lan_config`]).
-pub const MAX_TRANSMISSIONS: u8 = 12;
+pub(super) const MAX_TRANSMISSIONS: u8 = 12;
 
 /// memberlist's LAN settings for [`CLUSTER_SIZE`] nodes, probing twice as often
 /// ([`PROBE_PERIOD`]) with a shorter suspicion ([`SUSPECT_TO_DOWN`]).

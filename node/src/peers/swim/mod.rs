@@ -40,6 +40,7 @@ mod member;
 mod run;
 mod versions;
 
-pub use inbox::{STRANGER_CHECKS_PER_SECOND, enlarge_receive_buffer};
+pub use inbox::STRANGER_CHECKS_PER_SECOND;
+pub(crate) use inbox::enlarge_receive_buffer;
 pub use member::{Member, lan_config};
 pub use run::{Membership, MembershipParts};

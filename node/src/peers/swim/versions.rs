@@ -16,12 +16,12 @@ use super::member::Member;
 use crate::peers::LinkError;
 
 /// A node raises its `NodeInfo` version at most this often, however often its load changes.
-pub const VERSION_EVERY: Duration = Duration::from_secs(2);
+pub(super) const VERSION_EVERY: Duration = Duration::from_secs(2);
 
 /// A gossiped `NodeInfo` version: run `bump` of node `id` is at `version`. A restarted node
 /// counts again from 1 under a higher bump, so versions compare as `(bump, version)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InfoVersion {
+pub(super) struct InfoVersion {
     pub(super) id: NodeId,
     pub(super) bump: u64,
     pub(super) version: u64,
@@ -66,7 +66,7 @@ impl InfoVersion {
 /// A gossiped version item that does not decode.
 #[derive(Debug, thiserror::Error)]
 #[error("bad NodeInfo version item: {0}")]
-pub struct BadVersion(&'static str);
+pub(super) struct BadVersion(&'static str);
 
 /// The newest `NodeInfo` version heard of per node; ids whose version rose since the loop last
 /// looked wait in `raised`.
@@ -79,7 +79,7 @@ pub(super) struct VersionBook {
 /// foca's handler of gossiped versions; it shares its book with the loop (foca owns the
 /// handler and lends it to no one).
 #[derive(Debug, Default, Clone)]
-pub struct Versions {
+pub(super) struct Versions {
     pub(super) book: Arc<Mutex<VersionBook>>,
 }
 

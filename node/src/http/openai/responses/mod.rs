@@ -53,7 +53,7 @@ use crate::{
 };
 
 /// `POST /v1/responses`.
-pub async fn create(
+pub(crate) async fn create(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
     headers: HeaderMap,
@@ -125,7 +125,7 @@ pub async fn create(
 }
 
 /// `GET /v1/responses/{id}`: a stored response, for the key that created it.
-pub async fn retrieve(
+pub(crate) async fn retrieve(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
     Path(id): Path<String>,

@@ -31,7 +31,7 @@ use crate::{
 /// A `POST /v1/responses` body as the front door reads it, before the stored conversation it
 /// continues is looked up.
 #[derive(Debug)]
-pub struct ResponsesCall {
+pub(super) struct ResponsesCall {
     /// The model asked for.
     pub model: String,
     /// The system message from `instructions` (not carried to a continuation, as OpenAI does).
@@ -422,7 +422,10 @@ pub(super) fn format_of(text: &Map<String, Value>) -> Result<Option<ResponseForm
 /// Reads a Responses request body: JSON in OpenAI's shape, items, tools and settings checked (a
 /// 400 naming the field otherwise); a top-level field the mesh does not know is noted in
 /// `unknown`.
-pub fn read_responses_call(body: &[u8], unknown: &mut Unknown) -> Result<ResponsesCall, ApiError> {
+pub(super) fn read_responses_call(
+    body: &[u8],
+    unknown: &mut Unknown,
+) -> Result<ResponsesCall, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("request body: {e}")))?;
     let Value::Object(object) = &value else {

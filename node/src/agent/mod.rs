@@ -499,7 +499,7 @@ impl AgentRuntime {
         };
         let (ok, ran, output) = match (run, tool, parsed.as_ref()) {
             (Ok(()), Some(tool), Some(args)) => {
-                match relaying(tool.call(args, ctx), relayed, events).await {
+                match relaying(tool.call(args, ctx), relayed, |kind| events.emit(kind)).await {
                     Ok(output) => (true, true, output),
                     Err(error) => (false, true, format!("error: {error}")),
                 }
@@ -537,22 +537,22 @@ impl AgentRuntime {
 /// waits (a tool reports a couple per call).
 const RELAYED_EVENTS: usize = 16;
 
-/// Awaits `call` (a tool running), emitting what it reports on `relayed` meanwhile as the
-/// task's events, and what is left once it ends.
-async fn relaying<T>(
+/// Awaits `call`, handing what it sends on `relayed` meanwhile to `each` (a tool's reported
+/// events, a model's text deltas), and what is left once it ends.
+async fn relaying<T, I>(
     call: impl std::future::Future<Output = T>,
-    relayed: &mut mpsc::Receiver<EventKind>,
-    events: &dyn EventSink,
+    relayed: &mut mpsc::Receiver<I>,
+    mut each: impl FnMut(I),
 ) -> T {
     tokio::pin!(call);
     let result = loop {
         tokio::select! {
             result = &mut call => break result,
-            Some(kind) = relayed.recv() => events.emit(kind),
+            Some(item) = relayed.recv() => each(item),
         }
     };
-    while let Ok(kind) = relayed.try_recv() {
-        events.emit(kind);
+    while let Ok(item) = relayed.try_recv() {
+        each(item);
     }
     result
 }
@@ -635,16 +635,7 @@ async fn call_chain(
     let (deltas, mut text) = delta_channel();
     let mut observer = ChainEvents { events, round };
     let call = fall_through(chain, request, &deltas, &mut observer);
-    tokio::pin!(call);
-    let answered = loop {
-        tokio::select! {
-            answered = &mut call => break answered,
-            Some(text) = text.recv() => charge.delta(text),
-        }
-    };
-    while let Ok(text) = text.try_recv() {
-        charge.delta(text);
-    }
+    let answered = relaying(call, &mut text, |text| charge.delta(text)).await;
     if let Ok(response) = &answered {
         charge.settle(response.usage_or_estimate(request));
     }

@@ -158,7 +158,9 @@ mod tests {
         record::Entry,
         store::MemoryOptions,
         sync::{SyncRequest, answer_sync, sync_from},
-        test_support::{InProcess, certificate, id, open_memory, record, signed, tombstone_of},
+        test_support::{
+            InProcess, age_contact, certificate, id, open_memory, record, signed, tombstone_of,
+        },
     };
 
     #[tokio::test]
@@ -349,15 +351,7 @@ mod tests {
         // Later pushes do not move it: only a completed sync does.
         memory.start_contact_clock().expect("again");
         assert_eq!(memory.meta_u64(CONTACT_KEY), Some(started));
-        let long_ago = now_ms() - 2 * 3600 * 1000;
-        memory
-            .store
-            .commit(vec![Write::Put(
-                META.into(),
-                CONTACT_KEY.to_vec(),
-                long_ago.to_be_bytes().to_vec(),
-            )])
-            .expect("age");
+        age_contact(&memory);
         assert!(memory.stale(), "away longer than the window: resync first");
     }
 }

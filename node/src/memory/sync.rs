@@ -646,7 +646,8 @@ mod tests {
         record::Record,
         store::{META, MemoryOptions},
         test_support::{
-            CannedPeer, InProcess, certificate, id, open_memory, record, signed, tombstone_of,
+            CannedPeer, InProcess, age_contact, certificate, id, open_memory, record, signed,
+            tombstone_of,
         },
     };
 
@@ -945,15 +946,7 @@ mod tests {
             ..MemoryOptions::default()
         };
         let (_dir, memory) = open_memory(&id("stale"), options);
-        let long_ago = now_ms() - 2 * 3600 * 1000;
-        memory
-            .store
-            .commit(vec![Write::Put(
-                META.into(),
-                CONTACT_KEY.to_vec(),
-                long_ago.to_be_bytes().to_vec(),
-            )])
-            .expect("age contact");
+        age_contact(&memory);
         assert!(memory.stale());
         let fake = Arc::new(Fake {
             answer: Answer::Fail,
@@ -975,15 +968,7 @@ mod tests {
             ..MemoryOptions::default()
         };
         let (_dir, memory) = open_memory(&id("stale"), options);
-        let long_ago = now_ms() - 2 * 3600 * 1000;
-        memory
-            .store
-            .commit(vec![Write::Put(
-                META.into(),
-                CONTACT_KEY.to_vec(),
-                long_ago.to_be_bytes().to_vec(),
-            )])
-            .expect("age contact");
+        age_contact(&memory);
         assert!(memory.stale());
         let fake = Arc::new(Fake {
             answer: Answer::Resyncing,
@@ -1103,15 +1088,7 @@ mod tests {
             .put("notes", "news", Some(b"n".to_vec()))
             .await
             .expect("put");
-        let long_ago = now_ms() - 2 * 3600 * 1000;
-        memory
-            .store
-            .commit(vec![Write::Put(
-                META.into(),
-                CONTACT_KEY.to_vec(),
-                long_ago.to_be_bytes().to_vec(),
-            )])
-            .expect("age contact");
+        age_contact(&memory);
         assert!(memory.stale());
         let liar = CannedPeer::new(SyncBatch {
             frontier: BTreeMap::from([(me.clone(), u64::MAX)]),

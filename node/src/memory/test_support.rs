@@ -204,3 +204,17 @@ impl MemoryPeers for CannedPeer {
         Box::pin(async { Ok(0) })
     }
 }
+
+/// Makes `memory` look back from two hours away (its last completed sync that long ago), so a
+/// tombstone window of an hour makes it stale.
+pub(crate) fn age_contact(memory: &Memory) {
+    let long_ago = mesh_domain::time::now_ms() - 2 * 3600 * 1000;
+    memory
+        .store
+        .commit(vec![crate::storage::Write::Put(
+            super::store::META.into(),
+            super::frontier::CONTACT_KEY.to_vec(),
+            long_ago.to_be_bytes().to_vec(),
+        )])
+        .expect("age the contact clock");
+}

@@ -483,7 +483,9 @@ fn a_slow_streaming_client_holds_the_embedded_models_generation_back() {
             held < HELD,
             "{held} tokens generated for a client that reads nothing (decode speed {speed:.0} tok/s)"
         );
-        std::thread::sleep(Duration::from_millis(200)); // poll until `until`
+        // The window is what is tested (nothing to wait for: the count must stay under for its
+        // length), sampled every 200 ms so the sampling does not take the model's core.
+        std::thread::sleep(Duration::from_millis(200));
     }
     assert!(held > 0, "the generation started");
 

@@ -39,6 +39,11 @@ pub(crate) struct RunArgs {
     /// (docs/src/operations/mesh-cli.md).
     #[arg(long)]
     json: bool,
+    /// Print the task's id as soon as a node took it, and return: the task runs on without
+    /// this terminal (`mesh-cli tasks watch ID` on any node follows it; `tasks show ID` shows
+    /// it).
+    #[arg(long, conflicts_with = "explain")]
+    detach: bool,
     /// What the agent should do.
     #[arg(required = true)]
     prompt: Vec<String>,
@@ -84,6 +89,76 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
         }
     };
 
+    if args.detach {
+        return detach(conn, &mut stream, args.json).await;
+    }
+    let shown = Shown {
+        json: args.json,
+        stream_output,
+        defaulted,
+    };
+    follow(conn, channel, client, stream, shown).await
+}
+
+/// `run --detach`: the task's id once the node took it (its first event), then return.
+async fn detach(
+    conn: &ConnArgs,
+    stream: &mut tonic::Streaming<pb::TaskEvent>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let first = stream
+        .message()
+        .await
+        .map_err(|s| {
+            anyhow!(
+                "{} ended the task's stream: {}",
+                conn.node,
+                status_words(&s)
+            )
+        })?
+        .ok_or_else(|| anyhow!("{} took the task but sent no event", conn.node))?;
+    if json {
+        out!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"task_id": first.task_id}))?
+        );
+    } else {
+        out!("{}", first.task_id);
+        eshow!(
+            "· the task runs on; follow it with `mesh-cli tasks watch {}` (on any node), cancel it with `mesh-cli tasks cancel {}`",
+            first.task_id,
+            first.task_id
+        );
+    }
+    Ok(())
+}
+
+/// How [`follow`] shows a task.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shown {
+    /// One JSON object at the end instead of the stream.
+    pub(crate) json: bool,
+    /// Print the model's text as it streams.
+    pub(crate) stream_output: bool,
+    /// The role was the default one (said in the first line).
+    pub(crate) defaulted: bool,
+}
+
+/// Follows a task's event stream to its end: its text, its events on stderr, the approvals it
+/// waits for and Ctrl-C; then its outcome (or, with `json`, one object). `run` and
+/// `tasks watch` both end here.
+pub(crate) async fn follow(
+    conn: &ConnArgs,
+    channel: Channel,
+    client: Client,
+    mut stream: tonic::Streaming<pb::TaskEvent>,
+    shown: Shown,
+) -> anyhow::Result<()> {
+    let Shown {
+        json,
+        stream_output,
+        defaulted,
+    } = shown;
     let mut person = Person::new(conn, channel, client);
     let mut interrupts = Interrupts::new()?;
     let mut completed: Option<pb::Completed> = None;
@@ -132,7 +207,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
         };
         if person.task_id.is_empty() && !event.task_id.is_empty() {
             person.task_id.clone_from(&event.task_id);
-            if !args.json {
+            if !json {
                 let default = if defaulted {
                     format!(
                         ": role {DEFAULT_ROLE} (the default: no --role, --model or --persona given)"
@@ -156,13 +231,11 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
             Some(Kind::ApprovalRequested(request)) => person.approval_requested(&request),
             Some(Kind::ApprovalDecided(decided)) => {
                 person.approval_decided(&decided.approval_id);
-                if !args.json
-                    && let Some(line) = describe(&Kind::ApprovalDecided(decided))
-                {
+                if !json && let Some(line) = describe(&Kind::ApprovalDecided(decided)) {
                     eshow!("{line}");
                 }
             }
-            Some(Kind::Evaluated(evaluated)) if args.json => {
+            Some(Kind::Evaluated(evaluated)) if json => {
                 evaluations.push(evaluated_json(&evaluated));
             }
             Some(kind) => {
@@ -172,9 +245,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
                     Kind::Started(s) => person.on = s.node.clone(),
                     _ => {}
                 }
-                if !args.json
-                    && let Some(line) = describe(&kind)
-                {
+                if !json && let Some(line) = describe(&kind) {
                     eshow!("{line}");
                 }
             }
@@ -184,7 +255,7 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
 
     let task_id = person.task_id.clone();
     let cancelled = error.as_ref().is_some_and(|e| e.kind == "cancelled");
-    if args.json {
+    if json {
         let mut object = json!({
             "task_id": task_id,
             "status": match (&completed, cancelled) {
@@ -212,14 +283,12 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
     match (completed, error) {
         (Some(done), _) => {
             // The outcome comes last, after the answer.
-            if !args.json
-                && let Some(line) = describe(&Kind::Completed(done))
-            {
+            if !json && let Some(line) = describe(&Kind::Completed(done)) {
                 eshow!("{line}");
             }
             Ok(())
         }
-        (None, _) if args.json => Err(Reported.into()),
+        (None, _) if json => Err(Reported.into()),
         (None, Some(error)) if cancelled => {
             eshow!("✗ task {task_id} cancelled: {}", error.message);
             Err(Reported.into())

@@ -161,6 +161,18 @@ enum TasksCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Follow a task to its end from any node: its events from the start, then new ones, then
+    /// its answer (the node that started it need not be up: a node that neither started nor
+    /// ran it tells the task from its journal). Exit 0 when it completed.
+    ///
+    /// Example: mesh-cli --node gpu-box:7700 tasks watch 0192c5d2-7e4f-7a3b-9c1d-2e3f4a5b6c7d
+    Watch {
+        /// Task id (from `run`, `run --detach` or `tasks`).
+        id: String,
+        /// Print one JSON object when the task ends, as `run --json` does.
+        #[arg(long)]
+        json: bool,
+    },
     /// Cancel a queued or running task.
     Cancel {
         /// Task id.
@@ -193,6 +205,24 @@ pub(crate) async fn tasks(conn: &ConnArgs, args: TasksArgs) -> anyhow::Result<()
     match args.command {
         None => list(&mut client, args.json, args.limit).await,
         Some(TasksCommand::Show { id, json }) => show(&mut client, &id, json).await,
+        Some(TasksCommand::Watch { id, json }) => {
+            let channel = channel(conn).await?;
+            let mut client = pb::tasks_client::TasksClient::new(channel.clone());
+            let stream = client
+                .watch(pb::WatchRequest {
+                    task_id: id.clone(),
+                    follow: true,
+                })
+                .await
+                .map_err(|s| anyhow!("{}: {}", conn.node, crate::status_words(&s)))?
+                .into_inner();
+            let shown = crate::run::Shown {
+                json,
+                stream_output: !json,
+                defaulted: false,
+            };
+            crate::run::follow(conn, channel, client, stream, shown).await
+        }
         Some(TasksCommand::Cancel { id }) => {
             // The node answers once the task has ended (or after a few seconds): the status
             // after the cancel.
@@ -377,6 +407,7 @@ pub(crate) fn kind_name(kind: &Kind) -> &'static str {
         Kind::Completed(_) => "completed",
         Kind::Failed(_) => "failed",
         Kind::Delegated(_) => "delegated",
+        Kind::Resumed(_) => "resumed",
         Kind::ApprovalRequested(_) => "approval_requested",
         Kind::ApprovalDecided(_) => "approval_decided",
         Kind::Evaluated(_) => "evaluated",

@@ -50,7 +50,8 @@ pub(crate) struct Metrics {
     /// Replicated records refused before they were applied, by `reason`: `signature` (does not
     /// verify), `certificate` (no certificate of the mesh vouches for the origin), `expired`
     /// (written after the origin's certificate expired), `revoked`, `revocation`,
-    /// `namespaces`, `writer` (a system namespace its origin may not write).
+    /// `namespaces`, `writer` (a system namespace its origin may not write), `fenced` (a task
+    /// journal's step from an executor superseded by a higher epoch).
     pub memory_records_refused: Family<Labels, Counter>,
     /// Decisions on approvals of this node that it ignored (the call goes on waiting), by
     /// `reason`: `unsigned`, `malformed`, `certificate`, `revoked`, `signature` (the decider's
@@ -82,6 +83,15 @@ pub(crate) struct Metrics {
     /// Front-door requests refused by a key's policy on this node, by `key` and `limit`
     /// (`model`, or the limit's setting name).
     pub http_key_refusals: Family<Labels, Counter>,
+    /// Steps this node appended to the journals of the tasks it runs.
+    pub journal_appends: Counter,
+    /// Bytes (values as stored) of those steps.
+    pub journal_bytes: Counter,
+    /// How long one append took (written and flushed here), seconds.
+    pub journal_append_seconds: Histogram,
+    /// Tasks this node resumed elsewhere from their journal after the node running them was
+    /// lost.
+    pub tasks_resumed: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -217,8 +227,36 @@ impl Metrics {
             "Front-door requests refused by a key's policy on this node, by key name and limit (model, max_tokens_per_day, max_tokens_per_month, requests_per_minute, tokens_per_minute)",
             http_key_refusals.clone(),
         );
+        let journal_appends = Counter::default();
+        registry.register(
+            "task_journal_appends",
+            "Steps this node appended to the journals of the tasks it runs",
+            journal_appends.clone(),
+        );
+        let journal_bytes = Counter::default();
+        registry.register(
+            "task_journal_bytes",
+            "Bytes of the journal steps this node appended",
+            journal_bytes.clone(),
+        );
+        let journal_append_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
+        registry.register(
+            "task_journal_append_seconds",
+            "How long one journal append took on this node (written and flushed)",
+            journal_append_seconds.clone(),
+        );
+        let tasks_resumed = Counter::default();
+        registry.register(
+            "tasks_resumed",
+            "Tasks this node resumed on another node from their journal",
+            tasks_resumed.clone(),
+        );
         Self {
             registry,
+            journal_appends,
+            journal_bytes,
+            journal_append_seconds,
+            tasks_resumed,
             swim_dropped,
             swim_signature_checks,
             http_key_requests,

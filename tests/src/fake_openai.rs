@@ -50,6 +50,8 @@ pub struct Scripted {
     reply: Reply,
     usage: (u64, u64),
     delay: std::time::Duration,
+    /// Answer only once this is notified (a test holds the answer while it stops the node).
+    gate: Option<Arc<tokio::sync::Notify>>,
     /// Answer one JSON completion even when the request asked for a stream.
     ignore_stream: bool,
     /// Report as usage all the request could cost: a token per byte of its messages' text,
@@ -63,6 +65,7 @@ impl Scripted {
             reply,
             usage,
             delay: std::time::Duration::ZERO,
+            gate: None,
             ignore_stream: false,
             spend_all: false,
         }
@@ -109,6 +112,12 @@ impl Scripted {
     /// Answers only after `delay` (a model that takes its time).
     pub fn after(mut self, delay: std::time::Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// Answers only once `gate` is notified (`notify_one`, before or after the request).
+    pub fn until(mut self, gate: Arc<tokio::sync::Notify>) -> Self {
+        self.gate = Some(gate);
         self
     }
 
@@ -369,6 +378,9 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
         (next, in_flight)
     };
     tokio::time::sleep(next.delay).await;
+    if let Some(gate) = &next.gate {
+        gate.notified().await;
+    }
     let stream = body["stream"].as_bool().unwrap_or(false) && !next.ignore_stream;
     let model = body["model"].as_str().unwrap_or("fake").to_owned();
     let (prompt, completion) = if next.spend_all {

@@ -264,44 +264,6 @@ fn when_the_executing_node_is_killed_the_task_fails_over_to_the_other_gpu_node()
 }
 
 #[test]
-fn a_task_that_ran_shell_on_the_lost_node_fails_clearly_instead_of_running_twice() {
-    let f = fleet("remote_max_tier = \"shell\"\n");
-    f.fake1.push([
-        Scripted::tool("shell_exec", r#"{"command": "true"}"#),
-        Scripted::stall(),
-    ]);
-    f.fake2.push([Scripted::text("must not be used")]);
-    let caller = background(
-        &f.harness,
-        &f.laptop,
-        &[
-            "--role",
-            "coder",
-            "--tier",
-            "shell",
-            "--require",
-            "gpu",
-            "deploy",
-        ],
-    );
-    wait_for("shell_exec to have run on gpu1", DEADLINE, || {
-        (f.fake1.requests().len() >= 2).then_some(())
-    })
-    .expect("second round on gpu1");
-    f.gpu1.signal("KILL").expect("sigkill");
-
-    let output = caller.wait_with_output().expect("caller");
-    let result: Value = serde_json::from_slice(&output.stdout).expect("json");
-    assert_eq!(output.status.code(), Some(1), "{result:#}");
-    let error = result["error"].as_str().expect("error");
-    assert!(
-        error.contains("gpu1") && error.contains("shell_exec"),
-        "{error}"
-    );
-    assert!(f.fake2.requests().is_empty(), "not re-run on gpu2");
-}
-
-#[test]
 fn a_full_queue_spills_to_the_next_node() {
     let f = fleet("[tasks]\nworkers = 1\nqueue = 1\n");
     f.fake1.push([Scripted::stall(), Scripted::stall()]);

@@ -35,9 +35,12 @@ pub const HTTP_KEY_USAGE: &str = "http_key_usage";
 /// only by the node running the task; `<approval id>/decision`, written only through
 /// `Approvals.Decide`). An agent that could write here could approve its own calls.
 pub const APPROVALS: &str = "approvals";
+/// Namespace of the durable tasks' journals (keys and values: [`crate::journal`]): leases
+/// written only by a task's origin, steps only by the executor of the current epoch.
+pub const TASK_JOURNAL: &str = "task_journal";
 /// Namespaces the node writes for itself, through its own services only: the cron schedules
 /// and firings, the conversation sessions, the revocations, the stored responses, the
-/// front-door keys and their usage, and the approvals. Agents and clients may not write them.
+/// front-door keys and their usage, the approvals, and the task journals. Agents and clients may not write them.
 pub const SYSTEM_NAMESPACES: &[&str] = &[
     CRON_SCHEDULES,
     CRON_FIRINGS,
@@ -47,12 +50,14 @@ pub const SYSTEM_NAMESPACES: &[&str] = &[
     HTTP_KEYS,
     HTTP_KEY_USAGE,
     APPROVALS,
+    TASK_JOURNAL,
 ];
 /// System namespaces that callers may not read either (through `Memory.Get`/`List` or an
 /// agent's memory tools): what they hold belongs to front-door clients (their conversations),
-/// or is the keys' hashes and policies (shown without hashes through `Keys.List`), not to
-/// whoever holds a certificate.
-pub const PRIVATE_NAMESPACES: &[&str] = &[RESPONSES, HTTP_KEYS];
+/// or is the keys' hashes and policies (shown without hashes through `Keys.List`), or a task's
+/// prompts and tool outputs (shown to its watchers through `Tasks.Watch`), not to whoever
+/// holds a certificate.
+pub const PRIVATE_NAMESPACES: &[&str] = &[RESPONSES, HTTP_KEYS, TASK_JOURNAL];
 
 /// Digits of a session turn's time: unix ms, zero-padded so turns sort by time.
 const TURN_TIME_DIGITS: usize = 20;

@@ -33,6 +33,7 @@ pub mod chat;
 pub mod embed;
 pub mod future;
 pub mod id;
+pub mod journal;
 pub mod keys;
 pub mod mcp;
 pub mod node;

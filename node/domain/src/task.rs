@@ -168,6 +168,10 @@ pub struct Lineage {
     /// another node may trust this claim only to lower what the task may do.
     #[serde(default)]
     pub started_by: Option<Principal>,
+    /// The journal epoch a forwarded task runs at on the node it was sent to (0: not
+    /// forwarded; the task runs at epoch 1). More than 1 resumes it from its journal.
+    #[serde(default)]
+    pub epoch: u32,
 }
 
 /// The holder of a certificate of the mesh, as a node saw it.
@@ -624,6 +628,16 @@ pub enum EventKind {
         /// Why: the previous attempt's score against the threshold, or why it is unscored.
         reason: String,
     },
+    /// Resumed on another node from its journal after the node running it was lost.
+    Resumed {
+        node: String,
+        /// The first step that node runs itself; the ones before are replayed.
+        from_step: u32,
+        /// The journal epoch it runs at.
+        epoch: u32,
+        /// Why the previous node was left.
+        reason: String,
+    },
     /// Sent to another node.
     Delegated {
         node: String,
@@ -668,6 +682,15 @@ impl fmt::Display for EventKind {
                 attempt,
                 reason,
             } => write!(f, "↪ re-routed to {node} (attempt {attempt}): {reason}"),
+            Self::Resumed {
+                node,
+                from_step,
+                epoch,
+                reason,
+            } => write!(
+                f,
+                "↻ resumed on {node} from step {from_step} (epoch {epoch}): {reason}"
+            ),
             Self::ModelCall {
                 model,
                 round,

@@ -107,7 +107,7 @@ impl Evaluator {
                 token_budget: Some(left),
                 ..spec.clone()
             };
-            let answer = match self.runtime.attempt(&run, events).await {
+            let answer = match self.runtime.attempt(&run, events, &super::NoJournal).await {
                 Ok(answer) => answer,
                 Err(error) => {
                     let error = over_all_attempts(error, budget, spent);

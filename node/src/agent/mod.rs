@@ -14,7 +14,10 @@
 
 pub(crate) mod evaluate;
 pub(crate) mod hooks;
+pub(crate) mod replay;
 pub(crate) mod tools;
+
+pub(crate) use self::replay::{Journal, JournalError, NoJournal};
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -22,6 +25,7 @@ use mesh_domain::{
     Answer, ChatRequest, ChatResponse, EventKind, Message, Role, Target, TaskError, TaskSpec, Tier,
     ToolCall, ToolChoice, ToolSpec, Usage,
     chat::estimate_prompt_tokens,
+    journal::{MAX_STEP_OUTPUT, Step},
     keys::{SESSIONS, is_turn_name, turn_key},
     text::truncate,
 };
@@ -29,6 +33,7 @@ use serde_json::Value;
 
 use self::{
     hooks::{CallFacts, HookInput, Hooks, LoopState, Outcome, Stage, Verdict},
+    replay::{Pending, interrupted, replay},
     tools::{ToolContext, ToolRegistry},
 };
 use tokio::sync::mpsc;
@@ -42,7 +47,7 @@ use crate::{
 };
 
 /// Where a running task's events go (a port: the task manager records and broadcasts them).
-pub trait EventSink: Send + Sync {
+pub(crate) trait EventSink: Send + Sync {
     /// The task's id.
     fn task_id(&self) -> &str;
     /// Records `kind` as the task's next event.
@@ -205,10 +210,15 @@ impl AgentRuntime {
         }
     }
 
-    /// Runs the tools loop to an answer or a typed error, and keeps the turn in the task's
-    /// session.
-    pub async fn run(&self, spec: &TaskSpec, events: &dyn EventSink) -> Result<Answer, TaskError> {
-        let answer = self.attempt(spec, events).await?;
+    /// Runs the tools loop to an answer or a typed error, recording each step in `journal`
+    /// (and continuing from the steps it holds), and keeps the turn in the task's session.
+    pub(crate) async fn run(
+        &self,
+        spec: &TaskSpec,
+        events: &dyn EventSink,
+        journal: &dyn Journal,
+    ) -> Result<Answer, TaskError> {
+        let answer = self.attempt(spec, events, journal).await?;
         self.remember(spec, &answer.output, events).await;
         Ok(answer)
     }
@@ -218,10 +228,15 @@ impl AgentRuntime {
         spec.token_budget.unwrap_or(self.limits.token_budget)
     }
 
-    /// One run of the tools loop on `spec.prompt` (after the session's earlier turns) to an
-    /// answer or a typed error; it saves nothing (the evaluator loop runs several and keeps
-    /// one).
-    async fn attempt(&self, spec: &TaskSpec, events: &dyn EventSink) -> Result<Answer, TaskError> {
+    /// One run of the tools loop on `spec.prompt` (after the session's earlier turns, and the
+    /// steps `journal` replays) to an answer or a typed error, each step recorded in `journal`;
+    /// it saves nothing else (the evaluator loop runs several and keeps one).
+    async fn attempt(
+        &self,
+        spec: &TaskSpec,
+        events: &dyn EventSink,
+        journal: &dyn Journal,
+    ) -> Result<Answer, TaskError> {
         let plan = self.plan(spec)?;
         let max_rounds = spec.max_rounds.unwrap_or(self.limits.max_rounds);
         let budget = self.token_budget(spec);
@@ -259,7 +274,54 @@ impl AgentRuntime {
             events: Some(relay),
         };
 
-        for round in 1..=max_rounds {
+        // A resumed run: what the steps recorded elsewhere did, given back as it was.
+        let replayed = replay(journal.replayed());
+        if let Some(answer) = replayed.answer {
+            return answer;
+        }
+        messages.extend(replayed.messages);
+        usage.add(replayed.usage);
+        let mut interventions = Vec::new();
+        for pending in replayed.pending {
+            let (call, result) = match pending {
+                Pending::Interrupted {
+                    call,
+                    side_effects: true,
+                } => {
+                    let told = interrupted(&call);
+                    events.emit(EventKind::Warning {
+                        message: format!("not run again after the resume: {told}"),
+                    });
+                    let step = Step::Result {
+                        call_id: call.id.clone(),
+                        ok: false,
+                        output: told.clone(),
+                    };
+                    journal.append(step, false).await?;
+                    (call, told)
+                }
+                Pending::Interrupted { call, .. } | Pending::NotStarted(call) => {
+                    let result = self
+                        .tool_call(
+                            &ctx,
+                            &call,
+                            &mut state,
+                            events,
+                            &mut relayed,
+                            &mut interventions,
+                            journal,
+                        )
+                        .await?;
+                    (call, result)
+                }
+            };
+            messages.push(Message::tool_result(&call.id, result));
+        }
+        for message in interventions {
+            messages.push(Message::text(Role::User, message));
+        }
+
+        for round in replayed.rounds + 1..=max_rounds {
             let shortened = compact(&mut messages, &tools, window);
             if shortened > 0 {
                 tracing::debug!(
@@ -274,7 +336,15 @@ impl AgentRuntime {
                 ..Default::default()
             };
             let response = call_chain(&plan.chain, &request, round, events).await?;
-            usage.add(response.usage_or_estimate(&request));
+            let spent = response.usage_or_estimate(&request);
+            usage.add(spent);
+            let step = Step::Model {
+                round,
+                content: response.content.clone(),
+                tool_calls: response.tool_calls.clone(),
+                usage: spent,
+            };
+            journal.append(step, false).await?;
             if usage.total() > budget {
                 return Err(TaskError::Budget {
                     what: "tokens".into(),
@@ -306,6 +376,7 @@ impl AgentRuntime {
                         events,
                         &mut relayed,
                         &mut interventions,
+                        journal,
                     )
                     .await?;
                 messages.push(Message::tool_result(&call.id, result));
@@ -416,7 +487,9 @@ impl AgentRuntime {
 
     /// Runs one tool call through the supervisor; returns what the model sees. What the tool
     /// reports while it runs (`relayed`: a peer's approval of an MCP tool it hosts) becomes
-    /// the task's events.
+    /// the task's events. The call's intent is recorded in `journal` right before it runs
+    /// (confirmed first when it may change something), and its result after.
+    #[allow(clippy::too_many_arguments)]
     async fn tool_call(
         &self,
         ctx: &ToolContext,
@@ -425,6 +498,7 @@ impl AgentRuntime {
         events: &dyn EventSink,
         relayed: &mut mpsc::Receiver<EventKind>,
         interventions: &mut Vec<String>,
+        journal: &dyn Journal,
     ) -> Result<String, TaskError> {
         events.emit(EventKind::ToolCalled {
             call_id: call.id.clone(),
@@ -499,6 +573,14 @@ impl AgentRuntime {
         };
         let (ok, ran, output) = match (run, tool, parsed.as_ref()) {
             (Ok(()), Some(tool), Some(args)) => {
+                let side_effects = self.tools.has_side_effects(&call.name, &call.arguments);
+                let intent = Step::Intent {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    side_effects,
+                };
+                journal.append(intent, side_effects).await?;
                 match relaying(tool.call(args, ctx), relayed, |kind| events.emit(kind)).await {
                     Ok(output) => (true, true, output),
                     Err(error) => (false, true, format!("error: {error}")),
@@ -522,6 +604,12 @@ impl AgentRuntime {
         ) {
             return Err(error);
         }
+        let step = Step::Result {
+            call_id: call.id.clone(),
+            ok,
+            output: truncate(&output, MAX_STEP_OUTPUT).to_owned(),
+        };
+        journal.append(step, false).await?;
         events.emit(EventKind::ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
@@ -757,7 +845,7 @@ mod tests {
         let events = VecSink::default();
         let spec = TaskSpec::new("how many nodes?", Target::Role("chat".into()));
         runtime
-            .run(&spec, &events)
+            .run(&spec, &events, &NoJournal)
             .await
             .expect_err("the model failed");
         let spent = *events.1.lock_unpoisoned();
@@ -860,7 +948,10 @@ mod tests {
         let (_dir, runtime) = runtime(vec![tool_call("list_nodes", "{}"), answer("one node")]);
         let events = VecSink::default();
         let spec = TaskSpec::new("how many nodes?", Target::Role("chat".into()));
-        let done = runtime.run(&spec, &events).await.expect("completes");
+        let done = runtime
+            .run(&spec, &events, &NoJournal)
+            .await
+            .expect("completes");
         assert_eq!((done.output.as_str(), done.rounds), ("one node", 2));
         let events = events.0.into_inner().expect("events");
         let kinds: Vec<&str> = events
@@ -888,7 +979,10 @@ mod tests {
         ]);
         let events = VecSink::default();
         let spec = TaskSpec::new("run it", Target::Role("chat".into()));
-        runtime.run(&spec, &events).await.expect("completes");
+        runtime
+            .run(&spec, &events, &NoJournal)
+            .await
+            .expect("completes");
         let events = events.0.into_inner().expect("events");
         assert!(
             events.iter().any(|e| matches!(
@@ -910,7 +1004,10 @@ mod tests {
         let (_dir, runtime) = runtime(vec![tool_call("list_nodes", "{}"); 5]);
         let events = VecSink::default();
         let spec = TaskSpec::new("loop", Target::Role("chat".into()));
-        let error = runtime.run(&spec, &events).await.expect_err("stopped");
+        let error = runtime
+            .run(&spec, &events, &NoJournal)
+            .await
+            .expect_err("stopped");
         assert!(
             matches!(&error, TaskError::Gate { rule, .. } if rule == "repeat"),
             "{error:?}"
@@ -967,7 +1064,7 @@ mod tests {
         for i in 0..turns {
             let sink = Turn(uuid::Uuid::now_v7().to_string(), Mutex::default());
             runtime
-                .run(&session_spec(&format!("prompt {i}")), &sink)
+                .run(&session_spec(&format!("prompt {i}")), &sink, &NoJournal)
                 .await
                 .expect("completes");
         }
@@ -977,7 +1074,10 @@ mod tests {
             session: Some("ada/x".into()),
             ..TaskSpec::new("x", Target::Role("chat".into()))
         };
-        runtime.run(&spec, &other).await.expect("completes");
+        runtime
+            .run(&spec, &other, &NoJournal)
+            .await
+            .expect("completes");
         let stored = runtime.session_turns("ada").expect("turns");
         assert_eq!(stored.len(), MAX_SESSION_TURNS);
         let history = runtime.session_history("ada").expect("history");
@@ -999,7 +1099,7 @@ mod tests {
         let (_dir, runtime) = runtime_with_floor(vec![answer("still here")], u64::MAX / 2);
         let sink = Turn(uuid::Uuid::now_v7().to_string(), Mutex::default());
         let done = runtime
-            .run(&session_spec("hello"), &sink)
+            .run(&session_spec("hello"), &sink, &NoJournal)
             .await
             .expect("the answer comes");
         assert_eq!(done.output, "still here");

@@ -65,6 +65,21 @@ pub enum MemoryError {
         /// The rule it breaks.
         why: String,
     },
+    /// A task journal's step appended at an epoch lower than the highest lease this node
+    /// knows of the task: its executor was superseded (see `fence`).
+    #[error(
+        "record refused: {place} was appended by node {origin} at epoch {epoch}, and the task runs at epoch {current} now (its executor was superseded)"
+    )]
+    Fenced {
+        /// `namespace/key`.
+        place: String,
+        /// The appending node (its short id).
+        origin: String,
+        /// The step's epoch.
+        epoch: u32,
+        /// The highest epoch known here.
+        current: u32,
+    },
     /// A write would create a namespace past the node's bound on namespaces.
     #[error(
         "namespace `{namespace}` would be new, and this node already holds {limit} namespaces, the most it keeps (memory.max_namespaces): write into an existing namespace, or raise memory.max_namespaces in the node's config"
@@ -85,11 +100,11 @@ pub enum MemoryError {
 impl MemoryError {
     /// Whether a replicated record refused with this error still counts as received, so that
     /// replication moves past it: a writer rule's refusal is of a record its origin really
-    /// wrote, and no copy of it will ever be accepted. Every other refusal (a signature that
+    /// wrote, and no copy of it will ever be accepted; so is a fenced step (epochs only rise). Every other refusal (a signature that
     /// does not verify, a stamp too far ahead) may be of a bad copy, or pass later, so the
     /// record is asked for again.
     pub fn counts_as_received(&self) -> bool {
-        matches!(self, Self::Writer { .. })
+        matches!(self, Self::Writer { .. } | Self::Fenced { .. })
     }
 }
 

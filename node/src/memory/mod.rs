@@ -34,6 +34,8 @@
 //!   and logging refusals, and the upgrade of a store written before records were signed.
 //! - `writers`: who may write each system namespace, checked on every peer's record after its
 //!   signature.
+//! - `fence`: who may write a durable task's journal: leases from the task's origin only, and
+//!   steps refused once a higher epoch is known (the one rule that reads what is stored).
 //! - `push`: the per-peer bounded push queues ([`replicate`]'s back-pressure: one push in
 //!   flight per peer; a full queue marks the peer for a sync).
 //! - `sync`: the `Sync` exchange ([`SyncRequest`], [`SyncBatch`], [`answer_sync`],
@@ -41,13 +43,14 @@
 //!   [`replicate`].
 //!
 //! Imports point one way: `record` and `error` at the bottom, then `store`, which names no
-//! sibling above it; `clock`, `frontier`, `gc`, `signatures`, `writers` and `sync` name `store` (and `gc`
+//! sibling above it; `clock`, `frontier`, `gc`, `signatures`, `writers`, `fence` and `sync` name `store` (and `gc`
 //! names `frontier`), never the reverse; `push` names `store` and `record` only (it is handed
 //! the call that sends a batch), and `sync` names it. `store` reaches them by calling methods only. This file
 //! declares and re-exports; it defines nothing.
 
 mod clock;
 mod error;
+mod fence;
 mod frontier;
 mod gc;
 mod index;
@@ -66,8 +69,9 @@ pub(crate) use error::{MemoryError, PeerCallError, readable_by_callers, writable
 pub(crate) use lag::LagGauges;
 pub(crate) use record::MAX_SIGNATURE;
 pub use record::{Entry, Record};
+pub(crate) use revocations::stamp_ms;
 pub use store::{Memory, MemoryOptions};
 pub use sync::SYNC_BATCH;
-#[cfg(test)]
-pub(crate) use sync::sync_from;
-pub(crate) use sync::{MemoryPeers, SyncBatch, SyncRequest, answer_sync, replicate};
+pub(crate) use sync::{
+    MemoryPeers, PushAnswer, SyncBatch, SyncRequest, answer_sync, replicate, sync_from,
+};

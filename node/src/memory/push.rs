@@ -18,13 +18,17 @@ use tokio_util::sync::CancellationToken;
 
 use mesh_domain::BoxFuture;
 
-use super::{error::PeerCallError, record::Entry, store::Memory};
+use super::{error::PeerCallError, record::Entry, store::Memory, sync::PushAnswer};
 
 /// How a batch reaches a peer: `(address, records, certificates)` to the peer's frontier for
 /// this node's writes. `sync::replicate` makes it from its `MemoryPeers::push`; it is a
 /// function here so that this file names nothing above `store`.
 pub(super) type PushCall = Arc<
-    dyn Fn(String, Vec<Entry>, Vec<Vec<u8>>) -> BoxFuture<'static, Result<u64, PeerCallError>>
+    dyn Fn(
+            String,
+            Vec<Entry>,
+            Vec<Vec<u8>>,
+        ) -> BoxFuture<'static, Result<PushAnswer, PeerCallError>>
         + Send
         + Sync,
 >;
@@ -172,7 +176,7 @@ async fn send(
         match result {
             // The peer's frontier for our writes: what lets us collect our tombstones early;
             // and what it was given, which a resync from it may drop.
-            Ok(held) => {
+            Ok(PushAnswer { frontier: held, .. }) => {
                 let own = memory.own_id().clone();
                 let sent = push.entries.iter().map(|e| e.record.seq).max().unwrap_or(0);
                 let noted = memory

@@ -12,7 +12,7 @@ use mesh_domain::keys::REVOCATIONS;
 use super::{error::MemoryError, record::Entry, store::Memory};
 
 /// Unix ms of an HLC stamp (NTP64: seconds in the high 32 bits, the fraction in the low 32).
-pub(super) fn stamp_ms(hlc: u64) -> u64 {
+pub(crate) fn stamp_ms(hlc: u64) -> u64 {
     (hlc >> 32) * 1000 + (((hlc & 0xffff_ffff) * 1000) >> 32)
 }
 

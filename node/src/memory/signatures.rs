@@ -278,6 +278,7 @@ fn refusal_reason(error: &MemoryError) -> &'static str {
         MemoryError::Revocation(_) => return "revocation",
         MemoryError::TooManyNamespaces { .. } => return "namespaces",
         MemoryError::Writer { .. } => return "writer",
+        MemoryError::Fenced { .. } => return "fenced",
         MemoryError::Invalid(_)
         | MemoryError::FromTheFuture { .. }
         | MemoryError::Corrupt(_)

@@ -98,13 +98,30 @@ pub(crate) trait MemoryPeers: Send + Sync + fmt::Debug {
         request: SyncRequest,
     ) -> BoxFuture<'static, Result<SyncBatch, PeerCallError>>;
     /// Sends our new records, with our certificate, to the peer at `addr`; answers the peer's
-    /// frontier for our writes.
+    /// frontier for our writes, and which records it refused.
     fn push(
         &self,
         addr: String,
         entries: Vec<Entry>,
         certificates: Vec<Vec<u8>>,
-    ) -> BoxFuture<'static, Result<u64, PeerCallError>>;
+    ) -> BoxFuture<'static, Result<PushAnswer, PeerCallError>>;
+}
+
+/// A peer's answer to a push.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PushAnswer {
+    /// The sequence up to which it holds every write of ours.
+    pub frontier: u64,
+    /// The records it refused, each `namespace/key: why`.
+    pub refused: Vec<String>,
+}
+
+impl PushAnswer {
+    /// Whether the peer refused the record at `namespace`/`key`, and why.
+    pub(crate) fn refusal(&self, namespace: &str, key: &str) -> Option<&str> {
+        let place = format!("{namespace}/{key}: ");
+        self.refused.iter().find_map(|r| r.strip_prefix(&place))
+    }
 }
 
 /// Answers a peer's `Sync`: for each origin we hold, the records after the peer's watermark.
@@ -778,12 +795,12 @@ mod tests {
             _: String,
             _: Vec<Entry>,
             _: Vec<Vec<u8>>,
-        ) -> BoxFuture<'static, Result<u64, PeerCallError>> {
+        ) -> BoxFuture<'static, Result<PushAnswer, PeerCallError>> {
             let this = self.clone();
             Box::pin(async move {
                 let _call = this.pushes.enter();
                 tokio::time::sleep(Duration::from_secs(60)).await;
-                Ok(0)
+                Ok(PushAnswer::default())
             })
         }
     }

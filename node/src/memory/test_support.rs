@@ -14,7 +14,7 @@ use super::{
     error::{MemoryError, PeerCallError},
     record::{Entry, Record},
     store::{Memory, MemoryOptions},
-    sync::{MemoryPeers, SyncBatch, SyncRequest, answer_sync},
+    sync::{MemoryPeers, PushAnswer, SyncBatch, SyncRequest, answer_sync},
 };
 use crate::storage::{SledStore, Store};
 
@@ -158,12 +158,13 @@ impl MemoryPeers for InProcess {
         addr: String,
         entries: Vec<Entry>,
         certificates: Vec<Vec<u8>>,
-    ) -> BoxFuture<'static, Result<u64, PeerCallError>> {
+    ) -> BoxFuture<'static, Result<PushAnswer, PeerCallError>> {
         let peer = self.0.lock().expect("lock").get(&addr).cloned();
         Box::pin(async move {
             let peer = peer.ok_or_else(|| PeerCallError::Unreachable("no such peer".into()))?;
             let sender = entries.first().map(|e| e.record.origin.clone());
-            Ok(peer.accept_push(sender.as_ref(), &entries, &certificates).2)
+            let (_, refused, frontier) = peer.accept_push(sender.as_ref(), &entries, &certificates);
+            Ok(PushAnswer { frontier, refused })
         })
     }
 }
@@ -200,8 +201,8 @@ impl MemoryPeers for CannedPeer {
         _: String,
         _: Vec<Entry>,
         _: Vec<Vec<u8>>,
-    ) -> BoxFuture<'static, Result<u64, PeerCallError>> {
-        Box::pin(async { Ok(0) })
+    ) -> BoxFuture<'static, Result<PushAnswer, PeerCallError>> {
+        Box::pin(async { Ok(PushAnswer::default()) })
     }
 }
 

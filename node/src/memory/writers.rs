@@ -29,7 +29,7 @@ use mesh_domain::{
     id::is_tagged_by,
     keys::{
         self, APPROVALS, CRON_FIRINGS, CRON_SCHEDULES, HTTP_KEY_USAGE, HTTP_KEYS, RESPONSES,
-        REVOCATIONS, SESSIONS,
+        REVOCATIONS, SESSIONS, TASK_JOURNAL,
     },
     statement::{ApprovalStatement, Signed, StatementKind},
 };
@@ -70,6 +70,7 @@ impl Memory {
             HTTP_KEYS => self.http_keys(entry),
             HTTP_KEY_USAGE => http_key_usage(entry),
             APPROVALS => self.approvals(entry),
+            TASK_JOURNAL => return self.task_journal(entry),
             _ => Ok(()),
         };
         verdict.map_err(|why| MemoryError::Writer {
@@ -392,6 +393,124 @@ mod tests {
 
     fn json(value: &impl serde::Serialize) -> Option<Vec<u8>> {
         Some(serde_json::to_vec(value).expect("json"))
+    }
+
+    /// Issue 30, deliver 2: a task's journal. A lease only from the task's origin; a step only
+    /// from the executor the lease of its epoch names, and once a higher epoch is known, a
+    /// step of a lower one is fenced (refused, counted as `fenced`); a delete only from the
+    /// origin.
+    #[tokio::test]
+    async fn a_journal_takes_leases_from_the_origin_and_steps_from_the_current_executor_only() {
+        use mesh_domain::journal::{Lease, Step, lease_key, step_key};
+        let mesh = Mesh::new();
+        let task = tagged_uuid(mesh.runner.id()).to_string();
+        let lease = |epoch: u32, executor: &OriginSigner| {
+            json(&Lease {
+                epoch,
+                executor: executor.id().clone(),
+                executor_name: "x".into(),
+                replayed: 0,
+                at_ms: now_ms(),
+            })
+        };
+        let step = json(&Step::Full);
+        let fenced = || {
+            metrics()
+                .memory_records_refused
+                .get_or_create(&labels(&[("reason", "fenced")]))
+                .get()
+        };
+        // The rogue cannot lease the runner's task, not even to itself.
+        assert!(refused_by_rule(mesh.push(
+            &mesh.rogue,
+            TASK_JOURNAL,
+            &lease_key(&task, 1),
+            lease(1, &mesh.rogue)
+        )));
+        // The runner (the origin) leases epoch 1 to the rogue: its steps are taken, the
+        // runner's own are not (it is not epoch 1's executor), nor a lease under another
+        // epoch's key.
+        assert!(applied(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            &lease_key(&task, 1),
+            lease(1, &mesh.rogue)
+        )));
+        assert!(refused_by_rule(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            &lease_key(&task, 3),
+            lease(2, &mesh.rogue)
+        )));
+        assert!(applied(mesh.push(
+            &mesh.rogue,
+            TASK_JOURNAL,
+            &step_key(&task, 1, 1),
+            step.clone()
+        )));
+        assert!(refused_by_rule(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            &step_key(&task, 1, 2),
+            step.clone()
+        )));
+        assert!(refused_by_rule(mesh.push(
+            &mesh.rogue,
+            TASK_JOURNAL,
+            &step_key(&task, 1, 3),
+            json(&serde_json::json!({"not": "a step"}))
+        )));
+        // Epoch 2 goes to the runner: the rogue's next epoch-1 step is fenced and counted.
+        assert!(applied(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            &lease_key(&task, 2),
+            lease(2, &mesh.runner)
+        )));
+        let before = fenced();
+        let late = mesh.push(
+            &mesh.rogue,
+            TASK_JOURNAL,
+            &step_key(&task, 1, 4),
+            step.clone(),
+        );
+        assert!(
+            matches!(
+                late,
+                Err(MemoryError::Fenced {
+                    epoch: 1,
+                    current: 2,
+                    ..
+                })
+            ),
+            "{late:?}"
+        );
+        assert_eq!(fenced(), before + 1);
+        assert!(applied(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            &step_key(&task, 2, 1),
+            step
+        )));
+        // Deletes: not by the rogue, by the origin.
+        assert!(refused_by_rule(mesh.push(
+            &mesh.rogue,
+            TASK_JOURNAL,
+            &step_key(&task, 2, 1),
+            None
+        )));
+        assert!(applied(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            &step_key(&task, 2, 1),
+            None
+        )));
+        assert!(refused_by_rule(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            "not/a/journal/key",
+            json(&1)
+        )));
     }
 
     /// Issue 26, item 1: an approval's request is written only by the node its id names, and

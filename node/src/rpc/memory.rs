@@ -91,7 +91,9 @@ impl From<MemoryError> for Status {
             }
             MemoryError::Corrupt(_) => Status::data_loss(message),
             MemoryError::Storage(store) => super::store_status(&store, message),
-            MemoryError::Resyncing => Status::failed_precondition(message),
+            MemoryError::Resyncing | MemoryError::Fenced { .. } => {
+                Status::failed_precondition(message)
+            }
             MemoryError::TooManyNamespaces { .. } => Status::resource_exhausted(message),
             MemoryError::Reserved(_)
             | MemoryError::Private(_)
@@ -423,7 +425,7 @@ impl MemoryPeers for RemoteMemory {
         addr: String,
         entries: Vec<Entry>,
         certificates: Vec<Vec<u8>>,
-    ) -> BoxFuture<'static, Result<u64, PeerCallError>> {
+    ) -> BoxFuture<'static, Result<memory::PushAnswer, PeerCallError>> {
         let this = self.clone();
         Box::pin(async move {
             let mut client = this.client(&addr).await?;
@@ -435,7 +437,13 @@ impl MemoryPeers for RemoteMemory {
             let limit = this.channels.deadlines().push;
             let call = client.push(request);
             match deadline::within(limit, "Memory.Push", call).await {
-                Ok(response) => Ok(response.into_inner().frontier),
+                Ok(response) => {
+                    let response = response.into_inner();
+                    Ok(memory::PushAnswer {
+                        frontier: response.frontier,
+                        refused: response.refused,
+                    })
+                }
                 Err(s) => {
                     this.forget(&addr);
                     Err(refused(&s))

@@ -25,9 +25,11 @@ use crate::{
     cron::{ScheduleLimits, Scheduler},
     llm::ModelRegistry,
     mcp::{self, McpHub},
-    rpc::{models::RemoteModels, tasks::RemoteTasks, tools::RemoteToolsClient},
+    rpc::{
+        memory::RemoteMemory, models::RemoteModels, tasks::RemoteTasks, tools::RemoteToolsClient,
+    },
     supervise::no_error,
-    tasks::{TaskManager, TaskParts},
+    tasks::{TaskManager, TaskParts, journal::Journals},
 };
 
 /// What step 7 of start-up builds.
@@ -153,6 +155,11 @@ pub(super) fn start(
             caps: caps.clone(),
             admission: admission.clone(),
             forwarder: Arc::new(RemoteTasks::new(channels.clone())),
+            journals: Journals::new(
+                memory.clone(),
+                Arc::new(RemoteMemory::new(channels.clone(), identity.id.clone())),
+                peers.clone(),
+            ),
         },
         &mut task_workers,
         task_stop.clone(),

@@ -1,7 +1,11 @@
 //! Running a task on other nodes: the [`Forwarder`] port (implemented by `rpc` over
 //! `Tasks.Submit`), and `forward`, which sends the task to each chosen node in turn, relays
-//! its events and fails over to the next when a node is lost or full, unless a tool that may
-//! have changed something already ran there.
+//! its events and fails over to the next when a node is full or lost. A node is lost when its
+//! stream breaks or membership says it is down; the task is then resumed on the next node from
+//! its journal (`tasks::journal`): each attempt runs at a new epoch, leased by this node (the
+//! origin) before it is sent, and replays the steps recorded before it instead of running
+//! them again. A task without a journal (an evaluated one) is not moved once a tool that may
+//! have changed something ran.
 //!
 //! What other nodes relay is bounded: at most [`MAX_RELAYED_EVENTS`] events and
 //! [`MAX_RELAYED_BYTES`] of them per task are recorded here; past that, one event says the rest
@@ -16,7 +20,17 @@ use mesh_domain::{Answer, BoxFuture, EventKind, TaskError, TaskEvent, TaskSpec, 
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::{agent::EventSink, router::Destination, task_handle::TaskOutcome};
+use crate::{
+    agent::EventSink,
+    metrics::metrics,
+    router::Destination,
+    task_handle::TaskOutcome,
+    tasks::journal::{Chain, Journals},
+};
+
+/// How often a node running a task is looked up in the membership while its events are
+/// awaited: a stopped node keeps its connections open, so only membership says it is gone.
+const MEMBERSHIP_CHECK: Duration = Duration::from_millis(500);
 
 /// Re-routes after the first node at most this many times.
 pub(crate) const MAX_FAILOVERS: u32 = 2;
@@ -119,6 +133,12 @@ pub(crate) struct Journey<'a> {
     pub routed: &'a (dyn Fn(&str) + Send + Sync),
     /// Whether a tool call (name, raw arguments) may have changed something.
     pub side_effects: &'a (dyn Fn(&str, &str) -> bool + Send + Sync),
+    /// Whether the node named so is down in the membership (lost, though its stream may
+    /// still be open).
+    pub down: &'a (dyn Fn(&str) -> bool + Send + Sync),
+    /// The task's journal, when it has one: a lost node's task is resumed from it. `None`: the
+    /// task is not moved once a tool that may have changed something ran.
+    pub journals: Option<&'a Journals>,
     /// The address of the node running the task now, so a cancel or deadline here stops it
     /// there too.
     pub current: &'a Mutex<Option<String>>,
@@ -144,6 +164,8 @@ pub(crate) async fn forward(
     let mut failures: Vec<String> = Vec::new();
     let mut relayed = Relayed::default();
     let mut left_untried = false;
+    // Whether the last attempt ended with its node lost mid-task (the next one resumes).
+    let mut lost_last = false;
     for (index, Destination { name, addr }) in candidates.into_iter().enumerate() {
         let attempt = index as u32 + 1;
         if journey.stop.is_cancelled() {
@@ -155,11 +177,39 @@ pub(crate) async fn forward(
         }
         let remaining = journey.deadline.saturating_duration_since(Instant::now());
         spec.timeout = Some(remaining.max(Duration::from_secs(1)));
-        journey.events.emit(EventKind::Delegated {
-            node: name.clone(),
-            attempt,
-            reason: failures.last().cloned().unwrap_or_default(),
-        });
+        let reason = failures.last().cloned().unwrap_or_default();
+        if let Some(journals) = journey.journals {
+            let chain = journal_chain(journals, journey.task_id)?;
+            let from_step = chain.steps.len() as u32 + 1;
+            let Some(id) = journals.id_of(&name) else {
+                failures.push(format!("{name}: not known to this node's membership"));
+                continue;
+            };
+            journals
+                .lease(journey.task_id, attempt, &id, &name, from_step - 1)
+                .await
+                .map_err(|e| TaskError::Internal {
+                    message: format!("record the task's lease to {name}: {e}"),
+                })?;
+            spec.lineage.epoch = attempt;
+            if lost_last {
+                metrics().tasks_resumed.inc();
+                journey.events.emit(EventKind::Resumed {
+                    node: name.clone(),
+                    from_step,
+                    epoch: attempt,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        if !lost_last || journey.journals.is_none() {
+            journey.events.emit(EventKind::Delegated {
+                node: name.clone(),
+                attempt,
+                reason,
+            });
+        }
+        lost_last = false;
         (journey.routed)(&name);
         *journey.current.lock_unpoisoned() = Some(addr.clone());
         let mut stream = match forwarder.forward(addr.clone(), spec.clone()).await {
@@ -175,8 +225,18 @@ pub(crate) async fn forward(
             }
         };
         let mut side_effect: Option<String> = None;
+        let mut check = tokio::time::interval(MEMBERSHIP_CHECK);
         let lost = loop {
-            let event = match stream.recv().await {
+            let next = tokio::select! {
+                next = stream.recv() => next,
+                _ = check.tick() => {
+                    if (journey.down)(&name) {
+                        break ForwardError::Lost("the membership says it is down".into());
+                    }
+                    continue;
+                }
+            };
+            let event = match next {
                 Some(Ok(event)) => event,
                 Some(Err(e)) => break e,
                 None => {
@@ -219,19 +279,67 @@ pub(crate) async fn forward(
                 }
             }
         };
-        if let Some(tool) = side_effect {
+        let Some(journals) = journey.journals else {
+            if let Some(tool) = side_effect {
+                return Err(TaskError::Routing {
+                    message: format!(
+                        "{} after running `{tool}` (its side effects may have happened), and the task has no journal to resume it from, so it is not run again elsewhere",
+                        lost.of(&name)
+                    ),
+                });
+            }
+            failures.push(lost.of(&name));
+            continue;
+        };
+        // The lost node may have finished, its outcome recorded before its stream broke.
+        let chain = journal_chain(journals, journey.task_id)?;
+        if let Some(outcome) = ended(&chain, &name) {
+            return outcome;
+        }
+        if chain.full() {
             return Err(TaskError::Routing {
                 message: format!(
-                    "{} after running `{tool}` (its side effects may have happened), so the task is not run again elsewhere",
+                    "{}; the task's journal reached its cap, so it cannot be resumed without repeating steps",
                     lost.of(&name)
                 ),
             });
         }
+        lost_last = true;
         failures.push(lost.of(&name));
     }
     Err(TaskError::Routing {
         message: no_outcome(failures, left_untried),
     })
+}
+
+/// The task's journal as this node holds it.
+fn journal_chain(journals: &Journals, task_id: &str) -> Result<Chain, TaskError> {
+    journals
+        .chain(task_id, None)
+        .map_err(|e| TaskError::Internal {
+            message: format!("read the task's journal: {e}"),
+        })
+}
+
+/// The outcome the journal holds, when the node named `node` recorded one.
+fn ended(chain: &Chain, node: &str) -> Option<Result<Answer, TaskError>> {
+    match chain.done()? {
+        mesh_domain::journal::Step::Done {
+            output,
+            error,
+            usage,
+            rounds,
+        } => Some(match error {
+            Some(error) => Err(error.clone()),
+            None => Ok(Answer {
+                output: output.clone().unwrap_or_default(),
+                usage: *usage,
+                rounds: *rounds,
+                executed_on: Some(node.to_owned()),
+            }),
+        }),
+        _ => None,
+    }
 }
 
 /// Why no node gave the task an outcome, the last failure first: `gpu went away mid-task (…);
@@ -351,6 +459,8 @@ mod tests {
                     events: &sink,
                     routed: &|_| {},
                     side_effects: &|_, _| false,
+                    down: &|_| false,
+                    journals: None,
                     current: &current,
                     stop: &CancellationToken::new(),
                 },

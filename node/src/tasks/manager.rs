@@ -46,6 +46,7 @@ use crate::{
     tasks::{
         forward::{Forwarder, Journey, forward},
         history::{History, Replayed, TaskRecord, recover},
+        journal::{Journals, TaskJournal},
     },
 };
 
@@ -145,6 +146,8 @@ struct Inner {
     admission: Arc<Admission>,
     /// Reaches the nodes tasks placed elsewhere run on.
     forwarder: Arc<dyn Forwarder>,
+    /// The tasks' journals in the replicated memory.
+    journals: Journals,
     live: Mutex<HashMap<String, Arc<LiveTask>>>,
     queue: Mutex<Option<mpsc::Sender<Arc<LiveTask>>>>,
     caps: Arc<Capabilities>,
@@ -169,6 +172,8 @@ pub struct TaskParts {
     pub admission: Arc<Admission>,
     /// Reaches the nodes tasks placed elsewhere run on.
     pub forwarder: Arc<dyn Forwarder>,
+    /// Where each task's steps are kept, so another node can resume it.
+    pub(crate) journals: Journals,
 }
 
 impl std::fmt::Debug for TaskParts {
@@ -197,6 +202,7 @@ impl TaskManager {
             caps,
             admission,
             forwarder,
+            journals,
         } = parts;
         let history = History::new(store);
         recover(&history);
@@ -209,6 +215,7 @@ impl TaskManager {
             history,
             admission,
             forwarder,
+            journals,
             live: Mutex::default(),
             queue: Mutex::new(Some(tx)),
             caps,
@@ -217,6 +224,7 @@ impl TaskManager {
         });
         inner.publish_load();
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        workers.spawn(sweep_journals(inner.journals.clone(), stop.clone()));
         for _ in 0..limits.workers {
             workers.spawn(worker(inner.clone(), rx.clone(), stop.clone()));
         }
@@ -304,6 +312,9 @@ impl TaskManager {
             let tools = inner.runtime.tools();
             let side_effects =
                 |tool: &str, arguments: &str| tools.has_side_effects(tool, arguments);
+            let down = |name: &str| inner.journals.is_down(name);
+            // An evaluated task's attempts are not journaled: it is not resumed.
+            let journals = task.spec.evaluate.is_none().then_some(&inner.journals);
             let stop = CancellationToken::new();
             let run = forward(
                 Journey {
@@ -314,6 +325,8 @@ impl TaskManager {
                     events: &emitter,
                     routed: &routed,
                     side_effects: &side_effects,
+                    down: &down,
+                    journals,
                     current: &current,
                     stop: &stop,
                 },
@@ -355,7 +368,21 @@ impl TaskManager {
     pub fn watch(&self, id: &str, follow: bool) -> Result<mpsc::Receiver<TaskEvent>, LookupError> {
         let live = self.inner.live(id);
         if live.is_none() && self.record(id)?.is_none() {
-            return Err(LookupError::NotFound(id.to_owned()));
+            // Neither started nor run here: another node's task, told by its journal.
+            let known = self
+                .inner
+                .journals
+                .chain(id, None)
+                .map_err(|e| LookupError::Storage(e.to_string()))?
+                .lease
+                .is_some();
+            if !known {
+                return Err(LookupError::NotFound(id.to_owned()));
+            }
+            let (tx, rx) = mpsc::channel(256);
+            let (journals, id) = (self.inner.journals.clone(), id.to_owned());
+            tokio::spawn(async move { journals.follow(id, tx, follow).await });
+            return Ok(rx);
         }
         let mut receiver = live.as_ref().map(|task| task.events.subscribe());
         let history = self.inner.history.clone();
@@ -547,7 +574,8 @@ impl Inner {
                 }
                 id.clone()
             }
-            None => uuid::Uuid::now_v7().to_string(),
+            // Tagged as this node's: only the origin may lease its task to a node.
+            None => self.journals.new_task_id(),
         };
         let timeout = spec.timeout.unwrap_or(self.limits.timeout);
         let executed_on = route.first().cloned().unwrap_or_else(|| self.node.clone());
@@ -580,6 +608,22 @@ impl Inner {
         });
         self.live.lock_unpoisoned().insert(id, task.clone());
         Ok(task)
+    }
+
+    /// The journal `task` runs with here: at the epoch its origin leased it to this node (a
+    /// forwarded task), or at epoch 1 leased by this node (its own task: it made the id).
+    async fn open_journal(&self, task: &LiveTask) -> Result<TaskJournal, TaskError> {
+        let epoch = task.spec.lineage.epoch.max(1);
+        if self.journals.is_own_task(&task.id) {
+            let own = self.journals.own_id().clone();
+            self.journals
+                .lease(&task.id, 1, &own, &self.node, 0)
+                .await
+                .map_err(|e| TaskError::Internal {
+                    message: format!("record the task's lease: {e}"),
+                })?;
+        }
+        Ok(self.journals.open(&task.id, epoch).await?)
     }
 
     fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
@@ -690,7 +734,12 @@ async fn worker(
         let run = async {
             match &task.spec.evaluate {
                 Some(evaluation) => inner.evaluator.run(&task.spec, evaluation, &emitter).await,
-                None => inner.runtime.run(&task.spec, &emitter).await,
+                None => {
+                    let journal = inner.open_journal(&task).await?;
+                    let result = inner.runtime.run(&task.spec, &emitter, &journal).await;
+                    journal.end(&result).await;
+                    result
+                }
             }
         };
         let result = tracing::Instrument::instrument(
@@ -717,6 +766,25 @@ async fn worker(
         inner.finish(&task, result);
         inner.running.send_modify(|n| *n -= 1);
         inner.publish_load();
+    }
+}
+
+/// How often the journals of ended and of too old tasks are collected.
+const JOURNAL_SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Collects the journals this node may delete, every [`JOURNAL_SWEEP_EVERY`] until `stop`.
+async fn sweep_journals(journals: Journals, stop: CancellationToken) {
+    let mut every = tokio::time::interval(JOURNAL_SWEEP_EVERY);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        match journals.sweep().await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::debug!(deleted, "collected ended task journals"),
+            Err(e) => tracing::warn!(error = %e, "collect ended task journals"),
+        }
     }
 }
 

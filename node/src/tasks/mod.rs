@@ -12,6 +12,7 @@
 
 pub(crate) mod forward;
 pub(crate) mod history;
+pub(crate) mod journal;
 pub(crate) mod manager;
 
 pub(crate) use self::{

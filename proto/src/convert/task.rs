@@ -102,6 +102,7 @@ impl TryFrom<pb::SubmitRequest> for TaskSpec {
                 origin: lineage.origin_node,
                 hops: lineage.hops,
                 started_by: lineage.started_by.map(Principal::try_from).transpose()?,
+                epoch: lineage.epoch,
             },
             session: Some(request.session).filter(|s| !s.is_empty()),
             evaluate: request.evaluate.map(Evaluation::from),
@@ -276,6 +277,17 @@ impl From<&TaskEvent> for pb::TaskEvent {
                 attempt: *attempt,
                 reason: reason.clone(),
             }),
+            EventKind::Resumed {
+                node,
+                from_step,
+                epoch,
+                reason,
+            } => Kind::Resumed(pb::Resumed {
+                node: node.clone(),
+                from_step: *from_step,
+                epoch: *epoch,
+                reason: reason.clone(),
+            }),
         };
         Self {
             task_id: event.task_id.clone(),
@@ -311,6 +323,7 @@ impl From<&TaskSpec> for pb::SubmitRequest {
                 origin_node: spec.lineage.origin.clone(),
                 hops: spec.lineage.hops,
                 started_by: spec.lineage.started_by.as_ref().map(pb::Principal::from),
+                epoch: spec.lineage.epoch,
             }),
             session: spec.session.clone().unwrap_or_default(),
             evaluate: spec.evaluate.as_ref().map(pb::Evaluation::from),
@@ -429,6 +442,12 @@ impl TryFrom<pb::TaskEvent> for TaskEvent {
                 node: text("delegated.node", d.node)?,
                 attempt: d.attempt,
                 reason: text("delegated.reason", d.reason)?,
+            },
+            Kind::Resumed(r) => EventKind::Resumed {
+                node: text("resumed.node", r.node)?,
+                from_step: r.from_step,
+                epoch: r.epoch,
+                reason: text("resumed.reason", r.reason)?,
             },
         };
         Ok(Self {

@@ -101,6 +101,7 @@ impl Tool for Delegate {
                 hops: ctx.spec.lineage.hops + 1,
                 // A sub-task acts for whoever started its parent.
                 started_by: ctx.spec.lineage.started_by.clone(),
+                epoch: 0,
             },
             session: None,
             // The parent's evaluation scores the parent's answer, not each sub-task's.

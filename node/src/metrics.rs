@@ -82,6 +82,10 @@ pub(crate) struct Metrics {
     /// Front-door requests refused by a key's policy on this node, by `key` and `limit`
     /// (`model`, or the limit's setting name).
     pub http_key_refusals: Family<Labels, Counter>,
+    /// Chats this node placed on peers that went on on the next peer after the one serving
+    /// them failed, by `kind`: `whole` (the next was asked the whole request) or `mid_stream`
+    /// (it continued the text already streamed).
+    pub chat_failovers: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -217,8 +221,15 @@ impl Metrics {
             "Front-door requests refused by a key's policy on this node, by key name and limit (model, max_tokens_per_day, max_tokens_per_month, requests_per_minute, tokens_per_minute)",
             http_key_refusals.clone(),
         );
+        let chat_failovers = Family::default();
+        registry.register(
+            "chat_failovers",
+            "Chats placed on peers that went on on the next peer after the one serving them failed, by kind (whole: the next was asked the whole request; mid_stream: it continued the text already streamed)",
+            chat_failovers.clone(),
+        );
         Self {
             registry,
+            chat_failovers,
             swim_dropped,
             swim_signature_checks,
             http_key_requests,

@@ -92,6 +92,10 @@ pub(crate) struct Metrics {
     /// Tasks this node resumed elsewhere from their journal after the node running them was
     /// lost.
     pub tasks_resumed: Counter,
+    /// Chats this node placed on peers that went on on the next peer after the one serving
+    /// them failed, by `kind`: `whole` (the next was asked the whole request) or `mid_stream`
+    /// (it continued the text already streamed).
+    pub chat_failovers: Family<Labels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -251,12 +255,19 @@ impl Metrics {
             "Tasks this node resumed on another node from their journal",
             tasks_resumed.clone(),
         );
+        let chat_failovers = Family::default();
+        registry.register(
+            "chat_failovers",
+            "Chats placed on peers that went on on the next peer after the one serving them failed, by kind (whole: the next was asked the whole request; mid_stream: it continued the text already streamed)",
+            chat_failovers.clone(),
+        );
         Self {
             registry,
             journal_appends,
             journal_bytes,
             journal_append_seconds,
             tasks_resumed,
+            chat_failovers,
             swim_dropped,
             swim_signature_checks,
             http_key_requests,

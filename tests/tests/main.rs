@@ -23,6 +23,7 @@ mod faults;
 mod fleet;
 mod fleet_cli;
 mod front_door;
+mod front_door_failover;
 mod grpc;
 mod hostile_soak;
 mod join;

@@ -182,6 +182,17 @@ pub struct ChatRequest {
     pub tool_choice: Option<ToolChoice>,
 }
 
+impl ChatRequest {
+    /// The estimate of what a call of this request that did not finish spent: its prompt (the
+    /// server read it) and the `streamed` bytes of text it passed on.
+    pub fn estimate_cut_off(&self, streamed: usize) -> Usage {
+        Usage {
+            prompt_tokens: estimate_prompt_tokens(&self.messages, &self.tools),
+            completion_tokens: estimate_text_tokens(streamed),
+        }
+    }
+}
+
 /// The shape an answer must have, as OpenAI's `response_format` says it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

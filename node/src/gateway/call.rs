@@ -16,12 +16,16 @@ use std::sync::Arc;
 use mesh_domain::{
     ChatRequest, ChatResponse, EmbedRequest, EmbedResponse, ResponseFormat, Target, ToolChoice,
     Usage,
-    chat::{estimate_prompt_tokens, estimate_text_tokens},
 };
 use tokio::sync::mpsc;
 
 use super::{caller::DoorCaller, error::GatewayError, service::Gateway};
-use crate::{api_keys::Charge, chat::ChatService, llm::delta_channel, router::Placement};
+use crate::{
+    api_keys::Charge,
+    chat::{ChatService, Failover},
+    llm::delta_channel,
+    router::Placement,
+};
 
 /// Most choices one request may ask for (`n`).
 pub(super) const MAX_CHOICES: u32 = 8;
@@ -40,6 +44,10 @@ pub(crate) struct Call {
     pub chat: ChatRequest,
     /// How many answers (choices) to generate, each a separate run.
     pub n: u32,
+    /// What a choice does when the node serving it fails after passing text on: the dialect
+    /// says, by how it passes the answer on and what the client asked
+    /// ([`crate::chat::Failover`]).
+    pub failover: Failover,
 }
 
 impl Call {
@@ -50,6 +58,7 @@ impl Call {
             model,
             chat,
             n: 1,
+            failover: Failover::Off,
         }
     }
 
@@ -300,9 +309,10 @@ struct Tally {
     streamed: Vec<usize>,
 }
 
-/// Runs the choices of an admitted, placed `call` with `chat` and charges what they spent to
-/// the key of `charge` when they end: an answer what the model reported (estimated when it
-/// reported nothing); a failed choice the estimate of its prompt and of the text it streamed
+/// Runs the choices of an admitted, placed `call` with `chat` (each failing over to the next
+/// node as `call.failover` says) and charges what they spent to the key of `charge` when they
+/// end: an answer what the model reported (estimated when it reported nothing; after a
+/// failover, with the estimate of what each lost node spent added); a failed choice the estimate of its prompt and of the text it streamed
 /// (the server read the prompt); a choice its client abandoned its share of the reservation,
 /// or that estimate when it is more (how far the model got is not known), so a client cannot
 /// spend unseen by hanging up.
@@ -334,7 +344,7 @@ fn run_placed(
             );
             choices.spawn(async move {
                 let (tx, mut deltas) = delta_channel();
-                let run = chat.run(placement, &call.target, &call.chat, &tx);
+                let run = chat.run(placement, &call.target, &call.chat, &tx, call.failover);
                 tokio::pin!(run);
                 let streamed = |text: &str| {
                     if let Some(bytes) = tally
@@ -374,7 +384,7 @@ fn run_placed(
                             .unwrap_or_default();
                         (
                             Event::Failed(error.into()),
-                            estimate_cut_off(&call.chat, streamed),
+                            call.chat.estimate_cut_off(streamed),
                         )
                     }
                 };
@@ -405,7 +415,7 @@ fn run_placed(
             let abandoned = call.n - tally.ended;
             let streamed = tally.streamed.iter().copied().max().unwrap_or_default();
             let share = charge.reserved() / u64::from(call.n);
-            let each = estimate_cut_off(&call.chat, streamed).total().max(share);
+            let each = call.chat.estimate_cut_off(streamed).total().max(share);
             spent.completion_tokens += each * u64::from(abandoned);
         }
         charge.settle(spent).await;
@@ -413,19 +423,13 @@ fn run_placed(
     Run { events, n }
 }
 
-/// The estimate of what a choice that did not finish spent: its prompt, and the text it
-/// streamed.
-fn estimate_cut_off(chat: &ChatRequest, streamed: usize) -> Usage {
-    Usage {
-        prompt_tokens: estimate_prompt_tokens(&chat.messages, &chat.tools),
-        completion_tokens: estimate_text_tokens(streamed),
-    }
-}
-
 #[cfg(test)]
 mod tests {
 
-    use mesh_domain::{BoxFuture, Message, Role, ToolSpec, chat::prompt_token_bound};
+    use mesh_domain::{
+        BoxFuture, Message, Role, ToolSpec,
+        chat::{estimate_text_tokens, prompt_token_bound},
+    };
     use serde_json::json;
 
     use super::*;
@@ -501,6 +505,8 @@ mod tests {
         Unreported,
         /// 40 bytes of text streamed, then a failure.
         Failing,
+        /// On the node at `gpu`, as [`Peer::Failing`]; on any other, as [`Peer::Answering`].
+        LostOnGpu,
     }
 
     /// What [`Peer::Unreported`] and [`Peer::Failing`] write.
@@ -509,13 +515,19 @@ mod tests {
     impl crate::chat::RemoteChat for Peer {
         fn chat<'a>(
             &'a self,
-            _addr: &'a str,
+            addr: &'a str,
             _target: &'a Target,
             _request: &'a ChatRequest,
             deltas: &'a crate::llm::Deltas,
         ) -> BoxFuture<'a, Result<ChatResponse, crate::chat::RemoteChatError>> {
+            let peer = match self {
+                Self::LostOnGpu if addr == "gpu" => Self::Failing,
+                Self::LostOnGpu => Self::Answering,
+                other => *other,
+            };
             Box::pin(async move {
-                let (content, usage) = match self {
+                let (content, usage) = match peer {
+                    Self::LostOnGpu => unreachable!("resolved above"),
                     Self::Answering => (
                         "ok",
                         Some(Usage {
@@ -528,7 +540,7 @@ mod tests {
                         let _ = deltas.send(WRITTEN.into()).await;
                         return Err(crate::chat::RemoteChatError {
                             message: "the peer's model broke off".into(),
-                            streamed: true,
+                            streamed: WRITTEN.into(),
                             invalid_request: false,
                         });
                     }
@@ -603,8 +615,14 @@ mod tests {
         (dir, chat, keys, grant)
     }
 
-    /// A one-choice chat of "hi", admitted for `grant`, run on the peer.
-    async fn run_one(chat: &Arc<ChatService>, keys: &Arc<Keys>, grant: &KeyGrant) -> Run {
+    /// A one-choice chat of "hi", admitted for `grant`, run on the peer `gpu` (and then
+    /// `gpu2`, should `gpu` fail and `failover` say so).
+    async fn run_one(
+        chat: &Arc<ChatService>,
+        keys: &Arc<Keys>,
+        grant: &KeyGrant,
+        failover: Failover,
+    ) -> Run {
         let mut call = Call::new(
             "m".into(),
             ChatRequest {
@@ -623,10 +641,15 @@ mod tests {
             "the call reserves more than it spends"
         );
         call.chat.sampling.max_tokens = charge.max_tokens();
-        let placement = Placement::Remote(vec![crate::router::Destination {
-            name: "gpu".into(),
-            addr: "gpu".into(),
-        }]);
+        call.failover = failover;
+        let placement = Placement::Remote(
+            ["gpu", "gpu2"]
+                .map(|name| crate::router::Destination {
+                    name: name.into(),
+                    addr: name.into(),
+                })
+                .to_vec(),
+        );
         run_placed(Arc::clone(chat), call, placement, Some(charge))
     }
 
@@ -660,7 +683,7 @@ mod tests {
         let (_dir, chat, keys, grant) = keyed(Peer::Answering, "gateway-hang-up");
         const CALLS: u64 = 20;
         for _ in 0..CALLS {
-            let mut run = run_one(&chat, &keys, &grant).await;
+            let mut run = run_one(&chat, &keys, &grant, Failover::Continue).await;
             while let Some(event) = run.next().await {
                 if matches!(event, Event::Done { .. }) {
                     break;
@@ -689,13 +712,55 @@ mod tests {
         assert_eq!(written, 10);
         for (peer, failed) in [(Peer::Unreported, false), (Peer::Failing, true)] {
             let (_dir, chat, keys, grant) = keyed(peer, "gateway-estimates");
-            let run = run_one(&chat, &keys, &grant).await;
+            let run = run_one(&chat, &keys, &grant, Failover::Off).await;
             assert_eq!(run.finish().await.is_err(), failed, "{peer:?}");
             let count = settled(&keys, 1).await;
             assert_eq!(
                 (count.prompt_tokens, count.completion_tokens),
                 (prompt, written),
                 "{peer:?}"
+            );
+        }
+    }
+
+    /// Issue 30, item 6: a chat whose node was lost mid-answer and that went on on the next
+    /// (continued, or asked again whole) is charged once what the lost node spent (the
+    /// estimate of its prompt and of the text it streamed) and once what the next node
+    /// reported; the client's stream carries the lost node's text once, then the next's.
+    #[tokio::test]
+    async fn a_chat_that_failed_over_is_charged_the_lost_node_and_the_answer_once() {
+        let lost = ChatRequest {
+            messages: vec![Message::text(Role::User, "hi")],
+            ..ChatRequest::default()
+        }
+        .estimate_cut_off(WRITTEN.len());
+        for failover in [Failover::Continue, Failover::Whole] {
+            let (_dir, chat, keys, grant) = keyed(Peer::LostOnGpu, "gateway-failover");
+            let mut run = run_one(&chat, &keys, &grant, failover).await;
+            let mut streamed = String::new();
+            let mut answer = None;
+            while let Some(event) = run.next().await {
+                match event {
+                    Event::Delta { text, .. } => streamed.push_str(&text),
+                    Event::Done { response, .. } => answer = Some(response),
+                    Event::Failed(error) => panic!("{failover:?}: {error}"),
+                }
+            }
+            let answer = answer.expect("an answer");
+            assert_eq!(
+                streamed, WRITTEN,
+                "{failover:?}: the lost node's text, once"
+            );
+            let content = match failover {
+                Failover::Continue => format!("{WRITTEN}ok"),
+                _ => "ok".into(),
+            };
+            assert_eq!(answer.content, content, "{failover:?}");
+            let count = settled(&keys, 1).await;
+            assert_eq!(
+                (count.prompt_tokens, count.completion_tokens),
+                (lost.prompt_tokens + 3, lost.completion_tokens + 4),
+                "{failover:?}"
             );
         }
     }

@@ -33,3 +33,4 @@ pub(crate) use self::{
     error::GatewayError,
     service::{Gateway, GatewayParts},
 };
+pub(crate) use crate::chat::Failover;

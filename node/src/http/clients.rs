@@ -1,5 +1,6 @@
 //! How the front door meets clients it did not write: request fields the mesh does not know
-//! (`http.unknown_fields`) and model names the fleet does not have (`http.model_aliases`).
+//! (`http.unknown_fields`), model names the fleet does not have (`http.model_aliases`), and
+//! the `x-agentmesh-*` headers every dialect shares ([`failover`], [`dropped_header`]).
 //!
 //! Clients such as Claude Code and Codex send fields their vendor's API accepts and the mesh
 //! has no use for, and add new ones with each release. By default such a field is accepted and
@@ -15,7 +16,11 @@ use std::{collections::HashSet, sync::Mutex};
 
 use axum::http::{HeaderMap, HeaderValue, header};
 
-use crate::config::{HttpConfig, ModelAlias, UnknownFields};
+use super::error::ApiError;
+use crate::{
+    config::{HttpConfig, ModelAlias, UnknownFields},
+    gateway::Failover,
+};
 
 /// Most (client, field) pairs remembered as logged; past it the memory starts again, so a
 /// client that makes up field names cannot make it grow.
@@ -142,6 +147,33 @@ pub(crate) fn client_name(key: Option<&str>, headers: &HeaderMap) -> String {
     mesh_domain::text::truncate(&name, MAX_CLIENT_LEN).to_owned()
 }
 
+/// The request header that turns failover off once text went out: `off` (`on`, the default,
+/// keeps it).
+pub(crate) const FAILOVER_HEADER: &str = "x-agentmesh-failover";
+
+/// What a chat asked with `headers` does when the node serving it fails after passing text on:
+/// a `streamed` answer continues on the next node from that text (the client has it already),
+/// a whole one is asked again there; with [`FAILOVER_HEADER`] `off` it ends with the failure,
+/// as a client that wants strict behaviour asks. Another value is a 400 naming the header.
+pub(crate) fn failover(headers: &HeaderMap, streamed: bool) -> Result<Failover, ApiError> {
+    let on = match headers.get(FAILOVER_HEADER).map(HeaderValue::to_str) {
+        None => true,
+        Some(Ok(value)) if value.trim().eq_ignore_ascii_case("on") => true,
+        Some(Ok(value)) if value.trim().eq_ignore_ascii_case("off") => false,
+        Some(value) => {
+            let shown = value.map_or("(not text)", |v| mesh_domain::text::truncate(v, 64));
+            return Err(ApiError::bad_request(format!(
+                "{FAILOVER_HEADER}: `{shown}` is neither `on` nor `off` (`off` ends a chat whose node fails mid-answer instead of going on on the next node)"
+            )));
+        }
+    };
+    Ok(match (on, streamed) {
+        (false, _) => Failover::Off,
+        (true, true) => Failover::Continue,
+        (true, false) => Failover::Whole,
+    })
+}
+
 /// The response header naming a request's tools the model was not offered.
 pub(crate) const DROPPED_TOOLS_HEADER: &str = "x-agentmesh-dropped-tools";
 
@@ -218,6 +250,32 @@ impl Unknown {
 mod tests {
     use super::*;
     use crate::config::Listen;
+
+    /// A streamed answer continues, a whole one is asked again, `off` (any case) is strict,
+    /// and another value is a 400 naming the header.
+    #[test]
+    fn the_failover_header_only_makes_a_chat_stricter() {
+        let with = |value: Option<&str>, streamed| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(
+                    FAILOVER_HEADER,
+                    HeaderValue::from_str(value).expect("value"),
+                );
+            }
+            failover(&headers, streamed).map_err(|e| e.message)
+        };
+        assert_eq!(with(None, true), Ok(Failover::Continue));
+        assert_eq!(with(None, false), Ok(Failover::Whole));
+        assert_eq!(with(Some("on"), true), Ok(Failover::Continue));
+        assert_eq!(with(Some("Off"), true), Ok(Failover::Off));
+        assert_eq!(with(Some("off"), false), Ok(Failover::Off));
+        let refused = with(Some("sometimes"), true).expect_err("not on or off");
+        assert!(
+            refused.starts_with("x-agentmesh-failover: `sometimes`"),
+            "{refused}"
+        );
+    }
 
     fn clients(aliases: &[(&str, bool, &str)]) -> Clients {
         Clients::new(&HttpConfig {

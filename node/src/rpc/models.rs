@@ -156,7 +156,7 @@ fn model_status(error: &ModelError) -> Status {
     }
 }
 
-fn remote_chat_error(status: &Status, streamed: bool) -> RemoteChatError {
+fn remote_chat_error(status: &Status, streamed: String) -> RemoteChatError {
     RemoteChatError {
         message: format!("{}: {}", status.code(), status.message()),
         streamed,
@@ -164,7 +164,7 @@ fn remote_chat_error(status: &Status, streamed: bool) -> RemoteChatError {
     }
 }
 
-fn failure(message: impl Into<String>, streamed: bool) -> RemoteChatError {
+fn failure(message: impl Into<String>, streamed: String) -> RemoteChatError {
     RemoteChatError {
         message: message.into(),
         streamed,
@@ -237,7 +237,7 @@ async fn embed_remote(
     model: &str,
     request: &EmbedRequest,
 ) -> Result<EmbedResponse, RemoteChatError> {
-    let fail = |message: String| failure(message, false);
+    let fail = |message: String| failure(message, String::new());
     let channel = channels.get(addr).await.map_err(|e| fail(e.to_string()))?;
     let mut client = pb::models_client::ModelsClient::new(channel)
         .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
@@ -266,7 +266,7 @@ async fn embed_remote(
                     } else {
                         format!("{}: {}", status.code(), status.message())
                     },
-                    ..remote_chat_error(&status, false)
+                    ..remote_chat_error(&status, String::new())
                 });
             }
         };
@@ -292,7 +292,7 @@ async fn chat_remote(
     request: &ChatRequest,
     deltas: &Deltas,
 ) -> Result<ChatResponse, RemoteChatError> {
-    let fail = |message: String| failure(message, false);
+    let fail = |message: String| failure(message, String::new());
     let channel = channels.get(addr).await.map_err(|e| fail(e.to_string()))?;
     let mut client = pb::models_client::ModelsClient::new(channel)
         .max_decoding_message_size(4 * super::MAX_MESSAGE_BYTES)
@@ -315,10 +315,11 @@ async fn chat_remote(
             ) {
                 channels.forget(addr);
             }
-            return Err(remote_chat_error(&status, false));
+            return Err(remote_chat_error(&status, String::new()));
         }
     };
-    let mut streamed = false;
+    // What went out, for the next node to continue from should this one fail.
+    let mut streamed = String::new();
     loop {
         let idle = deadlines
             .chat_idle
@@ -327,7 +328,7 @@ async fn chat_remote(
             Ok(Some(pb::ChatChunk {
                 kind: Some(pb::chat_chunk::Kind::Delta(text)),
             })) => {
-                streamed = true;
+                streamed.push_str(&text);
                 // Not reading the stream while the reader is behind: HTTP/2 flow control
                 // then holds the peer's model back.
                 let _ = deltas.send(text).await;

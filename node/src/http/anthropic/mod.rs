@@ -48,7 +48,7 @@ use self::{
     wire::{Obj, body_json},
 };
 use super::{
-    clients::{client_name, dropped_header},
+    clients::{client_name, dropped_header, failover},
     door::FrontDoor,
     encode,
     error::{ApiError, ErrorKind},
@@ -64,11 +64,12 @@ pub(super) async fn messages(
 ) -> Result<Response, ApiError> {
     check_version(&headers)?;
     let MessagesRequest {
-        call,
+        mut call,
         stream,
         unknown,
         dropped,
     } = read_messages(&body, door.clients.reading())?;
+    call.failover = failover(&headers, stream)?;
     let client = client_name(caller.key_name(), &headers);
     door.clients.ignored(&client, "/v1/messages", &unknown);
     door.clients

@@ -27,6 +27,7 @@ use std::{sync::Arc, time::Instant};
 use axum::{
     Json,
     extract::{Extension, State},
+    http::HeaderMap,
     response::{IntoResponse, Response},
 };
 use mesh_domain::{EmbedRequest, EmbedResponse};
@@ -41,7 +42,7 @@ use self::{
     },
     wire::{EmbedBody, NDJSON, ShowBody, VERSION, read},
 };
-use super::{door::FrontDoor, encode, error::ApiError};
+use super::{clients::failover, door::FrontDoor, encode, error::ApiError};
 use crate::gateway::{Call, DoorCaller};
 
 /// The answer to a request with nothing to say (no messages, or an empty prompt): Ollama loads
@@ -61,6 +62,7 @@ fn load_answer(kind: Kind, model: &str) -> Response {
 async fn answer(
     door: Arc<FrontDoor>,
     caller: DoorCaller,
+    headers: &HeaderMap,
     read: Read,
 ) -> Result<Response, ApiError> {
     let Read {
@@ -76,6 +78,7 @@ async fn answer(
     }
     let fleet = door.fleet_models();
     call = Call::new(resolve(&call.model, &fleet), call.chat);
+    call.failover = failover(headers, stream)?;
     if call.chat.messages.is_empty() {
         if !fleet.contains_key(&call.model) {
             return Err(model_not_found(&call.model));
@@ -116,18 +119,20 @@ async fn answer(
 pub(super) async fn chat(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
+    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    answer(door, caller, read_chat(&body)?).await
+    answer(door, caller, &headers, read_chat(&body)?).await
 }
 
 /// `POST /api/generate`.
 pub(super) async fn generate(
     State(door): State<Arc<FrontDoor>>,
     Extension(caller): Extension<DoorCaller>,
+    headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    answer(door, caller, read_generate(&body)?).await
+    answer(door, caller, &headers, read_generate(&body)?).await
 }
 
 /// Embeds the texts through the gateway; a `dimensions` other than the model's is a 400.

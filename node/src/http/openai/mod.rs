@@ -43,7 +43,12 @@ use self::{
     stream::Chunks,
     translate::{completion_id, completion_json, model_entry},
 };
-use super::{clients::client_name, door::FrontDoor, encode, error::ApiError};
+use super::{
+    clients::{client_name, failover},
+    door::FrontDoor,
+    encode,
+    error::ApiError,
+};
 use mesh_domain::time::now_s;
 
 use crate::gateway::DoorCaller;
@@ -57,10 +62,11 @@ pub(super) async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let mut unknown = door.clients.reading();
     let ChatCompletion {
-        call,
+        mut call,
         stream,
         include_usage,
     } = read_chat_completion(&body, &mut unknown)?;
+    call.failover = failover(&headers, stream)?;
     door.clients.ignored(
         &client_name(caller.key_name(), &headers),
         "/v1/chat/completions",

@@ -45,7 +45,7 @@ use self::{
 use crate::{
     gateway::{Call, DoorCaller},
     http::{
-        clients::{client_name, dropped_header},
+        clients::{client_name, dropped_header, failover},
         door::FrontDoor,
         encode,
         error::ApiError,
@@ -83,7 +83,8 @@ pub(crate) async fn create(
         .map(|i| Message::text(Role::System, i.clone()))
         .chain(conversation.iter().cloned())
         .collect();
-    let call = door.aliased(Call::new(request.model.clone(), chat));
+    let mut call = door.aliased(Call::new(request.model.clone(), chat));
+    call.failover = failover(&headers, request.stream)?;
     let run = door.gateway.start(&caller, call).await?;
     let head = Head {
         id: conversations.new_id(),

@@ -44,12 +44,41 @@ pub enum Reply {
     Garbage,
 }
 
+/// Holds the replies scripted [`Scripted::until`] it back until the test opens it: a model
+/// that answers when the test says so, however long that takes.
+#[derive(Debug, Clone)]
+pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Lets every reply held at it (and every later one) through.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn passed(&self) {
+        let _ = self.0.subscribe().wait_for(|open| *open).await;
+    }
+}
+
 /// A reply and the usage it reports.
 #[derive(Debug, Clone)]
 pub struct Scripted {
     reply: Reply,
     usage: (u64, u64),
     delay: std::time::Duration,
+    /// Held back until this gate opens.
+    gate: Option<Gate>,
     /// Answer one JSON completion even when the request asked for a stream.
     ignore_stream: bool,
     /// Report as usage all the request could cost: a token per byte of its messages' text,
@@ -63,6 +92,7 @@ impl Scripted {
             reply,
             usage,
             delay: std::time::Duration::ZERO,
+            gate: None,
             ignore_stream: false,
             spend_all: false,
         }
@@ -109,6 +139,12 @@ impl Scripted {
     /// Answers only after `delay` (a model that takes its time).
     pub fn after(mut self, delay: std::time::Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// Answers only once `gate` is open (the request counts as in flight meanwhile).
+    pub fn until(mut self, gate: &Gate) -> Self {
+        self.gate = Some(gate.clone());
         self
     }
 
@@ -369,6 +405,9 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
         (next, in_flight)
     };
     tokio::time::sleep(next.delay).await;
+    if let Some(gate) = &next.gate {
+        gate.passed().await;
+    }
     let stream = body["stream"].as_bool().unwrap_or(false) && !next.ignore_stream;
     let model = body["model"].as_str().unwrap_or("fake").to_owned();
     let (prompt, completion) = if next.spend_all {

@@ -122,10 +122,11 @@ pub(crate) async fn drain(conn: &ConnArgs, args: DrainArgs) -> anyhow::Result<()
         answer.queued
     );
     if answer.running + answer.queued > 0 {
-        let left = Duration::from_millis(answer.hand_over_at_ms.saturating_sub(unix_ms()));
+        // In whole seconds, rounded up: `10m` rather than `9m 59s` just after a 10-minute drain.
+        let left_ms = answer.hand_over_at_ms.saturating_sub(unix_ms());
         show!(
             "  in {} the tasks still there end: one another node sent goes back to it, which runs it elsewhere; {name}'s own are cancelled",
-            humantime::format_duration(Duration::from_secs(left.as_secs()))
+            humantime::format_duration(Duration::from_secs(left_ms.div_ceil(1000)))
         );
     }
     show!(

@@ -41,6 +41,57 @@ fn gpu_node(h: &Harness, fake: &FakeOpenAi, node_keys: &str) -> NodeProcess {
     .expect("gpu")
 }
 
+/// `gpu` (with `node_keys`) and `laptop`, each up in the other's view.
+fn gpu_and_laptop(h: &Harness, fake: &FakeOpenAi, node_keys: &str) -> (NodeProcess, NodeProcess) {
+    let gpu = gpu_node(h, fake, node_keys);
+    let laptop = h
+        .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
+        .expect("laptop");
+    h.wait_all_up(&[&gpu, &laptop], DEADLINE).expect("mesh");
+    (gpu, laptop)
+}
+
+/// `spare`, a node without a GPU whose role `chat` is `fake`, dialing `gpu`.
+fn spare_node(h: &Harness, fake: &FakeOpenAi, gpu: &NodeProcess) -> NodeProcess {
+    h.spawn(
+        NodeOptions::new("spare")
+            .peer(&gpu.addr)
+            .extra(&model_config(fake, false)),
+    )
+    .expect("spare")
+}
+
+/// Runs a task on `gpu` directly whose model answers `answer` once `gate` opens, and returns
+/// its caller once it runs there.
+fn held_task(
+    h: &Harness,
+    gpu: &NodeProcess,
+    fake: &FakeOpenAi,
+    gate: &Gate,
+    answer: &str,
+) -> Child {
+    fake.push([Scripted::text(answer).until(gate)]);
+    let caller = run_in_background(h, gpu, "a held task");
+    wait_for("the held task running", DEADLINE, || {
+        task_with_status(h, gpu, "running")
+    })
+    .expect("running");
+    caller
+}
+
+/// How `observer`'s router sees `node` for a `chat` task (`run --explain`).
+fn explained(h: &Harness, observer: &NodeProcess, node: &str) -> Value {
+    let explain = json(&h.cli_ok(
+        observer,
+        &["run", "--role", "chat", "--explain", "--json", "x"],
+    ));
+    explain["candidates"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["node"] == node))
+        .cloned()
+        .unwrap_or_else(|| panic!("{node} not listed: {explain:#}"))
+}
+
 fn run_in_background(h: &Harness, node: &NodeProcess, prompt: &str) -> Child {
     h.cli_command(node, &["run", "--json", "--role", "chat", prompt])
         .stdout(Stdio::piped())
@@ -66,6 +117,14 @@ fn result(mut child: Child) -> Value {
             String::from_utf8_lossy(&output.stderr)
         )
     })
+}
+
+/// Asserts that the task `caller` follows completed on `node` with `output`.
+fn completed_on(caller: Child, node: &str, output: &str) {
+    let done = result(caller);
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(done["executed_on"], node, "{done:#}");
+    assert_eq!(done["output"], output, "{done:#}");
 }
 
 /// The id of a task of `status` on `node`.
@@ -97,32 +156,17 @@ fn a_drained_node_passes_on_its_queue_finishes_what_runs_and_takes_nothing_new_u
     let h = Harness::new().expect("harness");
     let (fake_gpu, fake_spare) = (FakeOpenAi::start(), FakeOpenAi::start());
     let gate = Gate::new();
-    let gpu = gpu_node(&h, &fake_gpu, "");
-    let laptop = h
-        .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
-        .expect("laptop");
-    h.wait_all_up(&[&gpu, &laptop], DEADLINE).expect("mesh");
+    let (gpu, laptop) = gpu_and_laptop(&h, &fake_gpu, "");
 
     // One task runs on gpu (held by its model), the next waits in its queue: no other node
     // serves `chat` yet.
-    fake_gpu.push([Scripted::text("first, on gpu").until(&gate)]);
-    let first = run_in_background(&h, &gpu, "first");
-    wait_for("the first task running", DEADLINE, || {
-        task_with_status(&h, &gpu, "running")
-    })
-    .expect("running");
+    let first = held_task(&h, &gpu, &fake_gpu, &gate, "first, on gpu");
     let second = run_in_background(&h, &gpu, "second");
     let second_id = wait_for("the second task queued", DEADLINE, || {
         task_with_status(&h, &gpu, "queued")
     })
     .expect("queued");
-    let spare = h
-        .spawn(
-            NodeOptions::new("spare")
-                .peer(&gpu.addr)
-                .extra(&model_config(&fake_spare, false)),
-        )
-        .expect("spare");
+    let spare = spare_node(&h, &fake_spare, &gpu);
     h.wait_all_up(&[&gpu, &laptop, &spare], DEADLINE)
         .expect("mesh");
     fake_spare.push([
@@ -141,10 +185,7 @@ fn a_drained_node_passes_on_its_queue_finishes_what_runs_and_takes_nothing_new_u
     assert_eq!(drained["queued"], 0, "{drained:#}");
 
     // The queued task completes on spare; its caller follows it on gpu all along.
-    let second = result(second);
-    assert_eq!(second["status"], "completed", "{second:#}");
-    assert_eq!(second["executed_on"], "spare", "{second:#}");
-    assert_eq!(second["output"], "second, on spare");
+    completed_on(second, "spare", "second, on spare");
     let events = h.task_events(&gpu, &second_id);
     assert!(
         events.iter().any(|e| e["type"] == "warning"
@@ -162,17 +203,9 @@ fn a_drained_node_passes_on_its_queue_finishes_what_runs_and_takes_nothing_new_u
 
     // New work goes elsewhere: the router says why gpu is left out, and asking for gpu
     // alone finds no node.
-    let explain = json(&h.cli_ok(
-        &laptop,
-        &["run", "--role", "chat", "--explain", "--json", "x"],
-    ));
-    let candidates = explain["candidates"].as_array().expect("candidates");
-    let on_gpu = candidates
-        .iter()
-        .find(|c| c["node"] == "gpu")
-        .expect("gpu listed");
-    assert_eq!(on_gpu["reason"], "draining", "{explain:#}");
-    assert_eq!(on_gpu["eligible"], false, "{explain:#}");
+    let on_gpu = explained(&h, &laptop, "gpu");
+    assert_eq!(on_gpu["reason"], "draining", "{on_gpu:#}");
+    assert_eq!(on_gpu["eligible"], false, "{on_gpu:#}");
     let (code, third) = h
         .run_json(&laptop, &["--role", "chat", "third"])
         .expect("run");
@@ -187,10 +220,7 @@ fn a_drained_node_passes_on_its_queue_finishes_what_runs_and_takes_nothing_new_u
 
     // The running task finishes where it runs; then nothing is left: `drained`.
     gate.open();
-    let first = result(first);
-    assert_eq!(first["status"], "completed", "{first:#}");
-    assert_eq!(first["executed_on"], "gpu", "{first:#}");
-    assert_eq!(first["output"], "first, on gpu");
+    completed_on(first, "gpu", "first, on gpu");
     wait_state(&h, &laptop, "gpu", "drained");
     let status = h.cli_ok(&laptop, &["status"]);
     assert!(
@@ -222,17 +252,8 @@ fn a_drained_node_passes_on_its_queue_finishes_what_runs_and_takes_nothing_new_u
 fn at_the_timeout_a_task_another_node_sent_goes_back_to_it_and_completes_elsewhere() {
     let h = Harness::new().expect("harness");
     let (fake_gpu, fake_spare) = (FakeOpenAi::start(), FakeOpenAi::start());
-    let gpu = gpu_node(&h, &fake_gpu, "");
-    let spare = h
-        .spawn(
-            NodeOptions::new("spare")
-                .peer(&gpu.addr)
-                .extra(&model_config(&fake_spare, false)),
-        )
-        .expect("spare");
-    let laptop = h
-        .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
-        .expect("laptop");
+    let (gpu, laptop) = gpu_and_laptop(&h, &fake_gpu, "");
+    let spare = spare_node(&h, &fake_spare, &gpu);
     h.wait_all_up(&[&gpu, &spare, &laptop], DEADLINE)
         .expect("mesh");
     fake_gpu.push([Scripted::stall()]);
@@ -248,10 +269,7 @@ fn at_the_timeout_a_task_another_node_sent_goes_back_to_it_and_completes_elsewhe
     assert_eq!(drained["running"], 1, "{drained:#}");
 
     // At the timeout gpu hands it back; the laptop runs it on spare, as when a node is lost.
-    let done = result(caller);
-    assert_eq!(done["status"], "completed", "{done:#}");
-    assert_eq!(done["executed_on"], "spare", "{done:#}");
-    assert_eq!(done["output"], "done on spare");
+    completed_on(caller, "spare", "done on spare");
     let events = h.task_events(&laptop, &id);
     let moved = events
         .iter()
@@ -320,8 +338,8 @@ fn a_caller_not_allowed_the_shell_tier_may_not_drain_a_node() {
     );
     // Nothing changed: it still takes work.
     assert_eq!(h.state_of(&gpu, "gpu").as_deref(), Some("up"));
-    let explain = json(&h.cli_ok(&gpu, &["run", "--role", "chat", "--explain", "--json", "x"]));
-    assert_eq!(explain["candidates"][0]["eligible"], true, "{explain:#}");
+    let on_gpu = explained(&h, &gpu, "gpu");
+    assert_eq!(on_gpu["eligible"], true, "{on_gpu:#}");
 }
 
 #[test]
@@ -329,37 +347,16 @@ fn sigterm_with_drain_on_stop_lets_a_running_task_finish_while_peers_see_the_nod
     let h = Harness::new().expect("harness");
     let fake = FakeOpenAi::start();
     let gate = Gate::new();
-    let mut gpu = gpu_node(&h, &fake, "drain_on_stop_s = 120");
-    let laptop = h
-        .spawn(NodeOptions::new("laptop").peer(&gpu.addr))
-        .expect("laptop");
-    h.wait_all_up(&[&gpu, &laptop], DEADLINE).expect("mesh");
-    fake.push([Scripted::text("finished before leaving").until(&gate)]);
-    let caller = run_in_background(&h, &gpu, "finish me");
-    wait_for("the task running", DEADLINE, || {
-        task_with_status(&h, &gpu, "running")
-    })
-    .expect("running");
+    let (mut gpu, laptop) = gpu_and_laptop(&h, &fake, "drain_on_stop_s = 120");
+    let caller = held_task(&h, &gpu, &fake, &gate, "finished before leaving");
 
     gpu.signal("TERM").expect("sigterm");
     // Still a member while it drains, and one no router sends work to.
     wait_state(&h, &laptop, "gpu", "draining");
-    let explain = json(&h.cli_ok(
-        &laptop,
-        &["run", "--role", "chat", "--explain", "--json", "x"],
-    ));
-    let on_gpu = explain["candidates"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["node"] == "gpu"))
-        .cloned()
-        .expect("gpu listed");
-    assert_eq!(on_gpu["reason"], "draining", "{explain:#}");
+    assert_eq!(explained(&h, &laptop, "gpu")["reason"], "draining");
 
     gate.open();
-    let done = result(caller);
-    assert_eq!(done["status"], "completed", "{done:#}");
-    assert_eq!(done["executed_on"], "gpu", "{done:#}");
-    assert_eq!(done["output"], "finished before leaving");
+    completed_on(caller, "gpu", "finished before leaving");
     assert_eq!(
         gpu.wait_exit(DEADLINE).expect("exit"),
         Some(0),

@@ -52,13 +52,17 @@ pub(crate) struct UndrainArgs {
 /// there, so the request goes to the node itself.
 async fn node_conn(conn: &ConnArgs, node: &str) -> anyhow::Result<ConnArgs> {
     let fleet = nodes::fleet(conn).await?;
-    let is = |n: &serde_json::Value, key: &str| n[key].as_str() == Some(node);
-    let found = fleet.iter().find(|n| is(n, "name")).or_else(|| {
-        let mut by_id = fleet.iter().filter(|n| {
-            node.len() >= 12 && n["id"].as_str().is_some_and(|id| id.starts_with(node))
+    // A name first; else an id, or a prefix of one at least as long as the short id `status`
+    // shows, that only one node's id starts with.
+    let found = fleet
+        .iter()
+        .find(|n| n["name"].as_str() == Some(node))
+        .or_else(|| {
+            let mut by_id = fleet.iter().filter(|n| {
+                node.len() >= 12 && n["id"].as_str().is_some_and(|id| id.starts_with(node))
+            });
+            by_id.next().filter(|_| by_id.next().is_none())
         });
-        by_id.next().filter(|_| by_id.next().is_none())
-    });
     let Some(found) = found else {
         let known: Vec<&str> = fleet.iter().filter_map(|n| n["name"].as_str()).collect();
         return Err(anyhow!(
@@ -75,7 +79,7 @@ async fn node_conn(conn: &ConnArgs, node: &str) -> anyhow::Result<ConnArgs> {
         )
     {
         return Err(anyhow!(
-            "`{node}` is {} in the fleet {} sees: only a node that is up can be drained",
+            "`{node}` is {} in the fleet {} sees: only a node that is up can be drained or undrained",
             found["state"].as_str().unwrap_or("unknown"),
             conn.node
         ));

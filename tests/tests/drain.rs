@@ -235,8 +235,12 @@ fn a_drained_node_passes_on_its_queue_finishes_what_runs_and_takes_nothing_new_u
         "gpu's model ran the first task only"
     );
 
-    // Undrained, it takes work again (and ranks first, with its GPU).
-    let undrained = json(&h.cli_ok(&laptop, &["undrain", "gpu", "--json"]));
+    // Undrained (named by its short id this time), it takes work again (and ranks first, with
+    // its GPU).
+    let status = h.status(&gpu).expect("status");
+    let id = &status["nodes"][0]["id"].as_str().expect("id")[..12];
+    let undrained = json(&h.cli_ok(&laptop, &["undrain", id, "--json"]));
+    assert_eq!(undrained["node"], "gpu", "{undrained:#}");
     assert_eq!(undrained["was_draining"], true, "{undrained:#}");
     assert_eq!(undrained["state"], "up", "{undrained:#}");
     wait_state(&h, &laptop, "gpu", "up");
@@ -312,7 +316,10 @@ fn a_caller_not_allowed_the_shell_tier_may_not_drain_a_node() {
                 .extra(&model_config(&fake, true)),
         )
         .expect("gpu");
-    for command in [["drain", "gpu"], ["undrain", "gpu"]] {
+    // By name, and by id prefix (the short id `status` shows): the node itself refuses.
+    let status = h.status(&gpu).expect("status");
+    let id = status["nodes"][0]["id"].as_str().expect("id")[..12].to_owned();
+    for command in [["drain", "gpu"], ["undrain", id.as_str()]] {
         let output = h.cli(&gpu, &command).expect("mesh-cli");
         assert_eq!(output.status.code(), Some(1), "{command:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);

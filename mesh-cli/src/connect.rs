@@ -19,7 +19,7 @@ use mesh_tls::{Dialer, MeshTls, TlsFiles};
 
 // The flags every command shares: which node, and the certificate to show it. (No doc comment:
 // clap would read it as help text.)
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct ConnArgs {
     /// Node to talk to: a node's name (as `status` lists it, looked up in the local node's
     /// peer table), HOST:PORT, or HOST (port 7700). Default: the local node (the address a

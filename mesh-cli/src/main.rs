@@ -51,6 +51,7 @@ mod ca;
 mod config;
 mod connect;
 mod cron;
+mod drain;
 mod join;
 mod keys;
 mod memory;
@@ -96,6 +97,19 @@ enum Command {
     /// Inspect nodes.
     #[command(subcommand)]
     Nodes(nodes::NodesCommand),
+    /// Drain a node before maintenance: no new tasks or chats; its work moves or finishes.
+    ///
+    /// The node takes no new tasks or chats (every router leaves it out, reason `draining`),
+    /// passes its queued tasks to other nodes, and lets running ones finish; at --timeout, a
+    /// task another node sent is handed back to that node (which runs it elsewhere) and the
+    /// drained node's own are cancelled. `status` shows it `draining` while work remains, then
+    /// `drained`. A restart ends the drain.
+    ///
+    /// Needs an operator of that node: a client certificate it allows the `shell` tier
+    /// (`security.client_max_tier = "shell"`), or the mesh-cli certificate of its own machine.
+    Drain(drain::DrainArgs),
+    /// End a drain: the node takes tasks and chats again. Who may: as for `drain`.
+    Undrain(drain::UndrainArgs),
     /// Run an agent task and stream its output.
     ///
     /// Name what runs it with --role, --model or --persona; without them, role `chat` when the
@@ -225,6 +239,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Status { json, watch } => nodes::status(&cli.conn, json, watch).await,
         Command::Nodes(command) => nodes::run(&cli.conn, command).await,
+        Command::Drain(args) => drain::drain(&cli.conn, args).await,
+        Command::Undrain(args) => drain::undrain(&cli.conn, args).await,
         Command::Run(args) => run::run(&cli.conn, args).await,
         Command::Tasks(args) => tasks::tasks(&cli.conn, args).await,
         Command::Memory(command) => memory::run(&cli.conn, command).await,

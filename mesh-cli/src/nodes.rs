@@ -225,7 +225,7 @@ fn status_rows(nodes: &[Value]) -> Vec<[String; 12]> {
 /// word on its health is old news.
 fn health_cell(node: &Value) -> String {
     const MAX: usize = 64;
-    if !matches!(node["state"].as_str(), Some("up" | "suspect")) {
+    if !is_live(node) {
         return "-".into();
     }
     let status = node["health"]["status"].as_str().unwrap_or("unknown");
@@ -264,9 +264,17 @@ fn short_reason(reason: &str) -> String {
     }
 }
 
+/// Whether `node` is up or suspect (draining and drained are up).
+fn is_live(node: &Value) -> bool {
+    matches!(
+        node["state"].as_str(),
+        Some("up" | "suspect" | "draining" | "drained")
+    )
+}
+
 /// `2 running, 1 queued`; `-` for a node that is not up.
 fn load_cell(node: &Value) -> String {
-    if !matches!(node["state"].as_str(), Some("up" | "suspect")) {
+    if !is_live(node) {
         return "-".into();
     }
     format!(
@@ -423,11 +431,16 @@ fn node_json(
     let resources = info.resources.clone().unwrap_or_default();
     let load = info.load.unwrap_or_default();
     let health = info.health.clone().unwrap_or_default();
+    let state = match state {
+        "up" if info.draining => drain_state(true, load.running, load.queued),
+        other => other,
+    };
     json!({
         "name": info.name,
         "id": info.id,
         "addr": addr,
         "state": state,
+        "draining": info.draining,
         "source": source,
         "version": info.version,
         "protocol": info.protocol,
@@ -474,6 +487,16 @@ fn node_json(
     })
 }
 
+/// The state of an up node as far as a drain goes: `draining` while it has tasks running or
+/// queued, `drained` once it has none, `up` when it is not draining.
+pub(crate) fn drain_state(draining: bool, running: u32, queued: u32) -> &'static str {
+    match (draining, running + queued) {
+        (false, _) => "up",
+        (true, 0) => "drained",
+        (true, _) => "draining",
+    }
+}
+
 fn join(list: &Value, item: impl Fn(&Value) -> Option<String>) -> String {
     let items: Vec<String> = list
         .as_array()
@@ -511,5 +534,33 @@ mod tests {
         let long = health_cell(&node("up", "degraded", &["a: b"; 20]));
         assert_eq!(long.chars().count(), 64, "{long}");
         assert!(long.ends_with('…'), "{long}");
+        assert_eq!(health_cell(&node("draining", "healthy", &[])), "healthy");
+    }
+
+    /// Issue 30, item 5: a draining node is `draining` while work remains on it, `drained`
+    /// once none does; in the table and in `--json` alike.
+    #[test]
+    fn a_draining_node_shows_draining_then_drained() {
+        let info = |draining: bool, running: u32, queued: u32| pb::NodeInfo {
+            name: "gpu".into(),
+            draining,
+            load: Some(pb::Load {
+                running,
+                queued,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let state = |info: &pb::NodeInfo, membership: &str| {
+            node_json(info, "a:1", membership, 0, "static")["state"].clone()
+        };
+        assert_eq!(state(&info(false, 1, 0), "up"), "up");
+        assert_eq!(state(&info(true, 1, 0), "up"), "draining");
+        assert_eq!(state(&info(true, 0, 2), "up"), "draining");
+        assert_eq!(state(&info(true, 0, 0), "up"), "drained");
+        assert_eq!(state(&info(true, 1, 0), "down"), "down");
+        let row = &status_rows(&[node_json(&info(true, 1, 0), "a:1", "up", 0, "static")])[0];
+        assert_eq!(row[3], "draining");
+        assert_eq!(row[8], "1 running, 0 queued");
     }
 }

@@ -3,8 +3,10 @@
 //! cron firing), and every call of this node's MCP tools from another node (`Tools.Call`). It
 //! decides whether a task may run at all (the hop limit, the tier this node allows its caller,
 //! an evaluator role some node serves when it asks for one) and where it runs (the router's
-//! ranking of this node and its peers, and the choice), and counts
-//! the decision in the metrics. Edges map its typed errors to gRPC or HTTP once.
+//! ranking of this node and its peers, and the choice; a draining node takes nothing new), and
+//! counts the decision in the metrics. It also decides who may operate this node (change its
+//! settings and the fleet's keys, drain it) and approve a call. Edges map its typed errors to
+//! gRPC or HTTP once.
 //!
 //! It decides only: it runs, queues and forwards nothing (that is `tasks` and `chat`).
 
@@ -18,7 +20,7 @@ use crate::{
     capabilities::Capabilities,
     metrics::metrics,
     peers::PeerTable,
-    router::{self, Placement, Ranked},
+    router::{self, Destination, Placement, Ranked},
 };
 
 /// Most forwards and sub-task levels a task may go through.
@@ -170,6 +172,15 @@ pub enum AdmissionError {
         "model `{0}` does not support embeddings on any node of the mesh; GET /v1/models lists the models whose capabilities include `embeddings`"
     )]
     CannotEmbed(String),
+    /// This node is draining: it takes no new task from another node, and no chat (the node
+    /// that sent it tries its next candidate).
+    #[error(
+        "{node} is draining: it takes no new tasks or chats (`mesh-cli undrain {node}` returns it to service)"
+    )]
+    Draining {
+        /// This node's name.
+        node: String,
+    },
 }
 
 /// How an operator raises the cap `setting` to `tier`, when a command can.
@@ -183,12 +194,36 @@ fn raise_with(setting: &str, tier: Tier) -> String {
     }
 }
 
-/// Why a certificate may not change this node's settings or the fleet's front-door keys.
+/// What only an operator of a node may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Change its runtime settings (`Settings.Set`) or the fleet's front-door keys (`Keys`).
+    Settings,
+    /// Drain it or end a drain (`Node.Drain`, `Node.Undrain`).
+    Drain,
+}
+
+impl Operation {
+    /// What doing it needs, in words.
+    fn needs(self) -> &'static str {
+        match self {
+            Self::Settings => {
+                "changing a node's runtime settings and the fleet's front-door keys is for the mesh's operators: the mesh-cli certificate of the node's own machine (the one a zero-config node made in its data dir, or the one `mesh-cli join` wrote for the user it runs as), or a client certificate the node lets run `shell` tasks (security.client_max_tier = \"shell\", which an operator sets with `mesh-cli config set security.client_max_tier shell`)"
+            }
+            Self::Drain => {
+                "drain needs a client certificate the node allows the `shell` tier (security.client_max_tier = \"shell\", which an operator sets with `mesh-cli config set security.client_max_tier shell`), or the mesh-cli certificate of the node's own machine"
+            }
+        }
+    }
+}
+
+/// Why a certificate may not do an [`Operation`] on this node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "changing a node's runtime settings and the fleet's front-door keys is for the mesh's operators: the mesh-cli certificate of the node's own machine (the one a zero-config node made in its data dir, or the one `mesh-cli join` wrote for the user it runs as), or a client certificate the node lets run `shell` tasks (security.client_max_tier = \"shell\", which an operator sets with `mesh-cli config set security.client_max_tier shell`); {0}"
-)]
-pub struct OperatorError(String);
+#[error("{}; {why}", operation.needs())]
+pub struct OperatorError {
+    operation: Operation,
+    why: String,
+}
 
 /// Why a certificate may not approve or deny a tool call waiting for approval.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -278,14 +313,16 @@ impl Admission {
         }
     }
 
-    /// Whether `who` may change this node's runtime settings and the fleet's front-door keys:
-    /// an operator. That is a client certificate of this node's own machine (whoever holds
-    /// its key is the user the node runs as, who owns the node's data dir and config anyway),
-    /// or one this node lets run `shell` tasks (which could change anything here through a
-    /// task). The one decision about operators: `rpc::keys` and `rpc::settings` ask it.
-    pub fn may_operate(&self, who: &Principal) -> Result<(), OperatorError> {
+    /// Whether `who` may do `operation` here (change this node's runtime settings and the
+    /// fleet's front-door keys, drain it): an operator. That is a client certificate of this
+    /// node's own machine (whoever holds its key is the user the node runs as, who owns the
+    /// node's data dir and config anyway), or one this node lets run `shell` tasks (which could
+    /// change anything here through a task). The one decision about operators: `rpc::keys`,
+    /// `rpc::settings` and `rpc::drain` ask it.
+    pub fn may_operate(&self, who: &Principal, operation: Operation) -> Result<(), OperatorError> {
+        let refuse = |why: String| OperatorError { operation, why };
         if who.role != Some(CertRole::Client) {
-            return Err(OperatorError(format!(
+            return Err(refuse(format!(
                 "this caller presents {who}, which is not a client certificate"
             )));
         }
@@ -295,7 +332,7 @@ impl Admission {
         self.allows(Tier::Shell, &Caller::Certificate(who.clone()), None)
             .map_err(|_| {
                 let (client, _) = *self.tiers.lock_unpoisoned();
-                OperatorError(format!(
+                refuse(format!(
                     "{who} is neither: it is not of this node's machine, and this node lets client certificates run up to `{client}` (security.client_max_tier)"
                 ))
             })
@@ -398,11 +435,52 @@ impl Admission {
         }
         let forwarded =
             !matches!(caller, Caller::Schedule { .. }) && spec.lineage.task_id.is_some();
+        if forwarded {
+            // Passed on from here it would keep this node in its way; refused, it goes to the
+            // sender's next candidate.
+            self.takes_new_work()?;
+        }
         let choice = self.rank(&spec.target, spec.tier, &spec.require, |ranked| {
             router::choose(ranked, forwarded)
         });
         record("task", &choice);
         choice.map_err(AdmissionError::Nowhere)
+    }
+
+    /// Whether this node takes new work from elsewhere: not while it drains.
+    pub fn takes_new_work(&self) -> Result<(), AdmissionError> {
+        if self.caps.draining() {
+            return Err(AdmissionError::Draining {
+                node: self.caps.name().to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Where a task queued here may go instead while this node drains, as if it were submitted
+    /// again: the best nodes that can run it but this one and those in `exclude` (the node it
+    /// came from, which holds it under the same id). `Nowhere` when no other node can.
+    pub fn place_elsewhere(
+        &self,
+        spec: &TaskSpec,
+        exclude: &[&str],
+    ) -> Result<Vec<Destination>, AdmissionError> {
+        let choice = self.rank(&spec.target, spec.tier, &spec.require, |ranked| {
+            let others: Vec<Ranked<'_>> = ranked
+                .iter()
+                .filter(|r| !r.local && !exclude.contains(&r.node))
+                .cloned()
+                .collect();
+            router::choose(&others, false)
+        });
+        record("task", &choice);
+        match choice {
+            Ok(Placement::Remote(candidates)) => Ok(candidates),
+            Ok(Placement::Local) => Err(AdmissionError::Nowhere(
+                "only this node can run the task".into(),
+            )),
+            Err(why) => Err(AdmissionError::Nowhere(why)),
+        }
     }
 
     /// Where a chat for `target` may run (read tier, no requirements): here or on the best peers.
@@ -527,6 +605,81 @@ mod tests {
         assert_eq!(
             admission.place_chat(&Target::Model("chatty".into())),
             Ok(Placement::Local)
+        );
+    }
+
+    /// Issue 30, item 5: a draining node refuses a task another node sends (`Draining`, which
+    /// the sender takes as "try the next"), and its own callers' tasks and chats find no place
+    /// here, the router saying why.
+    #[test]
+    fn a_draining_node_takes_nothing_new() {
+        let admission = admission_with(
+            "[[models]]\nname = \"m\"\nbackend = \"openai\"\nbase_url = \"http://x/v1\"\nmodel = \"m\"\n[roles]\nchat = [\"m\"]\n",
+        );
+        let chat = Target::Role("chat".into());
+        let sent = || {
+            let mut spec = TaskSpec::new("hi", chat.clone());
+            spec.lineage.task_id = Some("t".into());
+            spec.lineage.origin = "laptop".into();
+            spec.lineage.hops = 1;
+            spec
+        };
+        let node = Caller::Certificate(principal(Some(CertRole::Node)));
+        let client = Caller::Certificate(principal(Some(CertRole::Client)));
+        assert_eq!(admission.admit(&mut sent(), &node), Ok(Placement::Local));
+
+        admission.caps.set_draining(true);
+        let refused = admission
+            .admit(&mut sent(), &node)
+            .expect_err("a draining node takes no task from elsewhere");
+        assert_eq!(refused, AdmissionError::Draining { node: "me".into() });
+        assert!(
+            refused.to_string().contains("`mesh-cli undrain me`"),
+            "{refused}"
+        );
+        assert_eq!(admission.takes_new_work(), Err(refused));
+        let nowhere = |result: Result<Placement, AdmissionError>| match result {
+            Err(AdmissionError::Nowhere(why)) => why,
+            other => panic!("placed: {other:?}"),
+        };
+        let own = nowhere(admission.admit(&mut TaskSpec::new("hi", chat.clone()), &client));
+        assert!(own.contains("me (this node): draining"), "{own}");
+        let chats = nowhere(admission.place_chat(&chat));
+        assert!(chats.contains("draining"), "{chats}");
+
+        admission.caps.set_draining(false);
+        assert_eq!(admission.admit(&mut sent(), &node), Ok(Placement::Local));
+        assert_eq!(admission.place_chat(&chat), Ok(Placement::Local));
+    }
+
+    /// Draining needs an operator, as the settings do, and the refusal says what it needs.
+    #[test]
+    fn only_an_operator_may_drain_and_the_refusal_says_what_is_needed() {
+        // `admission_with` leaves `security.client_max_tier` at `write`.
+        let admission = admission_with("");
+        let error = admission
+            .may_operate(&principal(Some(CertRole::Client)), Operation::Drain)
+            .expect_err("a client allowed `write` only");
+        let text = error.to_string();
+        assert!(
+            text.starts_with("drain needs a client certificate the node allows the `shell` tier"),
+            "{text}"
+        );
+        assert!(
+            text.contains("lets client certificates run up to `write`"),
+            "{text}"
+        );
+        for role in [Some(CertRole::Node), None] {
+            let text = admission
+                .may_operate(&principal(role), Operation::Drain)
+                .expect_err("not a client")
+                .to_string();
+            assert!(text.contains("not a client certificate"), "{text}");
+        }
+        admission.set_tiers(Tier::Shell, Tier::Read);
+        assert_eq!(
+            admission.may_operate(&principal(Some(CertRole::Client)), Operation::Drain),
+            Ok(())
         );
     }
 

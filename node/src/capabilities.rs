@@ -10,7 +10,7 @@ use std::{
     process::Stdio,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU32, Ordering},
+        atomic::{AtomicBool, AtomicU32, Ordering},
     },
     time::{Duration, SystemTime},
 };
@@ -103,6 +103,8 @@ pub struct Capabilities {
     model_speeds: Mutex<BTreeMap<String, watch::Receiver<Option<f64>>>>,
     /// The tools of this node's MCP servers that it advertises, as `mcp` publishes them.
     mcp_tools: Mutex<Option<watch::Receiver<Arc<[McpToolInfo]>>>>,
+    /// Whether the node is draining (`NodeInfo.draining`), as `tasks::Drain` sets it.
+    draining: AtomicBool,
 }
 
 /// A failing background loop makes the node `degraded`, named after the loop.
@@ -166,6 +168,7 @@ impl Capabilities {
             remote_max_tier: config.remote_max_tier,
             memory_seq: 0,
             mcp_tools: Arc::default(),
+            draining: false,
         };
         Self {
             base,
@@ -184,6 +187,7 @@ impl Capabilities {
             memory_seq: Mutex::default(),
             model_speeds: Mutex::default(),
             mcp_tools: Mutex::default(),
+            draining: AtomicBool::new(false),
         }
     }
 
@@ -251,6 +255,21 @@ impl Capabilities {
         self.notify();
     }
 
+    /// Whether the node is draining.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Starts or ends draining, and tells watchers when that changes it (so the fleet's
+    /// routers learn it at once). Returns whether it was draining before.
+    pub fn set_draining(&self, draining: bool) -> bool {
+        let before = self.draining.swap(draining, Ordering::SeqCst);
+        if before != draining {
+            self.notify();
+        }
+        before
+    }
+
     /// Records the outcome of a health check; `None` clears it.
     pub fn set_check(&self, component: &str, failure: Option<(HealthStatus, String)>) {
         let mut checks = self.checks.lock_unpoisoned();
@@ -308,6 +327,7 @@ impl Capabilities {
         gpus.extend(self.declared_gpus.lock_unpoisoned().iter().cloned());
         info.resources.gpus = gpus;
         info.remote_max_tier = self.remote_max_tier();
+        info.draining = self.draining();
         info.load = self.load.get();
         info.health = self.health();
         info.memory_seq = self

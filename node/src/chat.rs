@@ -313,6 +313,12 @@ impl ChatService {
         }
     }
 
+    /// Whether this node takes a chat or embeddings from another node now: not while it
+    /// drains (the sender tries its next node).
+    pub fn takes_new_work(&self) -> Result<(), AdmissionError> {
+        self.admission.takes_new_work()
+    }
+
     /// Whether this node serves `target`.
     pub fn serves(&self, target: &Target) -> bool {
         self.chain(target).is_some()

@@ -431,6 +431,7 @@ mod tests {
             remote_max_tier: mesh_domain::Tier::Read,
             memory_seq: 0,
             mcp_tools: Default::default(),
+            draining: false,
         }
     }
 

@@ -2,7 +2,8 @@
 //! snapshot of the fleet, with no I/O, so it is tested table-driven and benchmarked directly.
 //!
 //! Hard filters, in order (the first that fails is the reason a node is excluded): the node is
-//! up; it is the node asked for (`on`: its name, else its id or a prefix of at least 12 hex
+//! up; it is not draining (`mesh-cli drain`: reason `draining`, this node's own flag included);
+//! it is the node asked for (`on`: its name, else its id or a prefix of at least 12 hex
 //! digits that no other node's id starts with, [`requested`]); it serves the role, model or
 //! persona; it has a GPU and
 //! enough VRAM when required; it carries the required labels; it accepts the task's tier (for
@@ -48,6 +49,9 @@ pub struct Ranked<'a> {
     /// `Ok(score)` when eligible (higher is better), `Err(reason)` when excluded.
     pub verdict: Result<f64, String>,
 }
+
+/// Why a draining node is excluded (`mesh-cli drain`), exactly as `--explain` shows it.
+pub(crate) const DRAINING: &str = "draining";
 
 /// Which node a task's `on` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,6 +227,9 @@ fn exclusion(
     if c.state != PeerState::Up {
         return Some(c.state.as_str().to_owned());
     }
+    if info.draining {
+        return Some(DRAINING.to_owned());
+    }
     if let Some(why) = on.and_then(|on| on.excludes(info)) {
         return Some(why);
     }
@@ -396,6 +403,7 @@ mod tests {
             remote_max_tier: Tier::Read,
             memory_seq: 0,
             mcp_tools: Default::default(),
+            draining: false,
         }
     }
 
@@ -464,6 +472,43 @@ mod tests {
         assert_eq!(reason(&ranked, "full"), "queue full (4 waiting)");
         assert_eq!(reason(&ranked, "down"), "down");
         assert_eq!(ranked.len(), 5, "every node is listed");
+    }
+
+    /// Issue 30, item 5: a draining node, this one or a peer, takes nothing new: it is
+    /// excluded with the reason `draining`, which the no-candidate error names too.
+    #[test]
+    fn a_draining_node_is_excluded_here_and_elsewhere() {
+        let mut here = node("here", &["coder"], &[], (0, 0));
+        let mut gpu = node("gpu", &["coder"], &[24576], (0, 0));
+        let other = node("other", &["coder"], &[], (0, 0));
+        gpu.draining = true;
+        let coder = Target::Role("coder".into());
+        let ranked = rank(
+            &coder,
+            Tier::Read,
+            &Requirements::default(),
+            &[up(&here, true), up(&gpu, false), up(&other, false)],
+        );
+        assert_eq!(names(&ranked), ["here", "other"]);
+        assert_eq!(reason(&ranked, "gpu"), "draining");
+
+        here.draining = true;
+        let on_gpu = Requirements {
+            on: Some("gpu".into()),
+            ..Requirements::default()
+        };
+        let ranked = rank(
+            &coder,
+            Tier::Read,
+            &on_gpu,
+            &[up(&here, true), up(&gpu, false), up(&other, false)],
+        );
+        assert_eq!(reason(&ranked, "here"), "draining");
+        let Err(why) = choose(&ranked, false) else {
+            panic!("a draining node was chosen");
+        };
+        assert!(why.contains("gpu: draining"), "{why}");
+        assert!(why.contains("here (this node): draining"), "{why}");
     }
 
     /// A node of name `name` whose id is `id` (64 hex digits).

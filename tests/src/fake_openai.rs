@@ -5,8 +5,7 @@
 //! servers answer) or be garbage (a 200 that is no chat answer at all). It runs on its own
 //! thread and runtime, so tests stay synchronous.
 //! [`FakeOpenAi::in_flight`] counts the requests whose client is still there (a stalled or
-//! trickling answer ends only when the client hangs up), so tests can see generation stop, and
-//! [`FakeOpenAi::trickled`] how far trickling answers got.
+//! trickling answer ends only when the client hangs up), so tests can see generation stop.
 
 use std::{
     collections::VecDeque,
@@ -45,14 +44,41 @@ pub enum Reply {
     Garbage,
 }
 
+/// Holds the replies scripted [`Scripted::until`] it back until the test opens it: a model
+/// that answers when the test says so, however long that takes.
+#[derive(Debug, Clone)]
+pub struct Gate(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Lets every reply held at it (and every later one) through.
+    pub fn open(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn passed(&self) {
+        let _ = self.0.subscribe().wait_for(|open| *open).await;
+    }
+}
+
 /// A reply and the usage it reports.
 #[derive(Debug, Clone)]
 pub struct Scripted {
     reply: Reply,
     usage: (u64, u64),
     delay: std::time::Duration,
-    /// Answer only once this is notified (a test holds the answer while it stops the node).
-    gate: Option<Arc<tokio::sync::Notify>>,
+    /// Held back until this gate opens.
+    gate: Option<Gate>,
     /// Answer one JSON completion even when the request asked for a stream.
     ignore_stream: bool,
     /// Report as usage all the request could cost: a token per byte of its messages' text,
@@ -116,9 +142,9 @@ impl Scripted {
         self
     }
 
-    /// Answers only once `gate` is notified (`notify_one`, before or after the request).
-    pub fn until(mut self, gate: Arc<tokio::sync::Notify>) -> Self {
-        self.gate = Some(gate);
+    /// Answers only once `gate` is open (the request counts as in flight meanwhile).
+    pub fn until(mut self, gate: &Gate) -> Self {
+        self.gate = Some(gate.clone());
         self
     }
 
@@ -141,16 +167,11 @@ struct Script {
     replies: VecDeque<Scripted>,
     /// The answer once the scripted replies are used up.
     otherwise: Option<Scripted>,
-    /// The answer to a request whose conversation ends with an assistant message (asking to
-    /// continue that text), before any queued reply.
-    continuation: Option<Scripted>,
     requests: Vec<Value>,
     /// Every `/v1/embeddings` request (the JSON bodies).
     embedding_requests: Vec<Value>,
     /// Requests being answered whose client has not gone away.
     in_flight: Arc<AtomicUsize>,
-    /// Pieces of text trickled so far, over every request.
-    trickled: Arc<AtomicUsize>,
 }
 
 /// Counts one request as in flight until dropped (with the handler, or with its body stream
@@ -267,13 +288,6 @@ impl FakeOpenAi {
         self.script.lock().expect("script lock").otherwise = Some(reply);
     }
 
-    /// Answers `reply` to every request whose conversation ends with an assistant message (a
-    /// request to continue that text, as a node taking over a chat sends), before any queued
-    /// reply.
-    pub fn continuing(&self, reply: Scripted) {
-        self.script.lock().expect("script lock").continuation = Some(reply);
-    }
-
     /// Chat requests still being answered: a stalled or trickling one counts until its client
     /// hangs up.
     pub fn in_flight(&self) -> usize {
@@ -281,16 +295,6 @@ impl FakeOpenAi {
             .lock()
             .expect("script lock")
             .in_flight
-            .load(Ordering::SeqCst)
-    }
-
-    /// Pieces of text ([`Reply::Trickle`]'s `tick `) sent so far, over every request: how far a
-    /// slow generation got.
-    pub fn trickled(&self) -> usize {
-        self.script
-            .lock()
-            .expect("script lock")
-            .trickled
             .load(Ordering::SeqCst)
     }
 
@@ -388,26 +392,21 @@ async fn embeddings(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<V
 }
 
 async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
-    let (next, in_flight, trickled) = {
+    let (next, in_flight) = {
         let mut script = script.lock().expect("script lock");
         script.requests.push(body.clone());
         let in_flight = InFlight::new(&script.in_flight);
-        let trickled = script.trickled.clone();
         let otherwise = script.otherwise.clone();
-        let continues = body["messages"]
-            .as_array()
-            .and_then(|messages| messages.last())
-            .is_some_and(|last| last["role"] == "assistant");
-        let continuation = script.continuation.clone().filter(|_| continues);
-        let next = continuation
-            .or_else(|| script.replies.pop_front())
+        let next = script
+            .replies
+            .pop_front()
             .or(otherwise)
             .unwrap_or_else(|| Scripted::text("(the fake model has no more scripted replies)"));
-        (next, in_flight, trickled)
+        (next, in_flight)
     };
     tokio::time::sleep(next.delay).await;
     if let Some(gate) = &next.gate {
-        gate.notified().await;
+        gate.passed().await;
     }
     let stream = body["stream"].as_bool().unwrap_or(false) && !next.ignore_stream;
     let model = body["model"].as_str().unwrap_or("fake").to_owned();
@@ -442,7 +441,6 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
                 move |_| {
                     // Moved in: dropped with the body once the client is gone.
                     let _held = &in_flight;
-                    trickled.fetch_add(1, Ordering::SeqCst);
                     let piece = chunk("fake", json!({"content": "tick "}), None);
                     Ok::<_, std::convert::Infallible>(format!("data: {piece}\n\n"))
                 },

@@ -514,6 +514,20 @@ impl pb::node_server::Node for Service {
             "a hostile peer has no fleet to watch",
         ))
     }
+
+    async fn drain(
+        &self,
+        _: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainAnswer>, Status> {
+        Err(Status::unimplemented("a hostile peer is never drained"))
+    }
+
+    async fn undrain(
+        &self,
+        _: Request<pb::UndrainRequest>,
+    ) -> Result<Response<pb::DrainAnswer>, Status> {
+        Err(Status::unimplemented("a hostile peer is never drained"))
+    }
 }
 
 #[tonic::async_trait]

@@ -10,13 +10,12 @@
 use std::{
     path::{Path, PathBuf},
     process::Stdio,
-    sync::Arc,
     time::Duration,
 };
 
 use mesh_tests::{
     Harness, NodeOptions, NodeProcess,
-    fake_openai::{FakeOpenAi, Scripted},
+    fake_openai::{FakeOpenAi, Gate, Scripted},
     wait_for,
 };
 use serde_json::Value;
@@ -298,10 +297,10 @@ fn a_call_interrupted_between_intent_and_result_is_not_run_again_and_the_model_i
 #[test]
 fn a_caller_re_attaches_on_another_node_after_the_origin_is_killed() {
     let f = fleet();
-    let gate = Arc::new(tokio::sync::Notify::new());
+    let gate = Gate::new();
     f.fake1.push([
         append(&f.effects, "1"),
-        Scripted::text("finished without its origin").until(gate.clone()),
+        Scripted::text("finished without its origin").until(&gate),
     ]);
     let caller = submit(&f, "work while the laptop sleeps");
     wait_for("gpu1 to ask its model a second time", DEADLINE, || {
@@ -321,7 +320,7 @@ fn a_caller_re_attaches_on_another_node_after_the_origin_is_killed() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("mesh-cli tasks watch");
-    gate.notify_one();
+    gate.open();
     let output = watch.wait_with_output().expect("watch");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert_eq!(
@@ -344,10 +343,10 @@ fn a_caller_re_attaches_on_another_node_after_the_origin_is_killed() {
 #[test]
 fn a_stopped_executor_resumed_after_its_task_moved_is_fenced_and_runs_nothing() {
     let f = fleet();
-    let gate = Arc::new(tokio::sync::Notify::new());
+    let gate = Gate::new();
     f.fake1.push([
         append(&f.effects, "1"),
-        append(&f.effects, "stale").until(gate.clone()),
+        append(&f.effects, "stale").until(&gate),
     ]);
     f.fake2.push([Scripted::text("finished on gpu2")]);
     let caller = submit(&f, "two steps");
@@ -356,7 +355,7 @@ fn a_stopped_executor_resumed_after_its_task_moved_is_fenced_and_runs_nothing() 
     })
     .expect("first step on gpu1");
     f.gpu1.signal("STOP").expect("sigstop");
-    gate.notify_one();
+    gate.open();
 
     let (code, result) = outcome(&f, caller);
     assert_eq!(code, Some(0), "{result:#}");

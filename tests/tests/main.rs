@@ -14,6 +14,7 @@ mod cron_bounds;
 mod cross_site;
 mod deploy_files;
 mod disk_full;
+mod drain;
 mod durable;
 mod embedded;
 mod embeddings;

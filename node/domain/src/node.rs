@@ -44,6 +44,9 @@ pub struct NodeInfo {
     pub memory_seq: u64,
     /// The tools of its MCP servers it offers the fleet (shared, so a snapshot copies none).
     pub mcp_tools: Arc<[McpToolInfo]>,
+    /// Whether it is draining (`mesh-cli drain`, or stopping): it takes no new tasks or chats,
+    /// and every router leaves it out.
+    pub draining: bool,
 }
 
 /// A persona as advertised.

@@ -400,6 +400,15 @@ pub enum TaskError {
     /// A bug or a local failure (disk).
     #[error("internal error: {message}")]
     Internal { message: String },
+    /// The node running it was drained (or stopped) and gave it back to the node it came from,
+    /// which runs it on another node as when a node is lost.
+    #[error("{node} handed the task over: {reason}")]
+    HandedOver {
+        /// The node that gave it back.
+        node: String,
+        /// Why (`the node was drained`).
+        reason: String,
+    },
 }
 
 impl TaskError {
@@ -414,6 +423,7 @@ impl TaskError {
             Self::Cancelled { .. } => "cancelled",
             Self::Deadline { .. } => "deadline",
             Self::Internal { .. } => "internal",
+            Self::HandedOver { .. } => "handed_over",
         }
     }
 

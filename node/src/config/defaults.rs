@@ -43,6 +43,12 @@ pub(super) const MAX_ADVERT_DIALS: usize = 4096;
 /// Most `discovery.max_failing_addrs` (about 100 bytes each).
 pub(super) const MAX_FAILING_ADDRS: usize = 1_000_000;
 
+/// How long a stopping node drains by default (`node.drain_on_stop_s`): as long as running
+/// tasks were given to finish at a stop before drains existed.
+pub(super) const DEFAULT_DRAIN_ON_STOP_S: u64 = 10;
+/// Most `node.drain_on_stop_s`.
+pub(super) const MAX_DRAIN_ON_STOP_S: u64 = 3600;
+
 /// Most threads an embedded model may use.
 pub const MAX_THREADS: usize = 256;
 

@@ -79,6 +79,10 @@ pub struct RawNode {
     /// Writes are refused (and the node is `degraded`) while the data dir's disk has less free
     /// space than this, in MiB. Default 100; 0 turns the floor off.
     pub min_free_disk_mb: Option<u64>,
+    /// At SIGTERM/SIGINT the node drains for at most this many seconds before it leaves
+    /// (0-3600): no new work, queued tasks to other nodes, running ones given the time to
+    /// finish. 0 leaves at once. Default 10.
+    pub drain_on_stop_s: Option<u64>,
     /// Roles this node serves besides those in `[roles]`. Default: none.
     pub roles: Vec<String>,
     /// Free-form labels the router can require (`--label gpu=fast`). Default: none.

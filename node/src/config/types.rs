@@ -26,6 +26,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// `node.min_free_disk_mb`, in bytes.
     pub min_free_disk: u64,
+    /// `node.drain_on_stop_s`: how long a stopping node drains before it leaves.
+    pub drain_on_stop: Duration,
     /// Roles served: `node.roles` plus the keys of `[roles]`, sorted.
     pub roles: Vec<String>,
     /// `node.labels`.

@@ -125,7 +125,9 @@ impl ApiError {
                     .with_code("model_not_found")
             }
             // Only a task asks for an evaluator; one started over HTTP maps like `Nowhere`.
-            AdmissionError::Nowhere(_) | AdmissionError::NoEvaluator { .. } => Self::new(
+            AdmissionError::Nowhere(_)
+            | AdmissionError::NoEvaluator { .. }
+            | AdmissionError::Draining { .. } => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorKind::Unavailable,
                 message,

@@ -11,7 +11,7 @@ use mesh_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::{
-    admission::Admission,
+    admission::{Admission, Operation},
     api_keys::{KeyInfo, KeyUsage, Keys, KeysError, ModelCount},
 };
 
@@ -50,7 +50,7 @@ impl KeysService {
         }
         let principal = super::caller_identity(request)?.principal();
         self.admission
-            .may_operate(&principal)
+            .may_operate(&principal, Operation::Settings)
             .map_err(|e| Status::permission_denied(e.to_string()))?;
         Ok(Some(principal))
     }

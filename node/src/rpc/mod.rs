@@ -4,11 +4,13 @@
 //!
 //! Every message from the network is bounded and checked here ([`TryFrom`] into domain types);
 //! bad input becomes `INVALID_ARGUMENT` naming the field. Handlers decide nothing themselves:
-//! they read the capabilities and the peer table, and hand dial-in introductions to membership.
+//! they read the capabilities and the peer table, hand dial-in introductions to membership,
+//! and a drain to `tasks::Drain` once the admission says the caller may (`drain`).
 
 pub(crate) mod accept;
 pub(crate) mod approvals;
 pub(crate) mod cron;
+mod drain;
 pub(crate) mod gate;
 pub(crate) mod join;
 pub(crate) mod keys;
@@ -38,11 +40,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, transport::Channel};
 
 use crate::{
+    admission::Admission,
     capabilities::Capabilities,
     discovery::{Claim, DiscoveryEvent, PeerSource},
     memory::Memory,
     peers::{FleetView, LinkError, PeerLink, PeerTable, PeerView},
     storage::StoreError,
+    tasks::Drain,
 };
 
 /// Largest message a node accepts (decoded).
@@ -85,6 +89,9 @@ pub(crate) struct NodeService {
     memory: Option<Arc<Memory>>,
     /// One permit per open `WatchPeers` stream ([`MAX_PEER_WATCHERS`]).
     peer_watchers: Arc<tokio::sync::Semaphore>,
+    /// `Drain` and `Undrain`: the drain, and who may ask for it.
+    drain: Option<Arc<Drain>>,
+    admission: Option<Arc<Admission>>,
 }
 
 impl NodeService {
@@ -104,6 +111,8 @@ impl NodeService {
             tls,
             memory: None,
             peer_watchers: Arc::new(tokio::sync::Semaphore::new(MAX_PEER_WATCHERS)),
+            drain: None,
+            admission: None,
         }
     }
 
@@ -136,6 +145,13 @@ impl NodeService {
             peers: fold_revoked(&own.name, peers),
             node: Some((&own).into()),
         }
+    }
+
+    /// Drains the node with `drain` when an operator asks, as `admission` decides.
+    pub(crate) fn with_drain(mut self, drain: Arc<Drain>, admission: Arc<Admission>) -> Self {
+        self.drain = Some(drain);
+        self.admission = Some(admission);
+        self
     }
 
     /// Reports replication lag from `memory` in `ListPeers`.
@@ -283,6 +299,20 @@ impl pb::node_server::Node for NodeService {
             }
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn drain(
+        &self,
+        request: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainAnswer>, Status> {
+        self.drain_call(&request)
+    }
+
+    async fn undrain(
+        &self,
+        request: Request<pb::UndrainRequest>,
+    ) -> Result<Response<pb::DrainAnswer>, Status> {
+        self.undrain_call(&request)
     }
 
     async fn revoke(

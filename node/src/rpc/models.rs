@@ -70,6 +70,7 @@ impl pb::models_server::Models for ModelsService {
         chat.sampling
             .check()
             .map_err(|e| Status::invalid_argument(format!("request.sampling.{e}")))?;
+        self.chat.takes_new_work()?;
         if !self.chat.serves(&target) {
             return Err(Status::not_found(format!(
                 "this node does not serve `{}`",
@@ -132,6 +133,7 @@ impl pb::models_server::Models for ModelsService {
         embed
             .check()
             .map_err(|e| Status::invalid_argument(format!("request.{e}")))?;
+        self.chat.takes_new_work()?;
         match self.chat.embed_here(&call.model, &embed).await {
             None => Err(Status::not_found(format!(
                 "this node does not serve `{}`",
@@ -505,6 +507,63 @@ mod tests {
                 mesh_tls::Dialer::Plain,
             ))),
         ))
+    }
+
+    /// Issue 30, item 5: a draining node takes no chat or embeddings from a peer: it answers
+    /// `UNAVAILABLE` (the peer tries its next node) before its model is called.
+    #[tokio::test]
+    async fn a_draining_node_refuses_a_peers_chat_and_embeddings_as_unavailable() {
+        let silent = Silent::default();
+        let calls = silent.1.clone();
+        let caps = test_capabilities();
+        let service = ModelsService::new(Arc::new(ChatService::new(
+            Arc::new(ModelRegistry::new(
+                vec![Arc::new(silent)],
+                Default::default(),
+            )),
+            Arc::new(Admission::new(
+                caps.clone(),
+                Arc::default(),
+                mesh_domain::Tier::Write,
+            )),
+            Arc::new(RemoteModels::new(super::super::PeerChannels::new(
+                mesh_tls::Dialer::Plain,
+            ))),
+        )));
+        let call = || {
+            Request::new(pb::ChatCall {
+                target: "m".into(),
+                request: Some(
+                    (&ChatRequest {
+                        messages: vec![Message::text(Role::User, "hi")],
+                        ..Default::default()
+                    })
+                        .into(),
+                ),
+            })
+        };
+        caps.set_draining(true);
+        let Err(status) = service.chat(call()).await else {
+            panic!("a draining node took a chat");
+        };
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().contains("me is draining"),
+            "{}",
+            status.message()
+        );
+        let embed = service
+            .embed(Request::new(pb::EmbedCall {
+                model: "m".into(),
+                inputs: vec!["hi".into()],
+            }))
+            .await
+            .expect_err("a draining node took embeddings");
+        assert_eq!(embed.code(), tonic::Code::Unavailable);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+        caps.set_draining(false);
+        assert!(service.chat(call()).await.is_ok(), "undrained, it serves");
     }
 
     /// Issue 16, point 8: a chat forwarded to a peer whose model never answers held the front

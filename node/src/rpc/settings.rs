@@ -10,7 +10,7 @@ use mesh_proto::{convert::check_len, v1 as pb};
 use tonic::{Request, Response, Status};
 
 use crate::{
-    admission::Admission,
+    admission::{Admission, Operation},
     config::{MAX_VALUE_BYTES, Shown},
     settings::{Settings, SettingsError},
 };
@@ -52,7 +52,7 @@ impl SettingsService {
         }
         let principal = super::caller_identity(request)?.principal();
         self.admission
-            .may_operate(&principal)
+            .may_operate(&principal, Operation::Settings)
             .map_err(|e| Status::permission_denied(e.to_string()))
     }
 }

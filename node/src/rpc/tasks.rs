@@ -171,6 +171,8 @@ pub(crate) fn task_error_status(error: &TaskError) -> Status {
         TaskError::Cancelled { .. } => Status::cancelled(message),
         TaskError::Deadline { .. } => Status::deadline_exceeded(message),
         TaskError::Internal { .. } => Status::internal(message),
+        // Like a node lost: the task's origin runs it elsewhere.
+        TaskError::HandedOver { .. } => Status::unavailable(message),
     }
 }
 
@@ -199,6 +201,8 @@ impl From<AdmissionError> for Status {
             | AdmissionError::NoEvaluator { .. }
             | AdmissionError::CannotEmbed(_) => Status::failed_precondition(message),
             AdmissionError::TierCap { .. } => Status::permission_denied(message),
+            // The sender tries its next candidate.
+            AdmissionError::Draining { .. } => Status::unavailable(message),
         }
     }
 }
@@ -379,6 +383,13 @@ mod tests {
                 used: 2
             }),
             tonic::Code::ResourceExhausted
+        );
+        assert_eq!(
+            code(TaskError::HandedOver {
+                node: "b".into(),
+                reason: "the node was drained".into()
+            }),
+            tonic::Code::Unavailable
         );
     }
 }

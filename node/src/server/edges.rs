@@ -216,7 +216,8 @@ pub(super) fn serve_grpc<H: Health>(
         loops.leaving.clone(),
         secure,
     )
-    .with_memory(shared.memory.clone());
+    .with_memory(shared.memory.clone())
+    .with_drain(work.drain.clone(), work.admission.clone());
     let tasks_service = TasksService::new(work.tasks.clone(), work.admission.clone(), secure);
     let revoked = shared.memory.revoked().clone();
     // In front of every service: a caller without a certificate reaches `Join` only, and a

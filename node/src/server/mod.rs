@@ -40,12 +40,13 @@ use crate::{
     rpc::NodeService,
     storage::{self, SledStore, Store},
     supervise::{Backoff, Supervisor},
-    tasks::TaskManager,
+    tasks::{Drain, TaskManager},
 };
 
 /// How long in-flight RPCs get to finish once the node stops accepting.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-/// How long running tasks get to finish at shutdown before they are cancelled.
+/// How long running tasks get to finish at shutdown before they are cancelled, when the node
+/// does not drain first (`node.drain_on_stop_s = 0`).
 pub const TASK_GRACE: Duration = Duration::from_secs(10);
 /// File in the data dir holding the address the node actually listens on.
 pub const ADDR_FILE: &str = "node.addr";
@@ -61,6 +62,10 @@ pub struct Node {
     health: tonic_health::server::HealthReporter,
     store: Arc<SledStore>,
     tasks: TaskManager,
+    /// Drains the tasks before the node leaves, for `drain_on_stop`.
+    drain: Arc<Drain>,
+    /// `node.drain_on_stop_s`.
+    drain_on_stop: Duration,
     /// Stops the task workers once running tasks are finished or cancelled.
     task_stop: CancellationToken,
     task_workers: JoinSet<()>,
@@ -142,6 +147,7 @@ impl Node {
 
         let work::Work {
             tasks,
+            drain,
             task_stop,
             task_workers,
             ..
@@ -155,6 +161,8 @@ impl Node {
             health,
             store: shared.store,
             tasks,
+            drain,
+            drain_on_stop: config.drain_on_stop,
             task_stop,
             task_workers,
             loops,
@@ -193,21 +201,32 @@ impl Node {
     }
 
     /// Stops the node, in this order:
+    /// 0. with `node.drain_on_stop_s`, drain for at most that long, still a member of the fleet
+    ///    (advertised as draining, so peers route nothing new here): queued tasks to other
+    ///    nodes or back to their callers, running ones given the time to finish, then those
+    ///    other nodes sent handed back to them;
     /// 1. end every served `WatchInfo` stream and refuse new ones, so peers mark us down at once
     ///    and route nothing new here;
-    /// 2. stop admitting tasks, give running ones [`TASK_GRACE`] to finish, cancel the rest (each
-    ///    ends with a `failed: cancelled` event its caller sees), stop the workers;
+    /// 2. stop admitting tasks, give running ones [`TASK_GRACE`] to finish (none after a
+    ///    drain, which was their time), cancel the rest (each ends with a `failed: cancelled`
+    ///    event its caller sees), stop the workers;
     /// 3. stop discovery (mDNS goodbye) and close our own watch sessions;
     /// 4. stop the gRPC server, letting in-flight calls finish for up to [`SHUTDOWN_GRACE`];
     /// 5. flush sled and remove the address file.
     pub async fn shutdown(mut self) {
         tracing::info!("shutting down");
+        let grace = if self.drain_on_stop.is_zero() {
+            TASK_GRACE
+        } else {
+            self.drain.before_stop(self.drain_on_stop).await;
+            Duration::ZERO
+        };
         self.loops.leaving.cancel();
         self.health
             .set_not_serving::<mesh_proto::v1::node_server::NodeServer<NodeService>>()
             .await;
 
-        self.tasks.shutdown(TASK_GRACE).await;
+        self.tasks.shutdown(grace).await;
         self.task_stop.cancel();
         while self.task_workers.join_next().await.is_some() {}
 

@@ -29,7 +29,7 @@ use crate::{
         memory::RemoteMemory, models::RemoteModels, tasks::RemoteTasks, tools::RemoteToolsClient,
     },
     supervise::no_error,
-    tasks::{TaskManager, TaskParts, journal::Journals},
+    tasks::{Drain, TaskManager, TaskParts, journal::Journals},
 };
 
 /// What step 7 of start-up builds.
@@ -42,6 +42,8 @@ pub(super) struct Work {
     /// For `/metrics`: each model's decode speed, read at each scrape.
     pub(super) models: Arc<ModelRegistry>,
     pub(super) tasks: TaskManager,
+    /// Drains the tasks (`Node.Drain`, and a stop with `node.drain_on_stop_s`).
+    pub(super) drain: Arc<Drain>,
     /// Stops the task workers once running tasks are finished or cancelled.
     pub(super) task_stop: CancellationToken,
     pub(super) task_workers: JoinSet<()>,
@@ -172,6 +174,7 @@ pub(super) fn start(
         approvals,
         chat,
         models,
+        drain: Drain::new(tasks.clone()),
         tasks,
         task_stop,
         task_workers,

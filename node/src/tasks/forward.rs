@@ -259,6 +259,14 @@ pub(crate) async fn forward(
                         executed_on: Some(executed_on),
                     });
                 }
+                // A drained node gave the task back: as when a node is lost, the next one runs it.
+                Ok(TaskOutcome::Failed {
+                    error: TaskError::HandedOver { reason, .. },
+                    usage,
+                }) => {
+                    journey.events.spend(usage);
+                    break ForwardError::Unavailable(format!("handed the task over: {reason}"));
+                }
                 Ok(TaskOutcome::Failed { error, usage }) => {
                     journey.events.spend(usage);
                     return Err(error);

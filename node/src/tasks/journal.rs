@@ -649,12 +649,14 @@ impl TaskJournal {
 impl TaskJournal {
     /// Records how the task ended here (its last step), so a node watching the journal, or
     /// the origin after this node's stream broke, learns the outcome. A superseded run records
-    /// nothing (it would be refused).
+    /// nothing (it would be refused), nor one handed back to its origin (it goes on elsewhere).
     pub(crate) async fn end(&self, result: &Result<Answer, TaskError>) {
         if self.state.lock_unpoisoned().superseded {
             return;
         }
         let step = match result {
+            // Given back to its origin, which runs it on: not the task's end.
+            Err(TaskError::HandedOver { .. }) => return,
             Ok(answer) => Step::Done {
                 output: Some(answer.output.clone()),
                 error: None,

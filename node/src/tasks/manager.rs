@@ -118,42 +118,56 @@ impl EventSink for Emitter {
 const REMOTE_OUTCOME_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
-struct LiveTask {
-    id: String,
-    spec: TaskSpec,
+pub(super) struct LiveTask {
+    pub(super) id: String,
+    pub(super) spec: TaskSpec,
     deadline: Instant,
     cancel: CancellationToken,
-    /// Why it was cancelled, for the `failed: cancelled` event.
-    cancel_reason: Mutex<Option<String>>,
+    /// How it ends once `cancel` is cancelled: `cancelled` with its reason, or handed over
+    /// (a drain).
+    stopped_with: Mutex<Option<TaskError>>,
     seq: AtomicU64,
     events: broadcast::Sender<TaskEvent>,
-    record: Mutex<TaskRecord>,
+    pub(super) record: Mutex<TaskRecord>,
     /// What its model calls spent so far (here, and as the nodes it was passed to reported).
     spent: Mutex<Usage>,
     /// The model its latest model call went to, for the line logged when it ends.
     model: Mutex<String>,
 }
 
+impl LiveTask {
+    /// The error it ends with, stopped here: as [`TaskManager::stop`] said, else cancelled by
+    /// a caller.
+    fn stop_error(&self) -> TaskError {
+        self.stopped_with
+            .lock_unpoisoned()
+            .clone()
+            .unwrap_or_else(|| TaskError::Cancelled {
+                reason: "cancelled by a caller".into(),
+            })
+    }
+}
+
 #[derive(Debug)]
-struct Inner {
-    node: String,
+pub(super) struct Inner {
+    pub(super) node: String,
     runtime: Arc<AgentRuntime>,
     /// Runs the tasks that ask for an evaluation (`--evaluate`).
     evaluator: Evaluator,
     limits: TaskLimits,
-    history: History,
+    pub(super) history: History,
     /// Decides whether and where each task runs.
-    admission: Arc<Admission>,
+    pub(super) admission: Arc<Admission>,
     /// Reaches the nodes tasks placed elsewhere run on.
     forwarder: Arc<dyn Forwarder>,
     /// The tasks' journals in the replicated memory.
     journals: Journals,
     live: Mutex<HashMap<String, Arc<LiveTask>>>,
     queue: Mutex<Option<mpsc::Sender<Arc<LiveTask>>>>,
-    caps: Arc<Capabilities>,
+    pub(super) caps: Arc<Capabilities>,
     /// Tasks executing; a watch so shutdown can wait for zero instead of polling.
-    running: tokio::sync::watch::Sender<u32>,
-    queued: AtomicU32,
+    pub(super) running: tokio::sync::watch::Sender<u32>,
+    pub(super) queued: AtomicU32,
 }
 
 /// What a task manager works with (the server wires them).
@@ -187,7 +201,7 @@ impl std::fmt::Debug for TaskParts {
 /// Admits, queues, runs, watches and cancels tasks.
 #[derive(Debug, Clone)]
 pub struct TaskManager {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 impl TaskManager {
@@ -297,69 +311,7 @@ impl TaskManager {
         });
         self.inner.running.send_modify(|n| *n += 1);
         self.inner.publish_load();
-        let inner = self.inner.clone();
-        tokio::spawn(async move {
-            let emitter = inner.emitter(&task);
-            let current = Mutex::new(None);
-            let routed = |name: &str| {
-                let mut record = task.record.lock_unpoisoned();
-                if record.route.last().map(String::as_str) != Some(name) {
-                    record.route.push(name.to_owned());
-                }
-                name.clone_into(&mut record.executed_on);
-                let _ = inner.history.put_record(&record);
-            };
-            let tools = inner.runtime.tools();
-            let side_effects =
-                |tool: &str, arguments: &str| tools.has_side_effects(tool, arguments);
-            let down = |name: &str| inner.journals.is_down(name);
-            // An evaluated task's attempts are not journaled: it is not resumed.
-            let journals = task.spec.evaluate.is_none().then_some(&inner.journals);
-            let stop = CancellationToken::new();
-            let run = forward(
-                Journey {
-                    node: &inner.node,
-                    task_id: &task.id,
-                    spec: &task.spec,
-                    deadline: task.deadline,
-                    events: &emitter,
-                    routed: &routed,
-                    side_effects: &side_effects,
-                    down: &down,
-                    journals,
-                    current: &current,
-                    stop: &stop,
-                },
-                candidates,
-                inner.forwarder.as_ref(),
-            );
-            tokio::pin!(run);
-            // Whether it was stopped here, `run` still running (a `run` that ended, also with
-            // the other node's own `cancelled` or `deadline`, must not be polled again).
-            let (result, stopped) = tokio::select! {
-                () = task.cancel.cancelled() => (Err(TaskError::Cancelled {
-                    reason: task.cancel_reason.lock_unpoisoned().clone()
-                        .unwrap_or_else(|| "cancelled by a caller".into()),
-                }), true),
-                () = tokio::time::sleep_until(task.deadline) => (Err(TaskError::Deadline {
-                    seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
-                }), true),
-                result = &mut run => (result, false),
-            };
-            if stopped {
-                stop.cancel();
-                let running_on = current.lock_unpoisoned().clone();
-                if let Some(addr) = running_on {
-                    tokio::spawn(inner.forwarder.cancel(addr, task.id.clone()));
-                    // The node stops the task and sends its outcome, with what it spent (which
-                    // `forward` adds to the task's); the outcome here stays this node's.
-                    let _ = tokio::time::timeout(REMOTE_OUTCOME_GRACE, &mut run).await;
-                }
-            }
-            inner.finish(&task, result);
-            inner.running.send_modify(|n| *n -= 1);
-            inner.publish_load();
-        });
+        forward_task(self.inner.clone(), task, candidates);
         Ok(id)
     }
 
@@ -467,20 +419,29 @@ impl TaskManager {
     /// Cancels a task without waiting for it to end; a finished task is left as it is. Returns
     /// its status at once (a running task is still `running` here).
     pub fn cancel(&self, id: &str, reason: &str) -> Result<TaskStatus, LookupError> {
+        self.stop(
+            id,
+            TaskError::Cancelled {
+                reason: reason.into(),
+            },
+        )
+    }
+
+    /// Stops a task without waiting for it to end, ending it with `error` (a cancellation, or
+    /// a hand-over); a finished task is left as it is, and a task already stopped keeps the
+    /// first error. Returns its status at once (a running task is still `running` here).
+    pub(super) fn stop(&self, id: &str, error: TaskError) -> Result<TaskStatus, LookupError> {
         if let Some(task) = self.inner.live(id) {
+            let error = task
+                .stopped_with
+                .lock_unpoisoned()
+                .get_or_insert(error)
+                .clone();
             let status = task.record.lock_unpoisoned().status;
             if status == TaskStatus::Queued {
                 // Not started: finish it now instead of waiting for a worker.
-                self.inner.finish(
-                    &task,
-                    Err(TaskError::Cancelled {
-                        reason: reason.into(),
-                    }),
-                );
+                self.inner.finish(&task, Err(error));
             }
-            task.cancel_reason
-                .lock_unpoisoned()
-                .get_or_insert_with(|| reason.to_owned());
             task.cancel.cancel();
             let record = task.record.lock_unpoisoned();
             return Ok(record.status);
@@ -514,32 +475,12 @@ impl TaskManager {
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.queue.lock_unpoisoned().take();
         // Queued tasks are handed back at once: their callers can submit them elsewhere.
-        let queued: Vec<_> = self
-            .inner
-            .live
-            .lock_unpoisoned()
-            .values()
-            .filter(|t| {
-                t.record
-                    .lock()
-                    .map(|r| r.status == TaskStatus::Queued)
-                    .unwrap_or(false)
-            })
-            .cloned()
-            .collect();
-        for task in queued {
+        for task in self.inner.tasks_with(Some(TaskStatus::Queued)) {
             self.cancel(&task.id, "the node is shutting down").ok();
         }
         let mut running = self.inner.running.subscribe();
         let _ = tokio::time::timeout(grace, running.wait_for(|n| *n == 0)).await;
-        let live: Vec<_> = self
-            .inner
-            .live
-            .lock_unpoisoned()
-            .values()
-            .cloned()
-            .collect();
-        for task in live {
+        for task in self.inner.tasks_with(None) {
             self.cancel(&task.id, "the node is shutting down").ok();
         }
         let _ = running.wait_for(|n| *n == 0).await;
@@ -557,6 +498,71 @@ fn deadline_after(timeout: Duration) -> Instant {
     now.checked_add(timeout)
         .or_else(|| now.checked_add(FAR_DEADLINE))
         .unwrap_or(now)
+}
+
+/// Runs `task` on the nodes `candidates` names (through `forward`), as a running task of this
+/// node (its caller already counted it in `running`), and records its outcome here.
+pub(super) fn forward_task(inner: Arc<Inner>, task: Arc<LiveTask>, candidates: Vec<Destination>) {
+    tokio::spawn(async move {
+        let emitter = inner.emitter(&task);
+        let current = Mutex::new(None);
+        let routed = |name: &str| {
+            let mut record = task.record.lock_unpoisoned();
+            if record.route.last().map(String::as_str) != Some(name) {
+                record.route.push(name.to_owned());
+            }
+            name.clone_into(&mut record.executed_on);
+            let _ = inner.history.put_record(&record);
+        };
+        let tools = inner.runtime.tools();
+        let side_effects = |tool: &str, arguments: &str| tools.has_side_effects(tool, arguments);
+        let down = |name: &str| inner.journals.is_down(name);
+        // Only the task's origin leases it, and an evaluated task's attempts are not
+        // journaled: such a task is not resumed.
+        let journals = (inner.journals.is_own_task(&task.id) && task.spec.evaluate.is_none())
+            .then_some(&inner.journals);
+        let stop = CancellationToken::new();
+        let run = forward(
+            Journey {
+                node: &inner.node,
+                task_id: &task.id,
+                spec: &task.spec,
+                deadline: task.deadline,
+                events: &emitter,
+                routed: &routed,
+                side_effects: &side_effects,
+                down: &down,
+                journals,
+                current: &current,
+                stop: &stop,
+            },
+            candidates,
+            inner.forwarder.as_ref(),
+        );
+        tokio::pin!(run);
+        // Whether it was stopped here, `run` still running (a `run` that ended, also with
+        // the other node's own `cancelled` or `deadline`, must not be polled again).
+        let (result, stopped) = tokio::select! {
+            () = task.cancel.cancelled() => (Err(task.stop_error()), true),
+            () = tokio::time::sleep_until(task.deadline) => (Err(TaskError::Deadline {
+                seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
+            }), true),
+            result = &mut run => (result, false),
+        };
+        if stopped {
+            stop.cancel();
+            let running_on = current.lock_unpoisoned().clone();
+            if let Some(addr) = running_on {
+                tokio::spawn(inner.forwarder.cancel(addr, task.id.clone()));
+                // The node stops the task and sends its outcome, with what it spent (which
+                // `forward` adds to the task's); the outcome here stays this node's.
+                let _ = tokio::time::timeout(REMOTE_OUTCOME_GRACE, &mut run).await;
+            }
+        }
+        inner.finish(&task, result);
+        inner.running.send_modify(|n| *n -= 1);
+        inner.publish_load();
+    });
 }
 
 impl Inner {
@@ -599,7 +605,7 @@ impl Inner {
             spec,
             deadline: deadline_after(timeout),
             cancel: CancellationToken::new(),
-            cancel_reason: Mutex::default(),
+            stopped_with: Mutex::default(),
             seq: AtomicU64::new(0),
             events,
             record: Mutex::new(record),
@@ -626,18 +632,28 @@ impl Inner {
         Ok(self.journals.open(&task.id, epoch).await?)
     }
 
-    fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
+    pub(super) fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
         self.live.lock_unpoisoned().get(id).cloned()
     }
 
-    fn emitter(&self, task: &Arc<LiveTask>) -> Emitter {
+    /// The live tasks, or those of `status` only.
+    pub(super) fn tasks_with(&self, status: Option<TaskStatus>) -> Vec<Arc<LiveTask>> {
+        self.live
+            .lock_unpoisoned()
+            .values()
+            .filter(|t| status.is_none_or(|s| t.record.lock_unpoisoned().status == s))
+            .cloned()
+            .collect()
+    }
+
+    pub(super) fn emitter(&self, task: &Arc<LiveTask>) -> Emitter {
         Emitter {
             task: task.clone(),
             history: self.history.clone(),
         }
     }
 
-    fn publish_load(&self) {
+    pub(super) fn publish_load(&self) {
         self.caps.load_gauge().set(Load {
             running: *self.running.borrow(),
             queued: self.queued.load(Ordering::SeqCst),
@@ -648,7 +664,7 @@ impl Inner {
     }
 
     /// Records the end of a task (once), emits the terminal event and forgets it.
-    fn finish(&self, task: &Arc<LiveTask>, result: Result<Answer, TaskError>) {
+    pub(super) fn finish(&self, task: &Arc<LiveTask>, result: Result<Answer, TaskError>) {
         let mut record = task.record.lock_unpoisoned();
         if record.status.finished() {
             return;
@@ -745,13 +761,7 @@ async fn worker(
         let result = tracing::Instrument::instrument(
             async {
                 tokio::select! {
-                    () = task.cancel.cancelled() => Err(TaskError::Cancelled {
-                        reason: task
-                            .cancel_reason
-                            .lock_unpoisoned()
-                            .clone()
-                            .unwrap_or_else(|| "cancelled by a caller".into()),
-                    }),
+                    () = task.cancel.cancelled() => Err(task.stop_error()),
                     () = tokio::time::sleep_until(task.deadline) => Err(TaskError::Deadline {
                         seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
                     }),

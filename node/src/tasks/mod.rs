@@ -6,16 +6,20 @@
 //!   elsewhere.
 //! - [`history`]: each task's record and events in the store, and the recovery at start.
 //! - [`forward`]: the [`Forwarder`] port and the failover loop of a task run on other nodes.
+//! - [`drain`]: draining this node: no new work, queued tasks to other nodes, the rest ended
+//!   at a timeout.
 //!
 //! This module runs tasks but decides nothing about how (that is `agent`) or where (that is
 //! `admission`).
 
+pub(crate) mod drain;
 pub(crate) mod forward;
 pub(crate) mod history;
 pub(crate) mod journal;
 pub(crate) mod manager;
 
 pub(crate) use self::{
+    drain::{Drain, DrainReport},
     forward::{ForwardError, Forwarder},
     history::TaskRecord,
     manager::{TaskManager, TaskParts},

@@ -96,6 +96,7 @@ impl From<&NodeInfo> for pb::NodeInfo {
                     tier: pb::Tier::from(tool.tier) as i32,
                 })
                 .collect(),
+            draining: info.draining,
         }
     }
 }
@@ -286,6 +287,7 @@ impl TryFrom<pb::NodeInfo> for NodeInfo {
             remote_max_tier: tier_or_read(info.remote_max_tier),
             memory_seq: info.memory_seq,
             mcp_tools: mcp_tools(info.mcp_tools)?.into(),
+            draining: info.draining,
         })
     }
 }

@@ -62,6 +62,7 @@ fn sample() -> NodeInfo {
             tier: Tier::Read,
         }]
         .into(),
+        draining: true,
     }
 }
 

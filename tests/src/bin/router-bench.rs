@@ -76,6 +76,7 @@ fn node(i: usize) -> NodeInfo {
         remote_max_tier: Tier::Read,
         memory_seq: 0,
         mcp_tools: Default::default(),
+        draining: false,
     }
 }
 

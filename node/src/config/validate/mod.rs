@@ -74,6 +74,7 @@ impl RawConfig {
         let memory = limits::memory(self.memory, &origin)?;
         let http = node::http(self.http, &origin)?;
         let min_free_disk = node::min_free_disk(self.node.min_free_disk_mb, &origin)?;
+        let drain_on_stop = node::drain_on_stop(self.node.drain_on_stop_s, &origin)?;
         let connections = limits::connections(self.connections, &origin)?;
         let approval = approval::approval(self.approval, &origin)?;
         let cron = cron::cron(self.cron, &origin)?;
@@ -86,6 +87,7 @@ impl RawConfig {
             listen: node_section.listen,
             data_dir: node_section.data_dir,
             min_free_disk,
+            drain_on_stop,
             roles: roles.into_iter().collect(),
             labels: node_section.labels,
             discovery,
@@ -147,7 +149,31 @@ mod tests {
         assert_eq!(config.tls, TlsMode::Bootstrap);
         assert_eq!(config.remote_max_tier, Tier::Read);
         assert_eq!(config.mcp_max_tier, Tier::Read);
+        assert_eq!(config.drain_on_stop, std::time::Duration::from_secs(10));
         assert!(!config.name.is_empty());
+    }
+
+    /// Issue 30, item 5: how long a stopping node drains, in seconds; 0 leaves at once, and
+    /// more than an hour (or not a number of seconds) is refused naming the key and the fix.
+    #[test]
+    fn drain_on_stop_takes_seconds_up_to_an_hour() {
+        let drain = |text: &str| parse(&format!("[node]\ndrain_on_stop_s = {text}"));
+        assert_eq!(
+            drain("0").expect("valid").drain_on_stop,
+            std::time::Duration::ZERO
+        );
+        assert_eq!(drain("3600").expect("valid").drain_on_stop.as_secs(), 3600);
+        let too_long = drain("3601").expect_err("too long").to_string();
+        assert!(too_long.contains("node.drain_on_stop_s"), "{too_long}");
+        assert!(
+            too_long.contains("is 3601 s, more than 3600 s"),
+            "{too_long}"
+        );
+        assert!(too_long.contains("TimeoutStopSec"), "{too_long}");
+        for bad in ["\"10s\"", "-1"] {
+            let error = drain(bad).expect_err(bad).to_string();
+            assert!(error.contains("drain_on_stop_s"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     path::PathBuf,
+    time::Duration,
 };
 
 use mesh_join::bootstrap::default_data_dir;
@@ -15,7 +16,8 @@ use mesh_tls::TlsFiles;
 
 use crate::config::{
     defaults::{
-        DEFAULT_HTTP_PORT, DEFAULT_PORT, MAX_ADVERT_DIALS, MAX_FAILING_ADDRS, default_name,
+        DEFAULT_DRAIN_ON_STOP_S, DEFAULT_HTTP_PORT, DEFAULT_PORT, MAX_ADVERT_DIALS,
+        MAX_DRAIN_ON_STOP_S, MAX_FAILING_ADDRS, default_name,
     },
     error::{ConfigError, Origin},
     raw::{Overrides, RawDiscovery, RawHttp, RawNode, RawTls},
@@ -147,6 +149,21 @@ pub(super) fn min_free_disk(
             "give the free space to keep in MiB, e.g. 100, or 0 to turn the floor off",
         )
     })
+}
+
+/// `node.drain_on_stop_s` (default 10, at most [`MAX_DRAIN_ON_STOP_S`]).
+pub(super) fn drain_on_stop(
+    drain_on_stop_s: Option<u64>,
+    origin: &Origin,
+) -> Result<Duration, ConfigError> {
+    match drain_on_stop_s.unwrap_or(DEFAULT_DRAIN_ON_STOP_S) {
+        seconds @ 0..=MAX_DRAIN_ON_STOP_S => Ok(Duration::from_secs(seconds)),
+        seconds => Err(origin.invalid(
+            "node.drain_on_stop_s",
+            format!("is {seconds} s, more than {MAX_DRAIN_ON_STOP_S} s (an hour)"),
+            "give the seconds a stopping node may wait for its running tasks, e.g. 10, or 0 to leave at once; keep it under the stop timeout of whatever runs the node (systemd's TimeoutStopSec)",
+        )),
+    }
 }
 
 /// `[discovery]`, with `--static-peer` added to the file's peers and `--no-mdns` turning mDNS

@@ -5,7 +5,8 @@
 //! servers answer) or be garbage (a 200 that is no chat answer at all). It runs on its own
 //! thread and runtime, so tests stay synchronous.
 //! [`FakeOpenAi::in_flight`] counts the requests whose client is still there (a stalled or
-//! trickling answer ends only when the client hangs up), so tests can see generation stop.
+//! trickling answer ends only when the client hangs up), so tests can see generation stop, and
+//! [`FakeOpenAi::trickled`] how far trickling answers got.
 
 use std::{
     collections::VecDeque,
@@ -167,11 +168,16 @@ struct Script {
     replies: VecDeque<Scripted>,
     /// The answer once the scripted replies are used up.
     otherwise: Option<Scripted>,
+    /// The answer to a request whose conversation ends with an assistant message (asking to
+    /// continue that text), before any queued reply.
+    continuation: Option<Scripted>,
     requests: Vec<Value>,
     /// Every `/v1/embeddings` request (the JSON bodies).
     embedding_requests: Vec<Value>,
     /// Requests being answered whose client has not gone away.
     in_flight: Arc<AtomicUsize>,
+    /// Pieces of text trickled so far, over every request.
+    trickled: Arc<AtomicUsize>,
 }
 
 /// Counts one request as in flight until dropped (with the handler, or with its body stream
@@ -288,6 +294,13 @@ impl FakeOpenAi {
         self.script.lock().expect("script lock").otherwise = Some(reply);
     }
 
+    /// Answers `reply` to every request whose conversation ends with an assistant message (a
+    /// request to continue that text, as a node taking over a chat sends), before any queued
+    /// reply.
+    pub fn continuing(&self, reply: Scripted) {
+        self.script.lock().expect("script lock").continuation = Some(reply);
+    }
+
     /// Chat requests still being answered: a stalled or trickling one counts until its client
     /// hangs up.
     pub fn in_flight(&self) -> usize {
@@ -295,6 +308,16 @@ impl FakeOpenAi {
             .lock()
             .expect("script lock")
             .in_flight
+            .load(Ordering::SeqCst)
+    }
+
+    /// Pieces of text ([`Reply::Trickle`]'s `tick `) sent so far, over every request: how far a
+    /// slow generation got.
+    pub fn trickled(&self) -> usize {
+        self.script
+            .lock()
+            .expect("script lock")
+            .trickled
             .load(Ordering::SeqCst)
     }
 
@@ -392,17 +415,22 @@ async fn embeddings(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<V
 }
 
 async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>) -> Response {
-    let (next, in_flight) = {
+    let (next, in_flight, trickled) = {
         let mut script = script.lock().expect("script lock");
         script.requests.push(body.clone());
         let in_flight = InFlight::new(&script.in_flight);
+        let trickled = script.trickled.clone();
         let otherwise = script.otherwise.clone();
-        let next = script
-            .replies
-            .pop_front()
+        let continues = body["messages"]
+            .as_array()
+            .and_then(|messages| messages.last())
+            .is_some_and(|last| last["role"] == "assistant");
+        let continuation = script.continuation.clone().filter(|_| continues);
+        let next = continuation
+            .or_else(|| script.replies.pop_front())
             .or(otherwise)
             .unwrap_or_else(|| Scripted::text("(the fake model has no more scripted replies)"));
-        (next, in_flight)
+        (next, in_flight, trickled)
     };
     tokio::time::sleep(next.delay).await;
     if let Some(gate) = &next.gate {
@@ -441,6 +469,7 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
                 move |_| {
                     // Moved in: dropped with the body once the client is gone.
                     let _held = &in_flight;
+                    trickled.fetch_add(1, Ordering::SeqCst);
                     let piece = chunk("fake", json!({"content": "tick "}), None);
                     Ok::<_, std::convert::Infallible>(format!("data: {piece}\n\n"))
                 },

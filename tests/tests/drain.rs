@@ -272,15 +272,14 @@ fn at_the_timeout_a_task_another_node_sent_goes_back_to_it_and_completes_elsewhe
     let drained = json(&h.cli_ok(&laptop, &["drain", "gpu", "--timeout", "1s", "--json"]));
     assert_eq!(drained["running"], 1, "{drained:#}");
 
-    // At the timeout gpu hands it back; the laptop runs it on spare, as when a node is lost.
+    // At the timeout gpu hands it back; the laptop resumes it on spare from its journal, as
+    // when a node is lost.
     completed_on(caller, "spare", "done on spare");
     let events = h.task_events(&laptop, &id);
     let moved = events
         .iter()
-        .find(|e| {
-            e["type"] == "delegated" && e["text"].as_str().is_some_and(|t| t.contains("spare"))
-        })
-        .unwrap_or_else(|| panic!("no delegation to spare: {events:#?}"));
+        .find(|e| e["type"] == "resumed" && e["text"].as_str().is_some_and(|t| t.contains("spare")))
+        .unwrap_or_else(|| panic!("no resumption on spare: {events:#?}"));
     assert!(
         moved["text"]
             .as_str()

@@ -242,7 +242,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Drain(args) => drain::drain(&cli.conn, args).await,
         Command::Undrain(args) => drain::undrain(&cli.conn, args).await,
         Command::Run(args) => run::run(&cli.conn, args).await,
-        Command::Tasks(args) => tasks::tasks(&cli.conn, args).await,
+        Command::Tasks(args) => match tasks::watched(&args) {
+            Some((id, json)) => run::watch(&cli.conn, id, json).await,
+            None => tasks::tasks(&cli.conn, args).await,
+        },
         Command::Memory(command) => memory::run(&cli.conn, command).await,
         Command::Cron(command) => cron::run(&cli.conn, command).await,
         Command::Keys(command) => keys::run(&cli.conn, command).await,

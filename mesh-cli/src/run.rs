@@ -100,6 +100,26 @@ pub(crate) async fn run(conn: &ConnArgs, args: RunArgs) -> anyhow::Result<()> {
     follow(conn, channel, client, stream, shown).await
 }
 
+/// `tasks watch ID`: follows task `id` on the asked node to its end, as `run` does.
+pub(crate) async fn watch(conn: &ConnArgs, id: String, json: bool) -> anyhow::Result<()> {
+    let channel = channel(conn).await?;
+    let mut client = pb::tasks_client::TasksClient::new(channel.clone());
+    let stream = client
+        .watch(pb::WatchRequest {
+            task_id: id,
+            follow: true,
+        })
+        .await
+        .map_err(|s| anyhow!("{}: {}", conn.node, status_words(&s)))?
+        .into_inner();
+    let shown = Shown {
+        json,
+        stream_output: !json,
+        defaulted: false,
+    };
+    follow(conn, channel, client, stream, shown).await
+}
+
 /// `run --detach`: the task's id once the node took it (its first event), then return.
 async fn detach(
     conn: &ConnArgs,
@@ -135,19 +155,19 @@ async fn detach(
 
 /// How [`follow`] shows a task.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Shown {
+struct Shown {
     /// One JSON object at the end instead of the stream.
-    pub(crate) json: bool,
+    json: bool,
     /// Print the model's text as it streams.
-    pub(crate) stream_output: bool,
+    stream_output: bool,
     /// The role was the default one (said in the first line).
-    pub(crate) defaulted: bool,
+    defaulted: bool,
 }
 
 /// Follows a task's event stream to its end: its text, its events on stderr, the approvals it
 /// waits for and Ctrl-C; then its outcome (or, with `json`, one object). `run` and
 /// `tasks watch` both end here.
-pub(crate) async fn follow(
+async fn follow(
     conn: &ConnArgs,
     channel: Channel,
     client: Client,

@@ -200,29 +200,24 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `tasks watch ID [--json]`: the task to follow and whether to print JSON, for `run::watch`
+/// (which follows tasks for `run` too); `None` for the other `tasks` commands.
+pub(crate) fn watched(args: &TasksArgs) -> Option<(String, bool)> {
+    match &args.command {
+        Some(TasksCommand::Watch { id, json }) => Some((id.clone(), *json)),
+        _ => None,
+    }
+}
+
 pub(crate) async fn tasks(conn: &ConnArgs, args: TasksArgs) -> anyhow::Result<()> {
     let mut client = pb::tasks_client::TasksClient::new(channel(conn).await?);
     match args.command {
         None => list(&mut client, args.json, args.limit).await,
         Some(TasksCommand::Show { id, json }) => show(&mut client, &id, json).await,
-        Some(TasksCommand::Watch { id, json }) => {
-            let channel = channel(conn).await?;
-            let mut client = pb::tasks_client::TasksClient::new(channel.clone());
-            let stream = client
-                .watch(pb::WatchRequest {
-                    task_id: id.clone(),
-                    follow: true,
-                })
-                .await
-                .map_err(|s| anyhow!("{}: {}", conn.node, crate::status_words(&s)))?
-                .into_inner();
-            let shown = crate::run::Shown {
-                json,
-                stream_output: !json,
-                defaulted: false,
-            };
-            crate::run::follow(conn, channel, client, stream, shown).await
-        }
+        // `main` sends it to `run::watch` (see `watched`): never here.
+        Some(TasksCommand::Watch { id, .. }) => Err(anyhow!(
+            "`tasks watch {id}` is followed by `run::watch`; this is a bug of mesh-cli"
+        )),
         Some(TasksCommand::Cancel { id }) => {
             // The node answers once the task has ended (or after a few seconds): the status
             // after the cancel.

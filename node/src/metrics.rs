@@ -243,7 +243,7 @@ impl Metrics {
             "Bytes of the journal steps this node appended",
             journal_bytes.clone(),
         );
-        let journal_append_seconds = Histogram::new(exponential_buckets(0.000_1, 2.0, 16));
+        let journal_append_seconds = Histogram::new(exponential_buckets(0.000_05, 1.25, 48));
         registry.register(
             "task_journal_append_seconds",
             "How long one journal append took on this node (written and flushed)",

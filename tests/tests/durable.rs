@@ -291,9 +291,9 @@ fn a_call_interrupted_between_intent_and_result_is_not_run_again_and_the_model_i
     );
 }
 
-/// Issue 30, deliver 4: the origin is SIGKILLed while its task runs on gpu1; the task goes on
-/// there, and `mesh-cli tasks watch ID` against gpu2 (which neither started nor ran it)
-/// streams it to its answer from the journal.
+/// Issue 30, deliver 4: a task submitted with `run --detach` (its id printed at once) runs on
+/// gpu1; the origin is SIGKILLed; the task goes on there, and `mesh-cli tasks watch ID`
+/// against gpu2 (which neither started nor ran it) streams it to its answer from the journal.
 #[test]
 fn a_caller_re_attaches_on_another_node_after_the_origin_is_killed() {
     let f = fleet();
@@ -302,17 +302,29 @@ fn a_caller_re_attaches_on_another_node_after_the_origin_is_killed() {
         append(&f.effects, "1"),
         Scripted::text("finished without its origin").until(&gate),
     ]);
-    let caller = submit(&f, "work while the laptop sleeps");
+    // Detached: the id comes back at once, the task runs on.
+    let detached = f.harness.cli_ok(
+        &f.laptop,
+        &[
+            "run",
+            "--detach",
+            "--json",
+            "--role",
+            "coder",
+            "--tier",
+            "shell",
+            "--require",
+            "gpu",
+            "work while the laptop sleeps",
+        ],
+    );
+    let detached: Value = serde_json::from_str(&detached).expect("json");
+    let id = detached["task_id"].as_str().expect("task id").to_owned();
     wait_for("gpu1 to ask its model a second time", DEADLINE, || {
         (f.fake1.requests().len() >= 2).then_some(())
     })
     .expect("first step on gpu1");
-    let (id, _) = wait_for("the task on gpu1", DEADLINE, || {
-        newest_task(&f.harness, &f.gpu1)
-    })
-    .expect("task id");
     f.laptop.signal("KILL").expect("sigkill the origin");
-    drop(caller);
     let watch = f
         .harness
         .cli_command(&f.gpu2, &["tasks", "watch", &id, "--json"])

@@ -67,11 +67,10 @@ mod writers;
 
 pub(crate) use error::{MemoryError, PeerCallError, readable_by_callers, writable_by_callers};
 pub(crate) use lag::LagGauges;
+pub(crate) use push::PushAnswer;
 pub(crate) use record::MAX_SIGNATURE;
 pub use record::{Entry, Record};
 pub(crate) use revocations::stamp_ms;
 pub use store::{Memory, MemoryOptions};
 pub use sync::SYNC_BATCH;
-pub(crate) use sync::{
-    MemoryPeers, PushAnswer, SyncBatch, SyncRequest, answer_sync, replicate, sync_from,
-};
+pub(crate) use sync::{MemoryPeers, SyncBatch, SyncRequest, answer_sync, replicate, sync_from};

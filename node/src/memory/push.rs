@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use mesh_domain::BoxFuture;
 
-use super::{error::PeerCallError, record::Entry, store::Memory, sync::PushAnswer};
+use super::{error::PeerCallError, record::Entry, store::Memory};
 
 /// How a batch reaches a peer: `(address, records, certificates)` to the peer's frontier for
 /// this node's writes. `sync::replicate` makes it from its `MemoryPeers::push`; it is a
@@ -32,6 +32,23 @@ pub(super) type PushCall = Arc<
         + Send
         + Sync,
 >;
+
+/// A peer's answer to a push.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PushAnswer {
+    /// The sequence up to which it holds every write of ours.
+    pub frontier: u64,
+    /// The records it refused, each `namespace/key: why`.
+    pub refused: Vec<String>,
+}
+
+impl PushAnswer {
+    /// Whether the peer refused the record at `namespace`/`key`, and why.
+    pub(crate) fn refusal(&self, namespace: &str, key: &str) -> Option<&str> {
+        let place = format!("{namespace}/{key}: ");
+        self.refused.iter().find_map(|r| r.strip_prefix(&place))
+    }
+}
 
 /// Most batches waiting for one peer; past it the peer is marked for a sync.
 pub(super) const PUSH_QUEUE: usize = 16;

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     error::{MemoryError, PeerCallError, SyncError},
     index::index_value,
-    push::{Push, PushCall, PushQueues},
+    push::{Push, PushAnswer, PushCall, PushQueues},
     record::Entry,
     store::{Memory, RESYNC},
 };
@@ -105,23 +105,6 @@ pub(crate) trait MemoryPeers: Send + Sync + fmt::Debug {
         entries: Vec<Entry>,
         certificates: Vec<Vec<u8>>,
     ) -> BoxFuture<'static, Result<PushAnswer, PeerCallError>>;
-}
-
-/// A peer's answer to a push.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct PushAnswer {
-    /// The sequence up to which it holds every write of ours.
-    pub frontier: u64,
-    /// The records it refused, each `namespace/key: why`.
-    pub refused: Vec<String>,
-}
-
-impl PushAnswer {
-    /// Whether the peer refused the record at `namespace`/`key`, and why.
-    pub(crate) fn refusal(&self, namespace: &str, key: &str) -> Option<&str> {
-        let place = format!("{namespace}/{key}: ");
-        self.refused.iter().find_map(|r| r.strip_prefix(&place))
-    }
 }
 
 /// Answers a peer's `Sync`: for each origin we hold, the records after the peer's watermark.

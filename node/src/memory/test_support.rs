@@ -12,9 +12,10 @@ use mesh_domain::{BoxFuture, NodeId};
 
 use super::{
     error::{MemoryError, PeerCallError},
+    push::PushAnswer,
     record::{Entry, Record},
     store::{Memory, MemoryOptions},
-    sync::{MemoryPeers, PushAnswer, SyncBatch, SyncRequest, answer_sync},
+    sync::{MemoryPeers, SyncBatch, SyncRequest, answer_sync},
 };
 use crate::storage::{SledStore, Store};
 

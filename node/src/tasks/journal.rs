@@ -279,6 +279,31 @@ impl Journals {
         } else {
             Chain::default()
         };
+        // The origin said how many steps it held when it leased this epoch: with fewer here,
+        // replaying would run some again.
+        if epoch > 1 {
+            let lease = self
+                .memory
+                .get(TASK_JOURNAL, &journal::lease_key(task_id, epoch))
+                .map_err(storage)?
+                .filter(|r| !r.tombstone)
+                .and_then(|r| serde_json::from_slice::<Lease>(&r.value).ok());
+            match lease {
+                Some(lease) if chain.steps.len() as u32 >= lease.replayed => {}
+                Some(lease) => {
+                    return Err(JournalError::Storage(format!(
+                        "this node holds {} of the {} steps the origin recorded before epoch {epoch}",
+                        chain.steps.len(),
+                        lease.replayed
+                    )));
+                }
+                None => {
+                    return Err(JournalError::Storage(format!(
+                        "the lease of epoch {epoch} has not reached this node"
+                    )));
+                }
+            }
+        }
         let journal = TaskJournal {
             journals: self.clone(),
             task_id: task_id.to_owned(),

@@ -43,6 +43,14 @@ pub enum Reply {
     Trickle(Duration),
     /// `200 OK` with an HTML page: no chat answer at all.
     Garbage,
+    /// A task of `count` side-effecting steps, answered from the conversation so far (so a task
+    /// resumed on another node's model goes on where it was): while the request holds fewer
+    /// than `count` tool results, a `shell_exec` appending `<prompt>-<k>` to `file` (`k`: the
+    /// results so far); then the text `done <prompt>`.
+    Steps {
+        count: usize,
+        file: std::path::PathBuf,
+    },
 }
 
 /// Holds the replies scripted [`Scripted::until`] it back until the test opens it: a model
@@ -107,6 +115,18 @@ impl Scripted {
     /// One tool call.
     pub fn tool(name: &str, arguments: &str) -> Self {
         Self::new(Reply::Tools(vec![(name.into(), arguments.into())]), (10, 5))
+    }
+
+    /// A task of `count` side-effecting steps, each appending a line to `file` (see
+    /// [`Reply::Steps`]).
+    pub fn steps(count: usize, file: &std::path::Path) -> Self {
+        Self::new(
+            Reply::Steps {
+                count,
+                file: file.to_owned(),
+            },
+            (10, 5),
+        )
     }
 
     /// An HTTP error.
@@ -453,7 +473,13 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
         next.usage
     };
     let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
-    match next.reply {
+    let reply = match next.reply {
+        Reply::Steps { count, file } => step(&body, count, &file),
+        reply => reply,
+    };
+    match reply {
+        // Made into text or tool calls just above.
+        Reply::Steps { .. } => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         Reply::Stall | Reply::Trickle(_) if !stream => {
             let _in_flight = in_flight;
             std::future::pending().await
@@ -535,6 +561,28 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, Json(body): Json<Value>)
             }
         }
     }
+}
+
+/// The next step of a [`Reply::Steps`] task, from the conversation in `body`.
+fn step(body: &Value, count: usize, file: &std::path::Path) -> Reply {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let done = messages.iter().filter(|m| m["role"] == "tool").count();
+    let prompt: String = messages
+        .iter()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("task")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .collect();
+    if done >= count {
+        return Reply::Text(format!("done {prompt}"));
+    }
+    let command = format!("echo {prompt}-{done} >> {}", file.display());
+    Reply::Tools(vec![(
+        "shell_exec".into(),
+        json!({ "command": command }).to_string(),
+    )])
 }
 
 fn chunk(model: &str, delta: Value, finish: Option<&str>) -> Value {

@@ -11,7 +11,8 @@
 //! as long as asked and prints the figures.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
     process::{Child, Stdio},
     sync::{
         Arc,
@@ -44,6 +45,9 @@ pub struct SoakOptions {
     pub tasks_per_round: usize,
     /// How long the scripted models take to answer.
     pub model_delay: Duration,
+    /// Side-effecting steps per task (each a `shell_exec` appending a line to one file); 0:
+    /// tasks that only answer.
+    pub tool_steps: usize,
 }
 
 /// What a soak saw.
@@ -69,6 +73,10 @@ pub struct SoakReport {
     pub writes_lost: usize,
     /// Longest time from a worker's restart to it being `up` on the front node again.
     pub slowest_rejoin: Duration,
+    /// Side effects of the tasks' steps that happened (lines appended).
+    pub side_effects: usize,
+    /// Side effects that happened more than once (a step repeated).
+    pub side_effects_repeated: usize,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -79,16 +87,21 @@ struct Worker {
     fake: FakeOpenAi,
 }
 
+/// Who may run shell-tier tools, when the tasks have side-effecting steps.
+const SHELL_TIER: &str = "client_max_tier = \"shell\"\nremote_max_tier = \"shell\"\n";
+
 /// A worker's options; with no `front` it starts alone (on a new port nobody knows).
 fn worker_options(
     name: &str,
     tls: &TlsFiles,
     fake: &FakeOpenAi,
     front: Option<&str>,
+    effects: &Path,
 ) -> NodeOptions {
-    let mut options = NodeOptions::new(name).extra(&format!(
-        "[[models]]\nname = \"coder-model\"\nbackend = \"openai\"\nbase_url = \"{}\"\n\
+    let mut options = NodeOptions::new(name).security(SHELL_TIER).extra(&format!(
+        "[tools]\nroots = [{:?}]\n\n[[models]]\nname = \"coder-model\"\nbackend = \"openai\"\nbase_url = \"{}\"\n\
          model = \"scripted\"\n\n[roles]\ncoder = [\"coder-model\"]\n",
+        effects.parent().unwrap_or(effects),
         fake.base_url()
     ));
     options.tls = Some(tls.clone());
@@ -100,13 +113,26 @@ fn worker_options(
 pub fn run(options: &SoakOptions) -> anyhow::Result<SoakReport> {
     let started = Instant::now();
     let h = Harness::new()?;
-    let front = h.spawn(NodeOptions::new("front"))?;
+    let dir = tempfile::tempdir()?;
+    let effects = dir.path().join("effects.log");
+    let front = h.spawn(NodeOptions::new("front").security(SHELL_TIER))?;
     let mut workers = Vec::new();
     for name in ["w1", "w2"] {
         let tls = h.issue(name)?;
         let fake = FakeOpenAi::start();
-        fake.otherwise(Scripted::text(&format!("answer from {name}")).after(options.model_delay));
-        let node = h.spawn(worker_options(name, &tls, &fake, Some(&front.addr)))?;
+        let answer = if options.tool_steps > 0 {
+            Scripted::steps(options.tool_steps, &effects)
+        } else {
+            Scripted::text(&format!("answer from {name}"))
+        };
+        fake.otherwise(answer.after(options.model_delay));
+        let node = h.spawn(worker_options(
+            name,
+            &tls,
+            &fake,
+            Some(&front.addr),
+            &effects,
+        ))?;
         workers.push(Worker { node, tls, fake });
     }
     h.wait_all_up(
@@ -124,10 +150,22 @@ pub fn run(options: &SoakOptions) -> anyhow::Result<SoakReport> {
             options,
             &mut report,
             &mut answered,
+            &effects,
         )
         .with_context(|| format!("round {}", report.rounds + 1))?;
         report.rounds += 1;
     }
+    // Each step's line at most once: a completed step is never run again, an interrupted
+    // side effect never repeated.
+    let mut lines: BTreeMap<String, usize> = BTreeMap::new();
+    for line in std::fs::read_to_string(&effects)
+        .unwrap_or_default()
+        .lines()
+    {
+        *lines.entry(line.to_owned()).or_default() += 1;
+    }
+    report.side_effects = lines.len();
+    report.side_effects_repeated = lines.values().filter(|n| **n > 1).count();
     report.elapsed = started.elapsed();
     Ok(report)
 }
@@ -139,19 +177,26 @@ fn round(
     options: &SoakOptions,
     report: &mut SoakReport,
     answered: &mut BTreeSet<String>,
+    effects: &Path,
 ) -> anyhow::Result<()> {
     let calls_before: Vec<usize> = workers.iter().map(|w| w.fake.requests().len()).collect();
     let submitted = Instant::now();
+    let rounds = (options.tool_steps + 2).to_string();
     let callers: Vec<Child> = (0..options.tasks_per_round)
         .map(|i| {
+            let prompt = format!("soak-r{}-t{i}", report.rounds);
             h.cli_command(
                 front,
                 &[
                     "run",
                     "--role",
                     "coder",
+                    "--tier",
+                    "shell",
+                    "--max-rounds",
+                    &rounds,
                     "--json",
-                    &format!("soak task {i}"),
+                    &prompt,
                 ],
             )
             .stdout(Stdio::piped())
@@ -260,7 +305,7 @@ fn round(
     // Back alone first, with the same certificate and data dir on a new port no peer knows:
     // what it holds now survived the kill on its own disk (no peer handed it back).
     let (tls, fake) = (&workers[victim].tls, &workers[victim].fake);
-    let mut alone = h.spawn(worker_options(&name, tls, fake, None))?;
+    let mut alone = h.spawn(worker_options(&name, tls, fake, None, effects))?;
     let listed = h.cli(
         &alone,
         &[
@@ -275,7 +320,7 @@ fn round(
 
     // Then back in the mesh.
     let restarted_at = Instant::now();
-    workers[victim].node = h.spawn(worker_options(&name, tls, fake, Some(&front.addr)))?;
+    workers[victim].node = h.spawn(worker_options(&name, tls, fake, Some(&front.addr), effects))?;
     wait_for(&format!("{name} to be up again"), DEADLINE, || {
         (h.state_of(front, &name).as_deref() == Some("up")).then_some(())
     })?;

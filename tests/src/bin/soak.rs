@@ -3,8 +3,12 @@
 //! Prints what it saw; fails if a task went unanswered or was answered twice, or an
 //! acknowledged write was lost.
 //!
-//! Run: `cargo build --release --bins && target/release/soak [MINUTES] [TASKS_PER_ROUND]`
-//! (defaults 10 and 8). Needs nothing but loopback.
+//! Each task is TOOL_STEPS side-effecting steps (shell appends to one file) and an answer: a
+//! task whose worker is killed is resumed on the other, and no step's side effect may happen
+//! twice.
+//!
+//! Run: `cargo build --release --bins && target/release/soak [MINUTES] [TASKS_PER_ROUND]
+//! [TOOL_STEPS]` (defaults 10, 8 and 4). Needs nothing but loopback.
 
 use std::{process::ExitCode, time::Duration};
 
@@ -17,6 +21,7 @@ fn main() -> ExitCode {
         duration: Duration::from_secs(minutes * 60),
         tasks_per_round: mesh_tests::arg(2, 8),
         model_delay: Duration::from_millis(500),
+        tool_steps: mesh_tests::arg(3, 4),
     };
     println!(
         "soak: {minutes} min, {} tasks per round, models answer after {:?}",
@@ -38,9 +43,14 @@ fn main() -> ExitCode {
             println!("slowest task             {:?}", report.slowest_task);
             println!("writes acked before kill {}", report.writes_acked);
             println!("acked writes lost        {}", report.writes_lost);
+            println!("step side effects        {}", report.side_effects);
+            println!("  happened twice         {}", report.side_effects_repeated);
             println!("slowest rejoin           {:?}", report.slowest_rejoin);
             println!("elapsed                  {:?}", report.elapsed);
-            if report.failures.is_empty() && report.writes_lost == 0 {
+            if report.failures.is_empty()
+                && report.writes_lost == 0
+                && report.side_effects_repeated == 0
+            {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -239,7 +239,17 @@ fn round(
         let chosen = wait_for("a worker to execute tasks", DEADLINE, || {
             let busy: Vec<usize> = (0..workers.len())
                 .filter(|&i| {
-                    workers[i].fake.requests().len() > calls_before[i]
+                    let requests = workers[i].fake.requests();
+                    // With side-effecting steps, once one of its tasks has run a step there:
+                    // the kill then lands after a side effect (a task is resumed, not re-run).
+                    let stepped = options.tool_steps == 0
+                        || requests.iter().skip(calls_before[i]).any(|r| {
+                            r["messages"]
+                                .as_array()
+                                .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"))
+                        });
+                    requests.len() > calls_before[i]
+                        && stepped
                         && acked[i].load(Ordering::SeqCst) >= 3
                 })
                 .collect();

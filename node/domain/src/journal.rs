@@ -38,6 +38,12 @@ pub struct Lease {
     /// Steps recorded before this epoch (as its origin held them when it leased it), which
     /// the executor replays instead of running: 0 for the first run.
     pub replayed: u32,
+    /// Which earlier steps those are, `(epoch, last seq)` per epoch, as the origin held them:
+    /// a step of an earlier epoch past these is refused once this lease is known (written by
+    /// a superseded executor), one within them is taken (written before it was superseded,
+    /// however late it arrives).
+    #[serde(default)]
+    pub from: Vec<(u32, u32)>,
     /// When the origin gave the task to it (Unix ms).
     pub at_ms: u64,
 }

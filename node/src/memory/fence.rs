@@ -4,9 +4,11 @@
 //!
 //! - A lease only from the task's origin: the task id is a UUID its origin tagged, so a node
 //!   certificate cannot take over another node's task by writing a higher epoch.
-//! - A step is fenced: refused when this node knows a lease of a higher epoch (its executor was
-//!   superseded: a node stopped and resumed, or on the far side of a partition), and when the
-//!   lease of its own epoch names another executor. Unlike the writer rules, this reads what
+//! - A step is fenced: refused when this node knows a lease of a higher epoch that did not take
+//!   it (its executor was superseded: a node stopped and resumed, or on the far side of a
+//!   partition; the next epoch's lease names the steps of earlier epochs it continues from,
+//!   which are taken however late they arrive), and when the lease of its own epoch names
+//!   another executor. Unlike the writer rules, this reads what
 //!   the node stores (the task's leases), so a step that arrives before the lease that
 //!   supersedes it is applied; the readers of a journal take only the steps of the executor
 //!   each epoch's lease names, up to where the next epoch took over (`tasks::journal`).
@@ -32,12 +34,19 @@ const MAX_LEASES: usize = 64;
 impl Memory {
     /// The highest lease this node holds of task `task_id`, if any.
     pub fn journal_epoch(&self, task_id: &str) -> Result<Option<Lease>, MemoryError> {
-        let leases = self.list(TASK_JOURNAL, &journal::lease_prefix(task_id), MAX_LEASES)?;
-        Ok(leases
+        Ok(self.leases(task_id)?.into_iter().next_back())
+    }
+
+    /// The leases this node holds of task `task_id`, lowest epoch first.
+    fn leases(&self, task_id: &str) -> Result<Vec<Lease>, MemoryError> {
+        let entries = self.list(TASK_JOURNAL, &journal::lease_prefix(task_id), MAX_LEASES)?;
+        let mut leases: Vec<Lease> = entries
             .iter()
             .filter(|entry| !entry.record.tombstone)
             .filter_map(|entry| serde_json::from_slice::<Lease>(&entry.record.value).ok())
-            .max_by_key(|lease| lease.epoch))
+            .collect();
+        leases.sort_by_key(|lease| lease.epoch);
+        Ok(leases)
     }
 
     /// Whether `entry`, a peer's record of [`TASK_JOURNAL`] whose signature verified, may be
@@ -82,13 +91,23 @@ impl Memory {
                 }
                 Ok(())
             }
-            JournalKey::Step(_, epoch, _) => {
+            JournalKey::Step(_, epoch, seq) => {
                 serde_json::from_slice::<Step>(&record.value)
                     .map_err(|e| writer(format!("not a journal step: {e}")))?;
-                let Some(current) = self.journal_epoch(task_id)? else {
+                let leases = self.leases(task_id)?;
+                let Some(current) = leases.last() else {
                     return Ok(());
                 };
-                if epoch < current.epoch {
+                // Whether a later epoch continues from this step (its lease names it).
+                let taken = leases
+                    .iter()
+                    .filter(|lease| lease.epoch > epoch)
+                    .any(|next| {
+                        next.from
+                            .iter()
+                            .any(|(e, last)| *e == epoch && seq <= *last)
+                    });
+                if epoch < current.epoch && !taken {
                     return Err(MemoryError::Fenced {
                         place: format!("{}/{}", entry.namespace, entry.key),
                         origin: record.origin.short().to_owned(),

@@ -73,4 +73,6 @@ pub use record::{Entry, Record};
 pub(crate) use revocations::stamp_ms;
 pub use store::{Memory, MemoryOptions};
 pub use sync::SYNC_BATCH;
-pub(crate) use sync::{MemoryPeers, SyncBatch, SyncRequest, answer_sync, replicate, sync_from};
+pub(crate) use sync::{
+    MemoryPeers, SyncBatch, SyncRequest, answer_sync, pull_origins, replicate, sync_from,
+};

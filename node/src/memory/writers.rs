@@ -404,15 +404,17 @@ mod tests {
         use mesh_domain::journal::{Lease, Step, lease_key, step_key};
         let mesh = Mesh::new();
         let task = tagged_uuid(mesh.runner.id()).to_string();
-        let lease = |epoch: u32, executor: &OriginSigner| {
+        let lease_from = |epoch: u32, executor: &OriginSigner, from: Vec<(u32, u32)>| {
             json(&Lease {
                 epoch,
                 executor: executor.id().clone(),
                 executor_name: "x".into(),
                 replayed: 0,
+                from,
                 at_ms: now_ms(),
             })
         };
+        let lease = |epoch: u32, executor: &OriginSigner| lease_from(epoch, executor, Vec::new());
         let step = json(&Step::Full);
         let fenced = || {
             metrics()
@@ -490,8 +492,35 @@ mod tests {
             &mesh.runner,
             TASK_JOURNAL,
             &step_key(&task, 2, 1),
-            step
+            step.clone()
         )));
+        // Epoch 3 continues from epoch 2's first two steps: a late one of them is taken, one
+        // past them is fenced.
+        assert!(applied(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            &lease_key(&task, 3),
+            lease_from(3, &mesh.rogue, vec![(2, 2)])
+        )));
+        assert!(applied(mesh.push(
+            &mesh.runner,
+            TASK_JOURNAL,
+            &step_key(&task, 2, 2),
+            step.clone()
+        )));
+        assert!(matches!(
+            mesh.push(
+                &mesh.runner,
+                TASK_JOURNAL,
+                &step_key(&task, 2, 3),
+                step.clone()
+            ),
+            Err(MemoryError::Fenced {
+                epoch: 2,
+                current: 3,
+                ..
+            })
+        ));
         // Deletes: not by the rogue, by the origin.
         assert!(refused_by_rule(mesh.push(
             &mesh.rogue,

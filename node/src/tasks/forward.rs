@@ -186,7 +186,7 @@ pub(crate) async fn forward(
                 continue;
             };
             journals
-                .lease(journey.task_id, attempt, &id, &name, from_step - 1)
+                .lease(journey.task_id, attempt, &id, &name, &chain)
                 .await
                 .map_err(|e| TaskError::Internal {
                     message: format!("record the task's lease to {name}: {e}"),

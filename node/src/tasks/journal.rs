@@ -44,7 +44,7 @@ use mesh_domain::{
 
 use crate::{
     agent::{Journal, JournalError},
-    memory::{Entry, Memory, MemoryError, MemoryPeers, stamp_ms, sync_from},
+    memory::{Entry, Memory, MemoryError, MemoryPeers, pull_origins, stamp_ms, sync_from},
     metrics::{labels, metrics},
     peers::PeerTable,
 };
@@ -112,20 +112,22 @@ impl Journals {
     }
 
     /// As the task's origin: gives epoch `epoch` of task `task_id` to the node `executor`,
-    /// which replays the `replayed` steps recorded before it (0 for the first run).
+    /// which replays the steps of `replayed` (the journal as this node holds it; empty for
+    /// the first run).
     pub(crate) async fn lease(
         &self,
         task_id: &str,
         epoch: u32,
         executor: &NodeId,
         executor_name: &str,
-        replayed: u32,
+        replayed: &Chain,
     ) -> Result<(), MemoryError> {
         let lease = Lease {
             epoch,
             executor: executor.clone(),
             executor_name: executor_name.to_owned(),
-            replayed,
+            replayed: replayed.steps.len() as u32,
+            from: replayed.from.clone(),
             at_ms: now_ms(),
         };
         let value = serde_json::to_vec(&lease).map_err(|e| MemoryError::Invalid(e.to_string()))?;
@@ -270,9 +272,27 @@ impl Journals {
         if epoch > 1
             && let Some((id, name)) = &origin
             && let Some(peer) = self.peers.get(id)
-            && let Err(e) = sync_from(&self.memory, self.link.as_ref(), id, &peer.addr).await
         {
-            tracing::warn!(task_id, origin = %name, error = %e, "pull the journal from the task's origin");
+            // The leases first (the origin's own writes), then every record of the earlier
+            // executors the origin holds, however they reached it.
+            let pulled = match sync_from(&self.memory, self.link.as_ref(), id, &peer.addr).await {
+                Ok(_) => {
+                    let executors: Vec<NodeId> = self
+                        .memory
+                        .list(TASK_JOURNAL, &journal::lease_prefix(task_id), 64)
+                        .map_err(storage)?
+                        .iter()
+                        .filter_map(|e| serde_json::from_slice::<Lease>(&e.record.value).ok())
+                        .map(|lease| lease.executor)
+                        .filter(|executor| executor != self.own_id())
+                        .collect();
+                    pull_origins(&self.memory, self.link.as_ref(), id, &peer.addr, &executors).await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = pulled {
+                tracing::warn!(task_id, origin = %name, error = %e, "pull the journal from the task's origin");
+            }
         }
         let chain = if epoch > 1 {
             self.chain(task_id, Some(epoch)).map_err(storage)?
@@ -770,7 +790,7 @@ mod tests {
             Chain::default()
         );
         journals
-            .lease(&task, 1, &own, "me", 0)
+            .lease(&task, 1, &own, "me", &Chain::default())
             .await
             .expect("lease");
         for seq in 1..=3 {
@@ -778,14 +798,26 @@ mod tests {
         }
         // Epoch 2 resumed after the first two steps; its executor's step 3 came late.
         journals
-            .lease(&task, 2, &own, "me", 2)
+            .lease(
+                &task,
+                2,
+                &own,
+                "me",
+                &journals.chain(&task, None).expect("chain"),
+            )
             .await
             .expect("lease");
         put_step(&memory, &task, 2, 1, &Step::Base { from: vec![(1, 2)] }).await;
         put_step(&memory, &task, 2, 2, &model(9)).await;
         // Epoch 3 leased, never started.
         journals
-            .lease(&task, 3, &own, "me", 3)
+            .lease(
+                &task,
+                3,
+                &own,
+                "me",
+                &journals.chain(&task, None).expect("chain"),
+            )
             .await
             .expect("lease");
         let chain = journals.chain(&task, None).expect("chain");

@@ -623,7 +623,7 @@ impl Inner {
         if self.journals.is_own_task(&task.id) {
             let own = self.journals.own_id().clone();
             self.journals
-                .lease(&task.id, 1, &own, &self.node, 0)
+                .lease(&task.id, 1, &own, &self.node, &Default::default())
                 .await
                 .map_err(|e| TaskError::Internal {
                     message: format!("record the task's lease: {e}"),

@@ -59,11 +59,18 @@ coder = ["coder-model"]
 
 /// The laptop and two GPU nodes (gpu1 ranks first: more VRAM), all up.
 fn fleet() -> Fleet {
+    fleet_with_laptop("")
+}
+
+/// [`fleet`], the laptop's config given `laptop_extra` (a judge model, say).
+fn fleet_with_laptop(laptop_extra: &str) -> Fleet {
     let harness = Harness::new().expect("harness");
     let dir = tempfile::tempdir().expect("tempdir");
     let effects = dir.path().join("effects.log");
     let (fake1, fake2) = (FakeOpenAi::start(), FakeOpenAi::start());
-    let laptop = harness.spawn(NodeOptions::new("laptop")).expect("laptop");
+    let laptop = harness
+        .spawn(NodeOptions::new("laptop").extra(laptop_extra))
+        .expect("laptop");
     let gpu = |name: &str, fake: &FakeOpenAi, vram| {
         harness
             .spawn(
@@ -388,4 +395,66 @@ fn a_stopped_executor_resumed_after_its_task_moved_is_fenced_and_runs_nothing() 
     .expect("refused and counted");
     assert!(after > before);
     assert_eq!(effects(&f.effects), ["1"], "the stale call did not run");
+}
+
+/// Issue 30, deliver 1: an evaluated task's judged attempts are in its journal. gpu1 answers
+/// attempt 1, the judge (on the laptop) scores it low, and gpu1 is SIGKILLed during attempt 2;
+/// gpu2 resumes at attempt 2 with the revised prompt: attempt 1 is neither run nor judged again,
+/// and the answer is attempt 2's.
+#[test]
+fn an_evaluated_task_resumes_at_the_attempt_it_was_in() {
+    let judging = FakeOpenAi::start();
+    let f = fleet_with_laptop(&format!(
+        "[[models]]\nname = \"j\"\nbackend = \"openai\"\nbase_url = \"{}\"\nmodel = \"scripted\"\n\n[roles]\njudge = [\"j\"]\n",
+        judging.base_url()
+    ));
+    let verdict = |score: f64, critique: &str| {
+        Scripted::text(&serde_json::json!({"score": score, "critique": critique}).to_string())
+    };
+    judging.push([verdict(0.2, "name the sources"), verdict(0.95, "good")]);
+    f.fake1
+        .push([Scripted::text("first answer"), Scripted::stall()]);
+    f.fake2
+        .push([Scripted::text("second answer, with sources")]);
+    let caller = f
+        .harness
+        .cli_command(
+            &f.laptop,
+            &[
+                "run",
+                "--json",
+                "--role",
+                "coder",
+                "--require",
+                "gpu",
+                "--evaluate",
+                "judge",
+                "--threshold",
+                "0.9",
+                "--attempts",
+                "3",
+                "summarise it",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mesh-cli run");
+    wait_for("gpu1's second attempt", DEADLINE, || {
+        (f.fake1.requests().len() >= 2).then_some(())
+    })
+    .expect("attempt 2 on gpu1");
+    f.gpu1.signal("KILL").expect("sigkill");
+
+    let (code, result) = outcome(&f, caller);
+    assert_eq!(code, Some(0), "{result:#}");
+    assert_eq!(result["output"], "second answer, with sources");
+    assert_eq!(result["executed_on"], "gpu2");
+    assert_eq!(f.fake2.requests().len(), 1, "attempt 1 not run again");
+    assert!(
+        f.fake2.request_text(0).contains("name the sources"),
+        "attempt 2's revised prompt: {}",
+        f.fake2.request_text(0)
+    );
+    assert_eq!(judging.requests().len(), 2, "attempt 1 not judged again");
 }

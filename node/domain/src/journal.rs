@@ -79,6 +79,20 @@ pub enum Step {
         ok: bool,
         output: String,
     },
+    /// An evaluated task's attempt ended and was judged: what a resumed run starts again from
+    /// (the steps after it are the next attempt's).
+    Evaluated {
+        attempt: u32,
+        /// The attempt's answer.
+        output: String,
+        /// Its score (`None`: unscored).
+        score: Option<f64>,
+        /// What every attempt and evaluation so far spent, and their rounds.
+        spent: Usage,
+        rounds: u32,
+        /// The prompt of the next attempt.
+        next_prompt: String,
+    },
     /// The journal reached its cap here: the task is not resumed past this step.
     Full,
     /// How the task ended on its executor.

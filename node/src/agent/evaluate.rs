@@ -18,11 +18,11 @@ use std::sync::Arc;
 
 use mesh_domain::{
     Answer, ChatRequest, Evaluation, EventKind, Message, ResponseFormat, Role, Sampling, Target,
-    TaskError, TaskSpec, Usage, text::truncate,
+    TaskError, TaskSpec, Usage, journal::Step, text::truncate,
 };
 use serde_json::{Value, json};
 
-use super::{AgentRuntime, EventSink};
+use super::{AgentRuntime, EventSink, Journal, replay::Part};
 use crate::chat::ChatService;
 
 /// Calls of the evaluator per attempt: the first, and one retry when it fails or answers no
@@ -89,25 +89,36 @@ impl Evaluator {
         spec: &TaskSpec,
         evaluation: &Evaluation,
         events: &dyn EventSink,
+        journal: &dyn Journal,
     ) -> Result<Answer, TaskError> {
         let budget = self.runtime.token_budget(spec);
-        let mut spent = Usage::default();
-        let mut rounds = 0;
-        // Each attempt's answer and score (`None`: unscored).
-        let mut tried: Vec<(String, Option<f64>)> = Vec::new();
-        let mut prompt = spec.prompt.clone();
+        // A resumed task starts again after its last judged attempt (`Step::Evaluated`).
+        let Restored {
+            mut tried,
+            mut spent,
+            mut rounds,
+            prompt,
+            next_attempt,
+            in_progress,
+        } = restore(journal.replayed());
+        let mut prompt = prompt.unwrap_or_else(|| spec.prompt.clone());
+        let mut in_progress = Some(&journal.replayed()[in_progress..]);
         // Why the loop ended before an answer passed, when attempts were left.
         let mut stopped: Option<String> = None;
         // Checked at admission; clamped again so the loop always runs and stays bounded.
         let attempts = evaluation.attempts.clamp(1, Evaluation::MAX_ATTEMPTS);
-        for attempt in 1..=attempts {
+        for attempt in next_attempt..=attempts {
             let left = budget.saturating_sub(spent.total());
             let run = TaskSpec {
                 prompt: prompt.clone(),
                 token_budget: Some(left),
                 ..spec.clone()
             };
-            let answer = match self.runtime.attempt(&run, events, &super::NoJournal).await {
+            let part = Part {
+                journal,
+                replayed: in_progress.take().unwrap_or_default(),
+            };
+            let answer = match self.runtime.attempt(&run, events, &part).await {
                 Ok(answer) => answer,
                 Err(error) => {
                     let error = over_all_attempts(error, budget, spent);
@@ -145,6 +156,20 @@ impl Evaluator {
                 error: judged.verdict.as_ref().err().cloned(),
             });
             tried.push((answer.output.clone(), score));
+            let next_prompt = match &judged.verdict {
+                Ok(verdict) => revised_prompt(&spec.prompt, &answer.output, verdict, evaluation),
+                // No critique to go on: the task as it was asked.
+                Err(_) => spec.prompt.clone(),
+            };
+            let judged_step = Step::Evaluated {
+                attempt,
+                output: answer.output.clone(),
+                score,
+                spent,
+                rounds,
+                next_prompt: next_prompt.clone(),
+            };
+            journal.append(judged_step, false).await?;
             if evaluation.passes(score) || attempt == attempts {
                 break;
             }
@@ -166,11 +191,7 @@ impl Evaluator {
                     Err(why) => format!("attempt {attempt} is unscored ({why})"),
                 },
             });
-            prompt = match &judged.verdict {
-                Ok(verdict) => revised_prompt(&spec.prompt, &answer.output, verdict, evaluation),
-                // No critique to go on: the task as it was asked.
-                Err(_) => spec.prompt.clone(),
-            };
+            prompt = next_prompt;
         }
         let Some(chosen) = best(&tried.iter().map(|(_, score)| *score).collect::<Vec<_>>()) else {
             return Err(TaskError::Internal {
@@ -391,9 +412,89 @@ pub(crate) fn revised_prompt(
     )
 }
 
+/// Where an evaluated task's recorded steps leave its loop.
+#[derive(Debug, Default, PartialEq)]
+struct Restored {
+    /// The judged attempts' answers and scores.
+    tried: Vec<(String, Option<f64>)>,
+    /// What they and their evaluations spent, and their rounds.
+    spent: Usage,
+    rounds: u32,
+    /// The next attempt's prompt (`None`: the task's own).
+    prompt: Option<String>,
+    /// The next attempt's number.
+    next_attempt: u32,
+    /// Where the steps of the attempt in progress begin.
+    in_progress: usize,
+}
+
+/// Reads the judged attempts from a resumed evaluated task's steps.
+fn restore(steps: &[Step]) -> Restored {
+    let mut restored = Restored {
+        next_attempt: 1,
+        ..Restored::default()
+    };
+    for (index, step) in steps.iter().enumerate() {
+        if let Step::Evaluated {
+            attempt,
+            output,
+            score,
+            spent,
+            rounds,
+            next_prompt,
+        } = step
+        {
+            restored.tried.push((output.clone(), *score));
+            restored.spent = *spent;
+            restored.rounds = *rounds;
+            restored.prompt = Some(next_prompt.clone());
+            restored.next_attempt = attempt + 1;
+            restored.in_progress = index + 1;
+        }
+    }
+    restored
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 30: a resumed evaluated task starts again after its last judged attempt, with
+    /// what the attempts spent, their answers and scores, and the next attempt's prompt; the
+    /// steps after it are the attempt in progress.
+    #[test]
+    fn a_resumed_evaluated_task_starts_again_after_its_last_judged_attempt() {
+        assert_eq!(
+            restore(&[]),
+            Restored {
+                next_attempt: 1,
+                ..Restored::default()
+            }
+        );
+        let judged = |attempt: u32, score: Option<f64>| Step::Evaluated {
+            attempt,
+            output: format!("answer {attempt}"),
+            score,
+            spent: Usage {
+                prompt_tokens: 10 * u64::from(attempt),
+                completion_tokens: 1,
+            },
+            rounds: attempt,
+            next_prompt: format!("try {}", attempt + 1),
+        };
+        let steps = [judged(1, Some(0.2)), judged(2, None), Step::Full];
+        let restored = restore(&steps);
+        assert_eq!(
+            restored.tried,
+            [
+                ("answer 1".to_owned(), Some(0.2)),
+                ("answer 2".to_owned(), None)
+            ]
+        );
+        assert_eq!((restored.spent.prompt_tokens, restored.rounds), (20, 2));
+        assert_eq!(restored.prompt.as_deref(), Some("try 3"));
+        assert_eq!((restored.next_attempt, restored.in_progress), (3, 2));
+    }
 
     #[test]
     fn a_verdict_is_read_from_json_and_anything_else_says_what_is_wrong() {

@@ -17,7 +17,9 @@ pub(crate) mod hooks;
 pub(crate) mod replay;
 pub(crate) mod tools;
 
-pub(crate) use self::replay::{Journal, JournalError, NoJournal};
+#[cfg(test)]
+pub(crate) use self::replay::NoJournal;
+pub(crate) use self::replay::{Journal, JournalError};
 
 use std::{collections::BTreeMap, sync::Arc};
 

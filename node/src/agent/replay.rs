@@ -56,11 +56,12 @@ impl From<JournalError> for TaskError {
     }
 }
 
-/// A journal that keeps nothing: runs that are not resumed (an evaluated task's attempts, and
-/// unit tests).
+/// A journal that keeps nothing (unit tests of the tools loop).
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub(crate) struct NoJournal;
 
+#[cfg(test)]
 impl Journal for NoJournal {
     fn replayed(&self) -> &[Step] {
         &[]
@@ -68,6 +69,23 @@ impl Journal for NoJournal {
 
     fn append(&self, _step: Step, _confirm: bool) -> BoxFuture<'_, Result<(), JournalError>> {
         Box::pin(async { Ok(()) })
+    }
+}
+
+/// The steps of one part of a journal (an evaluated task's attempt in progress) as the journal
+/// a run replays; appends go to the whole journal.
+pub(crate) struct Part<'a> {
+    pub(crate) journal: &'a dyn Journal,
+    pub(crate) replayed: &'a [Step],
+}
+
+impl Journal for Part<'_> {
+    fn replayed(&self) -> &[Step] {
+        self.replayed
+    }
+
+    fn append(&self, step: Step, confirm: bool) -> BoxFuture<'_, Result<(), JournalError>> {
+        self.journal.append(step, confirm)
     }
 }
 
@@ -159,7 +177,7 @@ pub(crate) fn replay(steps: &[Step]) -> Replayed {
                     }),
                 });
             }
-            Step::Base { .. } | Step::Full => {}
+            Step::Base { .. } | Step::Full | Step::Evaluated { .. } => {}
         }
     }
     out.pending = calls

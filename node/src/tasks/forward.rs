@@ -4,8 +4,8 @@
 //! stream breaks or membership says it is down; the task is then resumed on the next node from
 //! its journal (`tasks::journal`): each attempt runs at a new epoch, leased by this node (the
 //! origin) before it is sent, and replays the steps recorded before it instead of running
-//! them again. A task without a journal (an evaluated one) is not moved once a tool that may
-//! have changed something ran.
+//! them again. A task without a journal here (one this node only relays for another node, which
+//! leases it) is not moved once a tool that may have changed something ran.
 //!
 //! What other nodes relay is bounded: at most [`MAX_RELAYED_EVENTS`] events and
 //! [`MAX_RELAYED_BYTES`] of them per task are recorded here; past that, one event says the rest

@@ -520,7 +520,7 @@ fn events_of(step: &Step, executor: &str, names: &mut BTreeMap<String, String>) 
         Step::Full => vec![EventKind::Warning {
             message: "the task's journal reached its cap: it is not resumed past this step".into(),
         }],
-        Step::Base { .. } => Vec::new(),
+        Step::Base { .. } | Step::Evaluated { .. } => Vec::new(),
     }
 }
 

@@ -517,9 +517,11 @@ pub(super) fn forward_task(inner: Arc<Inner>, task: Arc<LiveTask>, candidates: V
         let tools = inner.runtime.tools();
         let side_effects = |tool: &str, arguments: &str| tools.has_side_effects(tool, arguments);
         let down = |name: &str| inner.journals.is_down(name);
-        // Only the task's origin leases it, and an evaluated task's attempts are not
-        // journaled: such a task is not resumed.
-        let journals = (inner.journals.is_own_task(&task.id) && task.spec.evaluate.is_none())
+        // Only the task's origin leases it (a task relayed for another node is not resumed
+        // from here).
+        let journals = inner
+            .journals
+            .is_own_task(&task.id)
             .then_some(&inner.journals);
         let stop = CancellationToken::new();
         let run = forward(
@@ -748,15 +750,18 @@ async fn worker(
         tracing::info!(task_id = %task.id, origin, by, target = %task.spec.target, "task started");
         let span = tracing::info_span!("task", task_id = %task.id, target = %task.spec.target);
         let run = async {
-            match &task.spec.evaluate {
-                Some(evaluation) => inner.evaluator.run(&task.spec, evaluation, &emitter).await,
-                None => {
-                    let journal = inner.open_journal(&task).await?;
-                    let result = inner.runtime.run(&task.spec, &emitter, &journal).await;
-                    journal.end(&result).await;
-                    result
+            let journal = inner.open_journal(&task).await?;
+            let result = match &task.spec.evaluate {
+                Some(evaluation) => {
+                    inner
+                        .evaluator
+                        .run(&task.spec, evaluation, &emitter, &journal)
+                        .await
                 }
-            }
+                None => inner.runtime.run(&task.spec, &emitter, &journal).await,
+            };
+            journal.end(&result).await;
+            result
         };
         let result = tracing::Instrument::instrument(
             async {

@@ -31,6 +31,7 @@
 pub mod api_key;
 pub mod chat;
 pub mod embed;
+pub mod event;
 pub mod future;
 pub mod id;
 pub mod journal;
@@ -53,6 +54,7 @@ pub use chat::{
     ToolSpec, Usage,
 };
 pub use embed::{EmbedRequest, EmbedResponse};
+pub use event::{EventKind, TaskEvent};
 pub use future::BoxFuture;
 pub use id::NodeId;
 pub use mcp::McpToolInfo;
@@ -61,7 +63,6 @@ pub use node::{
 };
 pub use target::Target;
 pub use task::{
-    Answer, CertRole, Evaluation, EventKind, Lineage, Principal, Requirements, TaskError,
-    TaskEvent, TaskSpec, TaskStatus,
+    Answer, CertRole, Evaluation, Lineage, Principal, Requirements, TaskError, TaskSpec, TaskStatus,
 };
 pub use tier::Tier;

@@ -46,7 +46,7 @@ use crate::{
     tasks::{
         forward::{Forwarder, Journey, forward},
         history::{History, Replayed, TaskRecord, recover},
-        journal::{Journals, TaskJournal},
+        journal::{Journals, sweep_every},
     },
 };
 
@@ -121,8 +121,8 @@ const REMOTE_OUTCOME_GRACE: Duration = Duration::from_secs(5);
 pub(super) struct LiveTask {
     pub(super) id: String,
     pub(super) spec: TaskSpec,
-    deadline: Instant,
-    cancel: CancellationToken,
+    pub(super) deadline: Instant,
+    pub(super) cancel: CancellationToken,
     /// How it ends once `cancel` is cancelled: `cancelled` with its reason, or handed over
     /// (a drain).
     stopped_with: Mutex<Option<TaskError>>,
@@ -132,13 +132,13 @@ pub(super) struct LiveTask {
     /// What its model calls spent so far (here, and as the nodes it was passed to reported).
     spent: Mutex<Usage>,
     /// The model its latest model call went to, for the line logged when it ends.
-    model: Mutex<String>,
+    pub(super) model: Mutex<String>,
 }
 
 impl LiveTask {
     /// The error it ends with, stopped here: as [`TaskManager::stop`] said, else cancelled by
     /// a caller.
-    fn stop_error(&self) -> TaskError {
+    pub(super) fn stop_error(&self) -> TaskError {
         self.stopped_with
             .lock_unpoisoned()
             .clone()
@@ -151,17 +151,17 @@ impl LiveTask {
 #[derive(Debug)]
 pub(super) struct Inner {
     pub(super) node: String,
-    runtime: Arc<AgentRuntime>,
+    pub(super) runtime: Arc<AgentRuntime>,
     /// Runs the tasks that ask for an evaluation (`--evaluate`).
-    evaluator: Evaluator,
-    limits: TaskLimits,
+    pub(super) evaluator: Evaluator,
+    pub(super) limits: TaskLimits,
     pub(super) history: History,
     /// Decides whether and where each task runs.
     pub(super) admission: Arc<Admission>,
     /// Reaches the nodes tasks placed elsewhere run on.
     forwarder: Arc<dyn Forwarder>,
     /// The tasks' journals in the replicated memory.
-    journals: Journals,
+    pub(super) journals: Journals,
     live: Mutex<HashMap<String, Arc<LiveTask>>>,
     queue: Mutex<Option<mpsc::Sender<Arc<LiveTask>>>>,
     pub(super) caps: Arc<Capabilities>,
@@ -238,9 +238,9 @@ impl TaskManager {
         });
         inner.publish_load();
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
-        workers.spawn(sweep_journals(inner.journals.clone(), stop.clone()));
+        workers.spawn(sweep_every(inner.journals.clone(), stop.clone()));
         for _ in 0..limits.workers {
-            workers.spawn(worker(inner.clone(), rx.clone(), stop.clone()));
+            workers.spawn(inner.clone().work(rx.clone(), stop.clone()));
         }
         Self { inner }
     }
@@ -618,22 +618,6 @@ impl Inner {
         Ok(task)
     }
 
-    /// The journal `task` runs with here: at the epoch its origin leased it to this node (a
-    /// forwarded task), or at epoch 1 leased by this node (its own task: it made the id).
-    async fn open_journal(&self, task: &LiveTask) -> Result<TaskJournal, TaskError> {
-        let epoch = task.spec.lineage.epoch.max(1);
-        if self.journals.is_own_task(&task.id) {
-            let own = self.journals.own_id().clone();
-            self.journals
-                .lease(&task.id, 1, &own, &self.node, &Default::default())
-                .await
-                .map_err(|e| TaskError::Internal {
-                    message: format!("record the task's lease: {e}"),
-                })?;
-        }
-        Ok(self.journals.open(&task.id, epoch).await?)
-    }
-
     pub(super) fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
         self.live.lock_unpoisoned().get(id).cloned()
     }
@@ -704,130 +688,6 @@ impl Inner {
         self.emitter(task).emit(event);
         self.live.lock_unpoisoned().remove(&task.id);
         self.publish_load();
-    }
-}
-
-async fn worker(
-    inner: Arc<Inner>,
-    queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Arc<LiveTask>>>>,
-    stop: CancellationToken,
-) {
-    loop {
-        let next = tokio::select! {
-            () = stop.cancelled() => return,
-            next = async { queue.lock().await.recv().await } => next,
-        };
-        let Some(task) = next else { return };
-        {
-            let mut record = task.record.lock_unpoisoned();
-            if record.status != TaskStatus::Queued {
-                continue; // cancelled while queued
-            }
-            record.status = TaskStatus::Running;
-            if let Err(e) = inner.history.put_record(&record) {
-                tracing::error!(task = %task.id, error = %e, "record task start");
-            }
-        }
-        inner.queued.fetch_sub(1, Ordering::SeqCst);
-        inner.running.send_modify(|n| *n += 1);
-        inner.publish_load();
-
-        let emitter = inner.emitter(&task);
-        emitter.emit(EventKind::Started {
-            node: inner.node.clone(),
-        });
-        let started = Instant::now();
-        let lineage = &task.spec.lineage;
-        let origin = if lineage.origin.is_empty() {
-            inner.node.as_str()
-        } else {
-            lineage.origin.as_str()
-        };
-        let by = lineage
-            .started_by
-            .as_ref()
-            .map_or_else(|| "unknown".to_owned(), ToString::to_string);
-        tracing::info!(task_id = %task.id, origin, by, target = %task.spec.target, "task started");
-        let span = tracing::info_span!("task", task_id = %task.id, target = %task.spec.target);
-        let run = async {
-            let journal = inner.open_journal(&task).await?;
-            let result = match &task.spec.evaluate {
-                Some(evaluation) => {
-                    inner
-                        .evaluator
-                        .run(&task.spec, evaluation, &emitter, &journal)
-                        .await
-                }
-                None => inner.runtime.run(&task.spec, &emitter, &journal).await,
-            };
-            journal.end(&result).await;
-            result
-        };
-        let result = tracing::Instrument::instrument(
-            async {
-                tokio::select! {
-                    () = task.cancel.cancelled() => Err(task.stop_error()),
-                    () = tokio::time::sleep_until(task.deadline) => Err(TaskError::Deadline {
-                        seconds: task.spec.timeout.unwrap_or(inner.limits.timeout).as_secs(),
-                    }),
-                    result = run => result,
-                }
-            },
-            span,
-        )
-        .await;
-        log_end(&task, origin, started.elapsed(), &result);
-        // `finish` before the running count drops, so shutdown waits for the record.
-        inner.finish(&task, result);
-        inner.running.send_modify(|n| *n -= 1);
-        inner.publish_load();
-    }
-}
-
-/// How often the journals of ended and of too old tasks are collected.
-const JOURNAL_SWEEP_EVERY: Duration = Duration::from_secs(600);
-
-/// Collects the journals this node may delete, every [`JOURNAL_SWEEP_EVERY`] until `stop`.
-async fn sweep_journals(journals: Journals, stop: CancellationToken) {
-    let mut every = tokio::time::interval(JOURNAL_SWEEP_EVERY);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = every.tick() => {}
-        }
-        match journals.sweep().await {
-            Ok(0) => {}
-            Ok(deleted) => tracing::debug!(deleted, "collected ended task journals"),
-            Err(e) => tracing::warn!(error = %e, "collect ended task journals"),
-        }
-    }
-}
-
-/// The one line the executing node logs when a task it ran ends: who asked, on which model,
-/// how it ended, its tokens and how long it took.
-fn log_end(task: &LiveTask, origin: &str, took: Duration, result: &Result<Answer, TaskError>) {
-    let model = task.model.lock_unpoisoned().clone();
-    let duration_ms = took.as_millis() as u64;
-    match result {
-        Ok(answer) => tracing::info!(
-            task_id = %task.id,
-            origin,
-            model,
-            outcome = "completed",
-            tokens = answer.usage.prompt_tokens + answer.usage.completion_tokens,
-            rounds = answer.rounds,
-            duration_ms,
-            "task ended"
-        ),
-        Err(error) => tracing::info!(
-            task_id = %task.id,
-            origin,
-            model,
-            outcome = TaskStatus::of_error(error).as_str(),
-            error = %error,
-            duration_ms,
-            "task ended"
-        ),
     }
 }
 

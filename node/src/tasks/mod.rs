@@ -6,6 +6,8 @@
 //!   elsewhere.
 //! - [`history`]: each task's record and events in the store, and the recovery at start.
 //! - [`forward`]: the [`Forwarder`] port and the failover loop of a task run on other nodes.
+//! - `worker`: the workers that run queued tasks here, each with its journal.
+//! - [`journal`]: each task's journal in the replicated memory, for resuming it elsewhere.
 //! - [`drain`]: draining this node: no new work, queued tasks to other nodes, the rest ended
 //!   at a timeout.
 //!
@@ -17,6 +19,7 @@ pub(crate) mod forward;
 pub(crate) mod history;
 pub(crate) mod journal;
 pub(crate) mod manager;
+mod worker;
 
 pub(crate) use self::{
     drain::{Drain, DrainReport},

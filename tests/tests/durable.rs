@@ -124,27 +124,21 @@ fn effects(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// `mesh-cli run --json --role coder --tier shell PROMPT` on the laptop, in the background.
-fn submit(f: &Fleet, prompt: &str) -> std::process::Child {
+/// `mesh-cli run --json --role coder --require gpu ARGS` on the laptop, in the background.
+fn submit_with(f: &Fleet, args: &[&str]) -> std::process::Child {
+    let mut full = vec!["run", "--json", "--role", "coder", "--require", "gpu"];
+    full.extend_from_slice(args);
     f.harness
-        .cli_command(
-            &f.laptop,
-            &[
-                "run",
-                "--json",
-                "--role",
-                "coder",
-                "--tier",
-                "shell",
-                "--require",
-                "gpu",
-                prompt,
-            ],
-        )
+        .cli_command(&f.laptop, &full)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("mesh-cli run")
+}
+
+/// A shell-tier task of `prompt` ([`submit_with`]).
+fn submit(f: &Fleet, prompt: &str) -> std::process::Child {
+    submit_with(f, &["--tier", "shell", prompt])
 }
 
 /// What the caller printed once it ended (within a minute, else the nodes' logs are shown):
@@ -416,30 +410,18 @@ fn an_evaluated_task_resumes_at_the_attempt_it_was_in() {
         .push([Scripted::text("first answer"), Scripted::stall()]);
     f.fake2
         .push([Scripted::text("second answer, with sources")]);
-    let caller = f
-        .harness
-        .cli_command(
-            &f.laptop,
-            &[
-                "run",
-                "--json",
-                "--role",
-                "coder",
-                "--require",
-                "gpu",
-                "--evaluate",
-                "judge",
-                "--threshold",
-                "0.9",
-                "--attempts",
-                "3",
-                "summarise it",
-            ],
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("mesh-cli run");
+    let caller = submit_with(
+        &f,
+        &[
+            "--evaluate",
+            "judge",
+            "--threshold",
+            "0.9",
+            "--attempts",
+            "3",
+            "summarise it",
+        ],
+    );
     wait_for("gpu1's second attempt", DEADLINE, || {
         (f.fake1.requests().len() >= 2).then_some(())
     })

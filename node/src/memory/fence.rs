@@ -34,11 +34,11 @@ const MAX_LEASES: usize = 64;
 impl Memory {
     /// The highest lease this node holds of task `task_id`, if any.
     pub fn journal_epoch(&self, task_id: &str) -> Result<Option<Lease>, MemoryError> {
-        Ok(self.leases(task_id)?.into_iter().next_back())
+        Ok(self.journal_leases(task_id)?.into_iter().next_back())
     }
 
     /// The leases this node holds of task `task_id`, lowest epoch first.
-    fn leases(&self, task_id: &str) -> Result<Vec<Lease>, MemoryError> {
+    pub fn journal_leases(&self, task_id: &str) -> Result<Vec<Lease>, MemoryError> {
         let entries = self.list(TASK_JOURNAL, &journal::lease_prefix(task_id), MAX_LEASES)?;
         let mut leases: Vec<Lease> = entries
             .iter()
@@ -94,7 +94,7 @@ impl Memory {
             JournalKey::Step(_, epoch, seq) => {
                 serde_json::from_slice::<Step>(&record.value)
                     .map_err(|e| writer(format!("not a journal step: {e}")))?;
-                let leases = self.leases(task_id)?;
+                let leases = self.journal_leases(task_id)?;
                 let Some(current) = leases.last() else {
                     return Ok(());
                 };

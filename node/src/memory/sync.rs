@@ -251,11 +251,29 @@ pub(crate) async fn sync_from(
     peer: &NodeId,
     addr: &str,
 ) -> Result<usize, SyncError> {
+    pull_origins(memory, peers, peer, addr, &[]).await
+}
+
+/// [`sync_from`], asking `peer` again for every record of `origins` it holds, whatever this
+/// node's watermarks for it say. A peer may have taken an origin's records out of order (one
+/// pushed straight to it before those written just before it, as a durable task's confirmed
+/// step is) after this node's watermark for that peer passed them: the one who resumes the task
+/// must have them all. Watermarks never go back.
+pub(crate) async fn pull_origins(
+    memory: &Memory,
+    peers: &dyn MemoryPeers,
+    peer: &NodeId,
+    addr: &str,
+    origins: &[NodeId],
+) -> Result<usize, SyncError> {
     let mut applied = 0;
     // What this pull asks for next: past every record received, refused ones included, so a
     // peer that keeps sending a refused record cannot hold the pull in a loop. The stored
     // watermarks stay below a refused record (see below).
     let mut after = memory.watermarks(peer);
+    for origin in origins {
+        after.insert(origin.clone(), 0);
+    }
     // Origins with a refused record in this pull: their stored watermark stays below it.
     let mut refused: HashSet<NodeId> = HashSet::new();
     for _ in 0..PULL_BATCHES {
@@ -318,48 +336,6 @@ pub(crate) async fn sync_from(
         }
     }
     // A long catch-up goes on at the next pull, from the watermarks stored so far.
-    Ok(applied)
-}
-
-/// Pulls again from `peer` every record of `origins` it holds, whatever this node's watermarks
-/// for it say, and applies them; no watermark changes. A peer may have taken an origin's
-/// records out of order (one pushed straight to it before those written just before it, as a
-/// durable task's confirmed step is) after this node's watermark for that peer passed them:
-/// the one who resumes the task must have them all. Bounded like a pull.
-pub(crate) async fn pull_origins(
-    memory: &Memory,
-    peers: &dyn MemoryPeers,
-    peer: &NodeId,
-    addr: &str,
-    origins: &[NodeId],
-) -> Result<usize, SyncError> {
-    let mut after = memory.watermarks(peer);
-    for origin in origins {
-        after.insert(origin.clone(), 0);
-    }
-    let mut applied = 0;
-    for _ in 0..PULL_BATCHES {
-        let request = SyncRequest {
-            node: Some(memory.own_id().clone()),
-            after: after.clone(),
-            frontier: memory.frontier(),
-        };
-        let batch = sync_call(peers, addr, request).await?;
-        let before = after.clone();
-        let results = memory.apply_from(Some(peer), &batch.entries, &batch.certificates);
-        for (entry, result) in batch.entries.iter().zip(results) {
-            let next = after.entry(entry.record.origin.clone()).or_default();
-            *next = (*next).max(entry.record.seq);
-            applied += usize::from(matches!(result, Ok(true)));
-        }
-        memory.flush().await?;
-        if !batch.more || batch.entries.is_empty() {
-            return Ok(applied);
-        }
-        if after == before {
-            return Err(SyncError::Stuck);
-        }
-    }
     Ok(applied)
 }
 

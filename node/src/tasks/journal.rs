@@ -29,6 +29,7 @@ use std::{
 };
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use mesh_domain::{
     Answer, BoxFuture, EventKind, NodeId, PeerState, TaskError, TaskEvent, Usage,
@@ -279,10 +280,9 @@ impl Journals {
                 Ok(_) => {
                     let executors: Vec<NodeId> = self
                         .memory
-                        .list(TASK_JOURNAL, &journal::lease_prefix(task_id), 64)
+                        .journal_leases(task_id)
                         .map_err(storage)?
-                        .iter()
-                        .filter_map(|e| serde_json::from_slice::<Lease>(&e.record.value).ok())
+                        .into_iter()
                         .map(|lease| lease.executor)
                         .filter(|executor| executor != self.own_id())
                         .collect();
@@ -458,6 +458,25 @@ impl Journals {
             }
         }
         Ok(deleted)
+    }
+}
+
+/// How often the journals of ended and of too old tasks are collected.
+const JOURNAL_SWEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Collects the journals this node may delete, every [`JOURNAL_SWEEP_EVERY`] until `stop`.
+pub(crate) async fn sweep_every(journals: Journals, stop: CancellationToken) {
+    let mut every = tokio::time::interval(JOURNAL_SWEEP_EVERY);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        match journals.sweep().await {
+            Ok(0) => {}
+            Ok(deleted) => tracing::debug!(deleted, "collected ended task journals"),
+            Err(e) => tracing::warn!(error = %e, "collect ended task journals"),
+        }
     }
 }
 
